@@ -1,0 +1,93 @@
+/* dsc public API: core vocabulary shared by every layer.
+ *
+ * A dsc_context owns an allocator and a list of diagnostics. There is no
+ * global state: two contexts can live in one process. Every fallible call
+ * returns a dsc_status; details are in the context's diagnostics. */
+#ifndef DSC_CORE_H
+#define DSC_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  DSC_OK = 0,
+  DSC_ERR_USER = 1,     /* bad input: model file, shapes, arguments */
+  DSC_ERR_INTERNAL = 2, /* a bug in dsc, or the host failed (out of memory) */
+} dsc_status;
+
+/* Lua-style allocator: nsize == 0 frees ptr; otherwise (re)allocates.
+ * Returns NULL on failure (never aborts). */
+typedef void *(*dsc_alloc_fn)(void *ud, void *ptr, size_t osize, size_t nsize);
+
+typedef struct dsc_context dsc_context;
+
+/* NULL alloc selects malloc/realloc/free. */
+dsc_context *dsc_context_new(dsc_alloc_fn alloc, void *ud);
+void dsc_context_free(dsc_context *ctx);
+
+/* ---- diagnostics ---- */
+typedef enum { DSC_DIAG_ERROR, DSC_DIAG_WARNING, DSC_DIAG_NOTE } dsc_severity;
+
+typedef struct {
+  const char *file; /* NULL when the diagnostic has no source location */
+  int line, col;    /* 1-based; 0 when unknown */
+} dsc_loc;
+
+typedef struct {
+  dsc_severity severity;
+  dsc_loc loc;
+  const char *message;
+} dsc_diag;
+
+int dsc_diag_count(const dsc_context *ctx);
+int dsc_error_count(const dsc_context *ctx);
+const dsc_diag *dsc_diag_get(const dsc_context *ctx, int i);
+void dsc_diag_clear(dsc_context *ctx);
+/* Prints every diagnostic as `file:line:col: error: message`, followed by
+ * the source line and a caret when the source text is known. */
+void dsc_diag_print(const dsc_context *ctx, FILE *out);
+/* Optional callback invoked for each new diagnostic (e.g. to print at once). */
+typedef void (*dsc_diag_fn)(void *ud, const dsc_diag *d);
+void dsc_set_diag_callback(dsc_context *ctx, dsc_diag_fn fn, void *ud);
+
+/* ---- dtypes and tensor types ---- */
+typedef enum {
+  DSC_F32,
+  DSC_F64,
+  DSC_BF16,
+  DSC_F16,
+  DSC_I32,
+  DSC_I64,
+  DSC_BOOL,
+  DSC_DTYPE_COUNT
+} dsc_dtype;
+
+#define DSC_MAX_RANK 8
+
+typedef struct {
+  dsc_dtype dtype;
+  int rank;
+  int64_t dims[DSC_MAX_RANK];
+} dsc_type;
+
+const char *dsc_dtype_name(dsc_dtype dt);
+/* Returns 0 and sets *out when name is a dtype name ("f32", ...). */
+int dsc_dtype_from_name(const char *name, dsc_dtype *out);
+size_t dsc_dtype_size(dsc_dtype dt);
+int dsc_dtype_is_float(dsc_dtype dt);
+int64_t dsc_type_numel(const dsc_type *t);
+int dsc_type_equal(const dsc_type *a, const dsc_type *b);
+dsc_type dsc_type_make(dsc_dtype dt, int rank, const int64_t *dims);
+/* Writes e.g. "f32[4,64]" (scalars: "f32[]"); returns snprintf's count. */
+int dsc_type_format(const dsc_type *t, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,8 @@
+/* dsc: the whole public API. */
+#ifndef DSC_H
+#define DSC_H
+#include "dsc/core.h"
+#include "dsc/frontend.h"
+#include "dsc/interp.h"
+#include "dsc/ir.h"
+#endif

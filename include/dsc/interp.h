@@ -1,0 +1,53 @@
+/* dsc public API: the reference interpreter.
+ *
+ * The oracle every backend and pass is tested against: runs a graph op by
+ * op with plain loops. Every element is held as a double; after each op the
+ * result is rounded to the precision of its dtype (f32, bf16, f16 by
+ * round-to-nearest-even, integers exactly), so an f32 graph gets f32
+ * results computed with f64 intermediates inside each op. */
+#ifndef DSC_INTERP_H
+#define DSC_INTERP_H
+
+#include "dsc/core.h"
+#include "dsc/ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  dsc_type type;
+  double *data; /* numel elements, row-major */
+} dsc_tensor;
+
+/* Kernel signature used by the op table (include/dsc/ops.def). `out` is
+ * allocated with the node's type before the call. Returns false with a
+ * message in err on a runtime error (e.g. an index out of range). */
+typedef bool (*dsc_interp_kernel)(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out,
+                                  char *err, size_t errlen);
+
+/* Tensors allocated with the context's allocator. */
+dsc_tensor *dsc_tensor_new(dsc_context *ctx, dsc_type type); /* zero-filled */
+void dsc_tensor_free(dsc_context *ctx, dsc_tensor *t);
+
+/* The values of a module's parameters. */
+typedef struct dsc_params dsc_params;
+/* Initialises every parameter from its initializer, deterministically from
+ * seed (see docs/ir.md for the generator). */
+dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed);
+void dsc_params_free(dsc_params *p);
+int dsc_params_count(const dsc_params *p);
+dsc_tensor *dsc_params_get(const dsc_params *p, int i); /* module's i-th param */
+dsc_tensor *dsc_params_find(const dsc_params *p, const char *name);
+
+/* Runs graph g. inputs[i] must match g's i-th input type; outputs receives
+ * one new tensor per graph output (caller frees with dsc_tensor_free).
+ * Errors (type mismatch, index out of range, out of memory) are reported
+ * as diagnostics on the module's context. */
+dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
+                          const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

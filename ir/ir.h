@@ -1,0 +1,196 @@
+/* ir/: the layer's whole internal vocabulary, sectioned by source file.
+ * The public view of the same types is include/dsc/ir.h. */
+#ifndef DSC_IR_INTERNAL_H
+#define DSC_IR_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsc/core.h"
+#include "dsc/interp.h"
+#include "dsc/ir.h"
+
+#define IR_UNUSED(x) ((void)(x))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================= ir/context.c ======================= */
+/* Raw allocation through the context's allocator; NULL on failure. */
+void *ir_alloc(dsc_context *ctx, size_t n);
+void *ir_realloc(dsc_context *ctx, void *p, size_t old, size_t n);
+void ir_free(dsc_context *ctx, void *p, size_t n);
+
+/* ======================= ir/arena.c =======================
+ * Bump allocator freed as a whole; all IR objects of a module live in one.
+ * Allocation failure is sticky: `failed` is set and NULL returned. */
+typedef struct ir_arena_chunk ir_arena_chunk;
+typedef struct {
+  dsc_context *ctx;
+  ir_arena_chunk *head;
+  bool failed;
+} ir_arena;
+
+void ir_arena_init(ir_arena *a, dsc_context *ctx);
+void ir_arena_release(ir_arena *a);
+void *ir_arena_alloc(ir_arena *a, size_t n); /* zeroed, 16-byte aligned */
+char *ir_arena_strdup(ir_arena *a, const char *s);
+char *ir_arena_strndup(ir_arena *a, const char *s, size_t n);
+char *ir_arena_printf(ir_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ======================= ir/diag.c ======================= */
+/* Adds a diagnostic; the message is formatted and copied. */
+void ir_diag(dsc_context *ctx, dsc_severity sev, dsc_loc loc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void ir_diag_v(dsc_context *ctx, dsc_severity sev, dsc_loc loc, const char *fmt, va_list ap);
+#define ir_error(ctx, loc, ...) ir_diag((ctx), DSC_DIAG_ERROR, (loc), __VA_ARGS__)
+/* Registers source text so that diagnostics in `file` print the line and a
+ * caret. The context keeps its own copy. */
+void ir_diag_add_source(dsc_context *ctx, const char *file, const char *text, size_t len);
+extern const dsc_loc ir_no_loc;
+
+/* ======================= ir/types.c ======================= */
+/* Broadcast two shapes numpy-style; returns false if incompatible. */
+bool ir_broadcast_shapes(const dsc_type *a, const dsc_type *b, dsc_type *out);
+/* Shortest decimal text that reads back as exactly `v` ("1", "0.02", "inf"). */
+int ir_format_double(double v, char *buf, size_t n);
+
+/* ======================= ir/ops.c ======================= */
+typedef enum {
+  IR_CG_SOURCE,      /* input, param, constants */
+  IR_CG_ELEMENTWISE, /* pointwise over a broadcast domain */
+  IR_CG_REDUCTION,   /* reduces axes */
+  IR_CG_COPY,        /* moves data without arithmetic */
+  IR_CG_LIBRARY,     /* GEMM libraries */
+  IR_CG_COMPOSITE,   /* templates (softmax, norms, attention, loss) */
+  IR_CG_COLLECTIVE,  /* communication (later) */
+} ir_cg_class;
+
+typedef struct dsc_node ir_node;
+typedef struct dsc_graph ir_graph;
+typedef struct dsc_module ir_module;
+
+/* Shape rule: computes the output type of n from its inputs and attributes.
+ * On error returns false and writes a message (no location) into err. */
+typedef bool (*ir_shape_fn)(const ir_node *n, dsc_type *out, char *err, size_t errlen);
+
+typedef struct {
+  const char *name;
+  int n_inputs; /* -1: variadic, at least one */
+  const char *attr_spec;
+  int n_attrs;
+  const char *attr_keys[4];
+  dsc_attr_kind attr_kinds[4];
+  ir_shape_fn shape;
+  dsc_interp_kernel interp;
+  ir_cg_class cg;
+} ir_op_info;
+
+const ir_op_info *ir_op(dsc_op op);
+void ir_ops_init(void); /* parses attr specs once; idempotent, thread-safe */
+
+/* ======================= ir/module.c ======================= */
+typedef struct {
+  const char *name;
+  dsc_type type;
+  dsc_init init;
+} ir_param;
+
+typedef struct {
+  const char *key, *value;
+} ir_meta;
+
+struct dsc_node {
+  int id; /* index in the graph's node list */
+  dsc_op op;
+  dsc_type type;
+  int n_in;
+  ir_node **in;
+  int n_attrs;
+  dsc_attr *attrs;
+  const char *name; /* graph inputs: the input's name; otherwise NULL */
+  dsc_loc loc;      /* source location of the expression that built it */
+  ir_graph *graph;
+};
+
+struct dsc_graph {
+  const char *name;
+  ir_module *module;
+  ir_node **nodes;
+  int n_nodes, cap_nodes;
+  ir_node **inputs;
+  int n_inputs, cap_inputs;
+  ir_node **outputs;
+  int n_outputs;
+  dsc_loc cur_loc;
+};
+
+struct dsc_module {
+  dsc_context *ctx;
+  ir_arena arena;
+  const char *name;
+  ir_param *params;
+  int n_params, cap_params;
+  ir_graph **graphs;
+  int n_graphs, cap_graphs;
+  ir_meta *meta;
+  int n_meta, cap_meta;
+};
+
+/* Grows an arena-backed array (old storage is abandoned to the arena). */
+bool ir_grow(ir_arena *a, void **items, int *cap, int need, size_t elem);
+/* Creates a node without running the shape rule (used by the text parser,
+ * which checks declared types with the verifier). Attributes are copied. */
+ir_node *ir_node_new_raw(ir_graph *g, dsc_op op, dsc_type type, ir_node *const *in, int n_in,
+                         const dsc_attr *attrs, int n_attrs);
+/* Attribute lookups that assume the verifier has checked presence/kind. */
+const dsc_attr *ir_attr(const ir_node *n, const char *key);
+int64_t ir_attr_int(const ir_node *n, const char *key);
+double ir_attr_float(const ir_node *n, const char *key);
+bool ir_attr_bool(const ir_node *n, const char *key);
+dsc_dtype ir_attr_dtype(const ir_node *n, const char *key);
+const char *ir_attr_str(const ir_node *n, const char *key);
+const int64_t *ir_attr_ints(const ir_node *n, const char *key, int *count);
+const ir_param *ir_module_param(const ir_module *m, const char *name);
+
+/* ======================= ir/shape.c ======================= */
+#define OP(id, name, n_in, attrs, shape, interp, cg) \
+  bool shape(const ir_node *n, dsc_type *out, char *err, size_t errlen);
+#include "dsc/ops.def"
+#undef OP
+
+/* ======================= ir/interp.c ======================= */
+/* Rounds every element of t to the precision of its dtype (f32, bf16, f16
+ * round-to-nearest-even; integers truncate toward zero; bool to 0/1). */
+void ir_round_to_dtype(dsc_tensor *t);
+float ir_bf16_round(float x);
+float ir_f16_round(float x);
+
+/* ======================= ir/interp_ops.c ======================= */
+#define OP(id, name, n_in, attrs, shape, interp, cg)                                      \
+  bool interp(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err, \
+              size_t errlen);
+#include "dsc/ops.def"
+#undef OP
+
+/* ======================= ir/rng.c =======================
+ * Deterministic parameter initialisation (documented in docs/ir.md):
+ * each param's stream is seeded with splitmix64(seed ^ fnv1a64(name)), drawn
+ * with xoshiro256**; normals by Box-Muller on (0,1] uniforms. */
+typedef struct {
+  uint64_t s[4];
+} ir_rng;
+uint64_t ir_fnv1a64(const char *s);
+void ir_rng_seed(ir_rng *r, uint64_t seed);
+uint64_t ir_rng_next(ir_rng *r);
+double ir_rng_uniform(ir_rng *r); /* [0, 1) with 53 random bits */
+double ir_rng_normal(ir_rng *r);  /* standard normal */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

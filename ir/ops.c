@@ -1,0 +1,66 @@
+/* The op table, built from include/dsc/ops.def. */
+#include <pthread.h>
+#include <string.h>
+
+#include "ir/ir.h"
+
+static ir_op_info op_table[DSC_OP_COUNT] = {
+#define OP(id, nm, nin, attrs, shp, ik, cgc) \
+  [DSC_OP_##id] = {.name = nm, .n_inputs = nin, .attr_spec = attrs, .shape = shp, .interp = ik, .cg = cgc},
+#include "dsc/ops.def"
+#undef OP
+};
+
+static const struct {
+  const char *name;
+  dsc_attr_kind kind;
+} attr_kinds[] = {{"int", DSC_ATTR_INT},     {"float", DSC_ATTR_FLOAT}, {"bool", DSC_ATTR_BOOL},
+                  {"ints", DSC_ATTR_INTS},   {"dtype", DSC_ATTR_DTYPE}, {"str", DSC_ATTR_STR}};
+
+/* Attribute keys live in a static pool so that the table stays immutable
+ * after initialisation. */
+static char key_pool[DSC_OP_COUNT][4][24];
+
+static void parse_specs(void) {
+  for (int op = 0; op < DSC_OP_COUNT; op++) {
+    ir_op_info *info = &op_table[op];
+    const char *p = info->attr_spec;
+    info->n_attrs = 0;
+    while (*p) {
+      while (*p == ' ') p++;
+      if (!*p) break;
+      const char *colon = strchr(p, ':');
+      const char *end = strchr(p, ' ');
+      if (!end) end = p + strlen(p);
+      int k = info->n_attrs++;
+      size_t klen = (size_t)(colon - p);
+      memcpy(key_pool[op][k], p, klen);
+      key_pool[op][k][klen] = 0;
+      info->attr_keys[k] = key_pool[op][k];
+      for (size_t j = 0; j < sizeof attr_kinds / sizeof attr_kinds[0]; j++)
+        if (strlen(attr_kinds[j].name) == (size_t)(end - colon - 1) &&
+            strncmp(colon + 1, attr_kinds[j].name, (size_t)(end - colon - 1)) == 0)
+          info->attr_kinds[k] = attr_kinds[j].kind;
+      p = end;
+    }
+  }
+}
+
+static pthread_once_t ops_once = PTHREAD_ONCE_INIT;
+void ir_ops_init(void) { pthread_once(&ops_once, parse_specs); }
+
+const ir_op_info *ir_op(dsc_op op) {
+  ir_ops_init();
+  return (unsigned)op < DSC_OP_COUNT ? &op_table[op] : NULL;
+}
+
+const char *dsc_op_name(dsc_op op) { return (unsigned)op < DSC_OP_COUNT ? op_table[op].name : "?"; }
+
+int dsc_op_from_name(const char *name, dsc_op *out) {
+  for (int i = 0; i < DSC_OP_COUNT; i++)
+    if (strcmp(op_table[i].name, name) == 0) {
+      *out = (dsc_op)i;
+      return 0;
+    }
+  return -1;
+}
