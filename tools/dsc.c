@@ -1,1 +1,182 @@
-int main(void) { return 0; }
+/* The `dsc` command. Subcommands are rows of one table; each parses its own
+ * flags, calls the library and decides what to print and the exit code:
+ *   0 success, 1 user error (bad input or arguments), 2 internal error. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/dsc.h"
+#include "tools/cli.h"
+
+#define DSC_VERSION "0.1.0"
+
+/* ---------------------------------------------------------------- common */
+
+void cli_usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "dsc %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n(see 'dsc %s --help')\n", cmd);
+  va_end(ap);
+}
+
+int cli_exit_code(dsc_status st) {
+  return st == DSC_OK ? CLI_EXIT_OK : st == DSC_ERR_USER ? CLI_EXIT_USER : CLI_EXIT_INTERNAL;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+bool cli_parse_i64(const char *s, int64_t *out) {
+  if (!s || !*s) return false;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || *end) return false;
+  *out = v;
+  return true;
+}
+
+/* Reads a whole file; NULL with a message on failure. */
+char *cli_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "%s: error: cannot open: %s\n", path, strerror(errno));
+    return NULL;
+  }
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap + 1);
+  while (buf) {
+    size_t got = fread(buf + n, 1, cap - n, f);
+    n += got;
+    if (n < cap) break;
+    char *nb = realloc(buf, cap * 2 + 1);
+    if (!nb) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    buf = nb;
+    cap *= 2;
+  }
+  bool failed = ferror(f);
+  fclose(f);
+  if (!buf || failed) {
+    fprintf(stderr, "%s: error: %s\n", path, buf ? "read failed" : "out of memory");
+    free(buf);
+    return NULL;
+  }
+  buf[n] = 0;
+  *len = n;
+  return buf;
+}
+
+/* Loads a model file (.dsm through the frontend) or a text IR file (.dsir). */
+dsc_status cli_load_module(dsc_context *ctx, const char *path, const cli_dims *dims,
+                           dsc_module **out) {
+  if (ends_with(path, ".dsir")) {
+    size_t len;
+    char *text = cli_read_file(path, &len);
+    if (!text) return DSC_ERR_USER;
+    dsc_status st = dsc_module_parse(ctx, text, len, path, out);
+    free(text);
+    return st;
+  }
+  dsc_frontend_options opts = {dims->dims, dims->n};
+  return dsc_compile_file(ctx, path, &opts, out);
+}
+
+/* --batch, --seq and --dim NAME=V. Returns 1 if consumed (with *i advanced),
+ * 0 if not a dim flag, -1 on a bad value (message printed). */
+int cli_parse_dim_flag(const char *cmd, int argc, char **argv, int *i, cli_dims *d) {
+  const char *a = argv[*i];
+  const char *name = NULL, *val = NULL;
+  char namebuf[64];
+  if (strcmp(a, "--batch") == 0 || strcmp(a, "--seq") == 0) {
+    name = a[2] == 'b' ? "B" : "T";
+    if (*i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value", a), -1;
+    val = argv[++*i];
+  } else if (strcmp(a, "--dim") == 0) {
+    if (*i + 1 >= argc) return cli_usage_error(cmd, "--dim needs NAME=VALUE"), -1;
+    const char *kv = argv[++*i], *eq = strchr(kv, '=');
+    if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof namebuf)
+      return cli_usage_error(cmd, "--dim needs NAME=VALUE, got '%s'", kv), -1;
+    memcpy(namebuf, kv, (size_t)(eq - kv));
+    namebuf[eq - kv] = 0;
+    name = namebuf;
+    val = eq + 1;
+  } else {
+    return 0;
+  }
+  int64_t v;
+  if (!cli_parse_i64(val, &v) || v <= 0 || v > (1LL << 40))
+    return cli_usage_error(cmd, "%s: '%s' is not a positive integer", a, val), -1;
+  if (d->n == CLI_MAX_DIMS) return cli_usage_error(cmd, "too many dims"), -1;
+  for (int k = 0; k < d->n; k++)
+    if (strcmp(d->names[k], name) == 0) {
+      d->dims[k].value = v;
+      return 1;
+    }
+  snprintf(d->names[d->n], sizeof d->names[d->n], "%s", name);
+  d->dims[d->n].name = d->names[d->n];
+  d->dims[d->n].value = v;
+  d->n++;
+  return 1;
+}
+
+/* ------------------------------------------------------------ the table */
+
+typedef struct {
+  const char *name;
+  int (*fn)(int argc, char **argv);
+  const char *summary;
+} cli_command;
+
+static const cli_command commands[] = {
+    {"check", cli_check, "check a model file and print its diagnostics"},
+    {"dump", cli_dump, "print the IR of a model file or a .dsir file (text or --dot)"},
+    {"run", cli_run, "run the forward pass on random inputs with the interpreter"},
+    {"data", cli_data, "tokenize a text file (bytes) into train/val token shards"},
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static void main_help(FILE *out) {
+  fprintf(out,
+          "usage: dsc <command> [options]\n"
+          "\n"
+          "dsc is a training compiler for deep-learning models.\n"
+          "\n"
+          "commands:\n");
+  for (int i = 0; i < N_COMMANDS; i++) fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+  fprintf(out,
+          "\n"
+          "'dsc <command> --help' describes a command.\n"
+          "\n"
+          "exit codes: 0 success, 1 user error (bad model, input or arguments),\n"
+          "            2 internal error (a bug in dsc, or out of memory)\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    main_help(stderr);
+    return CLI_EXIT_USER;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+    main_help(stdout);
+    return CLI_EXIT_OK;
+  }
+  if (strcmp(cmd, "--version") == 0) {
+    printf("dsc %s\n", DSC_VERSION);
+    return CLI_EXIT_OK;
+  }
+  for (int i = 0; i < N_COMMANDS; i++)
+    if (strcmp(cmd, commands[i].name) == 0) return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "dsc: unknown command '%s' (see 'dsc --help')\n", cmd);
+  return CLI_EXIT_USER;
+}

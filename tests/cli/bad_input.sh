@@ -1,0 +1,28 @@
+# Malformed, truncated and garbage inputs: a located diagnostic and exit 1,
+# never a crash (exit >= 128 or 2) or a hang (ctest's timeout).
+source "$(dirname "$0")/lib/common.bash"
+
+located='^[^:]+:[0-9]+:[0-9]+: error: '
+: >"$TMP/empty.dsm"
+printf 'model m {\n  param w: f32[4 = zeros\n' >"$TMP/truncated.dsm"
+head -c 4096 /dev/urandom >"$TMP/garbage.dsm"
+printf 'module m\n\ngraph forward(%%x: f32[2]) {\n  %%0 = frob(%%x) : f32[2]\n  return %%0\n}\n' >"$TMP/bad.dsir"
+head -c 2000 "$SRC/examples/gpt2.dsm" >"$TMP/gpt2-cut.dsm"
+for f in empty.dsm truncated.dsm garbage.dsm bad.dsir gpt2-cut.dsm; do
+  for cmd in check dump run; do
+    expect_exit 1 "$DSC" $cmd "$TMP/$f"
+  done
+  expect_grep 'error' "$TMP/err"
+done
+expect_exit 1 "$DSC" check "$TMP/truncated.dsm" && expect_grep "$located" "$TMP/err"
+expect_exit 1 "$DSC" dump "$TMP/bad.dsir" && expect_grep 'bad.dsir:4:[0-9]+: error: .*frob' "$TMP/err"
+# every truncation of a real model is handled
+size=$(wc -c <"$SRC/examples/gpt-tiny.dsm")
+for k in 1 2 3 4 5 6 7; do
+  cut=$((size * k / 8))
+  head -c $cut "$SRC/examples/gpt-tiny.dsm" >"$TMP/cut.dsm"
+  "$DSC" check "$TMP/cut.dsm" >/dev/null 2>&1
+  rc=$?
+  [ $rc -eq 1 ] && pass || fail "check of gpt-tiny cut at $cut bytes exited $rc"
+done
+finish

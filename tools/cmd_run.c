@@ -1,0 +1,154 @@
+/* dsc run: the forward pass on random inputs, with the reference interpreter. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+static const char run_help[] =
+    "usage: dsc run FILE [--seed S] [--batch B] [--seq T] [--dim NAME=V] [--quiet]\n"
+    "\n"
+    "Initialises the parameters from their initializers (deterministic in S,\n"
+    "default 0), draws random inputs (standard normal for float inputs; for\n"
+    "integer inputs, uniform ids below the smallest table or class count they\n"
+    "index: embedding rows, cross_entropy classes) and runs the forward graph\n"
+    "with the reference interpreter. Prints 'loss: X' when forward returns a\n"
+    "scalar, else each output's type and leading values. FILE is a .dsm model\n"
+    "or a .dsir text IR file. --quiet drops the summary on standard error.\n";
+
+/* splitmix64: the inputs only need to be reproducible, not the params'
+ * generator (that one is documented in docs/ir.md). */
+static uint64_t next_u64(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+static double next_uniform(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
+static double next_normal(uint64_t *s) {
+  double u = 1.0 - next_uniform(s), v = next_uniform(s);
+  return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
+}
+
+/* Exclusive upper bound for an integer input: the fewest rows or classes
+ * among the ops that index with it; 2 when nothing indexes with it. */
+static int64_t index_bound(const dsc_graph *g, const dsc_node *input) {
+  int64_t bound = -1;
+  for (int i = 0; i < dsc_graph_node_count(g); i++) {
+    const dsc_node *n = dsc_graph_node(g, i);
+    int64_t b = -1;
+    if (dsc_node_op(n) == DSC_OP_EMBEDDING && dsc_node_input(n, 1) == input)
+      b = dsc_node_type(dsc_node_input(n, 0)).dims[0];
+    if (dsc_node_op(n) == DSC_OP_CROSS_ENTROPY && dsc_node_input(n, 1) == input) {
+      dsc_type lt = dsc_node_type(dsc_node_input(n, 0));
+      b = lt.dims[lt.rank - 1];
+    }
+    if (b > 0 && (bound < 0 || b < bound)) bound = b;
+  }
+  return bound > 0 ? bound : 2;
+}
+
+static void print_output(int k, const dsc_tensor *t) {
+  char ty[256];
+  dsc_type_format(&t->type, ty, sizeof ty);
+  int64_t n = dsc_type_numel(&t->type);
+  if (t->type.rank == 0) {
+    printf("%s: %.6f\n", k == 0 ? "loss" : "output", t->data[0]);
+    return;
+  }
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < n; i++) sum += t->data[i], sq += t->data[i] * t->data[i];
+  double mean = sum / (double)n, var = sq / (double)n - mean * mean;
+  printf("output %d: %s  mean %.6g  std %.6g\n  [", k, ty, mean, sqrt(var > 0 ? var : 0));
+  int64_t shown = n < 16 ? n : 16;
+  for (int64_t i = 0; i < shown; i++) printf(i ? ", %.6g" : "%.6g", t->data[i]);
+  printf("%s]\n", n > shown ? ", ..." : "");
+}
+
+int cli_run(int argc, char **argv) {
+  const char *path = NULL;
+  int64_t seed = 0;
+  bool quiet = false;
+  cli_dims dims = {0};
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(run_help, stdout);
+      return CLI_EXIT_OK;
+    }
+    int r = cli_parse_dim_flag("run", argc, argv, &i, &dims);
+    if (r < 0) return CLI_EXIT_USER;
+    if (r > 0) continue;
+    if (strcmp(argv[i], "--seed") == 0) {
+      if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &seed) || seed < 0)
+        return cli_usage_error("run", "--seed needs a non-negative integer"), CLI_EXIT_USER;
+      i++;
+    } else if (strcmp(argv[i], "--quiet") == 0) {
+      quiet = true;
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      return cli_usage_error("run", "unknown option '%s'", argv[i]), CLI_EXIT_USER;
+    } else if (path) {
+      return cli_usage_error("run", "one model file at a time"), CLI_EXIT_USER;
+    } else {
+      path = argv[i];
+    }
+  }
+  if (!path) return cli_usage_error("run", "missing model file"), CLI_EXIT_USER;
+
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  dsc_module *m = NULL;
+  dsc_params *params = NULL;
+  dsc_tensor **inputs = NULL, **outputs = NULL;
+  int n_in = 0, n_out = 0;
+  dsc_status st = cli_load_module(ctx, path, &dims, &m);
+  const dsc_graph *g = st == DSC_OK ? dsc_module_find_graph(m, "forward") : NULL;
+  if (st == DSC_OK && !g) {
+    fprintf(stderr, "%s: error: the module has no graph 'forward'\n", path);
+    st = DSC_ERR_USER;
+  }
+  if (st == DSC_OK && !(params = dsc_params_init(m, (uint64_t)seed))) st = DSC_ERR_INTERNAL;
+  if (st == DSC_OK) {
+    n_in = dsc_graph_input_count(g);
+    n_out = dsc_graph_output_count(g);
+    inputs = calloc((size_t)n_in + 1, sizeof *inputs);
+    outputs = calloc((size_t)n_out + 1, sizeof *outputs);
+    if (!inputs || !outputs) st = DSC_ERR_INTERNAL;
+  }
+  uint64_t rng = (uint64_t)seed * 0x2545f4914f6cdd1dULL + 1;
+  for (int i = 0; st == DSC_OK && i < n_in; i++) {
+    const dsc_node *in = dsc_graph_input_at(g, i);
+    dsc_type t = dsc_node_type(in);
+    if (!(inputs[i] = dsc_tensor_new(ctx, t))) {
+      st = DSC_ERR_INTERNAL;
+      break;
+    }
+    int64_t n = dsc_type_numel(&t), bound = dsc_dtype_is_float(t.dtype) ? 0 : index_bound(g, in);
+    for (int64_t e = 0; e < n; e++)
+      inputs[i]->data[e] = bound ? (double)(next_u64(&rng) % (uint64_t)bound) : next_normal(&rng);
+    if (!quiet) {
+      char ty[256];
+      dsc_type_format(&t, ty, sizeof ty);
+      if (bound)
+        fprintf(stderr, "input %s: %s, random ids in [0, %" PRId64 ")\n", dsc_node_name(in), ty, bound);
+      else
+        fprintf(stderr, "input %s: %s, standard normal\n", dsc_node_name(in), ty);
+    }
+  }
+  if (st == DSC_OK) {
+    if (!quiet)
+      fprintf(stderr, "model %s: %" PRId64 " parameters in %d tensors, seed %" PRId64 "\n",
+              dsc_module_name(m), dsc_module_param_numel(m), dsc_module_param_count(m), seed);
+    st = dsc_interp_run(g, params, (const dsc_tensor *const *)inputs, n_in, outputs);
+  }
+  for (int k = 0; st == DSC_OK && k < n_out; k++) print_output(k, outputs[k]);
+  dsc_diag_print(ctx, stderr);
+  for (int i = 0; inputs && i < n_in; i++) dsc_tensor_free(ctx, inputs[i]);
+  for (int k = 0; outputs && k < n_out; k++) dsc_tensor_free(ctx, outputs[k]);
+  free(inputs);
+  free(outputs);
+  dsc_params_free(params);
+  dsc_module_free(m);
+  dsc_context_free(ctx);
+  return cli_exit_code(st);
+}
