@@ -1,0 +1,143 @@
+/* dsc public API: the runtime's files.
+ *
+ * - Token shards in llm.c's format and a reproducible batch loader over one.
+ * - safetensors files (the format of the Python `safetensors` package).
+ * - Checkpoint directories: OUT/step-000123/{model,optimizer}.safetensors +
+ *   state.json, with OUT/latest a symlink to the newest.
+ *
+ * Every writer is atomic (temporary file in the same directory, fsync,
+ * rename): a failed write leaves what was there before untouched. Readers
+ * validate everything and report "path: error: message" diagnostics on the
+ * context; nothing here prints or exits. */
+#ifndef DSC_RUNTIME_H
+#define DSC_RUNTIME_H
+
+#include "dsc/core.h"
+#include "dsc/interp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const char *key, *value;
+} dsc_kv;
+
+/* ---- token shards (llm.c): 256 int32 little-endian header (magic, version,
+ * token count, zeros), then `count` uint16 little-endian token ids. ---- */
+#define DSC_SHARD_MAGIC 20240520
+#define DSC_SHARD_VERSION 1
+#define DSC_SHARD_HEADER_INTS 256
+
+dsc_status dsc_shard_write(dsc_context *ctx, const char *path, const uint16_t *tokens,
+                           int64_t n_tokens);
+/* Reads and validates a shard. vocab_size > 0 rejects ids >= vocab_size.
+ * *tokens is allocated with the context's allocator: free with dsc_shard_free. */
+dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size, uint16_t **tokens,
+                          int64_t *n_tokens);
+void dsc_shard_free(dsc_context *ctx, uint16_t *tokens, int64_t n_tokens);
+
+/* ---- batch loader over one shard ----
+ * Windows start at multiples of T (non-overlapping); a window s gives
+ * inputs tokens[s, s+T) and targets tokens[s+1, s+T+1), so a shard has
+ * (n_tokens - 1) / T windows and must hold at least T + 1 tokens.
+ * Shuffle mode: epoch e visits the windows in a permutation drawn from
+ * (seed, e) alone. Sequential mode: windows in file order every epoch (for
+ * validation: seek to {0, 0} and draw N batches). A batch is the next B
+ * windows of the stream; a batch may run across an epoch boundary. */
+typedef struct dsc_loader dsc_loader;
+typedef enum { DSC_LOADER_SHUFFLE, DSC_LOADER_SEQUENTIAL } dsc_loader_mode;
+typedef struct {
+  int64_t batch, seq; /* B, T */
+  int64_t vocab_size; /* > 0: ids >= vocab_size are rejected at open */
+  uint64_t seed;
+  dsc_loader_mode mode;
+} dsc_loader_options;
+/* Where the loader stands: the next window is entry `index` of epoch `epoch`.
+ * Save it with a checkpoint; seeking to it reproduces the same next batches. */
+typedef struct {
+  int64_t epoch, index;
+} dsc_loader_pos;
+
+dsc_status dsc_loader_open(dsc_context *ctx, const char *path, const dsc_loader_options *opts,
+                           dsc_loader **out);
+void dsc_loader_free(dsc_loader *l);
+int64_t dsc_loader_windows(const dsc_loader *l); /* windows per epoch */
+int64_t dsc_loader_tokens(const dsc_loader *l);  /* tokens in the shard */
+/* Fills B*T ids each (row-major [B, T]) and advances. */
+dsc_status dsc_loader_next(dsc_loader *l, int32_t *inputs, int32_t *targets);
+/* Same into two i32[B, T] tensors. */
+dsc_status dsc_loader_next_tensors(dsc_loader *l, dsc_tensor *inputs, dsc_tensor *targets);
+dsc_loader_pos dsc_loader_tell(const dsc_loader *l);
+/* Rejects (DSC_ERR_USER) a position with epoch < 0 or index outside [0, windows). */
+dsc_status dsc_loader_seek(dsc_loader *l, dsc_loader_pos pos);
+
+/* ---- named tensor sets and safetensors files ----
+ * A set you build yourself points at your own arrays; a set returned by a
+ * reader is owned by the library and freed with dsc_tensor_set_free. */
+typedef struct {
+  int n;
+  const char **names;
+  dsc_tensor **tensors;
+  int n_meta; /* the file's "__metadata__" (string -> string) */
+  dsc_kv *meta;
+} dsc_tensor_set;
+
+typedef struct {
+  const char *name;
+  dsc_type type;
+} dsc_tensor_spec;
+
+dsc_tensor *dsc_tensor_set_find(const dsc_tensor_set *s, const char *name);
+const char *dsc_tensor_set_meta(const dsc_tensor_set *s, const char *key);
+/* Only for sets returned by dsc_safetensors_read / dsc_checkpoint_load. */
+void dsc_tensor_set_free(dsc_context *ctx, dsc_tensor_set *s);
+/* Checks that s holds exactly the expected tensors with the expected types;
+ * messages name the file (path), the tensor, expected and found types. */
+dsc_status dsc_tensor_set_check(dsc_context *ctx, const char *path, const dsc_tensor_set *s,
+                                const dsc_tensor_spec *expected, int n_expected);
+
+/* Writes a safetensors file byte-for-byte as the Python package does (u64
+ * header length, compact JSON header padded with spaces to a multiple of 8,
+ * tensors ordered by dtype alignment then name). Values are converted to
+ * each tensor's dtype (bf16/f16 round to nearest even); integer values that
+ * the dtype cannot hold are an error. */
+dsc_status dsc_safetensors_write(dsc_context *ctx, const char *path, const dsc_tensor_set *s);
+dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_set **out);
+
+/* ---- checkpoints ---- */
+typedef struct {
+  int64_t step;
+  uint64_t rng[4];       /* the training RNG's state */
+  dsc_loader_pos loader; /* the training loader's position */
+  int n_extra;           /* any other string key/values */
+  const dsc_kv *extra;
+} dsc_checkpoint_state;
+
+/* Writes OUT/step-%06d/ (model.safetensors, optimizer.safetensors, state.json)
+ * through a temporary directory, then repoints OUT/latest at it. optimizer may
+ * be NULL (an empty file is written). keep_last > 0 then removes every step
+ * directory except the keep_last newest (by step number) and the one just
+ * written. An existing directory for the same step is replaced atomically. */
+dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_tensor_set *model,
+                               const dsc_tensor_set *optimizer, const dsc_checkpoint_state *state,
+                               int keep_last);
+
+typedef struct {
+  const char *dir; /* the step directory that was read */
+  dsc_tensor_set *model, *optimizer;
+  dsc_checkpoint_state state;
+} dsc_checkpoint;
+
+/* path: a step directory, or OUT (follows OUT/latest). When model_spec
+ * (optimizer_spec) is not NULL, the file must hold exactly those tensors. */
+dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
+                               const dsc_tensor_spec *model_spec, int n_model,
+                               const dsc_tensor_spec *optimizer_spec, int n_optimizer,
+                               dsc_checkpoint **out);
+void dsc_checkpoint_free(dsc_context *ctx, dsc_checkpoint *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,460 @@
+/* Checkpoint directories:
+ *   OUT/step-000123/model.safetensors      parameters
+ *   OUT/step-000123/optimizer.safetensors  optimizer state (possibly empty)
+ *   OUT/step-000123/state.json             step, RNG, loader position, extras
+ *   OUT/latest -> step-000123              (relative symlink)
+ * A save builds the step directory under a temporary name (every file
+ * fsync'ed), renames it into place, fsyncs OUT, then points `latest` at it
+ * through a temporary symlink renamed over the old one. A crash or failure at
+ * any point leaves the previous checkpoint and `latest` as they were. */
+#define _GNU_SOURCE /* renameat2 (atomic exchange when a step is saved again) */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/runtime.h"
+
+#define STATE_FORMAT "dsc-checkpoint"
+#define STATE_VERSION 1
+#define MAX_STATE_BYTES (16u << 20)
+
+/* "%s/%s" in the context's allocator; free with free_path. */
+static char *join(dsc_context *ctx, const char *a, const char *b) {
+  size_t n = strlen(a) + strlen(b) + 2;
+  char *p = ir_alloc(ctx, n);
+  if (p) snprintf(p, n, "%s/%s", a, b);
+  return p;
+}
+static void free_path(dsc_context *ctx, char *p) {
+  if (p) ir_free(ctx, p, strlen(p) + 1);
+}
+
+static dsc_status oom(dsc_context *ctx, const char *path) {
+  ir_error(ctx, rt_loc(path), "out of memory");
+  return DSC_ERR_INTERNAL;
+}
+
+/* mkdir -p */
+static dsc_status make_dirs(dsc_context *ctx, const char *dir) {
+  char *p = rt_strdup(ctx, dir);
+  if (!p) return oom(ctx, dir);
+  dsc_status st = DSC_OK;
+  for (char *s = p + 1;; s++) {
+    if (*s == '/' || *s == 0) {
+      char c = *s;
+      *s = 0;
+      if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+        st = rt_io_error(ctx, p, "cannot create directory");
+        *s = c;
+        break;
+      }
+      *s = c;
+      if (!c) break;
+    }
+  }
+  free_path(ctx, p);
+  struct stat sb;
+  if (st == DSC_OK && (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+    ir_error(ctx, rt_loc(dir), "not a directory");
+    st = DSC_ERR_USER;
+  }
+  return st;
+}
+
+/* Removes a step directory: its plain files, then the directory itself. */
+static bool remove_step_dir(dsc_context *ctx, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return errno == ENOENT;
+  struct dirent *e;
+  bool ok = true;
+  while ((e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char *p = join(ctx, dir, e->d_name);
+    if (!p || unlink(p) != 0) ok = false;
+    free_path(ctx, p);
+  }
+  closedir(d);
+  return rmdir(dir) == 0 && ok;
+}
+
+static void put_u64_hex(char *buf, uint64_t v) { snprintf(buf, 17, "%016" PRIx64, v); }
+
+static dsc_status write_state(dsc_context *ctx, const char *path, const dsc_checkpoint_state *s) {
+  cJSON *root = cJSON_CreateObject();
+  bool ok = root != NULL;
+  ok = ok && cJSON_AddStringToObject(root, "format", STATE_FORMAT);
+  ok = ok && cJSON_AddNumberToObject(root, "version", STATE_VERSION);
+  ok = ok && cJSON_AddNumberToObject(root, "step", (double)s->step);
+  cJSON *rng = ok ? cJSON_AddArrayToObject(root, "rng") : NULL;
+  ok = ok && rng;
+  for (int i = 0; ok && i < 4; i++) {
+    char hex[17]; /* hex strings: JSON numbers cannot hold 64-bit words exactly */
+    put_u64_hex(hex, s->rng[i]);
+    cJSON *x = cJSON_CreateString(hex);
+    ok = x && cJSON_AddItemToArray(rng, x);
+  }
+  cJSON *ld = ok ? cJSON_AddObjectToObject(root, "loader") : NULL;
+  ok = ok && ld && cJSON_AddNumberToObject(ld, "epoch", (double)s->loader.epoch) &&
+       cJSON_AddNumberToObject(ld, "index", (double)s->loader.index);
+  cJSON *ex = ok ? cJSON_AddObjectToObject(root, "extra") : NULL;
+  ok = ok && ex;
+  for (int i = 0; ok && i < s->n_extra; i++)
+    ok = cJSON_AddStringToObject(ex, s->extra[i].key, s->extra[i].value) != NULL;
+  char *text = ok ? cJSON_Print(root) : NULL;
+  cJSON_Delete(root);
+  if (!text) return oom(ctx, path);
+  rt_atomic_file f;
+  dsc_status st = rt_atomic_open(ctx, path, &f);
+  if (st == DSC_OK) {
+    rt_atomic_write(&f, text, strlen(text));
+    rt_atomic_write(&f, "\n", 1);
+    st = rt_atomic_commit(&f);
+  }
+  cJSON_free(text);
+  return st;
+}
+
+typedef struct {
+  int64_t step;
+  char *name;
+} step_entry;
+
+static int cmp_step(const void *a, const void *b) {
+  const step_entry *x = a, *y = b;
+  return x->step < y->step ? -1 : x->step > y->step;
+}
+
+/* "step-" followed by digits only; -1 otherwise. */
+static int64_t parse_step_name(const char *name) {
+  if (strncmp(name, "step-", 5) != 0 || !name[5]) return -1;
+  int64_t v = 0;
+  for (const char *p = name + 5; *p; p++) {
+    if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return -1;
+    v = v * 10 + (*p - '0');
+  }
+  return v;
+}
+
+/* Keeps the newest `keep` step directories (by step number) and always the
+ * one just written; failures to remove are warnings (the new checkpoint is
+ * safe either way). */
+static void prune(dsc_context *ctx, const char *out_dir, const char *keep_name, int keep) {
+  DIR *d = opendir(out_dir);
+  if (!d) return;
+  step_entry *list = NULL;
+  int n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int64_t step = parse_step_name(e->d_name);
+    if (step < 0) continue;
+    if (n == cap) {
+      int nc = cap ? cap * 2 : 16;
+      step_entry *nl = ir_realloc(ctx, list, sizeof *list * (size_t)cap, sizeof *list * (size_t)nc);
+      if (!nl) break;
+      list = nl;
+      cap = nc;
+    }
+    list[n].step = step;
+    list[n].name = rt_strdup(ctx, e->d_name);
+    if (list[n].name) n++;
+  }
+  closedir(d);
+  if (n > 0) qsort(list, (size_t)n, sizeof *list, cmp_step);
+  for (int i = 0; i < n; i++) {
+    if (i < n - keep && strcmp(list[i].name, keep_name) != 0) {
+      char *p = join(ctx, out_dir, list[i].name);
+      if (!p || !remove_step_dir(ctx, p))
+        ir_diag(ctx, DSC_DIAG_WARNING, rt_loc(p ? p : out_dir),
+                "could not remove an old checkpoint (keep_last = %d)", keep);
+      free_path(ctx, p);
+    }
+    free_path(ctx, list[i].name);
+  }
+  if (list) ir_free(ctx, list, sizeof *list * (size_t)cap);
+}
+
+static dsc_status write_step_dir(dsc_context *ctx, const char *tmp, const dsc_tensor_set *model,
+                                 const dsc_tensor_set *optimizer,
+                                 const dsc_checkpoint_state *state) {
+  if (mkdir(tmp, 0777) != 0) return rt_io_error(ctx, tmp, "cannot create directory");
+  dsc_tensor_set empty = {0, NULL, NULL, 0, NULL};
+  const char *files[3] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+  dsc_status st = DSC_OK;
+  for (int i = 0; i < 3 && st == DSC_OK; i++) {
+    char *p = join(ctx, tmp, files[i]);
+    if (!p) return oom(ctx, tmp);
+    if (i == 0) st = dsc_safetensors_write(ctx, p, model);
+    if (i == 1) st = dsc_safetensors_write(ctx, p, optimizer ? optimizer : &empty);
+    if (i == 2) st = write_state(ctx, p, state);
+    free_path(ctx, p);
+  }
+  return st;
+}
+
+dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_tensor_set *model,
+                               const dsc_tensor_set *optimizer, const dsc_checkpoint_state *state,
+                               int keep_last) {
+  dsc_loc loc = rt_loc(out_dir);
+  if (!model || !state) {
+    ir_error(ctx, loc, "checkpoint: model and state are required");
+    return DSC_ERR_USER;
+  }
+  if (state->step < 0 || state->step >= (1LL << 53) || state->loader.epoch < 0 ||
+      state->loader.epoch >= (1LL << 53) || state->loader.index < 0 ||
+      state->loader.index >= (1LL << 53) || state->n_extra < 0 ||
+      (state->n_extra && !state->extra)) {
+    ir_error(ctx, loc, "checkpoint: step and loader position must be in [0, 2^53)");
+    return DSC_ERR_USER;
+  }
+  for (int i = 0; i < state->n_extra; i++)
+    if (!state->extra[i].key || !state->extra[i].value) {
+      ir_error(ctx, loc, "checkpoint: extra entry %d has no key or value", i);
+      return DSC_ERR_USER;
+    }
+  dsc_status st = make_dirs(ctx, out_dir);
+  if (st != DSC_OK) return st;
+
+  char name[40], tmp_name[80], link_tmp_name[80];
+  snprintf(name, sizeof name, "step-%06" PRId64, state->step);
+  snprintf(tmp_name, sizeof tmp_name, ".%s.tmp-%ld", name, (long)getpid());
+  snprintf(link_tmp_name, sizeof link_tmp_name, ".latest.tmp-%ld", (long)getpid());
+  char *final = join(ctx, out_dir, name), *tmp = join(ctx, out_dir, tmp_name);
+  char *latest = join(ctx, out_dir, "latest"), *link_tmp = join(ctx, out_dir, link_tmp_name);
+  if (!final || !tmp || !latest || !link_tmp) {
+    st = oom(ctx, out_dir);
+    goto done;
+  }
+  remove_step_dir(ctx, tmp); /* a leftover of a crashed save by a process with our pid */
+  st = write_step_dir(ctx, tmp, model, optimizer, state);
+  if (st == DSC_OK) st = rt_fsync_dir(ctx, tmp);
+  if (st != DSC_OK) {
+    remove_step_dir(ctx, tmp);
+    goto done;
+  }
+  if (rename(tmp, final) != 0) {
+    if (errno != EEXIST && errno != ENOTEMPTY) {
+      st = rt_io_error(ctx, final, "cannot rename the new checkpoint into place");
+      remove_step_dir(ctx, tmp);
+      goto done;
+    }
+    /* The step was saved before (a resumed run): swap in one atomic step,
+     * then drop the old contents, now under the temporary name. */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
+      st = rt_io_error(ctx, final, "cannot replace the existing checkpoint");
+      remove_step_dir(ctx, tmp);
+      goto done;
+    }
+    if (!remove_step_dir(ctx, tmp))
+      ir_diag(ctx, DSC_DIAG_WARNING, rt_loc(tmp), "could not remove the replaced checkpoint");
+  }
+  st = rt_fsync_dir(ctx, out_dir);
+  if (st != DSC_OK) goto done;
+  unlink(link_tmp);
+  if (symlink(name, link_tmp) != 0) {
+    st = rt_io_error(ctx, link_tmp, "cannot create symlink");
+    goto done;
+  }
+  if (rename(link_tmp, latest) != 0) {
+    st = rt_io_error(ctx, latest, "cannot repoint to the new checkpoint");
+    unlink(link_tmp);
+    goto done;
+  }
+  st = rt_fsync_dir(ctx, out_dir);
+  if (st == DSC_OK && keep_last > 0) prune(ctx, out_dir, name, keep_last);
+done:
+  free_path(ctx, final);
+  free_path(ctx, tmp);
+  free_path(ctx, latest);
+  free_path(ctx, link_tmp);
+  return st;
+}
+
+/* ------------------------------------------------------------------ load */
+
+static bool json_int(const cJSON *j, int64_t *out) {
+  if (!cJSON_IsNumber(j)) return false;
+  double v = j->valuedouble;
+  if (!(v >= 0 && v < 9007199254740992.0 && v == floor(v))) return false;
+  *out = (int64_t)v;
+  return true;
+}
+
+static dsc_status read_state(dsc_context *ctx, const char *path, rt_checkpoint *c) {
+  dsc_loc loc = rt_loc(path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return rt_io_error(ctx, path, "cannot open");
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > MAX_STATE_BYTES) {
+    ir_error(ctx, loc, "not a regular file of at most %u bytes", MAX_STATE_BYTES);
+    close(fd);
+    return DSC_ERR_USER;
+  }
+  size_t len = (size_t)sb.st_size;
+  char *text = ir_alloc(ctx, len + 1);
+  if (!text) {
+    close(fd);
+    return oom(ctx, path);
+  }
+  bool read_ok = rt_pread_full(fd, text, len, 0);
+  close(fd);
+  if (!read_ok) {
+    ir_free(ctx, text, len + 1);
+    return rt_io_error(ctx, path, "read failed");
+  }
+  text[len] = 0;
+  cJSON *root = cJSON_ParseWithLength(text, len);
+  ir_free(ctx, text, len + 1);
+  const char *bad = NULL;
+  dsc_checkpoint_state *s = &c->pub.state;
+  if (!root || !cJSON_IsObject(root)) {
+    bad = "not a JSON object";
+  } else {
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(root, "version");
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
+    const cJSON *ld = cJSON_GetObjectItemCaseSensitive(root, "loader");
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(root, "extra");
+    int64_t v;
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, STATE_FORMAT) != 0)
+      bad = "\"format\" is not \"" STATE_FORMAT "\"";
+    else if (!json_int(ver, &v) || v != STATE_VERSION)
+      bad = "unsupported \"version\" (this dsc reads version 1)";
+    else if (!json_int(cJSON_GetObjectItemCaseSensitive(root, "step"), &s->step))
+      bad = "\"step\" is not a non-negative integer";
+    else if (!cJSON_IsArray(rng) || cJSON_GetArraySize(rng) != 4)
+      bad = "\"rng\" is not an array of 4 hex strings";
+    else if (!cJSON_IsObject(ld) ||
+             !json_int(cJSON_GetObjectItemCaseSensitive(ld, "epoch"), &s->loader.epoch) ||
+             !json_int(cJSON_GetObjectItemCaseSensitive(ld, "index"), &s->loader.index))
+      bad = "\"loader\" is not {\"epoch\": integer, \"index\": integer}";
+    else if (ex && !cJSON_IsObject(ex))
+      bad = "\"extra\" is not an object";
+    int i = 0;
+    for (const cJSON *x = rng ? rng->child : NULL; !bad && x; x = x->next, i++) {
+      char *end = NULL;
+      errno = 0;
+      if (!cJSON_IsString(x) || strlen(x->valuestring) != 16 ||
+          (s->rng[i] = strtoull(x->valuestring, &end, 16), errno) || *end)
+        bad = "\"rng\" is not an array of 4 hex strings";
+    }
+    int n = 0;
+    for (const cJSON *x = ex ? ex->child : NULL; !bad && x; x = x->next, n++)
+      if (!cJSON_IsString(x)) bad = "\"extra\" values must be strings";
+    if (!bad && n > 0) {
+      dsc_kv *kv = ir_arena_alloc(&c->arena, sizeof(dsc_kv) * (size_t)n);
+      int k = 0;
+      for (const cJSON *x = ex->child; kv && x; x = x->next, k++) {
+        kv[k].key = ir_arena_strdup(&c->arena, x->string);
+        kv[k].value = ir_arena_strdup(&c->arena, x->valuestring);
+      }
+      s->extra = kv;
+      s->n_extra = n;
+      if (c->arena.failed) {
+        cJSON_Delete(root);
+        return oom(ctx, path);
+      }
+    }
+  }
+  cJSON_Delete(root);
+  if (bad) {
+    ir_error(ctx, loc, "malformed checkpoint state: %s", bad);
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
+/* The step directory for path: path itself when it holds state.json,
+ * otherwise what path/latest points to. Arena-allocated. */
+static dsc_status resolve_dir(dsc_context *ctx, const char *path, ir_arena *a, const char **out) {
+  char *state = join(ctx, path, "state.json"), *latest = join(ctx, path, "latest");
+  dsc_status st = DSC_OK;
+  struct stat sb;
+  if (!state || !latest) {
+    st = oom(ctx, path);
+  } else if (stat(state, &sb) == 0) {
+    *out = ir_arena_strdup(a, path);
+  } else if (lstat(latest, &sb) == 0) {
+    char target[4096];
+    ssize_t n = S_ISLNK(sb.st_mode) ? readlink(latest, target, sizeof target - 1) : -1;
+    if (n < 0) {
+      *out = ir_arena_strdup(a, latest); /* a plain directory named latest */
+    } else {
+      target[n] = 0;
+      *out =
+          target[0] == '/' ? ir_arena_strdup(a, target) : ir_arena_printf(a, "%s/%s", path, target);
+      if (*out && stat(*out, &sb) != 0) {
+        ir_error(ctx, rt_loc(latest), "points to '%s', which does not exist", target);
+        st = DSC_ERR_USER;
+      }
+    }
+  } else if (stat(path, &sb) != 0) {
+    st = rt_io_error(ctx, path, "cannot open checkpoint");
+  } else {
+    ir_error(ctx, rt_loc(path),
+             "not a checkpoint: no state.json here and no 'latest' link to a step directory");
+    st = DSC_ERR_USER;
+  }
+  if (st == DSC_OK && !*out) st = oom(ctx, path);
+  free_path(ctx, state);
+  free_path(ctx, latest);
+  return st;
+}
+
+void dsc_checkpoint_free(dsc_context *ctx, dsc_checkpoint *pub) {
+  if (!pub) return;
+  rt_checkpoint *c = (rt_checkpoint *)pub;
+  dsc_tensor_set_free(ctx, pub->model);
+  dsc_tensor_set_free(ctx, pub->optimizer);
+  ir_arena_release(&c->arena);
+  ir_free(ctx, c, sizeof *c);
+}
+
+dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
+                               const dsc_tensor_spec *model_spec, int n_model,
+                               const dsc_tensor_spec *optimizer_spec, int n_optimizer,
+                               dsc_checkpoint **out) {
+  *out = NULL;
+  rt_checkpoint *c = ir_alloc(ctx, sizeof *c);
+  if (!c) return oom(ctx, path);
+  memset(c, 0, sizeof *c);
+  ir_arena_init(&c->arena, ctx);
+  dsc_status st = resolve_dir(ctx, path, &c->arena, &c->pub.dir);
+  char *files[3] = {NULL, NULL, NULL};
+  if (st == DSC_OK) {
+    files[0] = join(ctx, c->pub.dir, "model.safetensors");
+    files[1] = join(ctx, c->pub.dir, "optimizer.safetensors");
+    files[2] = join(ctx, c->pub.dir, "state.json");
+    if (!files[0] || !files[1] || !files[2]) st = oom(ctx, path);
+  }
+  /* Report every missing file at once, before reading any. */
+  bool checked = st == DSC_OK;
+  for (int i = 0; checked && i < 3; i++) {
+    struct stat sb;
+    if (stat(files[i], &sb) != 0) {
+      ir_error(ctx, rt_loc(files[i]), "checkpoint file is missing");
+      st = DSC_ERR_USER;
+    }
+  }
+  if (st == DSC_OK) st = read_state(ctx, files[2], c);
+  if (st == DSC_OK) st = dsc_safetensors_read(ctx, files[0], &c->pub.model);
+  if (st == DSC_OK && model_spec)
+    st = dsc_tensor_set_check(ctx, files[0], c->pub.model, model_spec, n_model);
+  if (st == DSC_OK) st = dsc_safetensors_read(ctx, files[1], &c->pub.optimizer);
+  if (st == DSC_OK && optimizer_spec)
+    st = dsc_tensor_set_check(ctx, files[1], c->pub.optimizer, optimizer_spec, n_optimizer);
+  for (int i = 0; i < 3; i++) free_path(ctx, files[i]);
+  if (st != DSC_OK) {
+    dsc_checkpoint_free(ctx, &c->pub);
+    return st;
+  }
+  *out = &c->pub;
+  return DSC_OK;
+}
