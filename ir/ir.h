@@ -97,6 +97,7 @@ typedef struct {
   const char *name;
   dsc_type type;
   dsc_init init;
+  bool state; /* a non-trainable buffer (optimizer state, step count) */
 } ir_param;
 
 typedef struct {
@@ -176,6 +177,59 @@ float ir_f16_round(float x);
 #include "dsc/ops.def"
 #undef OP
 
+/* ======================= ir/grad.c =======================
+ * Gradient rules, one per differentiable op, written in IR ops with the
+ * builder. Given forward node n and dy (the loss gradient w.r.t. n, n's
+ * type), a rule appends nodes to g and sets dx[i] to the gradient w.r.t.
+ * input i (input i's type), or NULL when input i is not differentiable
+ * (integer ids/targets, where's condition, a cast from an integer).
+ * Returns false when a builder call failed (a diagnostic says why). */
+typedef bool (*ir_grad_fn)(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+/* The rule table, DSC_OP_COUNT entries; NULL where an op has no rule
+ * (sources, comparisons). */
+const ir_grad_fn *ir_grad_rules(void);
+ir_grad_fn ir_grad_rule(dsc_op op);
+bool ir_grad_add(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_sub(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_mul(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_div(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_maximum(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_where(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_neg(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_exp(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_log(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_sqrt(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_rsqrt(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_tanh(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_relu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_gelu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_silu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_sigmoid(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_pow(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_cast(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_sum(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_mean(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_max(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_reshape(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_permute(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_slice(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_concat(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_broadcast(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_embedding(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_matmul(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_softmax(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_log_softmax(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_layernorm(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_rmsnorm(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_attention(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_cross_entropy(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+bool ir_grad_embedding_grad(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+
+/* ======================= ir/grad_ops.c =======================
+ * Shape rule and kernel of embedding_grad (the scatter-add adjoint of
+ * embedding); declared with every other op's by the X-macro sections above
+ * (ir_shape_embedding_grad, interp_embedding_grad). */
+
 /* ======================= ir/rng.c =======================
  * Deterministic parameter initialisation (documented in docs/ir.md):
  * each param's stream is seeded with splitmix64(seed ^ fnv1a64(name)), drawn
@@ -184,6 +238,7 @@ typedef struct {
   uint64_t s[4];
 } ir_rng;
 uint64_t ir_fnv1a64(const char *s);
+uint64_t ir_splitmix64(uint64_t *x); /* advances *x, returns the next output */
 void ir_rng_seed(ir_rng *r, uint64_t seed);
 uint64_t ir_rng_next(ir_rng *r);
 double ir_rng_uniform(ir_rng *r); /* [0, 1) with 53 random bits */

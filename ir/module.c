@@ -60,6 +60,13 @@ dsc_status dsc_module_add_param(dsc_module *m, const char *name, dsc_type type, 
   return DSC_OK;
 }
 
+dsc_status dsc_module_add_state(dsc_module *m, const char *name, dsc_type type, dsc_init init) {
+  dsc_status st = dsc_module_add_param(m, name, type, init);
+  if (st == DSC_OK) m->params[m->n_params - 1].state = true;
+  return st;
+}
+
+int dsc_module_param_is_state(const dsc_module *m, int i) { return m->params[i].state; }
 int dsc_module_param_count(const dsc_module *m) { return m->n_params; }
 const char *dsc_module_param_name(const dsc_module *m, int i) { return m->params[i].name; }
 dsc_type dsc_module_param_type(const dsc_module *m, int i) { return m->params[i].type; }

@@ -5,4 +5,6 @@
 #include "dsc/frontend.h"
 #include "dsc/interp.h"
 #include "dsc/ir.h"
+#include "dsc/runtime.h"
+#include "dsc/passes.h"
 #endif

@@ -92,6 +92,11 @@ const char *dsc_module_param_name(const dsc_module *m, int i);
 dsc_type dsc_module_param_type(const dsc_module *m, int i);
 dsc_init dsc_module_param_init(const dsc_module *m, int i);
 int dsc_module_find_param(const dsc_module *m, const char *name); /* -1 if absent */
+/* State: a non-trainable buffer that a graph reads with `param` and updates
+ * with `assign` (optimizer moments, step counts). Listed with the params,
+ * printed as `state NAME: TYPE = INIT`; autodiff does not differentiate it. */
+dsc_status dsc_module_add_state(dsc_module *m, const char *name, dsc_type type, dsc_init init);
+int dsc_module_param_is_state(const dsc_module *m, int i);
 int64_t dsc_module_param_numel(const dsc_module *m); /* total elements */
 
 /* Metadata: string keys ("train.batch") to a printed value ("8", "adamw",
