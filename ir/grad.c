@@ -14,6 +14,7 @@
  *   between the tied elements (as PyTorch does for amax/maximum).
  * - cast: only float -> float is differentiable; dy is cast back to the
  *   input's dtype. */
+#include <pthread.h>
 #include <math.h>
 #include <string.h>
 
@@ -501,44 +502,24 @@ bool ir_grad_cross_entropy(ir_graph *g, const ir_node *n, ir_node *dy, ir_node *
 
 /* ---------------------------------------------------------------- the table */
 
-static const ir_grad_fn grad_rules[DSC_OP_COUNT] = {
-    [DSC_OP_ADD] = ir_grad_add,
-    [DSC_OP_SUB] = ir_grad_sub,
-    [DSC_OP_MUL] = ir_grad_mul,
-    [DSC_OP_DIV] = ir_grad_div,
-    [DSC_OP_MAXIMUM] = ir_grad_maximum,
-    [DSC_OP_WHERE] = ir_grad_where,
-    [DSC_OP_NEG] = ir_grad_neg,
-    [DSC_OP_EXP] = ir_grad_exp,
-    [DSC_OP_LOG] = ir_grad_log,
-    [DSC_OP_SQRT] = ir_grad_sqrt,
-    [DSC_OP_RSQRT] = ir_grad_rsqrt,
-    [DSC_OP_TANH] = ir_grad_tanh,
-    [DSC_OP_RELU] = ir_grad_relu,
-    [DSC_OP_GELU] = ir_grad_gelu,
-    [DSC_OP_SILU] = ir_grad_silu,
-    [DSC_OP_SIGMOID] = ir_grad_sigmoid,
-    [DSC_OP_POW] = ir_grad_pow,
-    [DSC_OP_CAST] = ir_grad_cast,
-    [DSC_OP_SUM] = ir_grad_sum,
-    [DSC_OP_MEAN] = ir_grad_mean,
-    [DSC_OP_MAX] = ir_grad_max,
-    [DSC_OP_RESHAPE] = ir_grad_reshape,
-    [DSC_OP_PERMUTE] = ir_grad_permute,
-    [DSC_OP_SLICE] = ir_grad_slice,
-    [DSC_OP_CONCAT] = ir_grad_concat,
-    [DSC_OP_BROADCAST] = ir_grad_broadcast,
-    [DSC_OP_EMBEDDING] = ir_grad_embedding,
-    [DSC_OP_MATMUL] = ir_grad_matmul,
-    [DSC_OP_SOFTMAX] = ir_grad_softmax,
-    [DSC_OP_LOG_SOFTMAX] = ir_grad_log_softmax,
-    [DSC_OP_LAYERNORM] = ir_grad_layernorm,
-    [DSC_OP_RMSNORM] = ir_grad_rmsnorm,
-    [DSC_OP_ATTENTION] = ir_grad_attention,
-    [DSC_OP_CROSS_ENTROPY] = ir_grad_cross_entropy,
-    [DSC_OP_EMBEDDING_GRAD] = ir_grad_embedding_grad,
-};
+/* The rules are declared in the op table (include/dsc/ops.def); this
+ * array is the op table's grad column, for passes that take a rule set. */
+static ir_grad_fn grad_rules[DSC_OP_COUNT];
+static pthread_once_t grad_rules_once = PTHREAD_ONCE_INIT;
 
-const ir_grad_fn *ir_grad_rules(void) { return grad_rules; }
+static void collect_rules(void) {
+  for (int op = 0; op < DSC_OP_COUNT; op++) grad_rules[op] = ir_op((dsc_op)op)->grad;
+}
 
-ir_grad_fn ir_grad_rule(dsc_op op) { return (unsigned)op < DSC_OP_COUNT ? grad_rules[op] : NULL; }
+bool ir_grad_none(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  IR_UNUSED(g), IR_UNUSED(dy), IR_UNUSED(dx);
+  ir_error(n->graph->module->ctx, n->loc, "op '%s' has no gradient rule", dsc_op_name(n->op));
+  return false;
+}
+
+const ir_grad_fn *ir_grad_rules(void) {
+  pthread_once(&grad_rules_once, collect_rules);
+  return grad_rules;
+}
+
+ir_grad_fn ir_grad_rule(dsc_op op) { return (unsigned)op < DSC_OP_COUNT ? ir_grad_rules()[op] : NULL; }

@@ -404,6 +404,9 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
     for (int j = 0; j < nd->n_in; j++) s.last_use[nd->in[j]->id] = i;
   }
   for (int k = 0; k < g->n_outputs; k++) s.last_use[g->outputs[k]->id] = INT_MAX;
+  /* Assigned values live until the step ends, when they are committed. */
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i]->op == DSC_OP_ASSIGN) s.last_use[i] = INT_MAX;
 
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *nd = g->nodes[i];
@@ -473,6 +476,15 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
     }
     memcpy(copy->data, src->data, sizeof(double) * (size_t)dsc_type_numel(&src->type));
     outputs[k] = copy;
+  }
+  /* Commit `assign`s: every param read above saw the values from before the
+   * step. Copies only, so nothing can fail halfway through. */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *nd = g->nodes[i];
+    if (nd->op != DSC_OP_ASSIGN) continue;
+    dsc_tensor *dst = dsc_params_find(params, ir_attr_str(nd, "name"));
+    if (dst && s.vals[i])
+      memcpy(dst->data, s.vals[i]->data, sizeof(double) * (size_t)dsc_type_numel(&dst->type));
   }
   run_release(&s);
   return DSC_OK;

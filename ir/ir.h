@@ -73,6 +73,11 @@ typedef struct dsc_node ir_node;
 typedef struct dsc_graph ir_graph;
 typedef struct dsc_module ir_module;
 
+/* Gradient rule (ir/grad.c): given forward node n and dy (the loss
+ * gradient w.r.t. n), appends nodes to g and sets dx[i] to the gradient
+ * w.r.t. input i (NULL: not differentiable). */
+typedef bool (*ir_grad_fn)(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+
 /* Shape rule: computes the output type of n from its inputs and attributes.
  * On error returns false and writes a message (no location) into err. */
 typedef bool (*ir_shape_fn)(const ir_node *n, dsc_type *out, char *err, size_t errlen);
@@ -87,6 +92,7 @@ typedef struct {
   ir_shape_fn shape;
   dsc_interp_kernel interp;
   ir_cg_class cg;
+  ir_grad_fn grad; /* NULL: no gradient rule */
 } ir_op_info;
 
 const ir_op_info *ir_op(dsc_op op);
@@ -158,7 +164,7 @@ const int64_t *ir_attr_ints(const ir_node *n, const char *key, int *count);
 const ir_param *ir_module_param(const ir_module *m, const char *name);
 
 /* ======================= ir/shape.c ======================= */
-#define OP(id, name, n_in, attrs, shape, interp, cg) \
+#define OP(id, name, n_in, attrs, shape, interp, cg, grad) \
   bool shape(const ir_node *n, dsc_type *out, char *err, size_t errlen);
 #include "dsc/ops.def"
 #undef OP
@@ -171,7 +177,7 @@ float ir_bf16_round(float x);
 float ir_f16_round(float x);
 
 /* ======================= ir/interp_ops.c ======================= */
-#define OP(id, name, n_in, attrs, shape, interp, cg)                                      \
+#define OP(id, name, n_in, attrs, shape, interp, cg, grad)                                \
   bool interp(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err, \
               size_t errlen);
 #include "dsc/ops.def"
@@ -184,46 +190,15 @@ float ir_f16_round(float x);
  * input i (input i's type), or NULL when input i is not differentiable
  * (integer ids/targets, where's condition, a cast from an integer).
  * Returns false when a builder call failed (a diagnostic says why). */
-typedef bool (*ir_grad_fn)(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
 /* The rule table, DSC_OP_COUNT entries; NULL where an op has no rule
  * (sources, comparisons). */
 const ir_grad_fn *ir_grad_rules(void);
 ir_grad_fn ir_grad_rule(dsc_op op);
-bool ir_grad_add(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_sub(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_mul(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_div(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_maximum(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_where(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_neg(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_exp(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_log(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_sqrt(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_rsqrt(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_tanh(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_relu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_gelu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_silu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_sigmoid(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_pow(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_cast(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_sum(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_mean(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_max(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_reshape(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_permute(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_slice(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_concat(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_broadcast(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_embedding(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_matmul(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_softmax(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_log_softmax(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_layernorm(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_rmsnorm(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_attention(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_cross_entropy(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
-bool ir_grad_embedding_grad(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+/* Every rule named in the op table, and ir_grad_none for ops without one. */
+#define OP(id, name, n_in, attrs, shape, interp, cg, grad) \
+  bool grad(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx);
+#include "dsc/ops.def"
+#undef OP
 
 /* ======================= ir/grad_ops.c =======================
  * Shape rule and kernel of embedding_grad (the scatter-add adjoint of

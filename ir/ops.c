@@ -5,8 +5,9 @@
 #include "ir/ir.h"
 
 static ir_op_info op_table[DSC_OP_COUNT] = {
-#define OP(id, nm, nin, attrs, shp, ik, cgc) \
-  [DSC_OP_##id] = {.name = nm, .n_inputs = nin, .attr_spec = attrs, .shape = shp, .interp = ik, .cg = cgc},
+#define OP(id, nm, nin, attrs, shp, ik, cgc, gr)                                                \
+  [DSC_OP_##id] = {.name = nm, .n_inputs = nin, .attr_spec = attrs, .shape = shp, .interp = ik, \
+                   .cg = cgc, .grad = gr},
 #include "dsc/ops.def"
 #undef OP
 };
@@ -24,6 +25,7 @@ static char key_pool[DSC_OP_COUNT][4][24];
 static void parse_specs(void) {
   for (int op = 0; op < DSC_OP_COUNT; op++) {
     ir_op_info *info = &op_table[op];
+    if (info->grad == ir_grad_none) info->grad = NULL;
     const char *p = info->attr_spec;
     info->n_attrs = 0;
     while (*p) {

@@ -5,6 +5,7 @@
 #define DSC_PASSES_INTERNAL_H
 
 #include "dsc/passes.h"
+#include "dsc/train.h"
 #include "ir/ir.h"
 
 #ifdef __cplusplus
@@ -23,6 +24,27 @@ dsc_status pass_autodiff_run(ir_module *m, ir_graph *g);
 /* Same with an explicit rule table (DSC_OP_COUNT entries, NULL = no rule);
  * pass_autodiff_run uses ir_grad_rules(). Tests use it to remove a rule. */
 dsc_status pass_autodiff_run_with_rules(ir_module *m, ir_graph *g, const ir_grad_fn *rules);
+
+/* ======================= passes/ir_util.c =======================
+ * Graph surgery shared by passes. */
+/* Appends a copy of every node of `src` (same module) to `dst`: src's i-th
+ * input becomes inputs[i] (a node of dst), other nodes are cloned with their
+ * types, attributes and source locations (no shape rule runs: the types are
+ * already checked). outs[k] receives the clone of src's k-th output.
+ * Returns false (with a diagnostic) when out of memory. */
+bool pass_inline_graph(ir_graph *dst, const ir_graph *src, ir_node *const *inputs, ir_node **outs);
+/* Removes graph `name` from the module (its nodes stay in the arena).
+ * Returns false when there is no such graph. */
+bool pass_remove_graph(ir_module *m, const char *name);
+
+/* ======================= passes/optimizer.c =======================
+ * Builds the training-step graph "train_step" from graph "forward" (run
+ * through autodiff first when it still has one output) as include/dsc/train.h
+ * describes: grad_accum micro-batches, gradient averaging, global norm,
+ * clipping, the optimizer update (adamw, sgd, muon) with its states and the
+ * `assign`s. Removes "forward". On error the module may hold a partial
+ * "train_step" (callers discard the module). */
+dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg);
 
 #ifdef __cplusplus
 }

@@ -7,4 +7,5 @@
 #include "dsc/ir.h"
 #include "dsc/runtime.h"
 #include "dsc/passes.h"
+#include "dsc/train.h"
 #endif

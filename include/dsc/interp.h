@@ -42,8 +42,10 @@ dsc_tensor *dsc_params_find(const dsc_params *p, const char *name);
 
 /* Runs graph g. inputs[i] must match g's i-th input type; outputs receives
  * one new tensor per graph output (caller frees with dsc_tensor_free).
- * Errors (type mismatch, index out of range, out of memory) are reported
- * as diagnostics on the module's context. */
+ * Nodes of op `assign` write their values into `params` after the whole
+ * graph ran (every `param` read sees the values from before the run); on an
+ * error nothing is written. Errors (type mismatch, index out of range, out
+ * of memory) are reported as diagnostics on the module's context. */
 dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
                           const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs);
 

@@ -22,7 +22,7 @@ typedef struct dsc_node dsc_node;
 
 /* Op kinds, generated from the op table (ir/ops.def). */
 typedef enum {
-#define OP(id, name, n_in, attrs, shape, interp, cg) DSC_OP_##id,
+#define OP(id, name, n_in, attrs, shape, interp, cg, grad) DSC_OP_##id,
 #include "dsc/ops.def"
 #undef OP
   DSC_OP_COUNT

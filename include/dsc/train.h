@@ -1,0 +1,86 @@
+/* dsc public API: training settings and the pass pipeline that turns a
+ * forward graph into one training-step graph.
+ *
+ * After dsc_run_pipeline with the default pipeline (autodiff, optimizer) the
+ * module holds one graph "train_step":
+ *   inputs  the forward graph's inputs, each with its leading (batch) dim
+ *           multiplied by grad_accum (micro-batch k is rows [k*B, (k+1)*B)),
+ *           then `lr: f32[]`, the learning rate of this step (the host
+ *           computes the schedule with dsc_lr_at);
+ *   outputs [loss: f32[] (mean over the micro-batches), grad_norm: f32[]
+ *           (global L2 norm of the averaged gradients, before clipping)];
+ *   state   optimizer states are module states named "opt.<what>.<param>"
+ *           plus "opt.step" (f32[], steps taken); `assign` nodes write the
+ *           new params and states, committed by the interpreter when the
+ *           step has run.
+ * The forward graph itself is removed (it is inlined into the step). */
+#ifndef DSC_TRAIN_H
+#define DSC_TRAIN_H
+
+#include "dsc/core.h"
+#include "dsc/ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DSC_OPT_ADAMW, DSC_OPT_SGD, DSC_OPT_MUON } dsc_optimizer_kind;
+typedef enum {
+  DSC_SCHED_CONSTANT, /* lr (after warmup, if any) */
+  DSC_SCHED_COSINE,   /* warmup, then cosine from lr to min_lr at decay_steps */
+  DSC_SCHED_LINEAR,   /* warmup, then linear from lr to min_lr at decay_steps */
+} dsc_schedule_kind;
+
+typedef struct {
+  int64_t batch, seq;   /* micro-batch size B and sequence length T */
+  int64_t grad_accum;   /* micro-batches per optimizer step */
+  int64_t steps;        /* optimizer steps of the whole run */
+  uint64_t seed;
+  int64_t eval_every;   /* 0: never */
+  int64_t save_every;   /* 0: only at the end */
+  int64_t log_every;    /* progress line every N steps */
+  double clip;          /* global-norm gradient clipping; 0: off */
+  struct {
+    dsc_optimizer_kind kind;
+    double lr;
+    double beta1, beta2, eps; /* adamw (and muon's adamw part) */
+    double weight_decay;      /* decoupled (adamw, muon); L2 for sgd */
+    double momentum;          /* sgd, muon */
+    bool nesterov;            /* sgd, muon */
+    bool decay_1d;            /* apply weight decay to 1-D params too (default off) */
+    double adam_lr;           /* muon: lr of the params trained by adamw; 0: lr */
+  } opt;
+  struct {
+    dsc_schedule_kind kind;
+    int64_t warmup;      /* linear warmup steps from 0 */
+    double min_lr;
+    int64_t decay_steps; /* 0: the run's steps */
+  } sched;
+} dsc_train_config;
+
+/* Defaults (documented in docs/training.md), then the module's train.*
+ * metadata. Unknown or malformed settings are diagnostics. */
+dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *cfg);
+/* The learning rate of optimizer step `step` (0-based). */
+double dsc_lr_at(const dsc_train_config *cfg, int64_t step);
+
+/* ---- the pass pipeline ---- */
+typedef struct {
+  const dsc_train_config *train; /* required by the optimizer pass */
+  const char *stop_after;        /* NULL: run every pass; else stop after this one */
+  bool print_after_all;          /* print the IR after each pass to `print_to` */
+  FILE *print_to;
+  bool verify_each;              /* verify after each pass (always in debug builds) */
+} dsc_pipeline_options;
+
+int dsc_pass_count(void);
+const char *dsc_pass_name(int i);
+const char *dsc_pass_description(int i);
+/* Runs the default training pipeline in order. An unknown stop_after is a
+ * diagnostic listing the pass names. */
+dsc_status dsc_run_pipeline(dsc_module *m, const dsc_pipeline_options *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,358 @@
+/* Training settings: defaults, then the module's "train.*" metadata as the
+ * frontend prints it ("adamw(lr = 0.001, betas = (0.9, 0.95))", "8",
+ * "cosine(warmup = 50)"), and the learning-rate schedule. The formulas are
+ * documented in docs/training.md. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes/passes.h"
+
+/* ---------------------------------------------------- printed values */
+
+enum { TV_NUM, TV_BOOL, TV_NAME, TV_TUPLE, TV_CALL };
+#define TV_MAX_ITEMS 8
+#define TV_POOL 64
+
+typedef struct tv_val tv_val;
+struct tv_val {
+  int kind;
+  double num;
+  bool is_int; /* a number written without '.', 'e', inf or nan */
+  bool b;
+  char name[48];
+  int n;                            /* tuple items or call arguments */
+  tv_val *items[TV_MAX_ITEMS];
+  char keys[TV_MAX_ITEMS][32];      /* call arguments: "" when positional */
+};
+
+typedef struct {
+  const char *s, *key;
+  tv_val pool[TV_POOL];
+  int used;
+  dsc_context *ctx;
+  bool failed;
+} tv_parser;
+
+static void tv_fail(tv_parser *p, const char *what) {
+  if (!p->failed)
+    ir_error(p->ctx, ir_no_loc, "train setting '%s': %s in '%s'", p->key, what, p->s);
+  p->failed = true;
+}
+
+static void skip_ws(const char **s) {
+  while (isspace((unsigned char)**s)) (*s)++;
+}
+
+static size_t ident_len(const char *s) {
+  size_t n = 0;
+  if (!(isalpha((unsigned char)s[0]) || s[0] == '_')) return 0;
+  while (isalnum((unsigned char)s[n]) || s[n] == '_') n++;
+  return n;
+}
+
+static tv_val *tv_parse(tv_parser *p, const char **s, int depth) {
+  skip_ws(s);
+  if (p->used == TV_POOL || depth > 4) return tv_fail(p, "value nested too deeply"), NULL;
+  tv_val *v = &p->pool[p->used++];
+  memset(v, 0, sizeof *v);
+  size_t il = ident_len(*s);
+  if (il && !(il == 3 && strncmp(*s, "inf", 3) == 0) && !(il == 3 && strncmp(*s, "nan", 3) == 0)) {
+    if (il >= sizeof v->name) return tv_fail(p, "name too long"), NULL;
+    memcpy(v->name, *s, il);
+    *s += il;
+    if (strcmp(v->name, "true") == 0 || strcmp(v->name, "false") == 0) {
+      v->kind = TV_BOOL;
+      v->b = v->name[0] == 't';
+      return v;
+    }
+    v->kind = TV_NAME;
+    skip_ws(s);
+    if (**s != '(') return v;
+    v->kind = TV_CALL;
+  } else if (**s == '(') {
+    v->kind = TV_TUPLE;
+  } else {
+    char *end;
+    errno = 0;
+    v->num = strtod(*s, &end);
+    if (end == *s || errno == ERANGE) return tv_fail(p, "expected a value"), NULL;
+    v->kind = TV_NUM;
+    v->is_int = strcspn(*s, ".eEin") >= (size_t)(end - *s) && v->num == floor(v->num);
+    *s = end;
+    return v;
+  }
+  (*s)++; /* '(' */
+  skip_ws(s);
+  if (**s == ')') {
+    (*s)++;
+    return v;
+  }
+  for (;;) {
+    if (v->n == TV_MAX_ITEMS) return tv_fail(p, "too many items"), NULL;
+    skip_ws(s);
+    if (v->kind == TV_CALL) {
+      size_t kl = ident_len(*s);
+      const char *after = *s + kl;
+      skip_ws(&after);
+      if (kl && *after == '=') {
+        if (kl >= sizeof v->keys[0]) return tv_fail(p, "name too long"), NULL;
+        memcpy(v->keys[v->n], *s, kl);
+        *s = after + 1;
+      }
+    }
+    tv_val *it = tv_parse(p, s, depth + 1);
+    if (!it) return NULL;
+    v->items[v->n++] = it;
+    skip_ws(s);
+    if (**s == ',') {
+      (*s)++;
+      continue;
+    }
+    if (**s == ')') {
+      (*s)++;
+      return v;
+    }
+    return tv_fail(p, "expected ',' or ')'"), NULL;
+  }
+}
+
+/* Parses a whole value; NULL (with a diagnostic) on trailing text. */
+static tv_val *tv_parse_all(tv_parser *p, dsc_context *ctx, const char *key, const char *text) {
+  memset(p, 0, sizeof *p);
+  p->s = text;
+  p->key = key;
+  p->ctx = ctx;
+  const char *s = text;
+  tv_val *v = tv_parse(p, &s, 0);
+  if (!v) return NULL;
+  skip_ws(&s);
+  if (*s) return tv_fail(p, "unexpected text after the value"), NULL;
+  return v;
+}
+
+/* ------------------------------------------------------ setting checks */
+
+static bool bad(dsc_context *ctx, const char *key, const char *raw, const char *want) {
+  ir_error(ctx, ir_no_loc, "train setting '%s' must be %s, got '%s'", key, want, raw);
+  return false;
+}
+
+static bool get_int(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+                    int64_t min, int64_t *out) {
+  if (v->kind != TV_NUM || !v->is_int || v->num < (double)min || v->num > 9.0e15)
+    return bad(ctx, key, raw, min > 0 ? "a positive integer" : "a non-negative integer");
+  *out = (int64_t)v->num;
+  return true;
+}
+
+static bool get_num(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+                    double *out) {
+  if (v->kind != TV_NUM || !(v->num >= 0) || isinf(v->num))
+    return bad(ctx, key, raw, "a non-negative number");
+  *out = v->num;
+  return true;
+}
+
+static bool get_fraction(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+                         double *out) {
+  if (v->kind != TV_NUM || !(v->num >= 0 && v->num < 1))
+    return bad(ctx, key, raw, "a number in [0, 1)");
+  *out = v->num;
+  return true;
+}
+
+static bool get_bool(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+                     bool *out) {
+  if (v->kind != TV_BOOL) return bad(ctx, key, raw, "true or false");
+  *out = v->b;
+  return true;
+}
+
+/* optimizer = NAME or NAME(key = value, ...) */
+static bool set_optimizer(dsc_context *ctx, const char *raw, const tv_val *v,
+                          dsc_train_config *cfg) {
+  static const char *const names[] = {"adamw", "adam", "sgd", "muon"};
+  if (v->kind != TV_NAME && v->kind != TV_CALL)
+    return bad(ctx, "train.optimizer", raw, "one of adamw, adam, sgd, muon");
+  int which = -1;
+  for (int i = 0; i < 4; i++)
+    if (strcmp(v->name, names[i]) == 0) which = i;
+  if (which < 0) return bad(ctx, "train.optimizer", raw, "one of adamw, adam, sgd, muon");
+  cfg->opt.kind = which <= 1 ? DSC_OPT_ADAMW : which == 2 ? DSC_OPT_SGD : DSC_OPT_MUON;
+  for (int i = 0; i < v->n; i++) {
+    const char *k = v->keys[i];
+    const tv_val *a = v->items[i];
+    char key[80];
+    snprintf(key, sizeof key, "train.optimizer.%s", *k ? k : "?");
+    bool adam_key = which <= 1 || which == 3, mom_key = which >= 2;
+    bool ok;
+    if (!*k) {
+      ir_error(ctx, ir_no_loc, "train setting 'train.optimizer': the settings of '%s' must be "
+               "named, as in %s(lr = ...), got '%s'", v->name, v->name, raw);
+      return false;
+    } else if (strcmp(k, "lr") == 0) {
+      ok = get_num(ctx, key, raw, a, &cfg->opt.lr);
+    } else if (strcmp(k, "weight_decay") == 0) {
+      ok = get_num(ctx, key, raw, a, &cfg->opt.weight_decay);
+    } else if (strcmp(k, "betas") == 0 && adam_key) {
+      if (a->kind != TV_TUPLE || a->n != 2)
+        return bad(ctx, key, raw, "a pair of numbers in [0, 1), as in (0.9, 0.95)");
+      ok = get_fraction(ctx, key, raw, a->items[0], &cfg->opt.beta1) &&
+           get_fraction(ctx, key, raw, a->items[1], &cfg->opt.beta2);
+    } else if (strcmp(k, "eps") == 0 && adam_key) {
+      ok = get_num(ctx, key, raw, a, &cfg->opt.eps);
+    } else if (strcmp(k, "decay_1d") == 0) {
+      ok = get_bool(ctx, key, raw, a, &cfg->opt.decay_1d);
+    } else if (strcmp(k, "momentum") == 0 && mom_key) {
+      ok = get_fraction(ctx, key, raw, a, &cfg->opt.momentum);
+    } else if (strcmp(k, "nesterov") == 0 && mom_key) {
+      ok = get_bool(ctx, key, raw, a, &cfg->opt.nesterov);
+    } else if (strcmp(k, "adam_lr") == 0 && which == 3) {
+      ok = get_num(ctx, key, raw, a, &cfg->opt.adam_lr);
+    } else {
+      ir_error(ctx, ir_no_loc, "train setting 'train.optimizer': '%s' has no setting '%s'",
+               v->name, k);
+      return false;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/* schedule = NAME or NAME(warmup = N, min_lr = X, decay_steps = N) */
+static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
+                         dsc_train_config *cfg) {
+  static const char *const names[] = {"constant", "cosine", "linear", "warmup_cosine",
+                                      "warmup_linear"};
+  static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE,
+                                            DSC_SCHED_LINEAR, DSC_SCHED_COSINE, DSC_SCHED_LINEAR};
+  const char *want = "one of constant, cosine, linear, warmup_cosine, warmup_linear";
+  if (v->kind != TV_NAME && v->kind != TV_CALL) return bad(ctx, "train.schedule", raw, want);
+  int which = -1;
+  for (int i = 0; i < 5; i++)
+    if (strcmp(v->name, names[i]) == 0) which = i;
+  if (which < 0) return bad(ctx, "train.schedule", raw, want);
+  cfg->sched.kind = kinds[which];
+  for (int i = 0; i < v->n; i++) {
+    const char *k = v->keys[i];
+    const tv_val *a = v->items[i];
+    char key[80];
+    snprintf(key, sizeof key, "train.schedule.%s", *k ? k : "?");
+    bool ok;
+    if (strcmp(k, "warmup") == 0) {
+      ok = get_int(ctx, key, raw, a, 0, &cfg->sched.warmup);
+    } else if (strcmp(k, "min_lr") == 0 && which > 0) {
+      ok = get_num(ctx, key, raw, a, &cfg->sched.min_lr);
+    } else if (strcmp(k, "decay_steps") == 0 && which > 0) {
+      ok = get_int(ctx, key, raw, a, 0, &cfg->sched.decay_steps);
+    } else {
+      ir_error(ctx, ir_no_loc, "train setting 'train.schedule': '%s' has no %s '%s'", v->name,
+               *k ? "setting" : "positional setting; name it, as in warmup = 10,", *k ? k : raw);
+      return false;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/* Keys other passes read (precision, zero, offload, remat): accepted here. */
+static bool handled_elsewhere(const char *key) {
+  static const char *const keys[] = {"train.precision", "train.checkpoint_activations"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (strcmp(key, keys[i]) == 0) return true;
+  return strncmp(key, "train.zero.", 11) == 0 || strncmp(key, "train.offload.", 14) == 0;
+}
+
+static void set_defaults(dsc_train_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->grad_accum = 1;
+  cfg->steps = 1000;
+  cfg->seed = 1337;
+  cfg->log_every = 1;
+  cfg->opt.kind = DSC_OPT_ADAMW;
+  cfg->opt.lr = 1e-3;
+  cfg->opt.beta1 = 0.9;
+  cfg->opt.beta2 = 0.999;
+  cfg->opt.eps = 1e-8;
+  cfg->opt.momentum = 0.9;
+  cfg->sched.kind = DSC_SCHED_CONSTANT;
+}
+
+dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *cfg) {
+  dsc_context *ctx = dsc_module_context(m);
+  set_defaults(cfg);
+  bool ok = true, has_lr = false, has_wd = false;
+  double lr = 0, wd = 0;
+  tv_parser *p = ir_alloc(ctx, sizeof *p);
+  if (!p) return ir_error(ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
+  for (int i = 0; i < dsc_module_meta_count(m); i++) {
+    const char *key = dsc_module_meta_key(m, i), *raw = dsc_module_meta_value(m, i);
+    if (strncmp(key, "train.", 6) != 0 || handled_elsewhere(key)) continue;
+    const tv_val *v = tv_parse_all(p, ctx, key, raw);
+    if (!v) {
+      ok = false;
+      continue;
+    }
+    const char *k = key + 6;
+    int64_t iv = 0;
+    bool r;
+    if (strcmp(k, "batch") == 0) {
+      r = get_int(ctx, key, raw, v, 1, &cfg->batch);
+    } else if (strcmp(k, "seq") == 0) {
+      r = get_int(ctx, key, raw, v, 1, &cfg->seq);
+    } else if (strcmp(k, "grad_accum") == 0) {
+      r = get_int(ctx, key, raw, v, 1, &cfg->grad_accum);
+    } else if (strcmp(k, "steps") == 0) {
+      r = get_int(ctx, key, raw, v, 1, &cfg->steps);
+    } else if (strcmp(k, "seed") == 0) {
+      r = get_int(ctx, key, raw, v, 0, &iv);
+      cfg->seed = (uint64_t)iv;
+    } else if (strcmp(k, "eval_every") == 0) {
+      r = get_int(ctx, key, raw, v, 0, &cfg->eval_every);
+    } else if (strcmp(k, "save_every") == 0) {
+      r = get_int(ctx, key, raw, v, 0, &cfg->save_every);
+    } else if (strcmp(k, "log_every") == 0) {
+      r = get_int(ctx, key, raw, v, 1, &cfg->log_every);
+    } else if (strcmp(k, "clip") == 0) {
+      r = get_num(ctx, key, raw, v, &cfg->clip);
+    } else if (strcmp(k, "lr") == 0) {
+      r = has_lr = get_num(ctx, key, raw, v, &lr);
+    } else if (strcmp(k, "weight_decay") == 0) {
+      r = has_wd = get_num(ctx, key, raw, v, &wd);
+    } else if (strcmp(k, "optimizer") == 0) {
+      r = set_optimizer(ctx, raw, v, cfg);
+    } else if (strcmp(k, "schedule") == 0) {
+      r = set_schedule(ctx, raw, v, cfg);
+    } else {
+      ir_error(ctx, ir_no_loc, "unknown train setting '%s'", key);
+      r = false;
+    }
+    ok = ok && r;
+  }
+  ir_free(ctx, p, sizeof *p);
+  /* top-level lr / weight_decay override the optimizer's, whatever the order */
+  if (has_lr) cfg->opt.lr = lr;
+  if (has_wd) cfg->opt.weight_decay = wd;
+  if (ok && cfg->opt.nesterov && cfg->opt.momentum <= 0) {
+    ir_error(ctx, ir_no_loc, "train setting 'train.optimizer': nesterov needs momentum > 0");
+    ok = false;
+  }
+  return ok ? DSC_OK : DSC_ERR_USER;
+}
+
+double dsc_lr_at(const dsc_train_config *cfg, int64_t step) {
+  double lr = cfg->opt.lr, min_lr = cfg->sched.min_lr;
+  int64_t warmup = cfg->sched.warmup;
+  if (step < 0) step = 0;
+  if (step < warmup) return lr * (double)(step + 1) / (double)warmup;
+  if (cfg->sched.kind == DSC_SCHED_CONSTANT) return lr;
+  int64_t end = cfg->sched.decay_steps > 0 ? cfg->sched.decay_steps : cfg->steps;
+  if (step >= end) return min_lr;
+  double progress = (double)(step - warmup) / (double)(end - warmup); /* in [0, 1) */
+  if (cfg->sched.kind == DSC_SCHED_COSINE)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
+  return lr + (min_lr - lr) * progress;
+}
