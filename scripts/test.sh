@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it:
 #   1. a -Werror build and every test (unit tests through ctest, CLI end-to-end tests);
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer;
-#   3. the frontend fuzzer (libFuzzer) for a bounded time (FUZZ_SECONDS, default 60).
+#   3. the fuzzers of the model-language frontend and the text-IR parser
+#      (libFuzzer), each for a bounded time (FUZZ_SECONDS, default 60).
 # Build trees go to build-test/ (kept between runs; delete to start clean).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,11 +24,23 @@ run_suite release
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_suite sanitize -DDSC_SANITIZE=ON
 
-echo "=== fuzz the frontend for ${FUZZ_SECONDS:-60} s"
+# libFuzzer on the two text parsers (model language, text IR), seeded with
+# the examples and their printed IR.
+fuzz_secs=${FUZZ_SECONDS:-60}
 CC=clang CXX=clang++ cmake -S . -B build-test/fuzz -G Ninja -DDSC_FUZZ=ON -DDSC_BUILD_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-test/fuzz -j "$jobs" --target fuzz_frontend
-mkdir -p build-test/fuzz/corpus
-build-test/fuzz/tests/fuzz/fuzz_frontend -max_total_time="${FUZZ_SECONDS:-60}" -max_len=4096 \
-  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 build-test/fuzz/corpus tests/fuzz/corpus 2>&1 | tail -n 12
+cmake --build build-test/fuzz -j "$jobs" --target fuzz_frontend fuzz_ir_text
+mkdir -p build-test/fuzz/corpus-dsm build-test/fuzz/corpus-ir
+for f in examples/*.dsm; do
+  build-test/release/dsc dump "$f" -o "build-test/fuzz/corpus-ir/$(basename "$f" .dsm).dsir"
+done
+fuzz() { # target, seconds, corpus dirs...
+  local target=$1 secs=$2
+  shift 2
+  echo "=== fuzz $target for $secs s"
+  build-test/fuzz/tests/fuzz/$target -max_total_time="$secs" -max_len=8192 -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 "$@" 2>&1 | tail -n 4
+}
+fuzz fuzz_frontend "$fuzz_secs" build-test/fuzz/corpus-dsm tests/fuzz/corpus
+fuzz fuzz_ir_text "$fuzz_secs" build-test/fuzz/corpus-ir
 echo "=== all tests passed"
