@@ -177,6 +177,44 @@ static bool source_line(const dsc_context *ctx, const char *file, int line, cons
   return false;
 }
 
+static bool valid_utf8(const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    unsigned char c = s[i];
+    size_t k = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : 9;
+    if (k == 9 || i + k >= n + (k ? 0 : 1)) return false;
+    for (size_t j = 1; j <= k; j++)
+      if ((s[i + j] & 0xc0) != 0x80) return false;
+    i += k + 1;
+  }
+  return true;
+}
+
+/* The source line and a caret under column `col` (1-based, in bytes). Long
+ * lines are cut to a window around the column; lines that are not UTF-8
+ * (binary garbage) show '?' for non-ASCII bytes so the terminal stays sane. */
+static void print_source_line(FILE *out, const char *line, size_t len, int col) {
+  enum { WINDOW = 100 };
+  size_t c = (size_t)col - 1 > len ? len : (size_t)col - 1;
+  size_t from = len > WINDOW && c > WINDOW / 2 ? c - WINDOW / 2 : 0;
+  size_t to = from + WINDOW < len ? from + WINDOW : len;
+  bool utf8 = valid_utf8((const unsigned char *)line, len);
+  fputs(from > 0 ? "  ..." : "  ", out);
+  for (size_t k = from; k < to; k++) {
+    unsigned char ch = (unsigned char)line[k];
+    fputc(ch == '\t' ? '\t' : ch < 32 || ch == 127 ? ' ' : (ch >= 128 && !utf8) ? '?' : ch, out);
+  }
+  fputs(to < len ? "...\n  " : "\n  ", out);
+  if (from > 0) fputs("   ", out);
+  for (size_t k = from; k < c; k++) {
+    unsigned char ch = (unsigned char)line[k];
+    if (ch == '\t')
+      fputc('\t', out);
+    else if (!(utf8 && (ch & 0xc0) == 0x80)) /* one column per character */
+      fputc(' ', out);
+  }
+  fputs("^\n", out);
+}
+
 static const char *sev_name(dsc_severity s) {
   return s == DSC_DIAG_ERROR ? "error" : s == DSC_DIAG_WARNING ? "warning" : "note";
 }
@@ -193,14 +231,7 @@ void dsc_diag_print(const dsc_context *ctx, FILE *out) {
       fprintf(out, "%s: %s\n", sev_name(d->severity), d->message);
     const char *line;
     size_t len;
-    if (d->loc.file && d->loc.line > 0 && source_line(ctx, d->loc.file, d->loc.line, &line, &len)) {
-      fputs("  ", out);
-      for (size_t k = 0; k < len; k++) /* tabs kept so the caret lines up */
-        fputc((unsigned char)line[k] < 32 && line[k] != '\t' ? ' ' : line[k], out);
-      fputs("\n  ", out);
-      int col = d->loc.col > 0 ? d->loc.col : 1;
-      for (int k = 1; k < col && (size_t)(k - 1) < len; k++) fputc(line[k - 1] == '\t' ? '\t' : ' ', out);
-      fputs("^\n", out);
-    }
+    if (d->loc.file && d->loc.line > 0 && source_line(ctx, d->loc.file, d->loc.line, &line, &len))
+      print_source_line(out, line, len, d->loc.col > 0 ? d->loc.col : 1);
   }
 }

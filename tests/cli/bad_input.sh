@@ -16,6 +16,10 @@ for f in empty.dsm truncated.dsm garbage.dsm bad.dsir gpt2-cut.dsm; do
 done
 expect_exit 1 "$DSC" check "$TMP/truncated.dsm" && expect_grep "$located" "$TMP/err"
 expect_exit 1 "$DSC" dump "$TMP/bad.dsir" && expect_grep 'bad.dsir:4:[0-9]+: error: .*frob' "$TMP/err"
+# binary garbage is shown as '?' (no raw bytes to the terminal), long lines cut
+expect_exit 1 "$DSC" check "$TMP/garbage.dsm"
+if LC_ALL=C grep -q $'[\x80-\xff]' "$TMP/err"; then fail "raw non-ASCII bytes in the diagnostic"; else pass; fi
+awk 'length > 220 { bad = 1 } END { exit bad }' "$TMP/err" && pass || fail "diagnostic line longer than 220 columns"
 # every truncation of a real model is handled
 size=$(wc -c <"$SRC/examples/gpt-tiny.dsm")
 for k in 1 2 3 4 5 6 7; do
