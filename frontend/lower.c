@@ -2116,7 +2116,11 @@ static fe_file *add_file(fe_state *st, const char *path, const char *text, size_
     st->oom = true;
     return NULL;
   }
-  ir_diag_add_source(st->ctx, f->path, text, len);
+  /* Locations in the module outlive this arena: use the context's name. */
+  if (!(f->path = ir_diag_add_source(st->ctx, f->path, text, len))) {
+    st->oom = true;
+    return NULL;
+  }
   if (!fe_parse(st->ctx, &st->arena, f)) {
     st->oom = true;
     return NULL;

@@ -132,14 +132,23 @@ void ir_diag(dsc_context *ctx, dsc_severity sev, dsc_loc loc, const char *fmt, .
   va_end(ap);
 }
 
-void ir_diag_add_source(dsc_context *ctx, const char *file, const char *text, size_t len) {
-  for (int i = 0; i < ctx->n_sources; i++)
-    if (strcmp(ctx->sources[i].file, file) == 0) return; /* first text wins */
+const char *ir_diag_add_source(dsc_context *ctx, const char *file, const char *text, size_t len) {
+  for (int i = 0; i < ctx->n_sources; i++) {
+    ctx_source *s = &ctx->sources[i];
+    if (strcmp(s->file, file) != 0) continue;
+    /* The newest text wins; the name keeps its address (locations use it). */
+    char *t = ctx_strdup(ctx, text, len);
+    if (!t) return NULL;
+    ir_free(ctx, s->text, s->len + 1);
+    s->text = t;
+    s->len = len;
+    return s->file;
+  }
   if (ctx->n_sources == ctx->cap_sources) {
     int cap = ctx->cap_sources ? ctx->cap_sources * 2 : 4;
     ctx_source *s = ir_realloc(ctx, ctx->sources, sizeof(ctx_source) * (size_t)ctx->cap_sources,
                                sizeof(ctx_source) * (size_t)cap);
-    if (!s) return;
+    if (!s) return NULL;
     ctx->sources = s;
     ctx->cap_sources = cap;
   }
@@ -150,9 +159,10 @@ void ir_diag_add_source(dsc_context *ctx, const char *file, const char *text, si
   if (!s->file || !s->text) {
     if (s->file) ir_free(ctx, s->file, strlen(s->file) + 1);
     if (s->text) ir_free(ctx, s->text, len + 1);
-    return;
+    return NULL;
   }
   ctx->n_sources++;
+  return s->file;
 }
 
 /* Finds line `line` (1-based) of file's registered text. */

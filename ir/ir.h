@@ -48,8 +48,10 @@ void ir_diag(dsc_context *ctx, dsc_severity sev, dsc_loc loc, const char *fmt, .
 void ir_diag_v(dsc_context *ctx, dsc_severity sev, dsc_loc loc, const char *fmt, va_list ap);
 #define ir_error(ctx, loc, ...) ir_diag((ctx), DSC_DIAG_ERROR, (loc), __VA_ARGS__)
 /* Registers source text so that diagnostics in `file` print the line and a
- * caret. The context keeps its own copy. */
-void ir_diag_add_source(dsc_context *ctx, const char *file, const char *text, size_t len);
+ * caret. The context keeps its own copies; the returned name (NULL when out
+ * of memory) lives as long as the context, so node locations that outlive
+ * the frontend or parser point at it. */
+const char *ir_diag_add_source(dsc_context *ctx, const char *file, const char *text, size_t len);
 extern const dsc_loc ir_no_loc;
 
 /* ======================= ir/types.c ======================= */

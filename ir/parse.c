@@ -1065,7 +1065,11 @@ dsc_status dsc_module_parse(dsc_context *ctx, const char *text, size_t len, cons
   if (!ctx || !out || (!text && len)) return DSC_ERR_INTERNAL;
   if (!text) text = "";
   if (!file) file = "<input>";
-  ir_diag_add_source(ctx, file, text, len);
+  /* Node locations outlive the caller's string: use the context's copy. */
+  if (!(file = ir_diag_add_source(ctx, file, text, len))) {
+    ir_error(ctx, ir_no_loc, "out of memory while parsing");
+    return DSC_ERR_INTERNAL;
+  }
   parser p;
   memset(&p, 0, sizeof p);
   p.ctx = ctx;
