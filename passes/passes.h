@@ -42,9 +42,15 @@ bool pass_remove_graph(ir_module *m, const char *name);
  * through autodiff first when it still has one output) as include/dsc/train.h
  * describes: grad_accum micro-batches, gradient averaging, global norm,
  * clipping, the optimizer update (adamw, sgd, muon) with its states and the
- * `assign`s. Removes "forward". On error the module may hold a partial
- * "train_step" (callers discard the module). */
+ * `assign`s. Removes "forward". On error "train_step" is removed again, but
+ * states already created stay (callers discard the module). */
 dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg);
+
+/* ======================= passes/pass_manager.c =======================
+ * The default pipeline is a table of rows {name, description, run}; a new
+ * pass is one row. dsc_run_pipeline (include/dsc/train.h) runs them in
+ * order, verifying after each one (always in builds without NDEBUG). */
+typedef dsc_status (*pass_run_fn)(ir_module *m, const dsc_pipeline_options *opts);
 
 #ifdef __cplusplus
 }

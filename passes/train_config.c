@@ -23,9 +23,9 @@ struct tv_val {
   bool is_int; /* a number written without '.', 'e', inf or nan */
   bool b;
   char name[48];
-  int n;                            /* tuple items or call arguments */
+  int n; /* tuple items or call arguments */
   tv_val *items[TV_MAX_ITEMS];
-  char keys[TV_MAX_ITEMS][32];      /* call arguments: "" when positional */
+  char keys[TV_MAX_ITEMS][32]; /* call arguments: "" when positional */
 };
 
 typedef struct {
@@ -37,8 +37,7 @@ typedef struct {
 } tv_parser;
 
 static void tv_fail(tv_parser *p, const char *what) {
-  if (!p->failed)
-    ir_error(p->ctx, ir_no_loc, "train setting '%s': %s in '%s'", p->key, what, p->s);
+  if (!p->failed) ir_error(p->ctx, ir_no_loc, "train setting '%s': %s in '%s'", p->key, what, p->s);
   p->failed = true;
 }
 
@@ -190,8 +189,10 @@ static bool set_optimizer(dsc_context *ctx, const char *raw, const tv_val *v,
     bool adam_key = which <= 1 || which == 3, mom_key = which >= 2;
     bool ok;
     if (!*k) {
-      ir_error(ctx, ir_no_loc, "train setting 'train.optimizer': the settings of '%s' must be "
-               "named, as in %s(lr = ...), got '%s'", v->name, v->name, raw);
+      ir_error(ctx, ir_no_loc,
+               "train setting 'train.optimizer': the settings of '%s' must be "
+               "named, as in %s(lr = ...), got '%s'",
+               v->name, v->name, raw);
       return false;
     } else if (strcmp(k, "lr") == 0) {
       ok = get_num(ctx, key, raw, a, &cfg->opt.lr);
@@ -213,8 +214,8 @@ static bool set_optimizer(dsc_context *ctx, const char *raw, const tv_val *v,
     } else if (strcmp(k, "adam_lr") == 0 && which == 3) {
       ok = get_num(ctx, key, raw, a, &cfg->opt.adam_lr);
     } else {
-      ir_error(ctx, ir_no_loc, "train setting 'train.optimizer': '%s' has no setting '%s'",
-               v->name, k);
+      ir_error(ctx, ir_no_loc, "train setting 'train.optimizer': '%s' has no setting '%s'", v->name,
+               k);
       return false;
     }
     if (!ok) return false;
@@ -227,8 +228,8 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
                          dsc_train_config *cfg) {
   static const char *const names[] = {"constant", "cosine", "linear", "warmup_cosine",
                                       "warmup_linear"};
-  static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE,
-                                            DSC_SCHED_LINEAR, DSC_SCHED_COSINE, DSC_SCHED_LINEAR};
+  static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
+                                            DSC_SCHED_COSINE, DSC_SCHED_LINEAR};
   const char *want = "one of constant, cosine, linear, warmup_cosine, warmup_linear";
   if (v->kind != TV_NAME && v->kind != TV_CALL) return bad(ctx, "train.schedule", raw, want);
   int which = -1;
@@ -242,15 +243,21 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
     char key[80];
     snprintf(key, sizeof key, "train.schedule.%s", *k ? k : "?");
     bool ok;
-    if (strcmp(k, "warmup") == 0) {
+    if (!*k) {
+      ir_error(ctx, ir_no_loc,
+               "train setting 'train.schedule': the settings of '%s' must be "
+               "named, as in %s(warmup = ...), got '%s'",
+               v->name, v->name, raw);
+      return false;
+    } else if (strcmp(k, "warmup") == 0) {
       ok = get_int(ctx, key, raw, a, 0, &cfg->sched.warmup);
     } else if (strcmp(k, "min_lr") == 0 && which > 0) {
       ok = get_num(ctx, key, raw, a, &cfg->sched.min_lr);
     } else if (strcmp(k, "decay_steps") == 0 && which > 0) {
       ok = get_int(ctx, key, raw, a, 0, &cfg->sched.decay_steps);
     } else {
-      ir_error(ctx, ir_no_loc, "train setting 'train.schedule': '%s' has no %s '%s'", v->name,
-               *k ? "setting" : "positional setting; name it, as in warmup = 10,", *k ? k : raw);
+      ir_error(ctx, ir_no_loc, "train setting 'train.schedule': '%s' has no setting '%s'", v->name,
+               k);
       return false;
     }
     if (!ok) return false;
@@ -353,6 +360,6 @@ double dsc_lr_at(const dsc_train_config *cfg, int64_t step) {
   if (step >= end) return min_lr;
   double progress = (double)(step - warmup) / (double)(end - warmup); /* in [0, 1) */
   if (cfg->sched.kind == DSC_SCHED_COSINE)
-    return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.14159265358979323846 * progress));
   return lr + (min_lr - lr) * progress;
 }

@@ -5,15 +5,41 @@
 
 static const char dump_help[] =
     "usage: dsc dump FILE [--dot] [-o OUT] [--batch B] [--seq T] [--dim NAME=V]\n"
+    "                [--after PASS | --print-after-all] [--grad-accum K] [--verify]\n"
+    "       dsc dump --list-passes\n"
     "\n"
     "Prints the IR of FILE: a model file (.dsm) is compiled first; a text IR file\n"
     "(.dsir) is parsed, verified and printed again (the text form round-trips\n"
     "byte for byte). --dot prints Graphviz DOT instead (dsc dump m.dsm --dot | dot -Tsvg).\n"
-    "-o writes to OUT instead of standard output.\n";
+    "-o writes to OUT instead of standard output.\n"
+    "\n"
+    "--after PASS runs the training pipeline up to PASS and prints the IR then\n"
+    "(--after optimizer: the whole training step); --print-after-all prints it\n"
+    "after every pass. The train settings come from the model's train section;\n"
+    "--grad-accum overrides its grad_accum. --verify checks the IR after each\n"
+    "pass. --list-passes lists the passes in pipeline order.\n";
+
+/* Runs the pipeline as the flags ask; the train settings come from the
+ * model's train section, with --batch/--seq/--grad-accum on top. */
+static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_accum,
+                             const char *after, bool print_all, bool verify, FILE *out) {
+  dsc_train_config cfg;
+  dsc_status st = dsc_train_config_from_module(m, &cfg);
+  if (st != DSC_OK) return st;
+  for (int k = 0; k < dims->n; k++) {
+    if (strcmp(dims->names[k], "B") == 0) cfg.batch = dims->dims[k].value;
+    if (strcmp(dims->names[k], "T") == 0) cfg.seq = dims->dims[k].value;
+  }
+  if (grad_accum > 0) cfg.grad_accum = grad_accum;
+  dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
+  return dsc_run_pipeline(m, &po);
+}
 
 int cli_dump(int argc, char **argv) {
   const char *path = NULL, *out_path = NULL;
-  bool dot = false;
+  const char *after = NULL;
+  bool dot = false, print_all = false, verify = false;
+  int64_t grad_accum = 0;
   cli_dims dims = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -25,6 +51,24 @@ int cli_dump(int argc, char **argv) {
     if (r > 0) continue;
     if (strcmp(argv[i], "--dot") == 0) {
       dot = true;
+    } else if (strcmp(argv[i], "--list-passes") == 0) {
+      for (int k = 0; k < dsc_pass_count(); k++)
+        printf("%-10s %s\n", dsc_pass_name(k), dsc_pass_description(k));
+      return CLI_EXIT_OK;
+    } else if (strcmp(argv[i], "--after") == 0) {
+      if (i + 1 >= argc) return cli_usage_error("dump", "--after needs a pass name"), CLI_EXIT_USER;
+      after = argv[++i];
+    } else if (strcmp(argv[i], "--print-after-all") == 0) {
+      print_all = true;
+    } else if (strcmp(argv[i], "--verify") == 0) {
+      verify = true;
+    } else if (strcmp(argv[i], "--grad-accum") == 0) {
+      if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &grad_accum) || grad_accum <= 0 ||
+          grad_accum > (1 << 20))
+        return cli_usage_error("dump", "--grad-accum: '%s' is not a positive integer",
+                               i + 1 < argc ? argv[i + 1] : ""),
+               CLI_EXIT_USER;
+      i++;
     } else if (strcmp(argv[i], "-o") == 0) {
       if (i + 1 >= argc) return cli_usage_error("dump", "-o needs a file"), CLI_EXIT_USER;
       out_path = argv[++i];
@@ -37,6 +81,11 @@ int cli_dump(int argc, char **argv) {
     }
   }
   if (!path) return cli_usage_error("dump", "missing file"), CLI_EXIT_USER;
+  if (after && print_all)
+    return cli_usage_error("dump", "--after and --print-after-all exclude each other"),
+           CLI_EXIT_USER;
+  if (dot && print_all)
+    return cli_usage_error("dump", "--dot and --print-after-all exclude each other"), CLI_EXIT_USER;
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   dsc_module *m = NULL;
@@ -47,7 +96,10 @@ int cli_dump(int argc, char **argv) {
       perror(out_path);
       st = DSC_ERR_USER;
     } else {
-      st = dot ? dsc_module_print_dot(m, out) : dsc_module_print(m, out);
+      if (after || print_all || verify)
+        st = run_passes(m, &dims, grad_accum, after, print_all, verify, out);
+      if (st == DSC_OK && !print_all)
+        st = dot ? dsc_module_print_dot(m, out) : dsc_module_print(m, out);
       if (fflush(out) != 0 || ferror(out)) {
         fprintf(stderr, "dsc dump: error writing %s\n", out_path ? out_path : "standard output");
         st = DSC_ERR_USER;

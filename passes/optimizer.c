@@ -1,0 +1,354 @@
+/* The optimizer pass: turns the differentiated graph "forward" into the
+ * training-step graph "train_step" (contract: include/dsc/train.h, formulas:
+ * docs/training.md).
+ *
+ * 1. inputs: the forward inputs with the leading dim x grad_accum, then lr;
+ * 2. per micro-batch k: slice rows [k*B, (k+1)*B) of every input and inline
+ *    a copy of the differentiated forward graph;
+ * 3. average losses and gradients (sum, then x 1/K);
+ * 4. grad_norm = sqrt(sum over params of sum(g*g)); clipping scales every
+ *    gradient by clip / maximum(grad_norm, clip);
+ * 5. the update of each param (adamw, sgd or muon) from states created
+ *    here, all written back with `assign` at the end of the graph;
+ * 6. outputs [loss, grad_norm]; graph "forward" is removed. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "passes/passes.h"
+
+typedef struct {
+  const char *name;
+  ir_node *value;
+} opt_assign;
+
+typedef struct {
+  ir_module *m;
+  ir_graph *g;
+  const dsc_train_config *cfg;
+  ir_node *lr;                                          /* the f32[] input */
+  ir_node *t;                                           /* steps taken including this one, f32[] */
+  ir_node *lr_dt[DSC_DTYPE_COUNT];                      /* lr cast to each param dtype */
+  ir_node *bc1[DSC_DTYPE_COUNT], *bc2[DSC_DTYPE_COUNT]; /* adam bias corrections */
+  opt_assign *assigns;
+  int n_assigns, cap_assigns;
+} opt_state;
+
+static ir_node *scalar(opt_state *o, double v, dsc_dtype dt) {
+  return dsc_const(o->g, v, dsc_type_make(dt, 0, NULL));
+}
+static ir_node *add(opt_state *o, ir_node *a, ir_node *b) {
+  return dsc_binary(o->g, DSC_OP_ADD, a, b);
+}
+static ir_node *sub(opt_state *o, ir_node *a, ir_node *b) {
+  return dsc_binary(o->g, DSC_OP_SUB, a, b);
+}
+static ir_node *mul(opt_state *o, ir_node *a, ir_node *b) {
+  return dsc_binary(o->g, DSC_OP_MUL, a, b);
+}
+static ir_node *divide(opt_state *o, ir_node *a, ir_node *b) {
+  return dsc_binary(o->g, DSC_OP_DIV, a, b);
+}
+/* x * c for a compile-time constant c. */
+static ir_node *scale(opt_state *o, ir_node *x, double c) {
+  return x ? mul(o, scalar(o, c, x->type.dtype), x) : NULL;
+}
+static ir_node *as_dtype(opt_state *o, ir_node *x, dsc_dtype dt) {
+  return !x || x->type.dtype == dt ? x : dsc_cast(o->g, x, dt);
+}
+static ir_node *transpose(opt_state *o, ir_node *x) {
+  static const int64_t perm[2] = {1, 0};
+  return dsc_permute(o->g, x, perm, 2);
+}
+/* sum of all elements, rank 0 */
+static ir_node *sum_all(opt_state *o, ir_node *x) {
+  int64_t axes[DSC_MAX_RANK];
+  for (int i = 0; i < x->type.rank; i++) axes[i] = i;
+  return dsc_reduce(o->g, DSC_OP_SUM, x, axes, x->type.rank, 0);
+}
+
+static ir_node *lr_of(opt_state *o, dsc_dtype dt) {
+  if (!o->lr_dt[dt]) o->lr_dt[dt] = as_dtype(o, o->lr, dt);
+  return o->lr_dt[dt];
+}
+
+static bool add_assign(opt_state *o, const char *name, ir_node *value) {
+  if (!value) return false;
+  if (!ir_grow(&o->m->arena, (void **)&o->assigns, &o->cap_assigns, o->n_assigns + 1,
+               sizeof(opt_assign)))
+    return ir_error(o->m->ctx, ir_no_loc, "out of memory in the optimizer pass"), false;
+  o->assigns[o->n_assigns].name = name;
+  o->assigns[o->n_assigns++].value = value;
+  return true;
+}
+
+/* Creates state "opt.<what>.<param>" (zeros, the param's type); returns its
+ * name in the arena or NULL. */
+static const char *new_state(opt_state *o, const char *what, const char *param, dsc_type t) {
+  const char *name = ir_arena_printf(&o->m->arena, "opt.%s.%s", what, param);
+  if (!name) return ir_error(o->m->ctx, ir_no_loc, "out of memory in the optimizer pass"), NULL;
+  dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
+  return dsc_module_add_state(o->m, name, t, zeros) == DSC_OK ? name : NULL;
+}
+
+/* 1 - beta^t as 1 - exp(t * ln(beta)), so the graph needs no pow with a
+ * tensor exponent; ln(0) = -inf gives exp(-inf) = 0, i.e. no correction. */
+static ir_node *bias_correction(opt_state *o, double beta, dsc_dtype dt) {
+  ir_node *t = as_dtype(o, o->t, dt);
+  return sub(o, scalar(o, 1, dt), dsc_unary(o->g, DSC_OP_EXP, scale(o, t, log(beta))));
+}
+
+/* AdamW (PyTorch semantics, decoupled weight decay):
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *   p = p (1 - lr wd) - lr (m / bc1) / (sqrt(v / bc2) + eps) */
+static ir_node *adamw_update(opt_state *o, const char *pname, ir_node *p, ir_node *g, ir_node *lr,
+                             bool decay) {
+  const dsc_train_config *c = o->cfg;
+  dsc_type pt = p->type;
+  dsc_dtype dt = pt.dtype;
+  const char *mn = new_state(o, "m", pname, pt), *vn = new_state(o, "v", pname, pt);
+  if (!mn || !vn) return NULL;
+  if (!o->bc1[dt]) {
+    o->bc1[dt] = bias_correction(o, c->opt.beta1, dt);
+    o->bc2[dt] = bias_correction(o, c->opt.beta2, dt);
+  }
+  ir_node *m1 =
+      add(o, scale(o, dsc_param_ref(o->g, mn), c->opt.beta1), scale(o, g, 1 - c->opt.beta1));
+  ir_node *v1 = add(o, scale(o, dsc_param_ref(o->g, vn), c->opt.beta2),
+                    scale(o, mul(o, g, g), 1 - c->opt.beta2));
+  if (!add_assign(o, mn, m1) || !add_assign(o, vn, v1)) return NULL;
+  ir_node *mhat = divide(o, m1, o->bc1[dt]);
+  ir_node *denom =
+      add(o, dsc_unary(o->g, DSC_OP_SQRT, divide(o, v1, o->bc2[dt])), scalar(o, c->opt.eps, dt));
+  ir_node *step = mul(o, lr, divide(o, mhat, denom));
+  if (decay) /* p * (1 - lr wd), as torch.optim.AdamW */
+    p = mul(o, p, sub(o, scalar(o, 1, dt), scale(o, lr, c->opt.weight_decay)));
+  return sub(o, p, step);
+}
+
+/* SGD with momentum (PyTorch semantics, dampening 0):
+ *   g' = g + wd p;  buf = mu buf + g';  p -= lr (nesterov ? g' + mu buf : buf) */
+static ir_node *sgd_update(opt_state *o, const char *pname, ir_node *p, ir_node *g, ir_node *lr,
+                           bool decay) {
+  const dsc_train_config *c = o->cfg;
+  if (decay) g = add(o, g, scale(o, p, c->opt.weight_decay));
+  ir_node *u = g;
+  if (c->opt.momentum > 0) {
+    const char *bn = new_state(o, "momentum", pname, p->type);
+    if (!bn) return NULL;
+    /* buf starts at zero, so the first step gives buf = g' as torch does */
+    ir_node *buf = add(o, scale(o, dsc_param_ref(o->g, bn), c->opt.momentum), g);
+    if (!add_assign(o, bn, buf)) return NULL;
+    u = c->opt.nesterov ? add(o, g, scale(o, buf, c->opt.momentum)) : buf;
+  }
+  return sub(o, p, mul(o, lr, u));
+}
+
+/* Muon for a 2-D weight: momentum, then the update orthogonalised by five
+ * quintic Newton-Schulz iterations (Keller Jordan's coefficients), on the
+ * transpose when rows > cols so that X X^T is the smaller Gram matrix. */
+static ir_node *muon_update(opt_state *o, const char *pname, ir_node *p, ir_node *g, ir_node *lr) {
+  const dsc_train_config *c = o->cfg;
+  dsc_dtype dt = p->type.dtype;
+  int64_t rows = p->type.dims[0], cols = p->type.dims[1];
+  const char *bn = new_state(o, "momentum", pname, p->type);
+  if (!bn) return NULL;
+  ir_node *buf = add(o, scale(o, dsc_param_ref(o->g, bn), c->opt.momentum), g);
+  if (!add_assign(o, bn, buf)) return NULL;
+  ir_node *u = c->opt.nesterov ? add(o, g, scale(o, buf, c->opt.momentum)) : buf;
+  ir_node *norm = dsc_unary(o->g, DSC_OP_SQRT, sum_all(o, mul(o, u, u)));
+  ir_node *x = divide(o, u, add(o, norm, scalar(o, 1e-7, dt)));
+  bool tall = rows > cols;
+  if (tall) x = transpose(o, x);
+  const double a = 3.4445, b = -4.7750, cc = 2.0315;
+  for (int it = 0; it < 5; it++) {
+    ir_node *gram = dsc_matmul(o->g, x, transpose(o, x));
+    ir_node *poly = add(o, scale(o, gram, b), scale(o, dsc_matmul(o->g, gram, gram), cc));
+    x = add(o, scale(o, x, a), dsc_matmul(o->g, poly, x));
+  }
+  if (tall) x = transpose(o, x);
+  double shape_scale = sqrt(fmax(1.0, (double)rows / (double)cols));
+  if (c->opt.weight_decay > 0)
+    p = mul(o, p, sub(o, scalar(o, 1, dt), scale(o, lr, c->opt.weight_decay)));
+  return sub(o, p, mul(o, scale(o, lr, shape_scale), x));
+}
+
+/* Params read as the table of an `embedding` (Muon leaves them to AdamW). */
+static bool *embedding_tables(ir_module *m, const ir_graph *f) {
+  bool *emb = ir_arena_alloc(&m->arena, sizeof(bool) * (size_t)(m->n_params + 1));
+  if (!emb) return NULL;
+  for (int i = 0; i < f->n_nodes; i++) {
+    const ir_node *n = f->nodes[i];
+    if (n->op != DSC_OP_EMBEDDING || n->in[0]->op != DSC_OP_PARAM) continue;
+    int p = dsc_module_find_param(m, ir_attr_str(n->in[0], "name"));
+    if (p >= 0) emb[p] = true;
+  }
+  return emb;
+}
+
+/* Checks that f is differentiated: [loss, one gradient per trainable param]. */
+static bool check_forward(ir_module *m, const ir_graph *f) {
+  int n_train = 0;
+  for (int p = 0; p < m->n_params; p++) {
+    if (m->params[p].state) continue;
+    if (!dsc_dtype_is_float(m->params[p].type.dtype)) {
+      ir_error(m->ctx, ir_no_loc, "optimizer: trainable parameter '%s' is not a float tensor",
+               m->params[p].name);
+      return false;
+    }
+    n_train++;
+  }
+  bool ok = f->n_outputs == 1 + n_train && f->outputs[0]->type.rank == 0 &&
+            dsc_dtype_is_float(f->outputs[0]->type.dtype);
+  for (int p = 0, k = 1; ok && p < m->n_params; p++)
+    if (!m->params[p].state) ok = dsc_type_equal(&f->outputs[k++]->type, &m->params[p].type);
+  if (!ok)
+    ir_error(m->ctx, ir_no_loc,
+             "optimizer: graph 'forward' must output [loss, gradient of each of the %d trainable "
+             "parameters] (run autodiff first); it has %d output(s)",
+             n_train, f->n_outputs);
+  return ok;
+}
+
+static dsc_status build_step(opt_state *o, ir_graph *f) {
+  ir_module *m = o->m;
+  ir_graph *g = o->g;
+  const dsc_train_config *cfg = o->cfg;
+  int64_t K = cfg->grad_accum;
+  int n_in = f->n_inputs, n_out = f->n_outputs;
+  ir_node **in = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(n_in + 1));
+  ir_node **mb = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(n_in + 1));
+  ir_node **outs = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)n_out);
+  ir_node **acc = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)n_out);
+  if (!in || !mb || !outs || !acc)
+    return ir_error(m->ctx, ir_no_loc, "out of memory in the optimizer pass"), DSC_ERR_INTERNAL;
+
+  /* 1. inputs */
+  for (int i = 0; i < n_in; i++) {
+    dsc_type t = f->inputs[i]->type;
+    if (K > 1) {
+      if (t.rank == 0) {
+        ir_error(m->ctx, ir_no_loc,
+                 "optimizer: grad_accum = %lld needs a batch dim, but input '%s' is a scalar",
+                 (long long)K, f->inputs[i]->name);
+        return DSC_ERR_USER;
+      }
+      t.dims[0] *= K;
+    }
+    if (!(in[i] = dsc_graph_input(g, f->inputs[i]->name, t))) return DSC_ERR_USER;
+  }
+  o->lr = dsc_graph_input(g, "lr", dsc_type_make(DSC_F32, 0, NULL));
+  if (!o->lr) return DSC_ERR_USER;
+
+  /* 2-3. micro-batches, summed then averaged */
+  for (int64_t k = 0; k < K; k++) {
+    for (int i = 0; i < n_in; i++) {
+      mb[i] = in[i];
+      if (K == 1) continue;
+      int64_t rows = f->inputs[i]->type.dims[0];
+      dsc_attr a[3] = {dsc_attr_int("axis", 0), dsc_attr_int("start", k * rows),
+                       dsc_attr_int("end", (k + 1) * rows)};
+      if (!(mb[i] = dsc_build(g, DSC_OP_SLICE, &in[i], 1, a, 3))) return DSC_ERR_USER;
+    }
+    if (!pass_inline_graph(g, f, mb, outs)) return DSC_ERR_INTERNAL;
+    for (int j = 0; j < n_out; j++) acc[j] = k == 0 ? outs[j] : add(o, acc[j], outs[j]);
+  }
+  if (K > 1)
+    for (int j = 0; j < n_out; j++) acc[j] = scale(o, acc[j], 1.0 / (double)K);
+  ir_node *loss = as_dtype(o, acc[0], DSC_F32);
+
+  /* 4. global norm and clipping */
+  ir_node *sumsq = NULL;
+  for (int j = 1; j < n_out; j++) {
+    ir_node *s = as_dtype(o, sum_all(o, mul(o, acc[j], acc[j])), DSC_F32);
+    sumsq = sumsq ? add(o, sumsq, s) : s;
+  }
+  ir_node *grad_norm = sumsq ? dsc_unary(g, DSC_OP_SQRT, sumsq) : scalar(o, 0, DSC_F32);
+  if (cfg->clip > 0 && n_out > 1) {
+    ir_node *clip = scalar(o, cfg->clip, DSC_F32);
+    ir_node *factor = divide(o, clip, dsc_binary(g, DSC_OP_MAXIMUM, grad_norm, clip));
+    for (int j = 1; j < n_out; j++)
+      acc[j] = mul(o, acc[j], as_dtype(o, factor, acc[j]->type.dtype));
+  }
+  if (!loss || !grad_norm) return DSC_ERR_USER;
+
+  /* 5. the update */
+  ir_node *t0 = dsc_param_ref(g, "opt.step");
+  o->t = add(o, t0, scalar(o, 1, DSC_F32));
+  if (!add_assign(o, "opt.step", o->t)) return DSC_ERR_USER;
+  bool *emb = embedding_tables(m, f);
+  if (!emb) return ir_error(m->ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
+  double adam_ratio = cfg->opt.kind == DSC_OPT_MUON && cfg->opt.adam_lr > 0 && cfg->opt.lr > 0
+                          ? cfg->opt.adam_lr / cfg->opt.lr
+                          : 1.0;
+  for (int p = 0, j = 1; p < m->n_params; p++) {
+    if (m->params[p].state) continue;
+    const char *pname = m->params[p].name;
+    dsc_type pt = m->params[p].type;
+    ir_node *pv = dsc_param_ref(g, pname), *grad = acc[j++];
+    ir_node *lr = lr_of(o, pt.dtype), *np;
+    bool decay = cfg->opt.weight_decay > 0 && (pt.rank >= 2 || cfg->opt.decay_1d);
+    if (cfg->opt.kind == DSC_OPT_SGD) {
+      np = sgd_update(o, pname, pv, grad, lr, decay);
+    } else if (cfg->opt.kind == DSC_OPT_MUON && pt.rank == 2 && !emb[p]) {
+      np = muon_update(o, pname, pv, grad, lr);
+    } else {
+      if (adam_ratio != 1.0) lr = scale(o, lr, adam_ratio);
+      np = adamw_update(o, pname, pv, grad, lr, decay);
+    }
+    if (!add_assign(o, pname, np)) return DSC_ERR_USER;
+  }
+
+  /* 6. assigns last, so that the graph reads: compute, then commit */
+  for (int i = 0; i < o->n_assigns; i++) {
+    dsc_attr a = dsc_attr_str("name", o->assigns[i].name);
+    if (!dsc_build(g, DSC_OP_ASSIGN, &o->assigns[i].value, 1, &a, 1)) return DSC_ERR_USER;
+  }
+  ir_node *res[2] = {loss, grad_norm};
+  return dsc_graph_set_outputs(g, res, 2);
+}
+
+dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
+  if (!cfg) {
+    ir_error(m->ctx, ir_no_loc, "optimizer: no training settings given");
+    return DSC_ERR_USER;
+  }
+  if (cfg->grad_accum < 1) {
+    ir_error(m->ctx, ir_no_loc, "optimizer: grad_accum must be at least 1, got %lld",
+             (long long)cfg->grad_accum);
+    return DSC_ERR_USER;
+  }
+  ir_graph *f = dsc_module_find_graph(m, "forward");
+  if (!f) {
+    ir_error(m->ctx, ir_no_loc, "optimizer: the module has no graph 'forward'");
+    return DSC_ERR_USER;
+  }
+  if (dsc_module_find_graph(m, "train_step")) {
+    ir_error(m->ctx, ir_no_loc, "optimizer: the module already has a graph 'train_step'");
+    return DSC_ERR_USER;
+  }
+  if (f->n_outputs == 1) {
+    dsc_status st = pass_autodiff_run(m, f);
+    if (st != DSC_OK) return st;
+  }
+  if (!check_forward(m, f)) return DSC_ERR_USER;
+  if (dsc_module_find_param(m, "opt.step") < 0) {
+    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
+    dsc_status st = dsc_module_add_state(m, "opt.step", dsc_type_make(DSC_F32, 0, NULL), zeros);
+    if (st != DSC_OK) return st;
+  }
+  opt_state o;
+  memset(&o, 0, sizeof o);
+  o.m = m;
+  o.cfg = cfg;
+  if (!(o.g = dsc_graph_new(m, "train_step"))) return DSC_ERR_INTERNAL;
+  dsc_status st = build_step(&o, f);
+  if (st != DSC_OK) {
+    pass_remove_graph(m, "train_step");
+    if (dsc_error_count(m->ctx) == 0)
+      ir_error(m->ctx, ir_no_loc, "optimizer: could not build graph 'train_step'");
+    return st;
+  }
+  pass_remove_graph(m, "forward");
+  return DSC_OK;
+}

@@ -1,0 +1,84 @@
+/* The pass manager: the default training pipeline as a table. Each row is
+ * {name, description, run}; later passes (precision, remat, zero, ...) are
+ * new rows. After each pass the module is verified (always in builds
+ * without NDEBUG, else on request), so a pass that breaks the IR is named. */
+#include <string.h>
+
+#include "passes/passes.h"
+
+static dsc_status run_autodiff(ir_module *m, const dsc_pipeline_options *opts) {
+  (void)opts;
+  ir_graph *f = dsc_module_find_graph(m, "forward");
+  if (!f) {
+    ir_error(m->ctx, ir_no_loc, "autodiff: the module has no graph 'forward'");
+    return DSC_ERR_USER;
+  }
+  return pass_autodiff_run(m, f);
+}
+
+static dsc_status run_optimizer(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_optimizer_run(m, opts->train);
+}
+
+static const struct {
+  const char *name, *description;
+  pass_run_fn run;
+} passes[] = {
+    {"autodiff", "append the backward pass to graph 'forward' (outputs: loss, gradients)",
+     run_autodiff},
+    {"optimizer",
+     "build graph 'train_step': micro-batches, gradient averaging and clipping, the optimizer "
+     "update with its states",
+     run_optimizer},
+};
+#define N_PASSES ((int)(sizeof passes / sizeof passes[0]))
+
+int dsc_pass_count(void) { return N_PASSES; }
+const char *dsc_pass_name(int i) { return i >= 0 && i < N_PASSES ? passes[i].name : NULL; }
+const char *dsc_pass_description(int i) {
+  return i >= 0 && i < N_PASSES ? passes[i].description : NULL;
+}
+
+dsc_status dsc_run_pipeline(dsc_module *m, const dsc_pipeline_options *opts) {
+  dsc_pipeline_options none;
+  if (!opts) {
+    memset(&none, 0, sizeof none);
+    opts = &none;
+  }
+  int last = N_PASSES - 1;
+  if (opts->stop_after) {
+    last = -1;
+    for (int i = 0; i < N_PASSES; i++)
+      if (strcmp(passes[i].name, opts->stop_after) == 0) last = i;
+    if (last < 0) {
+      char list[512] = "";
+      for (int i = 0; i < N_PASSES; i++) {
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", passes[i].name);
+      }
+      ir_error(m->ctx, ir_no_loc, "unknown pass '%s' (the passes are: %s)", opts->stop_after, list);
+      return DSC_ERR_USER;
+    }
+  }
+#ifdef NDEBUG
+  bool verify = opts->verify_each;
+#else
+  bool verify = true;
+#endif
+  for (int i = 0; i <= last; i++) {
+    dsc_status st = passes[i].run(m, opts);
+    if (st != DSC_OK) return st;
+    if (verify && dsc_module_verify(m) != DSC_OK) {
+      ir_error(m->ctx, ir_no_loc, "the IR is invalid after pass '%s' (a bug in that pass)",
+               passes[i].name);
+      return DSC_ERR_INTERNAL;
+    }
+    if (opts->print_after_all) {
+      FILE *out = opts->print_to ? opts->print_to : stdout;
+      fprintf(out, "// ---- IR after %s ----\n", passes[i].name);
+      st = dsc_module_print(m, out);
+      if (st != DSC_OK) return st;
+    }
+  }
+  return DSC_OK;
+}

@@ -1,0 +1,894 @@
+// The optimizer pass and the training settings.
+//
+// Optimizer checks: each optimizer is re-implemented below with plain loops
+// over doubles following PyTorch's formulas (torch.optim.AdamW, SGD, and
+// Keller Jordan's Muon). Both run 5 steps on a small MLP: the interpreter
+// runs graph "train_step" (f32, params and states updated through assign);
+// the reference takes its gradients from the differentiated forward graph
+// at its own (double) params. After every step the loss and grad_norm
+// outputs, and after 5 steps every param and optimizer state, must satisfy
+// max|a - r| / max|r| < 1e-5 over each tensor (kRelTol: f32 rounding of the
+// step graph, about 1e-7 per op, against a double reference).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dsc/dsc.h"
+#include "ir/ir.h"
+#include "passes/passes.h"
+
+namespace {
+
+constexpr double kRelTol = 1e-5;
+
+std::string diags(dsc_context *ctx) {
+  std::string s;
+  for (int i = 0; i < dsc_diag_count(ctx); i++)
+    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
+  return s;
+}
+
+// A small MLP with a wide (4x6) and a tall (6x3) weight, smooth (tanh), so
+// that the gradients have no kinks; 1-D biases start non-zero so that weight
+// decay on them would show.
+const char kMlp[] = R"(
+model mlp {
+  param w1: f32[4, 6] = normal(0.5)
+  param b1: f32[6] = normal(0.1)
+  param w2: f32[6, 3] = normal(0.5)
+  param b2: f32[3] = normal(0.1)
+  fn forward(x: f32[B, 4], labels: i32[B]) -> f32 {
+    h = tanh(matmul(x, w1) + b1)
+    return cross_entropy(matmul(h, w2) + b2, labels)
+  }
+}
+)";
+
+dsc_module *compile(dsc_context *ctx, int64_t batch, const char *src = kMlp) {
+  dsc_dim_binding b = {"B", batch};
+  dsc_frontend_options o = {&b, 1};
+  dsc_module *m = nullptr;
+  EXPECT_EQ(dsc_compile_string(ctx, src, strlen(src), "mlp.dsm", &o, &m), DSC_OK) << diags(ctx);
+  return m;
+}
+
+dsc_train_config default_config(dsc_context *ctx) {
+  dsc_module *m = dsc_module_new(ctx, "empty");
+  dsc_train_config c;
+  EXPECT_EQ(dsc_train_config_from_module(m, &c), DSC_OK);
+  dsc_module_free(m);
+  return c;
+}
+
+double rel_err(const double *a, const std::vector<double> &r) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < r.size(); i++) {
+    num = std::max(num, std::fabs(a[i] - r[i]));
+    den = std::max(den, std::fabs(r[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+typedef std::vector<double> Vec;
+
+// Newton-Schulz as Muon does it, on a rows x cols matrix (row-major).
+Vec newton_schulz(Vec x, int64_t rows, int64_t cols) {
+  bool tall = rows > cols;
+  auto transpose = [](const Vec &a, int64_t r, int64_t c) {
+    Vec t(a.size());
+    for (int64_t i = 0; i < r; i++)
+      for (int64_t j = 0; j < c; j++) t[j * r + i] = a[i * c + j];
+    return t;
+  };
+  if (tall) x = transpose(x, rows, cols), std::swap(rows, cols);
+  auto matmul = [](const Vec &a, const Vec &b, int64_t n, int64_t k, int64_t m) {
+    Vec c((size_t)(n * m), 0.0);
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t l = 0; l < k; l++)
+        for (int64_t j = 0; j < m; j++) c[i * m + j] += a[i * k + l] * b[l * m + j];
+    return c;
+  };
+  const double a = 3.4445, b = -4.7750, c = 2.0315;
+  for (int it = 0; it < 5; it++) {
+    Vec xt = transpose(x, rows, cols);
+    Vec A = matmul(x, xt, rows, cols, rows);
+    Vec AA = matmul(A, A, rows, rows, rows);
+    Vec P(A.size());
+    for (size_t i = 0; i < A.size(); i++) P[i] = b * A[i] + c * AA[i];
+    Vec PX = matmul(P, x, rows, rows, cols);
+    for (size_t i = 0; i < x.size(); i++) x[i] = a * x[i] + PX[i];
+  }
+  if (tall) x = transpose(x, rows, cols);
+  return x;
+}
+
+// The reference optimizer (doubles, PyTorch semantics).
+struct RefOpt {
+  dsc_train_config cfg;
+  double step = 0;
+  std::map<std::string, Vec> m, v, buf;
+  std::map<std::string, Vec> last_ns;  // Muon: the last orthogonalised update
+
+  void adamw(const std::string &n, Vec &p, const Vec &g, double lr, bool decay) {
+    Vec &M = m[n], &V = v[n];
+    M.resize(p.size()), V.resize(p.size());
+    double t = step, b1 = cfg.opt.beta1, b2 = cfg.opt.beta2;
+    double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    for (size_t i = 0; i < p.size(); i++) {
+      M[i] = b1 * M[i] + (1 - b1) * g[i];
+      V[i] = b2 * V[i] + (1 - b2) * g[i] * g[i];
+      if (decay) p[i] *= 1 - lr * cfg.opt.weight_decay;
+      p[i] -= lr * (M[i] / bc1) / (std::sqrt(V[i] / bc2) + cfg.opt.eps);
+    }
+  }
+  void sgd(const std::string &n, Vec &p, Vec g, double lr, bool decay) {
+    double mu = cfg.opt.momentum;
+    if (decay)
+      for (size_t i = 0; i < p.size(); i++) g[i] += cfg.opt.weight_decay * p[i];
+    Vec u = g;
+    if (mu > 0) {
+      Vec &B = buf[n];
+      if (B.empty())
+        B = g;  // torch: the first step sets buf = g
+      else
+        for (size_t i = 0; i < p.size(); i++) B[i] = mu * B[i] + g[i];
+      for (size_t i = 0; i < p.size(); i++) u[i] = cfg.opt.nesterov ? g[i] + mu * B[i] : B[i];
+    }
+    for (size_t i = 0; i < p.size(); i++) p[i] -= lr * u[i];
+  }
+  void muon(const std::string &n, Vec &p, const Vec &g, double lr, int64_t rows, int64_t cols) {
+    double mu = cfg.opt.momentum;
+    Vec &B = buf[n];
+    B.resize(p.size());
+    Vec u(p.size());
+    double nrm = 0;
+    for (size_t i = 0; i < p.size(); i++) {
+      B[i] = mu * B[i] + g[i];
+      u[i] = cfg.opt.nesterov ? g[i] + mu * B[i] : B[i];
+      nrm += u[i] * u[i];
+    }
+    for (double &e : u) e /= std::sqrt(nrm) + 1e-7;
+    Vec x = newton_schulz(u, rows, cols);
+    last_ns[n] = x;
+    double s = std::sqrt(std::max(1.0, (double)rows / (double)cols));
+    for (size_t i = 0; i < p.size(); i++)
+      p[i] = p[i] * (1 - lr * cfg.opt.weight_decay) - lr * s * x[i];
+  }
+};
+
+// Runs train_step and the reference side by side.
+struct Harness {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  dsc_module *step_m = nullptr, *grad_m = nullptr;
+  dsc_params *P = nullptr, *RP = nullptr;
+  dsc_train_config cfg;
+  int64_t B, K;
+  RefOpt ref;
+  std::map<std::string, Vec> rp;  // reference params
+  std::vector<std::string> names;
+  std::vector<dsc_type> types;
+  std::mt19937_64 rng{42};
+  std::vector<double> losses, norms, ref_losses, ref_norms;
+
+  Harness(dsc_train_config c, int64_t batch) : cfg(c), B(batch), K(c.grad_accum) {
+    step_m = compile(ctx, B);
+    grad_m = compile(ctx, B);
+    dsc_pipeline_options po = {&cfg, nullptr, false, nullptr, true};
+    EXPECT_EQ(dsc_run_pipeline(step_m, &po), DSC_OK) << diags(ctx);
+    EXPECT_EQ(dsc_autodiff(grad_m, "forward"), DSC_OK) << diags(ctx);
+    P = dsc_params_init(step_m, 7);
+    RP = dsc_params_init(grad_m, 7);
+    for (int i = 0; i < dsc_module_param_count(grad_m); i++) {
+      names.push_back(dsc_module_param_name(grad_m, i));
+      types.push_back(dsc_module_param_type(grad_m, i));
+      dsc_tensor *t = dsc_params_get(RP, i);
+      rp[names.back()] = Vec(t->data, t->data + dsc_type_numel(&t->type));
+    }
+    ref.cfg = cfg;
+  }
+  ~Harness() {
+    dsc_params_free(P);
+    dsc_params_free(RP);
+    dsc_module_free(step_m);
+    dsc_module_free(grad_m);
+    dsc_context_free(ctx);
+  }
+
+  dsc_tensor *tensor(dsc_dtype dt, std::vector<int64_t> dims) {
+    return dsc_tensor_new(ctx, dsc_type_make(dt, (int)dims.size(), dims.data()));
+  }
+
+  // One step: both sides on the same K*B rows.
+  void step(double lr) {
+    int64_t rows = K * B;
+    dsc_tensor *x = tensor(DSC_F32, {rows, 4}), *lab = tensor(DSC_I32, {rows}),
+               *lrt = tensor(DSC_F32, {});
+    std::normal_distribution<double> nd(0, 1);
+    for (int64_t i = 0; i < rows * 4; i++) x->data[i] = (double)(float)nd(rng);
+    for (int64_t i = 0; i < rows; i++) lab->data[i] = (double)(rng() % 3);
+    lrt->data[0] = (double)(float)lr;
+    lr = lrt->data[0];
+    const dsc_tensor *in[3] = {x, lab, lrt};
+    dsc_tensor *out[2] = {nullptr, nullptr};
+    ASSERT_EQ(dsc_interp_run(dsc_module_find_graph(step_m, "train_step"), P, in, 3, out), DSC_OK)
+        << diags(ctx);
+    losses.push_back(out[0]->data[0]);
+    norms.push_back(out[1]->data[0]);
+    for (auto *t : out) dsc_tensor_free(ctx, t);
+
+    // reference: average of K micro-batch gradients at the reference params
+    for (size_t i = 0; i < names.size(); i++) {
+      dsc_tensor *t = dsc_params_find(RP, names[i].c_str());
+      std::copy(rp[names[i]].begin(), rp[names[i]].end(), t->data);
+    }
+    std::vector<Vec> grads(names.size());
+    double loss = 0;
+    dsc_graph *fg = dsc_module_find_graph(grad_m, "forward");
+    int n_out = dsc_graph_output_count(fg);
+    for (int64_t k = 0; k < K; k++) {
+      dsc_tensor *mx = tensor(DSC_F32, {B, 4}), *ml = tensor(DSC_I32, {B});
+      std::copy(x->data + k * B * 4, x->data + (k + 1) * B * 4, mx->data);
+      std::copy(lab->data + k * B, lab->data + (k + 1) * B, ml->data);
+      const dsc_tensor *gin[2] = {mx, ml};
+      std::vector<dsc_tensor *> go(n_out);
+      ASSERT_EQ(dsc_interp_run(fg, RP, gin, 2, go.data()), DSC_OK) << diags(ctx);
+      loss += go[0]->data[0] / (double)K;
+      for (size_t i = 0; i < names.size(); i++) {
+        Vec &g = grads[i];
+        g.resize(rp[names[i]].size());
+        for (size_t e = 0; e < g.size(); e++) g[e] += go[i + 1]->data[e] / (double)K;
+      }
+      for (auto *t : go) dsc_tensor_free(ctx, t);
+      dsc_tensor_free(ctx, mx);
+      dsc_tensor_free(ctx, ml);
+    }
+    double sq = 0;
+    for (auto &g : grads)
+      for (double e : g) sq += e * e;
+    double norm = std::sqrt(sq);
+    ref_losses.push_back(loss);
+    ref_norms.push_back(norm);
+    if (cfg.clip > 0) {
+      double f = cfg.clip / std::max(norm, cfg.clip);
+      for (auto &g : grads)
+        for (double &e : g) e *= f;
+    }
+    ref.step += 1;
+    for (size_t i = 0; i < names.size(); i++) {
+      Vec &p = rp[names[i]];
+      const dsc_type &t = types[i];
+      bool decay = cfg.opt.weight_decay > 0 && (t.rank >= 2 || cfg.opt.decay_1d);
+      if (cfg.opt.kind == DSC_OPT_SGD)
+        ref.sgd(names[i], p, grads[i], lr, decay);
+      else if (cfg.opt.kind == DSC_OPT_MUON && t.rank == 2)
+        ref.muon(names[i], p, grads[i], lr, t.dims[0], t.dims[1]);
+      else
+        ref.adamw(names[i], p, grads[i],
+                  cfg.opt.kind == DSC_OPT_MUON && cfg.opt.adam_lr > 0
+                      ? lr * (cfg.opt.adam_lr / cfg.opt.lr)
+                      : lr,
+                  decay);
+    }
+    dsc_tensor_free(ctx, x);
+    dsc_tensor_free(ctx, lab);
+    dsc_tensor_free(ctx, lrt);
+  }
+
+  void expect_close(const char *name, const Vec &r) {
+    dsc_tensor *t = dsc_params_find(P, name);
+    ASSERT_NE(t, nullptr) << name;
+    ASSERT_EQ((size_t)dsc_type_numel(&t->type), r.size()) << name;
+    EXPECT_LT(rel_err(t->data, r), kRelTol) << name;
+  }
+
+  void run_and_compare(int steps = 5) {
+    for (int s = 0; s < steps; s++) {
+      step(0.01 * (1.0 + 0.25 * s));  // a varying lr: the input must be used
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    for (int s = 0; s < steps; s++) {
+      EXPECT_NEAR(losses[s], ref_losses[s], kRelTol * std::fabs(ref_losses[s])) << "step " << s;
+      EXPECT_NEAR(norms[s], ref_norms[s], kRelTol * std::fabs(ref_norms[s])) << "step " << s;
+    }
+    for (auto &n : names) {
+      expect_close(n.c_str(), rp[n]);
+      if (ref.m.count(n)) expect_close(("opt.m." + n).c_str(), ref.m[n]);
+      if (ref.v.count(n)) expect_close(("opt.v." + n).c_str(), ref.v[n]);
+      if (ref.buf.count(n)) expect_close(("opt.momentum." + n).c_str(), ref.buf[n]);
+    }
+    EXPECT_EQ(dsc_params_find(P, "opt.step")->data[0], (double)steps);
+  }
+};
+
+dsc_train_config adamw_config(dsc_context *ctx) {
+  dsc_train_config c = default_config(ctx);
+  c.opt.kind = DSC_OPT_ADAMW;
+  c.opt.lr = 0.01;
+  c.opt.beta1 = 0.9;
+  c.opt.beta2 = 0.95;
+  c.opt.weight_decay = 0.1;
+  return c;
+}
+
+struct Ctx {
+  dsc_context *c = dsc_context_new(nullptr, nullptr);
+  ~Ctx() { dsc_context_free(c); }
+};
+
+TEST(Optimizer, AdamWMatchesReferenceWithDecayOn2DOnly) {
+  Ctx c;
+  Harness h(adamw_config(c.c), 4);
+  h.run_and_compare();
+  // the 1-D biases were not decayed: a reference that decays them differs
+  EXPECT_GT(std::fabs(h.rp["b1"][0]), 0.0);
+}
+
+TEST(Optimizer, AdamWDecay1DWhenAsked) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.decay_1d = true;
+  Harness h(cfg, 4);
+  h.run_and_compare();
+}
+
+TEST(Optimizer, DecayOf1DParamsIsVisible) {
+  // The same run with and without decay_1d must end with different biases,
+  // by more than the tolerance (else the two tests above could not tell).
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  Harness a(cfg, 4);
+  cfg.opt.decay_1d = true;
+  Harness b(cfg, 4);
+  a.run_and_compare();
+  b.run_and_compare();
+  Vec pa = a.rp["b1"], pb = b.rp["b1"];
+  EXPECT_GT(rel_err(pa.data(), pb), 10 * kRelTol);
+}
+
+TEST(Optimizer, ClippingActiveMatchesReference) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_SGD;  // sgd shows the clipped magnitude directly
+  cfg.clip = 0.05;
+  Harness h(cfg, 4);
+  h.run_and_compare();
+  for (double n : h.ref_norms) EXPECT_GT(n, cfg.clip) << "clipping must be active";
+}
+
+TEST(Optimizer, ClippingInactiveChangesNothing) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_SGD;
+  cfg.clip = 1e3;
+  Harness h(cfg, 4);
+  cfg.clip = 0;
+  Harness off(cfg, 4);
+  h.run_and_compare();
+  off.run_and_compare();
+  for (double n : h.ref_norms) EXPECT_LT(n, 1e3);
+  for (auto &n : h.names) {
+    dsc_tensor *a = dsc_params_find(h.P, n.c_str()), *b = dsc_params_find(off.P, n.c_str());
+    for (int64_t i = 0; i < dsc_type_numel(&a->type); i++) EXPECT_EQ(a->data[i], b->data[i]) << n;
+  }
+}
+
+TEST(Optimizer, SgdMomentumMatchesReference) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_SGD;
+  cfg.opt.momentum = 0.9;
+  cfg.opt.weight_decay = 0.01;
+  Harness h(cfg, 4);
+  h.run_and_compare();
+}
+
+TEST(Optimizer, SgdNesterovMatchesReference) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_SGD;
+  cfg.opt.momentum = 0.8;
+  cfg.opt.nesterov = true;
+  cfg.opt.weight_decay = 0;
+  Harness h(cfg, 4);
+  h.run_and_compare();
+}
+
+TEST(Optimizer, PlainSgdHasNoMomentumState) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_SGD;
+  cfg.opt.momentum = 0;
+  Harness h(cfg, 4);
+  h.run_and_compare();
+  EXPECT_LT(dsc_module_find_param(h.step_m, "opt.momentum.w1"), 0);
+}
+
+TEST(Optimizer, MuonMatchesReferenceAndOrthogonalises) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_MUON;
+  cfg.opt.lr = 0.02;
+  cfg.opt.momentum = 0.95;
+  cfg.opt.nesterov = true;
+  cfg.opt.weight_decay = 0.01;
+  cfg.opt.adam_lr = 0.003;
+  Harness h(cfg, 4);
+  h.run_and_compare();
+  // Muon states for the matrices, AdamW states for the biases
+  EXPECT_GE(dsc_module_find_param(h.step_m, "opt.momentum.w1"), 0);
+  EXPECT_GE(dsc_module_find_param(h.step_m, "opt.momentum.w2"), 0);
+  EXPECT_LT(dsc_module_find_param(h.step_m, "opt.m.w1"), 0);
+  EXPECT_GE(dsc_module_find_param(h.step_m, "opt.m.b1"), 0);
+}
+
+// Singular values of a small rows x cols matrix: eigenvalues of the Gram
+// matrix by cyclic Jacobi, in doubles.
+std::vector<double> singular_values(const Vec &x, int64_t rows, int64_t cols) {
+  int64_t n = std::min(rows, cols);
+  Vec a((size_t)(n * n), 0.0);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t k = 0; k < std::max(rows, cols); k++)
+        a[i * n + j] +=
+            rows <= cols ? x[i * cols + k] * x[j * cols + k] : x[k * cols + i] * x[k * cols + j];
+  for (int sweep = 0; sweep < 100; sweep++)
+    for (int64_t p = 0; p < n; p++)
+      for (int64_t q = p + 1; q < n; q++) {
+        double apq = a[p * n + q];
+        if (std::fabs(apq) < 1e-300) continue;
+        double th = 0.5 * std::atan2(2 * apq, a[q * n + q] - a[p * n + p]);
+        double cs = std::cos(th), sn = std::sin(th);
+        for (int64_t k = 0; k < n; k++) {  // rotate columns p, q
+          double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = cs * akp - sn * akq;
+          a[k * n + q] = sn * akp + cs * akq;
+        }
+        for (int64_t k = 0; k < n; k++) {  // rotate rows p, q
+          double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = cs * apk - sn * aqk;
+          a[q * n + k] = sn * apk + cs * aqk;
+        }
+      }
+  std::vector<double> s;
+  for (int64_t i = 0; i < n; i++) s.push_back(std::sqrt(std::max(0.0, a[i * n + i])));
+  return s;
+}
+
+TEST(Optimizer, MuonNewtonSchulzIsNearlyOrthogonal) {
+  // One step without weight decay: X = (p0 - p1) / (lr * sqrt(max(1, r/c))).
+  // Its singular values must lie in the band the quintic coefficients give
+  // after 5 iterations (about [0.7, 1.2]; checked: [0.65, 1.25]), and X
+  // must match the double reference within 1e-3 (f32 through 15 matmuls,
+  // small singular values grow by up to 3.4445^5 per unit of error).
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_MUON;
+  cfg.opt.weight_decay = 0;
+  cfg.opt.momentum = 0.9;
+  Harness h(cfg, 8);
+  std::map<std::string, Vec> p0;
+  for (const char *n : {"w1", "w2"}) {
+    dsc_tensor *t = dsc_params_find(h.P, n);
+    p0[n] = Vec(t->data, t->data + dsc_type_numel(&t->type));
+  }
+  h.step(0.01);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  double lr = (double)(float)0.01;
+  for (const char *n : {"w1", "w2"}) {
+    dsc_tensor *t = dsc_params_find(h.P, n);
+    int64_t r = t->type.dims[0], cc = t->type.dims[1];
+    double s = std::sqrt(std::max(1.0, (double)r / (double)cc));
+    Vec x(p0[n].size());
+    for (size_t i = 0; i < x.size(); i++) x[i] = (p0[n][i] - t->data[i]) / (lr * s);
+    // w2's gradient has rank 2 (softmax gradients sum to zero over the
+    // classes): Newton-Schulz keeps a zero singular value at zero.
+    std::vector<double> in = singular_values(h.ref.buf[n], r, cc), out = singular_values(x, r, cc);
+    std::sort(in.begin(), in.end());
+    std::sort(out.begin(), out.end());
+    size_t zeros = 0;
+    while (zeros < in.size() && in[zeros] < 1e-6 * in.back()) zeros++;
+    EXPECT_LT(zeros, in.size() - 1) << n;
+    for (size_t i = 0; i < out.size(); i++) {
+      if (i < zeros) {
+        EXPECT_LT(out[i], 1e-3) << n;
+        continue;
+      }
+      EXPECT_GT(out[i], 0.65) << n;
+      EXPECT_LT(out[i], 1.25) << n;
+    }
+    EXPECT_LT(rel_err(x.data(), h.ref.last_ns[n]), 1e-3) << n;
+    // and the input to Newton-Schulz was far from orthogonal
+    EXPECT_GT(in.back() / in[zeros], 1.5) << n;
+  }
+}
+
+TEST(Optimizer, MuonLeavesEmbeddingTablesToAdamW) {
+  Ctx c;
+  const char src[] = R"(
+model emb {
+  param table: f32[10, 4] = normal(0.5)
+  param w: f32[4, 3] = normal(0.5)
+  fn forward(ids: i32[B], labels: i32[B]) -> f32 {
+    return cross_entropy(matmul(embedding(table, ids), w), labels)
+  }
+}
+)";
+  dsc_module *m = compile(c.c, 2, src);
+  ASSERT_NE(m, nullptr);
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.opt.kind = DSC_OPT_MUON;
+  dsc_pipeline_options po = {&cfg, nullptr, false, nullptr, true};
+  ASSERT_EQ(dsc_run_pipeline(m, &po), DSC_OK) << diags(c.c);
+  EXPECT_GE(dsc_module_find_param(m, "opt.m.table"), 0);
+  EXPECT_LT(dsc_module_find_param(m, "opt.momentum.table"), 0);
+  EXPECT_GE(dsc_module_find_param(m, "opt.momentum.w"), 0);
+  dsc_module_free(m);
+}
+
+TEST(Optimizer, GradAccumMatchesReference) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.grad_accum = 3;
+  cfg.clip = 0.5;
+  Harness h(cfg, 2);
+  h.run_and_compare();
+}
+
+TEST(Optimizer, GradAccumTwoEqualsOneBatchOfTwiceTheSize) {
+  // The loss is a mean, so K = 2 micro-batches of B rows give the step of
+  // one batch of 2B rows, up to f32 rounding (same tolerance).
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.grad_accum = 2;
+  Harness acc(cfg, 4);
+  cfg.grad_accum = 1;
+  Harness one(cfg, 8);
+  for (int s = 0; s < 5; s++) {
+    acc.step(0.01);
+    one.step(0.01);  // same seed: the same 8 rows
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    EXPECT_NEAR(acc.losses[s], one.losses[s], kRelTol * std::fabs(one.losses[s]));
+    EXPECT_NEAR(acc.norms[s], one.norms[s], kRelTol * std::fabs(one.norms[s]));
+  }
+  for (auto &n : one.names) {
+    for (const std::string &name : {n, "opt.m." + n, "opt.v." + n}) {
+      dsc_tensor *a = dsc_params_find(acc.P, name.c_str()),
+                 *b = dsc_params_find(one.P, name.c_str());
+      Vec rb(b->data, b->data + dsc_type_numel(&b->type));
+      EXPECT_LT(rel_err(a->data, rb), kRelTol) << name;
+    }
+  }
+  // the step graph takes 2B rows and slices them
+  dsc_graph *g = dsc_module_find_graph(acc.step_m, "train_step");
+  EXPECT_EQ(dsc_node_type(dsc_graph_input_at(g, 0)).dims[0], 8);
+}
+
+TEST(Optimizer, StepGraphShapeAndTextRoundTrip) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.grad_accum = 2;
+  cfg.clip = 1.0;
+  dsc_module *m = compile(c.c, 4);
+  ASSERT_NE(m, nullptr);
+  dsc_pipeline_options po = {&cfg, nullptr, false, nullptr, true};
+  ASSERT_EQ(dsc_run_pipeline(m, &po), DSC_OK) << diags(c.c);
+  EXPECT_EQ(dsc_module_find_graph(m, "forward"), nullptr);
+  dsc_graph *g = dsc_module_find_graph(m, "train_step");
+  ASSERT_NE(g, nullptr);
+  ASSERT_EQ(dsc_graph_input_count(g), 3);
+  EXPECT_STREQ(dsc_node_name(dsc_graph_input_at(g, 2)), "lr");
+  ASSERT_EQ(dsc_graph_output_count(g), 2);
+  for (int i = 0; i < 2; i++) {
+    dsc_type t = dsc_node_type(dsc_graph_output_at(g, i));
+    EXPECT_EQ(t.rank, 0);
+    EXPECT_EQ(t.dtype, DSC_F32);
+  }
+  int assigns = 0;
+  for (int i = 0; i < dsc_graph_node_count(g); i++)
+    assigns += dsc_node_op(dsc_graph_node(g, i)) == DSC_OP_ASSIGN;
+  EXPECT_EQ(assigns, 1 + 4 * 3);  // opt.step, then m, v and the param for each
+  char *text = dsc_module_print_string(m);
+  ASSERT_NE(text, nullptr);
+  dsc_module *back = nullptr;
+  ASSERT_EQ(dsc_module_parse(c.c, text, strlen(text), "step.dsir", &back), DSC_OK) << diags(c.c);
+  char *again = dsc_module_print_string(back);
+  ASSERT_NE(again, nullptr);
+  EXPECT_STREQ(text, again);
+  dsc_string_free(c.c, text);
+  dsc_string_free(c.c, again);
+  dsc_module_free(back);
+  dsc_module_free(m);
+}
+
+TEST(Optimizer, Errors) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  dsc_module *m = compile(c.c, 4);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(pass_optimizer_run(m, nullptr), DSC_ERR_USER);
+  EXPECT_NE(diags(c.c).find("no training settings"), std::string::npos) << diags(c.c);
+  dsc_diag_clear(c.c);
+  cfg.grad_accum = 0;
+  EXPECT_EQ(pass_optimizer_run(m, &cfg), DSC_ERR_USER);
+  EXPECT_NE(diags(c.c).find("grad_accum"), std::string::npos) << diags(c.c);
+  dsc_diag_clear(c.c);
+  // the pass differentiates an undifferentiated forward itself
+  cfg.grad_accum = 1;
+  ASSERT_EQ(pass_optimizer_run(m, &cfg), DSC_OK) << diags(c.c);
+  EXPECT_EQ(dsc_module_verify(m), DSC_OK) << diags(c.c);
+  // no forward any more
+  EXPECT_EQ(pass_optimizer_run(m, &cfg), DSC_ERR_USER);
+  EXPECT_NE(diags(c.c).find("no graph 'forward'"), std::string::npos) << diags(c.c);
+  dsc_module_free(m);
+
+  // a scalar input cannot be split into micro-batches
+  const char src[] = R"(
+model s {
+  param w: f32[3] = normal(0.5)
+  fn forward(x: f32[3], y: f32) -> f32 { return sum(x * w) * y }
+}
+)";
+  dsc_diag_clear(c.c);
+  m = compile(c.c, 1, src);
+  ASSERT_NE(m, nullptr);
+  cfg.grad_accum = 2;
+  EXPECT_EQ(pass_optimizer_run(m, &cfg), DSC_ERR_USER);
+  EXPECT_NE(diags(c.c).find("needs a batch dim"), std::string::npos) << diags(c.c);
+  EXPECT_EQ(dsc_module_find_graph(m, "train_step"), nullptr);
+  dsc_module_free(m);
+}
+
+// ------------------------------------------------------------- settings
+
+struct Meta {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  dsc_module *m = dsc_module_new(ctx, "t");
+  dsc_train_config cfg;
+  ~Meta() {
+    dsc_module_free(m);
+    dsc_context_free(ctx);
+  }
+  Meta &set(const char *k, const char *v) {
+    EXPECT_EQ(dsc_module_set_meta(m, k, v), DSC_OK);
+    return *this;
+  }
+  dsc_status parse() { return dsc_train_config_from_module(m, &cfg); }
+  std::string err() { return diags(ctx); }
+};
+
+TEST(TrainConfig, Defaults) {
+  Meta t;
+  ASSERT_EQ(t.parse(), DSC_OK);
+  const dsc_train_config &c = t.cfg;
+  EXPECT_EQ(c.batch, 0);
+  EXPECT_EQ(c.seq, 0);
+  EXPECT_EQ(c.grad_accum, 1);
+  EXPECT_EQ(c.steps, 1000);
+  EXPECT_EQ(c.seed, 1337u);
+  EXPECT_EQ(c.eval_every, 0);
+  EXPECT_EQ(c.save_every, 0);
+  EXPECT_EQ(c.log_every, 1);
+  EXPECT_EQ(c.clip, 0);
+  EXPECT_EQ(c.opt.kind, DSC_OPT_ADAMW);
+  EXPECT_EQ(c.opt.lr, 1e-3);
+  EXPECT_EQ(c.opt.beta1, 0.9);
+  EXPECT_EQ(c.opt.beta2, 0.999);
+  EXPECT_EQ(c.opt.eps, 1e-8);
+  EXPECT_EQ(c.opt.weight_decay, 0);
+  EXPECT_EQ(c.opt.momentum, 0.9);
+  EXPECT_FALSE(c.opt.nesterov);
+  EXPECT_FALSE(c.opt.decay_1d);
+  EXPECT_EQ(c.opt.adam_lr, 0);
+  EXPECT_EQ(c.sched.kind, DSC_SCHED_CONSTANT);
+  EXPECT_EQ(c.sched.warmup, 0);
+  EXPECT_EQ(c.sched.min_lr, 0);
+  EXPECT_EQ(c.sched.decay_steps, 0);
+}
+
+TEST(TrainConfig, EverySettingKind) {
+  Meta t;
+  t.set("train.batch", "8").set("train.seq", "64").set("train.grad_accum", "4");
+  t.set("train.steps", "200").set("train.seed", "7").set("train.eval_every", "50");
+  t.set("train.save_every", "100").set("train.log_every", "10").set("train.clip", "1.0");
+  t.set("train.optimizer",
+        "adamw(lr = 0.0006, betas = (0.9, 0.95), eps = 1e-06, "
+        "weight_decay = 0.1, decay_1d = true)");
+  t.set("train.schedule", "cosine(warmup = 100, min_lr = 6e-05, decay_steps = 150)");
+  t.set("train.precision", "bf16")
+      .set("train.zero.stage", "3")
+      .set("train.offload.optimizer", "cpu");
+  ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+  const dsc_train_config &c = t.cfg;
+  EXPECT_EQ(c.batch, 8);
+  EXPECT_EQ(c.seq, 64);
+  EXPECT_EQ(c.grad_accum, 4);
+  EXPECT_EQ(c.steps, 200);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.eval_every, 50);
+  EXPECT_EQ(c.save_every, 100);
+  EXPECT_EQ(c.log_every, 10);
+  EXPECT_EQ(c.clip, 1.0);
+  EXPECT_EQ(c.opt.kind, DSC_OPT_ADAMW);
+  EXPECT_EQ(c.opt.lr, 0.0006);
+  EXPECT_EQ(c.opt.beta1, 0.9);
+  EXPECT_EQ(c.opt.beta2, 0.95);
+  EXPECT_EQ(c.opt.eps, 1e-6);
+  EXPECT_EQ(c.opt.weight_decay, 0.1);
+  EXPECT_TRUE(c.opt.decay_1d);
+  EXPECT_EQ(c.sched.kind, DSC_SCHED_COSINE);
+  EXPECT_EQ(c.sched.warmup, 100);
+  EXPECT_EQ(c.sched.min_lr, 6e-5);
+  EXPECT_EQ(c.sched.decay_steps, 150);
+}
+
+TEST(TrainConfig, OptimizersAndSchedules) {
+  {
+    Meta t;
+    t.set("train.optimizer", "sgd(lr = 0.1, momentum = 0.5, nesterov = true, weight_decay = 0.01)");
+    t.set("train.schedule", "warmup_linear(warmup = 5)");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.opt.kind, DSC_OPT_SGD);
+    EXPECT_EQ(t.cfg.opt.lr, 0.1);
+    EXPECT_EQ(t.cfg.opt.momentum, 0.5);
+    EXPECT_TRUE(t.cfg.opt.nesterov);
+    EXPECT_EQ(t.cfg.opt.weight_decay, 0.01);
+    EXPECT_EQ(t.cfg.sched.kind, DSC_SCHED_LINEAR);
+    EXPECT_EQ(t.cfg.sched.warmup, 5);
+  }
+  {
+    Meta t;
+    t.set("train.optimizer", "muon(lr = 0.02, momentum = 0.95, adam_lr = 0.003)");
+    t.set("train.schedule", "warmup_cosine");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.opt.kind, DSC_OPT_MUON);
+    EXPECT_EQ(t.cfg.opt.adam_lr, 0.003);
+    EXPECT_EQ(t.cfg.sched.kind, DSC_SCHED_COSINE);
+  }
+  {
+    Meta t;
+    t.set("train.optimizer", "adam").set("train.schedule", "linear()");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.opt.kind, DSC_OPT_ADAMW);
+    EXPECT_EQ(t.cfg.sched.kind, DSC_SCHED_LINEAR);
+  }
+}
+
+TEST(TrainConfig, TopLevelLrAndWeightDecayOverrideTheOptimizers) {
+  for (bool lr_first : {true, false}) {
+    Meta t;
+    if (lr_first) t.set("train.lr", "0.5").set("train.weight_decay", "0.25");
+    t.set("train.optimizer", "adamw(lr = 0.001, weight_decay = 0.1)");
+    if (!lr_first) t.set("train.lr", "0.5").set("train.weight_decay", "0.25");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.opt.lr, 0.5);
+    EXPECT_EQ(t.cfg.opt.weight_decay, 0.25);
+  }
+}
+
+TEST(TrainConfig, FromTheFrontendsTrainSection) {
+  Ctx c;
+  std::string src = std::string(kMlp) + R"(
+train {
+  batch = 4, steps = 30, grad_accum = 2
+  optimizer = adamw(lr = 3e-4, betas = (0.8, 0.9), weight_decay = 0.05)
+  schedule = cosine(warmup = 3, min_lr = 1e-5)
+  clip = 1.0
+  seed = 99
+}
+)";
+  dsc_module *m = compile(c.c, 4, src.c_str());
+  ASSERT_NE(m, nullptr);
+  dsc_train_config cfg;
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(c.c);
+  EXPECT_EQ(cfg.batch, 4);
+  EXPECT_EQ(cfg.steps, 30);
+  EXPECT_EQ(cfg.grad_accum, 2);
+  EXPECT_EQ(cfg.opt.lr, 3e-4);
+  EXPECT_EQ(cfg.opt.beta1, 0.8);
+  EXPECT_EQ(cfg.opt.beta2, 0.9);
+  EXPECT_EQ(cfg.opt.weight_decay, 0.05);
+  EXPECT_EQ(cfg.sched.kind, DSC_SCHED_COSINE);
+  EXPECT_EQ(cfg.sched.warmup, 3);
+  EXPECT_EQ(cfg.sched.min_lr, 1e-5);
+  EXPECT_EQ(cfg.clip, 1.0);
+  EXPECT_EQ(cfg.seed, 99u);
+  dsc_module_free(m);
+}
+
+TEST(TrainConfig, BadValuesNameTheKey) {
+  struct Case {
+    const char *key, *value, *want;
+  } cases[] = {
+      {"train.batch", "0", "train.batch"},
+      {"train.batch", "2.5", "positive integer"},
+      {"train.steps", "-3", "train.steps"},
+      {"train.seed", "x", "train.seed"},
+      {"train.clip", "-1", "train.clip"},
+      {"train.lr", "fast", "train.lr"},
+      {"train.optimizer", "adagrad", "train.optimizer"},
+      {"train.optimizer", "adamw(lr = 0.1", "train.optimizer"},
+      {"train.optimizer", "adamw(0.1)", "must be named"},
+      {"train.optimizer", "adamw(betas = 0.9)", "train.optimizer.betas"},
+      {"train.optimizer", "adamw(betas = (0.9, 1.0))", "[0, 1)"},
+      {"train.optimizer", "adamw(momentum = 0.9)", "no setting 'momentum'"},
+      {"train.optimizer", "sgd(nesterov = 1)", "train.optimizer.nesterov"},
+      {"train.optimizer", "sgd(momentum = 0, nesterov = true)", "nesterov needs momentum"},
+      {"train.optimizer", "adamw(lr = 0.1) x", "unexpected text"},
+      {"train.schedule", "step", "train.schedule"},
+      {"train.schedule", "cosine(warmup = 2.5)", "train.schedule.warmup"},
+      {"train.schedule", "constant(min_lr = 0.1)", "no setting 'min_lr'"},
+      {"train.nonsense", "1", "unknown train setting 'train.nonsense'"},
+  };
+  for (const Case &k : cases) {
+    Meta t;
+    t.set(k.key, k.value);
+    EXPECT_EQ(t.parse(), DSC_ERR_USER) << k.key << " = " << k.value;
+    EXPECT_NE(t.err().find(k.want), std::string::npos)
+        << k.key << " = " << k.value << ": " << t.err();
+  }
+}
+
+// ------------------------------------------------------------- schedules
+
+TEST(Schedule, WarmupThenConstant) {
+  Ctx c;
+  dsc_train_config cfg = default_config(c.c);
+  cfg.opt.lr = 0.1;
+  cfg.sched.warmup = 4;
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 0), 0.025);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 2), 0.075);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 3), 0.1);  // last warmup step reaches lr
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 4), 0.1);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 5000), 0.1);
+  cfg.sched.warmup = 0;
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 0), 0.1);
+}
+
+TEST(Schedule, CosineEdges) {
+  Ctx c;
+  dsc_train_config cfg = default_config(c.c);
+  cfg.opt.lr = 1.0;
+  cfg.sched.kind = DSC_SCHED_COSINE;
+  cfg.sched.warmup = 10;
+  cfg.sched.min_lr = 0.1;
+  cfg.steps = 110;
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 0), 0.1);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 9), 1.0);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 10), 1.0);   // decay starts at lr
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 60), 0.55);  // half way: the mean of lr and min_lr
+  EXPECT_NEAR(dsc_lr_at(&cfg, 109), 0.1 + 0.45 * (1 + std::cos(M_PI * 99 / 100)), 1e-15);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 110), 0.1);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 500), 0.1);
+  cfg.sched.decay_steps = 30;  // decay ends before the run does
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 20), 0.55);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 30), 0.1);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 100), 0.1);
+}
+
+TEST(Schedule, LinearEdges) {
+  Ctx c;
+  dsc_train_config cfg = default_config(c.c);
+  cfg.opt.lr = 1.0;
+  cfg.sched.kind = DSC_SCHED_LINEAR;
+  cfg.sched.min_lr = 0.0;
+  cfg.steps = 100;
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 0), 1.0);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 25), 0.75);
+  EXPECT_NEAR(dsc_lr_at(&cfg, 99), 0.01, 1e-15);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 100), 0.0);
+  cfg.sched.warmup = 20;
+  cfg.sched.min_lr = 0.2;
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 19), 1.0);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 20), 1.0);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 60), 0.6);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 100), 0.2);
+}
+
+}  // namespace
