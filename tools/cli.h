@@ -30,5 +30,7 @@ int cli_check(int argc, char **argv);
 int cli_dump(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_data(int argc, char **argv);
+int cli_train(int argc, char **argv);
+int cli_sample(int argc, char **argv);
 
 #endif

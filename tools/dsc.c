@@ -142,6 +142,8 @@ static const cli_command commands[] = {
     {"dump", cli_dump, "print the IR of a model file or a .dsir file (text or --dot)"},
     {"run", cli_run, "run the forward pass on random inputs with the interpreter"},
     {"data", cli_data, "tokenize a text file (bytes) into train/val token shards"},
+    {"train", cli_train, "train a model on token shards, with checkpoints and resume"},
+    {"sample", cli_sample, "generate text from a trained checkpoint"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

@@ -8,4 +8,5 @@
 #include "dsc/runtime.h"
 #include "dsc/passes.h"
 #include "dsc/train.h"
+#include "dsc/trainer.h"
 #endif

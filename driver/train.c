@@ -1,0 +1,964 @@
+/* The training loop (include/dsc/trainer.h): compile, build the step graph,
+ * feed batches, evaluate, checkpoint, resume; and sampling from a checkpoint.
+ *
+ * This file drives the layers below it (frontend, passes, interpreter,
+ * runtime files); it is the library form of `dsc train` and `dsc sample`.
+ * Exact resume rests on three facts: the interpreter is deterministic, the
+ * loader's position is saved and restored, and the learning rate depends on
+ * the step alone. */
+#define _XOPEN_SOURCE 700 /* realpath, mkdir, clock_gettime */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "driver/driver.h"
+
+/* ------------------------------------------------------------ model facts */
+
+int64_t dsc_model_vocab(const dsc_graph *g) {
+  if (!g || dsc_graph_input_count(g) < 1) return -1;
+  const dsc_node *first = dsc_graph_input_at(g, 0);
+  int64_t emb = -1, ce = -1;
+  for (int i = 0; i < dsc_graph_node_count(g); i++) {
+    const dsc_node *n = dsc_graph_node(g, i);
+    if (dsc_node_op(n) == DSC_OP_EMBEDDING && dsc_node_input(n, 1) == first) {
+      int64_t rows = dsc_node_type(dsc_node_input(n, 0)).dims[0];
+      if (emb < 0 || rows < emb) emb = rows;
+    }
+    if (dsc_node_op(n) == DSC_OP_CROSS_ENTROPY &&
+        dsc_node_op(dsc_node_input(n, 1)) == DSC_OP_INPUT) {
+      dsc_type lt = dsc_node_type(dsc_node_input(n, 0));
+      int64_t classes = lt.dims[lt.rank - 1];
+      if (ce < 0 || classes < ce) ce = classes;
+    }
+  }
+  if (emb > 0 && ce > 0) return emb < ce ? emb : ce;
+  return emb > 0 ? emb : ce;
+}
+
+int64_t dsc_model_context(const dsc_graph *g) {
+  if (!g) return -1;
+  for (int i = 0; i < dsc_graph_node_count(g); i++) {
+    const dsc_node *n = dsc_graph_node(g, i);
+    if (dsc_node_op(n) == DSC_OP_EMBEDDING && dsc_node_op(dsc_node_input(n, 1)) == DSC_OP_IOTA)
+      return dsc_node_type(dsc_node_input(n, 0)).dims[0];
+  }
+  return -1;
+}
+
+dsc_status dsc_make_logits_graph(dsc_graph *g) {
+  dsc_context *ctx = dsc_module_context(dsc_graph_module(g));
+  const dsc_node *out = dsc_graph_output_count(g) == 1 ? dsc_graph_output_at(g, 0) : NULL;
+  if (!out || dsc_node_op(out) != DSC_OP_CROSS_ENTROPY) {
+    ir_error(ctx, ir_no_loc,
+             "graph '%s' does not end in cross_entropy(logits, targets), so its logits cannot be "
+             "sampled from",
+             dsc_graph_name(g));
+    return DSC_ERR_USER;
+  }
+  dsc_node *logits = dsc_node_input(out, 0);
+  return dsc_graph_set_outputs(g, &logits, 1);
+}
+
+/* k-th largest (0-based) of v[0..n) by quickselect; reorders v. */
+static double kth_largest(double *v, int64_t n, int64_t k) {
+  int64_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    double pivot = v[lo + (hi - lo) / 2];
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (v[i] > pivot) i++;
+      while (v[j] < pivot) j--;
+      if (i <= j) {
+        double tmp = v[i];
+        v[i] = v[j];
+        v[j] = tmp;
+        i++, j--;
+      }
+    }
+    if (k <= j)
+      hi = j;
+    else if (k >= i)
+      lo = i;
+    else
+      return v[k];
+  }
+  return v[k];
+}
+
+int64_t dsc_sample_logits(const double *logits, int64_t V, double temperature, int64_t top_k,
+                          uint64_t rng_state[4]) {
+  if (V <= 0) return -1;
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; i++)
+    if (logits[i] > logits[best]) best = i;
+  if (!(temperature > 0) || top_k == 1) return best;
+  /* Threshold of the top_k: elements above it are in, ties at it are taken
+   * in index order until k are in. */
+  double thr = -INFINITY;
+  int64_t ties_left = V;
+  if (top_k > 0 && top_k < V) {
+    double *tmp = malloc(sizeof(double) * (size_t)V);
+    if (!tmp) return best; /* no memory for the selection: fall back to greedy */
+    memcpy(tmp, logits, sizeof(double) * (size_t)V);
+    thr = kth_largest(tmp, V, top_k - 1);
+    free(tmp);
+    int64_t above = 0;
+    for (int64_t i = 0; i < V; i++) above += logits[i] > thr;
+    ties_left = top_k - above;
+  }
+  double sum = 0, mx = logits[best];
+  int64_t ties = ties_left;
+  for (int64_t i = 0; i < V; i++) {
+    bool in = logits[i] > thr || (logits[i] == thr && ties-- > 0);
+    if (in) sum += exp((logits[i] - mx) / temperature);
+  }
+  ir_rng r;
+  memcpy(r.s, rng_state, sizeof r.s);
+  double u = ir_rng_uniform(&r) * sum, acc = 0;
+  memcpy(rng_state, r.s, sizeof r.s);
+  int64_t last_in = best;
+  ties = ties_left;
+  for (int64_t i = 0; i < V; i++) {
+    bool in = logits[i] > thr || (logits[i] == thr && ties-- > 0);
+    if (!in) continue;
+    acc += exp((logits[i] - mx) / temperature);
+    last_in = i;
+    if (u < acc) return i;
+  }
+  return last_in; /* rounding left u at the very end */
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static dsc_status oom(dsc_context *ctx) {
+  ir_error(ctx, ir_no_loc, "out of memory");
+  return DSC_ERR_INTERNAL;
+}
+
+/* mkdir -p */
+static dsc_status make_dirs(dsc_context *ctx, ir_arena *a, const char *dir) {
+  char *p = ir_arena_strdup(a, dir);
+  if (!p) return oom(ctx);
+  for (char *s = p + 1;; s++) {
+    if (*s != '/' && *s != 0) continue;
+    char c = *s;
+    *s = 0;
+    if (mkdir(p, 0777) != 0 && errno != EEXIST)
+      return rt_io_error(ctx, p, "cannot create directory");
+    *s = c;
+    if (!c) break;
+  }
+  struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    ir_error(ctx, rt_loc(dir), "not a directory");
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
+/* An absolute path for a file that exists (realpath), else path made
+ * absolute against the working directory. */
+static const char *absolute(ir_arena *a, const char *path) {
+  char buf[PATH_MAX];
+  if (realpath(path, buf)) return ir_arena_strdup(a, buf);
+  if (path[0] == '/' || !getcwd(buf, sizeof buf)) return ir_arena_strdup(a, path);
+  return ir_arena_printf(a, "%s/%s", buf, path);
+}
+
+static bool parse_i64(const char *s, int64_t *out) {
+  if (!s || !*s) return false;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || *end) return false;
+  *out = v;
+  return true;
+}
+
+static const char *ck_extra(const dsc_checkpoint *c, const char *key) {
+  for (int i = 0; c && i < c->state.n_extra; i++)
+    if (strcmp(c->state.extra[i].key, key) == 0) return c->state.extra[i].value;
+  return NULL;
+}
+
+/* JSON number, or null when not finite (JSON has no NaN). */
+static void json_num(FILE *f, const char *key, double v, const char *fmt) {
+  fprintf(f, ",\"%s\":", key);
+  if (isfinite(v))
+    fprintf(f, fmt, v);
+  else
+    fputs("null", f);
+}
+
+/* ---------------------------------------------------------------- trainer */
+
+struct dsc_trainer {
+  dsc_context *ctx;
+  ir_arena arena; /* paths, specs, small arrays */
+  dsc_trainer_info info;
+  dsc_train_config cfg;
+  dsc_module *m;   /* the step module */
+  dsc_module *fwd; /* forward module for validation (NULL without a val shard) */
+  dsc_graph *step_g, *fwd_g;
+  dsc_params *params;
+  dsc_loader *train, *val;
+  dsc_tensor *in_tok, *in_tgt, *in_lr, *v_tok, *v_tgt;
+  int32_t *buf_in, *buf_tgt; /* B*K*T each, context-allocated */
+  size_t buf_bytes;
+  int64_t B, T, K, step, end, last_saved;
+  int64_t eval_batches, eval_every, save_every;
+  int keep_last;
+  ir_rng rng; /* the run's generator: saved and restored with checkpoints */
+  uint64_t seed;
+  const char *out_dir, *last_ckpt, *data_prefix;
+  FILE *metrics, *log;
+  int n_model, n_opt;
+  dsc_tensor_spec *model_spec, *opt_spec;
+  const char **model_names, **opt_names;
+  dsc_tensor **model_t, **opt_t;
+};
+
+const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t) { return &t->info; }
+const dsc_params *dsc_trainer_params(const dsc_trainer *t) { return t->params; }
+
+void dsc_trainer_free(dsc_trainer *t) {
+  if (!t) return;
+  dsc_context *ctx = t->ctx;
+  if (t->metrics) fclose(t->metrics);
+  if (t->log) fclose(t->log);
+  dsc_loader_free(t->train);
+  dsc_loader_free(t->val);
+  dsc_tensor *ts[5] = {t->in_tok, t->in_tgt, t->in_lr, t->v_tok, t->v_tgt};
+  for (int i = 0; i < 5; i++) dsc_tensor_free(ctx, ts[i]);
+  if (t->buf_in) ir_free(ctx, t->buf_in, t->buf_bytes);
+  if (t->buf_tgt) ir_free(ctx, t->buf_tgt, t->buf_bytes);
+  dsc_params_free(t->params);
+  dsc_module_free(t->m);
+  dsc_module_free(t->fwd);
+  ir_arena_release(&t->arena);
+  ir_free(ctx, t, sizeof *t);
+}
+
+static dsc_status compile(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+                          dsc_module **out) {
+  dsc_dim_binding dims[2];
+  int n = 0;
+  if (B > 0) dims[n++] = (dsc_dim_binding){"B", B};
+  if (T > 0) dims[n++] = (dsc_dim_binding){"T", T};
+  dsc_frontend_options fo = {dims, n};
+  return dsc_compile_file(ctx, path, &fo, out);
+}
+
+/* The forward graph of a token model: forward(tokens: int[B, T], targets:
+ * int[B, T]) -> scalar loss. */
+static dsc_status check_forward(dsc_context *ctx, const char *path, const dsc_graph *g) {
+  if (!g) {
+    ir_error(ctx, rt_loc(path), "the model has no graph 'forward'");
+    return DSC_ERR_USER;
+  }
+  bool ok = dsc_graph_input_count(g) == 2 && dsc_graph_output_count(g) == 1;
+  for (int i = 0; ok && i < 2; i++) {
+    dsc_type ty = dsc_node_type(dsc_graph_input_at(g, i));
+    dsc_type t0 = dsc_node_type(dsc_graph_input_at(g, 0));
+    ok = (ty.dtype == DSC_I32 || ty.dtype == DSC_I64) && ty.rank == 2 && dsc_type_equal(&ty, &t0);
+  }
+  if (ok) {
+    dsc_type lt = dsc_node_type(dsc_graph_output_at(g, 0));
+    ok = lt.rank == 0 && dsc_dtype_is_float(lt.dtype);
+  }
+  if (!ok) {
+    ir_error(ctx, rt_loc(path),
+             "dsc train needs a token model: forward(tokens: i32[B, T], targets: i32[B, T]) "
+             "returning a scalar loss");
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
+/* Settings recorded in a checkpoint must agree with explicit flags. */
+static dsc_status agree(dsc_context *ctx, const dsc_checkpoint *c, const char *key,
+                        int64_t *value) {
+  const char *s = ck_extra(c, key);
+  int64_t v;
+  if (!s) return DSC_OK;
+  if (!parse_i64(s, &v) || v <= 0) {
+    ir_error(ctx, rt_loc(c->dir), "malformed checkpoint state: \"%s\" is '%s'", key, s);
+    return DSC_ERR_USER;
+  }
+  if (*value > 0 && *value != v) {
+    ir_error(ctx, rt_loc(c->dir),
+             "the checkpoint was trained with %s = %" PRId64 ", not %" PRId64
+             " (a resumed run keeps its %s)",
+             key, v, *value, key);
+    return DSC_ERR_USER;
+  }
+  *value = v;
+  return DSC_OK;
+}
+
+/* Keeps the lines of a JSON-lines log whose "step" is at most `step` (a
+ * resumed run rewrites what came after its checkpoint), then opens it for
+ * appending; a fresh run truncates. */
+static dsc_status open_log(dsc_context *ctx, const char *path, int64_t keep_upto, FILE **out) {
+  *out = NULL;
+  char *kept = NULL;
+  size_t kept_n = 0;
+  if (keep_upto > 0) {
+    FILE *in = fopen(path, "rb");
+    if (in) {
+      kept = malloc(1);
+      char *line = NULL;
+      size_t cap = 0;
+      ssize_t n;
+      while (kept && (n = getline(&line, &cap, in)) > 0) {
+        const char *p = strstr(line, "\"step\":");
+        long long s = p ? strtoll(p + 7, NULL, 10) : -1;
+        if (s < 0 || s > keep_upto) continue;
+        char *nk = realloc(kept, kept_n + (size_t)n + 1);
+        if (!nk) {
+          free(kept);
+          kept = NULL;
+          break;
+        }
+        kept = nk;
+        memcpy(kept + kept_n, line, (size_t)n);
+        kept_n += (size_t)n;
+      }
+      free(line);
+      fclose(in);
+      if (!kept) return oom(ctx);
+    }
+  }
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    free(kept);
+    return rt_io_error(ctx, path, "cannot open for writing");
+  }
+  if (kept_n && fwrite(kept, 1, kept_n, f) != kept_n) {
+    free(kept);
+    fclose(f);
+    return rt_io_error(ctx, path, "write failed");
+  }
+  free(kept);
+  fflush(f);
+  *out = f;
+  return DSC_OK;
+}
+
+static dsc_status build_specs(dsc_trainer *t) {
+  const dsc_module *m = t->m;
+  int n = dsc_module_param_count(m);
+  for (int i = 0; i < n; i++) {
+    if (dsc_module_param_is_state(m, i))
+      t->n_opt++;
+    else
+      t->n_model++;
+  }
+  int cap_m = t->n_model ? t->n_model : 1, cap_o = t->n_opt ? t->n_opt : 1;
+  t->model_spec = ir_arena_alloc(&t->arena, sizeof(dsc_tensor_spec) * (size_t)cap_m);
+  t->opt_spec = ir_arena_alloc(&t->arena, sizeof(dsc_tensor_spec) * (size_t)cap_o);
+  t->model_names = ir_arena_alloc(&t->arena, sizeof(char *) * (size_t)cap_m);
+  t->opt_names = ir_arena_alloc(&t->arena, sizeof(char *) * (size_t)cap_o);
+  t->model_t = ir_arena_alloc(&t->arena, sizeof(dsc_tensor *) * (size_t)cap_m);
+  t->opt_t = ir_arena_alloc(&t->arena, sizeof(dsc_tensor *) * (size_t)cap_o);
+  if (t->arena.failed) return oom(t->ctx);
+  int km = 0, ko = 0;
+  for (int i = 0; i < n; i++) {
+    dsc_tensor_spec s = {dsc_module_param_name(m, i), dsc_module_param_type(m, i)};
+    dsc_tensor *v = dsc_params_get(t->params, i);
+    if (dsc_module_param_is_state(m, i)) {
+      t->opt_spec[ko] = s, t->opt_names[ko] = s.name, t->opt_t[ko++] = v;
+      t->info.n_state += dsc_type_numel(&s.type);
+    } else {
+      t->model_spec[km] = s, t->model_names[km] = s.name, t->model_t[km++] = v;
+      t->info.n_params += dsc_type_numel(&s.type);
+    }
+  }
+  return DSC_OK;
+}
+
+/* Copies a checkpoint's checked tensors into the params. */
+static void restore_set(const dsc_tensor_set *s, dsc_tensor **dst, const char **names, int n) {
+  for (int i = 0; i < n; i++) {
+    const dsc_tensor *src = dsc_tensor_set_find(s, names[i]);
+    memcpy(dst[i]->data, src->data, sizeof(double) * (size_t)dsc_type_numel(&dst[i]->type));
+  }
+}
+
+static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
+  dsc_context *ctx = t->ctx;
+  ir_arena *a = &t->arena;
+  dsc_checkpoint *ck = NULL;
+  dsc_status st = DSC_OK;
+  int64_t B = o->batch, T = o->seq, K = o->grad_accum;
+  if (B < 0 || T < 0 || K < 0 || o->steps < 0 || o->eval_batches < 0 || o->stop_at < 0) {
+    ir_error(ctx, ir_no_loc,
+             "trainer: batch, seq, grad_accum, steps, eval_batches and stop_at "
+             "must not be negative");
+    return DSC_ERR_USER;
+  }
+  const char *model_path = o->model_path, *prefix = o->data_prefix;
+  if (o->resume) {
+    st = dsc_checkpoint_load(ctx, o->resume, NULL, 0, NULL, 0, &ck);
+    if (st != DSC_OK) return st;
+    t->info.resumed_from = ir_arena_strdup(a, ck->dir);
+    if (!model_path) model_path = ck_extra(ck, "model");
+    if (!prefix) prefix = ck_extra(ck, "data");
+    if ((st = agree(ctx, ck, "batch", &B)) != DSC_OK ||
+        (st = agree(ctx, ck, "seq", &T)) != DSC_OK ||
+        (st = agree(ctx, ck, "grad_accum", &K)) != DSC_OK)
+      goto done;
+    if (!model_path || !prefix) {
+      ir_error(ctx, rt_loc(ck->dir), "the checkpoint does not record its %s; give it explicitly",
+               !model_path ? "model file" : "data prefix");
+      st = DSC_ERR_USER;
+      goto done;
+    }
+  }
+  if (!model_path || !prefix) {
+    ir_error(ctx, ir_no_loc, "trainer: %s is required",
+             !model_path ? "a model file" : "a data prefix");
+    st = DSC_ERR_USER;
+    goto done;
+  }
+  t->info.model_path = absolute(a, model_path);
+  t->data_prefix = absolute(a, prefix);
+  if (!t->info.model_path || !t->data_prefix) {
+    st = oom(ctx);
+    goto done;
+  }
+
+  /* The step module: compile, check the forward signature, find the vocab. */
+  if ((st = compile(ctx, model_path, B, T, &t->m)) != DSC_OK) goto done;
+  dsc_graph *fg = dsc_module_find_graph(t->m, "forward");
+  if ((st = check_forward(ctx, model_path, fg)) != DSC_OK) goto done;
+  dsc_type in_t = dsc_node_type(dsc_graph_input_at(fg, 0));
+  t->B = B = in_t.dims[0];
+  t->T = T = in_t.dims[1];
+  t->info.vocab = dsc_model_vocab(fg);
+  if (t->info.vocab <= 0) {
+    ir_error(ctx, rt_loc(model_path),
+             "cannot tell the vocabulary: the first input of 'forward' indexes no embedding and "
+             "no cross_entropy takes an input as targets");
+    st = DSC_ERR_USER;
+    goto done;
+  }
+  t->info.model_name = dsc_module_name(t->m);
+
+  /* Settings: the train section, then the overrides. */
+  if ((st = dsc_train_config_from_module(t->m, &t->cfg)) != DSC_OK) goto done;
+  dsc_train_config *cfg = &t->cfg;
+  cfg->batch = B, cfg->seq = T;
+  if (K > 0) cfg->grad_accum = K;
+  /* A resumed run keeps its schedule (steps, lr) unless told otherwise. */
+  int64_t ck_steps = 0;
+  if (ck && parse_i64(ck_extra(ck, "steps"), &ck_steps) && ck_steps > 0) cfg->steps = ck_steps;
+  if (ck && ck_extra(ck, "lr")) {
+    char *end;
+    double lr = strtod(ck_extra(ck, "lr"), &end);
+    if (!*end && lr > 0 && isfinite(lr)) cfg->opt.lr = lr;
+  }
+  if (o->steps > 0) cfg->steps = o->steps;
+  if (o->lr > 0) cfg->opt.lr = o->lr;
+  if (o->log_every > 0) cfg->log_every = o->log_every;
+  if (o->save_every >= 0) cfg->save_every = o->save_every;
+  if (o->eval_every >= 0) cfg->eval_every = o->eval_every;
+  if (o->has_seed)
+    cfg->seed = o->seed;
+  else if (ck && ck_extra(ck, "seed")) {
+    uint64_t s = 0;
+    if (sscanf(ck_extra(ck, "seed"), "%" SCNu64, &s) == 1) cfg->seed = s;
+  }
+  t->K = K = cfg->grad_accum;
+  t->seed = cfg->seed;
+  t->info.cfg = cfg;
+  t->eval_batches = o->eval_batches > 0 ? o->eval_batches : 8;
+  t->keep_last = o->keep_last;
+  if (B > INT64_MAX / K || B * K > INT64_MAX / T) {
+    ir_error(ctx, ir_no_loc, "trainer: batch * grad_accum * seq overflows");
+    st = DSC_ERR_USER;
+    goto done;
+  }
+
+  /* Data: the training shard must exist, the validation shard may. */
+  const char *train_path = ir_arena_printf(a, "%s_train.bin", t->data_prefix);
+  const char *val_path = ir_arena_printf(a, "%s_val.bin", t->data_prefix);
+  if (!train_path || !val_path) {
+    st = oom(ctx);
+    goto done;
+  }
+  struct stat sb;
+  bool has_val = stat(val_path, &sb) == 0;
+  t->info.data_train = train_path;
+  t->info.data_val = has_val ? val_path : NULL;
+
+  /* The forward module for validation shares the step module's param
+   * values: the interpreter looks params up by name. */
+  if (has_val) {
+    if ((st = compile(ctx, model_path, B, T, &t->fwd)) != DSC_OK) goto done;
+    t->fwd_g = dsc_module_find_graph(t->fwd, "forward");
+  }
+
+  dsc_pipeline_options po;
+  memset(&po, 0, sizeof po);
+  po.train = cfg;
+  if ((st = dsc_run_pipeline(t->m, &po)) != DSC_OK) goto done;
+  t->step_g = dsc_module_find_graph(t->m, "train_step");
+  bool shape_ok =
+      t->step_g && dsc_graph_input_count(t->step_g) == 3 && dsc_graph_output_count(t->step_g) == 2;
+  for (int i = 0; shape_ok && i < 2; i++) {
+    dsc_type ty = dsc_node_type(dsc_graph_input_at(t->step_g, i));
+    shape_ok = ty.rank == 2 && ty.dims[0] == B * K && ty.dims[1] == T;
+  }
+  if (shape_ok) {
+    dsc_type lt = dsc_node_type(dsc_graph_input_at(t->step_g, 2));
+    shape_ok = lt.rank == 0 && lt.dtype == DSC_F32;
+  }
+  if (!shape_ok) {
+    ir_error(ctx, ir_no_loc,
+             "trainer: the pipeline did not produce train_step(tokens[B*K, T], targets[B*K, T], "
+             "lr: f32[]) -> (loss, grad_norm)");
+    st = DSC_ERR_INTERNAL;
+    goto done;
+  }
+
+  if (!(t->params = dsc_params_init(t->m, cfg->seed))) {
+    st = DSC_ERR_INTERNAL;
+    goto done;
+  }
+  if ((st = build_specs(t)) != DSC_OK) goto done;
+  for (int i = 0; t->fwd && i < dsc_module_param_count(t->fwd); i++) {
+    const char *name = dsc_module_param_name(t->fwd, i);
+    int j = dsc_module_find_param(t->m, name);
+    dsc_type a_t = dsc_module_param_type(t->fwd, i);
+    dsc_type b_t = j >= 0 ? dsc_module_param_type(t->m, j) : a_t;
+    if (j < 0 || !dsc_type_equal(&a_t, &b_t)) {
+      ir_error(ctx, ir_no_loc,
+               "trainer: the validation module's param '%s' is not in the step "
+               "module",
+               name);
+      st = DSC_ERR_INTERNAL;
+      goto done;
+    }
+  }
+
+  /* Restore: the files must hold exactly this model's params and states. */
+  if (ck) {
+    char *mp = ir_arena_printf(a, "%s/model.safetensors", ck->dir);
+    char *op = ir_arena_printf(a, "%s/optimizer.safetensors", ck->dir);
+    if (!mp || !op) {
+      st = oom(ctx);
+      goto done;
+    }
+    if ((st = dsc_tensor_set_check(ctx, mp, ck->model, t->model_spec, t->n_model)) != DSC_OK ||
+        (st = dsc_tensor_set_check(ctx, op, ck->optimizer, t->opt_spec, t->n_opt)) != DSC_OK)
+      goto done;
+    restore_set(ck->model, t->model_t, t->model_names, t->n_model);
+    restore_set(ck->optimizer, t->opt_t, t->opt_names, t->n_opt);
+    t->step = t->info.start_step = ck->state.step;
+    memcpy(t->rng.s, ck->state.rng, sizeof t->rng.s);
+  } else {
+    ir_rng_seed(&t->rng, cfg->seed);
+  }
+  t->last_saved = ck ? t->step : -1;
+
+  /* Loaders: ids must be below the vocabulary. */
+  dsc_loader_options lo = {B * K, T, t->info.vocab, cfg->seed, DSC_LOADER_SHUFFLE};
+  if ((st = dsc_loader_open(ctx, train_path, &lo, &t->train)) != DSC_OK) goto done;
+  if (ck && (st = dsc_loader_seek(t->train, ck->state.loader)) != DSC_OK) {
+    ir_error(ctx, rt_loc(ck->dir), "the checkpoint's loader position does not fit %s", train_path);
+    goto done;
+  }
+  t->info.train_tokens = dsc_loader_tokens(t->train);
+  if (has_val) {
+    dsc_loader_options vo = {B, T, t->info.vocab, cfg->seed, DSC_LOADER_SEQUENTIAL};
+    if ((st = dsc_loader_open(ctx, val_path, &vo, &t->val)) != DSC_OK) goto done;
+    t->info.val_tokens = dsc_loader_tokens(t->val);
+    int64_t per_epoch = dsc_loader_windows(t->val) / B;
+    if (per_epoch < 1) per_epoch = 1;
+    if (t->eval_batches > per_epoch) t->eval_batches = per_epoch;
+  }
+
+  /* Buffers and input tensors. */
+  t->buf_bytes = sizeof(int32_t) * (size_t)(B * K * T);
+  t->buf_in = ir_alloc(ctx, t->buf_bytes);
+  t->buf_tgt = ir_alloc(ctx, t->buf_bytes);
+  t->in_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 0)));
+  t->in_tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 1)));
+  t->in_lr = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 2)));
+  if (has_val) {
+    t->v_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 0)));
+    t->v_tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 1)));
+  }
+  if (!t->buf_in || !t->buf_tgt || !t->in_tok || !t->in_tgt || !t->in_lr ||
+      (has_val && (!t->v_tok || !t->v_tgt))) {
+    st = oom(ctx);
+    goto done;
+  }
+
+  /* Output: created and writable before the first step. A resumed run
+   * writes next to the checkpoint it came from unless told otherwise. */
+  const char *out = o->out_dir;
+  if (!out && ck) {
+    char *p = rt_parent_dir(ctx, ck->dir);
+    if (!p) {
+      st = oom(ctx);
+      goto done;
+    }
+    out = ir_arena_strdup(a, p);
+    ir_free(ctx, p, strlen(p) + 1);
+  }
+  if (out) {
+    t->out_dir = ir_arena_strdup(a, out);
+    const char *mpath = ir_arena_printf(a, "%s/metrics.jsonl", out);
+    if (!t->out_dir || !mpath) {
+      st = oom(ctx);
+      goto done;
+    }
+    if ((st = make_dirs(ctx, a, out)) != DSC_OK) goto done;
+    if ((st = open_log(ctx, mpath, t->step, &t->metrics)) != DSC_OK) goto done;
+  }
+  if (o->log_path && (st = open_log(ctx, o->log_path, t->step, &t->log)) != DSC_OK) goto done;
+  t->end = cfg->steps;
+  if (o->stop_at > 0 && o->stop_at < t->end) t->end = o->stop_at;
+
+done:
+  dsc_checkpoint_free(ctx, ck);
+  return st;
+}
+
+dsc_status dsc_trainer_open(dsc_context *ctx, const dsc_trainer_options *opts, dsc_trainer **out) {
+  *out = NULL;
+  dsc_trainer *t = ir_alloc(ctx, sizeof *t);
+  if (!t) return oom(ctx);
+  memset(t, 0, sizeof *t);
+  t->ctx = ctx;
+  ir_arena_init(&t->arena, ctx);
+  dsc_status st = open_inner(t, opts);
+  if (st != DSC_OK) {
+    dsc_trainer_free(t);
+    return st;
+  }
+  *out = t;
+  return DSC_OK;
+}
+
+static void fill(dsc_tensor *dst, const int32_t *src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst->data[i] = src[i];
+}
+
+dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
+  memset(p, 0, sizeof *p);
+  double t0 = now_s();
+  int64_t n = t->B * t->K * t->T;
+  dsc_status st = dsc_loader_next(t->train, t->buf_in, t->buf_tgt);
+  if (st != DSC_OK) return st;
+  fill(t->in_tok, t->buf_in, n);
+  fill(t->in_tgt, t->buf_tgt, n);
+  double lr = dsc_lr_at(&t->cfg, t->step);
+  t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
+  const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
+  dsc_tensor *outs[2] = {NULL, NULL};
+  st = dsc_interp_run(t->step_g, t->params, ins, 3, outs);
+  if (st != DSC_OK) return st;
+  p->loss = outs[0]->data[0];
+  p->grad_norm = outs[1]->data[0];
+  dsc_tensor_free(t->ctx, outs[0]);
+  dsc_tensor_free(t->ctx, outs[1]);
+  t->step++;
+  p->step = t->step;
+  p->steps = t->cfg.steps;
+  p->lr = t->in_lr->data[0];
+  p->ms = (now_s() - t0) * 1e3;
+  p->tokens_per_s = p->ms > 0 ? (double)n / (p->ms * 1e-3) : 0;
+  p->val_loss = NAN;
+  if (!isfinite(p->loss)) {
+    /* The params already hold the step's update: nothing may be saved. */
+    ir_error(t->ctx, ir_no_loc,
+             "step %" PRId64
+             ": the loss is not finite (%g); stopping without a checkpoint "
+             "(lower the learning rate?)",
+             t->step, p->loss);
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
+dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
+  *val_loss = NAN;
+  if (!t->val) {
+    ir_error(t->ctx, ir_no_loc, "trainer: no validation shard");
+    return DSC_ERR_USER;
+  }
+  dsc_status st = dsc_loader_seek(t->val, (dsc_loader_pos){0, 0});
+  double sum = 0;
+  int64_t n = t->B * t->T;
+  for (int64_t b = 0; st == DSC_OK && b < t->eval_batches; b++) {
+    st = dsc_loader_next(t->val, t->buf_in, t->buf_tgt);
+    if (st != DSC_OK) break;
+    fill(t->v_tok, t->buf_in, n);
+    fill(t->v_tgt, t->buf_tgt, n);
+    const dsc_tensor *ins[2] = {t->v_tok, t->v_tgt};
+    dsc_tensor *out = NULL;
+    st = dsc_interp_run(t->fwd_g, t->params, ins, 2, &out);
+    if (st == DSC_OK) sum += out->data[0];
+    dsc_tensor_free(t->ctx, out);
+  }
+  if (st == DSC_OK) *val_loss = sum / (double)t->eval_batches;
+  return st;
+}
+
+dsc_status dsc_trainer_save(dsc_trainer *t) {
+  ir_arena *a = &t->arena;
+  if (!t->out_dir) {
+    ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
+    return DSC_ERR_USER;
+  }
+  char num[7][32];
+  snprintf(num[0], sizeof num[0], "%" PRId64, t->B);
+  snprintf(num[1], sizeof num[1], "%" PRId64, t->T);
+  snprintf(num[2], sizeof num[2], "%" PRId64, t->K);
+  snprintf(num[3], sizeof num[3], "%" PRId64, t->info.vocab);
+  snprintf(num[4], sizeof num[4], "%" PRIu64, t->seed);
+  snprintf(num[5], sizeof num[5], "%" PRId64, t->cfg.steps);
+  snprintf(num[6], sizeof num[6], "%.17g", t->cfg.opt.lr);
+  const dsc_kv extra[] = {
+      {"model", t->info.model_path},
+      {"model_name", t->info.model_name},
+      {"data", t->data_prefix},
+      {"batch", num[0]},
+      {"seq", num[1]},
+      {"grad_accum", num[2]},
+      {"vocab", num[3]},
+      {"seed", num[4]},
+      {"steps", num[5]},
+      {"lr", num[6]},
+  };
+  dsc_checkpoint_state s;
+  memset(&s, 0, sizeof s);
+  s.step = t->step;
+  memcpy(s.rng, t->rng.s, sizeof s.rng);
+  s.loader = dsc_loader_tell(t->train);
+  s.n_extra = (int)(sizeof extra / sizeof extra[0]);
+  s.extra = extra;
+  dsc_tensor_set model = {t->n_model, t->model_names, t->model_t, 0, NULL};
+  dsc_tensor_set opt = {t->n_opt, t->opt_names, t->opt_t, 0, NULL};
+  dsc_status st = dsc_checkpoint_save(t->ctx, t->out_dir, &model, &opt, &s, t->keep_last);
+  if (st != DSC_OK) return st;
+  t->last_saved = t->step;
+  t->last_ckpt = ir_arena_printf(a, "%s/step-%06" PRId64, t->out_dir, t->step);
+  return DSC_OK;
+}
+
+static void write_line(FILE *f, const dsc_train_progress *p) {
+  if (!f) return;
+  fprintf(f, "{\"step\":%" PRId64, p->step);
+  json_num(f, "loss", p->loss, "%.9g");
+  json_num(f, "lr", p->lr, "%.9g");
+  json_num(f, "grad_norm", p->grad_norm, "%.9g");
+  json_num(f, "tokens_per_s", p->tokens_per_s, "%.1f");
+  json_num(f, "ms", p->ms, "%.3f");
+  if (p->has_val) json_num(f, "val_loss", p->val_loss, "%.9g");
+  fputs("}\n", f);
+  fflush(f);
+}
+
+dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, dsc_train_callback cb,
+                           void *ud, dsc_train_summary *sum) {
+  memset(sum, 0, sizeof *sum);
+  sum->best_val_loss = NAN;
+  sum->final_loss = NAN;
+  double start = now_s();
+  int64_t tokens = 0, start_step = t->step;
+  dsc_status st = DSC_OK;
+  while (t->step < t->end) {
+    if (stop && *stop) {
+      sum->stopped = true;
+      break;
+    }
+    dsc_train_progress p;
+    if ((st = dsc_trainer_step(t, &p)) != DSC_OK) return st;
+    tokens += t->B * t->K * t->T;
+    sum->final_loss = p.loss;
+    int64_t ev = t->cfg.eval_every;
+    if (t->val && ev > 0 && (t->step % ev == 0 || t->step == t->cfg.steps)) {
+      if ((st = dsc_trainer_evaluate(t, &p.val_loss)) != DSC_OK) return st;
+      p.has_val = true;
+      if (isnan(sum->best_val_loss) || p.val_loss < sum->best_val_loss)
+        sum->best_val_loss = p.val_loss;
+    }
+    int64_t se = t->cfg.save_every;
+    if (t->out_dir && ((se > 0 && t->step % se == 0) || t->step == t->end)) {
+      if ((st = dsc_trainer_save(t)) != DSC_OK) return st;
+      p.saved = true;
+    }
+    write_line(t->metrics, &p);
+    write_line(t->log, &p);
+    if (cb && !cb(ud, &p)) {
+      sum->stopped = true;
+      break;
+    }
+  }
+  if (sum->stopped && t->out_dir && t->last_saved != t->step &&
+      (st = dsc_trainer_save(t)) != DSC_OK)
+    return st;
+  sum->steps_done = t->step;
+  sum->steps_run = t->step - start_step;
+  sum->seconds = now_s() - start;
+  sum->tokens_per_s = sum->seconds > 0 ? (double)tokens / sum->seconds : 0;
+  sum->last_checkpoint = t->last_ckpt;
+  return st;
+}
+
+/* ---------------------------------------------------------------- sampler */
+
+struct dsc_sampler {
+  dsc_context *ctx;
+  dsc_module *m;
+  dsc_graph *g;
+  dsc_params *params;
+  dsc_tensor *tok, *tgt;
+  int64_t T, V, n;
+  ir_rng rng;
+};
+
+void dsc_sampler_free(dsc_sampler *s) {
+  if (!s) return;
+  dsc_tensor_free(s->ctx, s->tok);
+  dsc_tensor_free(s->ctx, s->tgt);
+  dsc_params_free(s->params);
+  dsc_module_free(s->m);
+  ir_free(s->ctx, s, sizeof *s);
+}
+
+int64_t dsc_sampler_context(const dsc_sampler *s) { return s->T; }
+int64_t dsc_sampler_vocab(const dsc_sampler *s) { return s->V; }
+
+static dsc_status sampler_inner(dsc_sampler *s, const dsc_sampler_options *o) {
+  dsc_context *ctx = s->ctx;
+  dsc_checkpoint *ck = NULL;
+  dsc_status st = dsc_checkpoint_load(ctx, o->checkpoint, NULL, 0, NULL, 0, &ck);
+  if (st != DSC_OK) return st;
+  const char *model = o->model_path ? o->model_path : ck_extra(ck, "model");
+  int64_t T = 0;
+  const char *seq = ck_extra(ck, "seq");
+  if (seq && (!parse_i64(seq, &T) || T <= 0)) T = 0;
+  if (!model) {
+    ir_error(ctx, rt_loc(ck->dir), "the checkpoint does not record its model file; give --model");
+    st = DSC_ERR_USER;
+    goto done;
+  }
+  /* B = 1; T = the position table's rows when the model has one. */
+  if ((st = compile(ctx, model, 1, T, &s->m)) != DSC_OK) goto done;
+  s->g = dsc_module_find_graph(s->m, "forward");
+  if ((st = check_forward(ctx, model, s->g)) != DSC_OK) goto done;
+  int64_t cl = dsc_model_context(s->g);
+  if (cl > 0 && cl != dsc_node_type(dsc_graph_input_at(s->g, 0)).dims[1]) {
+    dsc_module_free(s->m);
+    s->m = NULL;
+    if ((st = compile(ctx, model, 1, cl, &s->m)) != DSC_OK) goto done;
+    s->g = dsc_module_find_graph(s->m, "forward");
+    if ((st = check_forward(ctx, model, s->g)) != DSC_OK) goto done;
+  }
+  s->T = dsc_node_type(dsc_graph_input_at(s->g, 0)).dims[1];
+  if ((st = dsc_make_logits_graph(s->g)) != DSC_OK) goto done;
+  dsc_type lt = dsc_node_type(dsc_graph_output_at(s->g, 0));
+  if (lt.rank != 3 || lt.dims[0] != 1 || lt.dims[1] != s->T) {
+    ir_error(ctx, rt_loc(model), "the logits are not [1, T, vocab] for B = 1");
+    st = DSC_ERR_USER;
+    goto done;
+  }
+  s->V = lt.dims[2];
+  if (!(s->params = dsc_params_init(s->m, 0))) {
+    st = DSC_ERR_INTERNAL;
+    goto done;
+  }
+  int n = dsc_module_param_count(s->m);
+  dsc_tensor_spec *spec = ir_alloc(ctx, sizeof *spec * (size_t)(n ? n : 1));
+  size_t plen = strlen(ck->dir) + 32;
+  char *path = ir_alloc(ctx, plen);
+  if (!spec || !path) {
+    if (spec) ir_free(ctx, spec, sizeof *spec * (size_t)(n ? n : 1));
+    if (path) ir_free(ctx, path, plen);
+    st = oom(ctx);
+    goto done;
+  }
+  for (int i = 0; i < n; i++)
+    spec[i] = (dsc_tensor_spec){dsc_module_param_name(s->m, i), dsc_module_param_type(s->m, i)};
+  snprintf(path, plen, "%s/model.safetensors", ck->dir);
+  st = dsc_tensor_set_check(ctx, path, ck->model, spec, n);
+  for (int i = 0; st == DSC_OK && i < n; i++) {
+    dsc_tensor *dst = dsc_params_get(s->params, i);
+    const dsc_tensor *src = dsc_tensor_set_find(ck->model, spec[i].name);
+    memcpy(dst->data, src->data, sizeof(double) * (size_t)dsc_type_numel(&dst->type));
+  }
+  ir_free(ctx, spec, sizeof *spec * (size_t)(n ? n : 1));
+  ir_free(ctx, path, plen);
+  if (st != DSC_OK) goto done;
+  s->tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(s->g, 0)));
+  s->tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(s->g, 1)));
+  if (!s->tok || !s->tgt) st = oom(ctx);
+  ir_rng_seed(&s->rng, o->seed);
+done:
+  dsc_checkpoint_free(ctx, ck);
+  return st;
+}
+
+dsc_status dsc_sampler_open(dsc_context *ctx, const dsc_sampler_options *opts, dsc_sampler **out) {
+  *out = NULL;
+  dsc_sampler *s = ir_alloc(ctx, sizeof *s);
+  if (!s) return oom(ctx);
+  memset(s, 0, sizeof *s);
+  s->ctx = ctx;
+  dsc_status st = sampler_inner(s, opts);
+  if (st != DSC_OK) {
+    dsc_sampler_free(s);
+    return st;
+  }
+  *out = s;
+  return DSC_OK;
+}
+
+dsc_status dsc_sampler_push(dsc_sampler *s, int64_t token) {
+  if (token < 0 || token >= s->V) {
+    ir_error(s->ctx, ir_no_loc, "token %" PRId64 " is outside the vocabulary [0, %" PRId64 ")",
+             token, s->V);
+    return DSC_ERR_USER;
+  }
+  if (s->n == s->T) {
+    memmove(s->tok->data, s->tok->data + 1, sizeof(double) * (size_t)(s->T - 1));
+    s->n--;
+  }
+  s->tok->data[s->n++] = (double)token;
+  return DSC_OK;
+}
+
+dsc_status dsc_sampler_next(dsc_sampler *s, double temperature, int64_t top_k, int64_t *token) {
+  if (s->n == 0) {
+    ir_error(s->ctx, ir_no_loc, "sampler: the window is empty (push a first token)");
+    return DSC_ERR_USER;
+  }
+  /* Positions after the last filled one hold zeros; causal attention keeps
+   * them from touching the logits at n - 1. */
+  const dsc_tensor *ins[2] = {s->tok, s->tgt};
+  dsc_tensor *out = NULL;
+  dsc_status st = dsc_interp_run(s->g, s->params, ins, 2, &out);
+  if (st != DSC_OK) return st;
+  *token = dsc_sample_logits(out->data + (s->n - 1) * s->V, s->V, temperature, top_k, s->rng.s);
+  dsc_tensor_free(s->ctx, out);
+  return DSC_OK;
+}

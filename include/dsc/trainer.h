@@ -1,0 +1,146 @@
+/* dsc public API: the training loop and sampling, as library calls.
+ *
+ * A trainer compiles a model file, runs the training pipeline (train.h) to
+ * get the "train_step" graph, feeds it batches from a token shard and runs it
+ * with the reference interpreter; params and optimizer states are updated in
+ * place by the graph's `assign` nodes. Validation runs the model's forward
+ * graph (a second module compiled from the same file) on the same parameter
+ * values. Checkpoints hold the trainable params (model.safetensors), the
+ * optimizer states (optimizer.safetensors) and the step, loader position and
+ * run settings (state.json), so that a resumed run continues bit for bit.
+ *
+ * Nothing here prints: progress goes to a callback, errors are diagnostics. */
+#ifndef DSC_TRAINER_H
+#define DSC_TRAINER_H
+
+#include <signal.h>
+
+#include "dsc/core.h"
+#include "dsc/interp.h"
+#include "dsc/ir.h"
+#include "dsc/train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  /* When resuming, NULL / 0 here means the checkpoint's value: model, data,
+   * batch, seq, grad_accum, steps, lr, seed (batch, seq, grad_accum must
+   * agree with it when given). */
+  const char *model_path;  /* .dsm */
+  const char *data_prefix; /* PREFIX_train.bin (+ PREFIX_val.bin if it exists) */
+  const char *out_dir;     /* checkpoints and metrics.jsonl; NULL: none (resume: its dir) */
+  const char *resume;      /* a checkpoint (OUT or OUT/step-N) to continue from, or NULL */
+  const char *log_path;    /* extra copy of this run's JSON lines, or NULL */
+  /* Overrides of the model's train section; 0 keeps the section's value
+   * (save_every / eval_every: -1 keeps, 0 sets "only at the end" / "never"). */
+  int64_t batch, seq, grad_accum, steps, log_every;
+  int64_t save_every, eval_every;
+  double lr; /* <= 0 keeps */
+  bool has_seed;
+  uint64_t seed;
+  int64_t eval_batches; /* validation batches per evaluation; 0: 8 */
+  int64_t stop_at;      /* > 0: checkpoint and stop once this many steps are done */
+  int keep_last;        /* checkpoints kept (dsc_checkpoint_save); 0: all */
+} dsc_trainer_options;
+
+typedef struct dsc_trainer dsc_trainer;
+
+/* What a run is: for the header the CLI prints. */
+typedef struct {
+  const char *model_name, *model_path, *data_train, *data_val; /* data_val NULL: none */
+  int64_t n_params;                                            /* trainable elements */
+  int64_t n_state;                                             /* optimizer state elements */
+  int64_t vocab;
+  int64_t train_tokens, val_tokens;
+  int64_t start_step;       /* > 0 when resumed */
+  const char *resumed_from; /* the step directory read, or NULL */
+  const dsc_train_config *cfg;
+} dsc_trainer_info;
+
+/* One finished optimizer step. step counts completed steps (1..steps), as
+ * the checkpoint directories do. */
+typedef struct {
+  int64_t step, steps;
+  double loss, lr, grad_norm;
+  double ms, tokens_per_s;
+  bool has_val;
+  double val_loss;
+  bool saved; /* a checkpoint of this step was written */
+} dsc_train_progress;
+
+typedef struct {
+  int64_t steps_done, steps_run;    /* total, and in this call */
+  double final_loss, best_val_loss; /* best_val_loss NaN when never evaluated */
+  double seconds, tokens_per_s;
+  bool stopped;                /* *stop was set: checkpointed and left early */
+  const char *last_checkpoint; /* step directory written last, or NULL */
+} dsc_train_summary;
+
+/* Compiles, builds the step graph, initialises (or restores) params and
+ * states and opens the shards. Every problem is a diagnostic; nothing is
+ * written before training starts except the (created) out_dir. */
+dsc_status dsc_trainer_open(dsc_context *ctx, const dsc_trainer_options *opts, dsc_trainer **out);
+void dsc_trainer_free(dsc_trainer *t);
+const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t);
+/* The parameter values (trainable params and states of the step module). */
+const dsc_params *dsc_trainer_params(const dsc_trainer *t);
+
+/* One optimizer step (grad_accum micro-batches). dsc_trainer_run writes
+ * the JSON lines (metrics.jsonl, log_path), one per step. */
+dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p);
+/* Mean loss over the first eval_batches batches of the validation shard. */
+dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss);
+/* Checkpoint of the current step into out_dir. */
+dsc_status dsc_trainer_save(dsc_trainer *t);
+
+/* Called after each step; return false to stop (as *stop does). */
+typedef bool (*dsc_train_callback)(void *ud, const dsc_train_progress *p);
+/* Steps until cfg->steps (or stop_at) are done, evaluating every eval_every
+ * and checkpointing every save_every steps and at the end. *stop (e.g. set
+ * by a signal handler; may be NULL) is polled between steps: when set, the
+ * current step is checkpointed and the call returns DSC_OK with
+ * summary->stopped. A failed step writes no checkpoint. */
+dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, dsc_train_callback cb,
+                           void *ud, dsc_train_summary *summary);
+
+/* ---- pieces, usable on their own ---- */
+
+/* Vocabulary of a token model: the rows of the embedding table indexed by
+ * graph input 0, else the class count of a cross_entropy whose targets are a
+ * graph input; the smallest when several. -1 when neither exists. */
+int64_t dsc_model_vocab(const dsc_graph *g);
+/* Context length: the rows of an embedding table indexed by iota (the
+ * position embedding); -1 when there is none. */
+int64_t dsc_model_context(const dsc_graph *g);
+/* Makes the forward graph return its logits: its single output must be
+ * cross_entropy(logits, targets); the output becomes `logits`. */
+dsc_status dsc_make_logits_graph(dsc_graph *g);
+/* Draws a token from logits[0..V): temperature 0 (or top_k 1) is greedy
+ * (the first maximum); else softmax(logits / temperature) restricted to the
+ * top_k largest (top_k <= 0: all). rng: four words of xoshiro256** state. */
+int64_t dsc_sample_logits(const double *logits, int64_t V, double temperature, int64_t top_k,
+                          uint64_t rng[4]);
+
+/* ---- sampling from a checkpoint ---- */
+typedef struct dsc_sampler dsc_sampler;
+typedef struct {
+  const char *checkpoint; /* OUT or OUT/step-N */
+  const char *model_path; /* NULL: the one recorded in the checkpoint */
+  uint64_t seed;
+} dsc_sampler_options;
+
+dsc_status dsc_sampler_open(dsc_context *ctx, const dsc_sampler_options *opts, dsc_sampler **out);
+void dsc_sampler_free(dsc_sampler *s);
+int64_t dsc_sampler_context(const dsc_sampler *s); /* T: tokens the window holds */
+int64_t dsc_sampler_vocab(const dsc_sampler *s);
+/* Appends a token to the window (dropping the oldest when full). */
+dsc_status dsc_sampler_push(dsc_sampler *s, int64_t token);
+/* Runs the model on the window and draws the next token (not pushed). */
+dsc_status dsc_sampler_next(dsc_sampler *s, double temperature, int64_t top_k, int64_t *token);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,45 @@
+# dsc sample: generation from a briefly trained checkpoint.
+source "$(dirname "$0")/lib/common.bash"
+source "$(dirname "$0")/lib/corpus.bash"
+MODEL="$SRC/examples/gpt-tiny.dsm"
+make_corpus "$TMP/corpus.txt"
+expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
+# 60 steps as in train.sh: loss about 1.75, enough for the corpus' letters
+expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --batch 4 --seq 32 --steps 60 --lr 3e-3 --out "$TMP/run" --quiet
+
+expect_exit 0 "$DSC" sample --help && expect_grep '^usage: dsc sample DIR --tokens N' "$TMP/out"
+expect_exit 1 "$DSC" sample "$TMP/run" && expect_grep 'missing --tokens N' "$TMP/err"
+expect_exit 1 "$DSC" sample --tokens 5 && expect_grep 'missing checkpoint DIR' "$TMP/err"
+expect_exit 1 "$DSC" sample "$TMP/run" --tokens 5 --temperature -1 && expect_grep 'temperature needs a number >= 0' "$TMP/err"
+expect_exit 1 "$DSC" sample "$TMP/run" --tokens 5 --top-k 0 && expect_grep 'top-k needs a positive integer' "$TMP/err"
+expect_exit 1 "$DSC" sample "$TMP/absent" --tokens 5 && expect_grep 'absent: error: cannot open checkpoint' "$TMP/err"
+mkdir "$TMP/empty"
+expect_exit 1 "$DSC" sample "$TMP/empty" --tokens 5 && expect_grep 'empty: error: not a checkpoint' "$TMP/err"
+# a model whose forward does not end in cross_entropy
+expect_exit 1 "$DSC" sample "$TMP/run" --tokens 5 --model "$SRC/examples/mlp.dsm"
+mkdir -p "$TMP/m/lib" && cp "$SRC/examples/lib/layers.dsm" "$TMP/m/lib/"
+sed 's/return cross_entropy(logits, targets)/return mean(logits)/' "$MODEL" >"$TMP/m/nolog.dsm"
+grep -q 'return mean(logits' "$TMP/m/nolog.dsm" && pass || fail "sed did not rewrite the return"
+expect_exit 1 "$DSC" sample "$TMP/run" --tokens 5 --model "$TMP/m/nolog.dsm"
+expect_grep "(does not end in cross_entropy|needs a token model)" "$TMP/err"
+
+# the same seed gives the same text; the output is exactly N bytes
+expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --seed 7 && cp "$TMP/out" "$TMP/s7a"
+expect_exit 0 "$DSC" sample "$TMP/run/latest" --tokens 48 --seed 7 && cp "$TMP/out" "$TMP/s7b"
+cmp "$TMP/s7a" "$TMP/s7b" && pass || fail "same seed, different text"
+[ "$(wc -c <"$TMP/s7a")" -eq 48 ] && pass || fail "48 tokens gave $(wc -c <"$TMP/s7a") bytes"
+expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --seed 8 && cp "$TMP/out" "$TMP/s8"
+cmp -s "$TMP/s7a" "$TMP/s8" && fail "seeds 7 and 8 gave the same 48 bytes" || pass
+# greedy: temperature 0 twice, and top-k 1 (any seed, any temperature) agree
+expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --temperature 0 --prompt "the cat " && cp "$TMP/out" "$TMP/g1"
+expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --temperature 0 --seed 3 --prompt "the cat " && cp "$TMP/out" "$TMP/g2"
+expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --top-k 1 --temperature 1.5 --seed 9 --prompt "the cat " && cp "$TMP/out" "$TMP/g3"
+cmp "$TMP/g1" "$TMP/g2" && cmp "$TMP/g1" "$TMP/g3" && pass || fail "greedy outputs differ"
+# the trained weights are in use: greedy text uses only the corpus' characters
+# (random weights would give arbitrary bytes)
+LC_ALL=C grep -qv '^[a-z .]*$' "$TMP/g1" && fail "greedy text has bytes outside the corpus: $(od -c "$TMP/g1" | head -3)" || pass
+# top-k 3 at a high temperature still stays within the 3 likeliest: with the
+# corpus' letters far more likely than any other byte, no odd bytes appear
+expect_exit 0 "$DSC" sample "$TMP/run" --tokens 64 --top-k 3 --temperature 2 --seed 1
+LC_ALL=C grep -qv '^[a-z .]*$' "$TMP/out" && fail "top-k 3 sampled an unlikely byte: $(od -c "$TMP/out" | head -3)" || pass
+finish
