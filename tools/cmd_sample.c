@@ -17,7 +17,7 @@ static const char sample_help[] =
     "sequence of the model's context length, and generates N byte tokens, written\n"
     "to standard output as they come (bytes as they are: a byte-level model).\n"
     "The window holds the last T tokens, the prompt's bytes first (a newline when\n"
-    "there is no prompt); the prompt itself is not printed.\n"
+    "there is no prompt); the prompt is printed first, then what follows it.\n"
     "  --temperature X   softmax temperature (default 1.0; 0 = greedy)\n"
     "  --top-k K         sample among the K most likely tokens (default: all; 1 = greedy)\n"
     "  --seed S          seed of the sampling generator (default 0): same seed, same text\n";
@@ -72,10 +72,11 @@ int cli_sample(int argc, char **argv) {
   dsc_sampler *s = NULL;
   dsc_status st = dsc_sampler_open(ctx, &o, &s);
   if (st == DSC_OK) {
-    if (prompt && *prompt)
+    if (prompt && *prompt) {
+      fputs(prompt, stdout); /* the text continues the prompt, so show both */
       for (const unsigned char *p = (const unsigned char *)prompt; st == DSC_OK && *p; p++)
         st = dsc_sampler_push(s, *p);
-    else
+    } else
       st = dsc_sampler_push(s, '\n');
   }
   for (int64_t k = 0; st == DSC_OK && k < n_tokens; k++) {

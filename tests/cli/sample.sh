@@ -35,6 +35,7 @@ expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --temperature 0 --prompt "the
 expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --temperature 0 --seed 3 --prompt "the cat " && cp "$TMP/out" "$TMP/g2"
 expect_exit 0 "$DSC" sample "$TMP/run" --tokens 48 --top-k 1 --temperature 1.5 --seed 9 --prompt "the cat " && cp "$TMP/out" "$TMP/g3"
 cmp "$TMP/g1" "$TMP/g2" && cmp "$TMP/g1" "$TMP/g3" && pass || fail "greedy outputs differ"
+expect_grep '^the cat ' "$TMP/g1" # the prompt comes first
 # the trained weights are in use: greedy text uses only the corpus' characters
 # (random weights would give arbitrary bytes)
 LC_ALL=C grep -qv '^[a-z .]*$' "$TMP/g1" && fail "greedy text has bytes outside the corpus: $(od -c "$TMP/g1" | head -3)" || pass

@@ -258,8 +258,8 @@ TEST(FrontendLower, GptTinyParamsInitsAndMeta) {
   EXPECT_STREQ(dsc_module_get_meta(m, "train.seq"), "64");
   EXPECT_STREQ(dsc_module_get_meta(m, "train.clip"), "1.0");
   EXPECT_STREQ(dsc_module_get_meta(m, "train.optimizer"),
-               "adamw(lr = 0.001, betas = (0.9, 0.95), weight_decay = 0.1)");
-  EXPECT_STREQ(dsc_module_get_meta(m, "train.schedule"), "cosine(warmup = 50, min_lr = 0.0001)");
+               "adamw(lr = 0.003, betas = (0.9, 0.95), weight_decay = 0.1)");
+  EXPECT_STREQ(dsc_module_get_meta(m, "train.schedule"), "cosine(warmup = 50, min_lr = 0.0003)");
   // B and T come from the train section
   dsc_graph *g = dsc_module_find_graph(m, "forward");
   ASSERT_NE(g, nullptr);
