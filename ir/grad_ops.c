@@ -10,36 +10,25 @@
 
 #include "ir/ir.h"
 
-static bool fail(char *err, size_t errlen, const char *f, ...)
-    __attribute__((format(printf, 3, 4)));
-static bool fail(char *err, size_t errlen, const char *f, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(err, errlen, f, ap);
-    va_end(ap);
-  }
-  return false;
-}
 
 bool ir_shape_embedding_grad(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
   if (n->n_in != 2 || !n->in[0] || !n->in[1])
-    return fail(err, errlen, "takes 2 input(s), got %d", n->n_in);
+    return ir_fail(err, errlen, "takes 2 input(s), got %d", n->n_in);
   const dsc_attr *rows = ir_attr(n, "rows");
-  if (!rows || rows->kind != DSC_ATTR_INT) return fail(err, errlen, "missing attribute 'rows'");
+  if (!rows || rows->kind != DSC_ATTR_INT) return ir_fail(err, errlen, "missing attribute 'rows'");
   const dsc_type *ids = &n->in[0]->type, *dy = &n->in[1]->type;
   char a[128], b[128];
   dsc_type_format(ids, a, sizeof a);
   dsc_type_format(dy, b, sizeof b);
   if (ids->dtype != DSC_I32 && ids->dtype != DSC_I64)
-    return fail(err, errlen, "ids must be i32 or i64, got %s", a);
+    return ir_fail(err, errlen, "ids must be i32 or i64, got %s", a);
   if (!dsc_dtype_is_float(dy->dtype))
-    return fail(err, errlen, "dy must be a float type, got %s", b);
+    return ir_fail(err, errlen, "dy must be a float type, got %s", b);
   bool ok = dy->rank == ids->rank + 1;
   for (int i = 0; ok && i < ids->rank; i++) ok = ids->dims[i] == dy->dims[i];
-  if (!ok) return fail(err, errlen, "dy %s must have the shape of ids %s plus one axis", b, a);
+  if (!ok) return ir_fail(err, errlen, "dy %s must have the shape of ids %s plus one axis", b, a);
   if (rows->u.i <= 0)
-    return fail(err, errlen, "rows must be positive, got %lld", (long long)rows->u.i);
+    return ir_fail(err, errlen, "rows must be positive, got %lld", (long long)rows->u.i);
   dsc_type r;
   memset(&r, 0, sizeof r);
   r.dtype = dy->dtype;
@@ -47,7 +36,7 @@ bool ir_shape_embedding_grad(const ir_node *n, dsc_type *out, char *err, size_t 
   r.dims[0] = rows->u.i;
   r.dims[1] = dy->dims[dy->rank - 1];
   if (r.dims[1] > 0 && r.dims[0] > INT64_MAX / r.dims[1])
-    return fail(err, errlen, "result has too many elements");
+    return ir_fail(err, errlen, "result has too many elements");
   *out = r;
   return true;
 }
@@ -62,9 +51,9 @@ bool interp_embedding_grad(const dsc_node *n, const dsc_tensor *const *in, dsc_t
     double v = ids->data[p];
     if (!(v >= 0 && v < (double)V)) {
       if (v == trunc(v) && fabs(v) < 9e15)
-        return fail(err, errlen, "id %lld at position %lld is out of range [0, %lld)", (long long)v,
+        return ir_fail(err, errlen, "id %lld at position %lld is out of range [0, %lld)", (long long)v,
                     (long long)p, (long long)V);
-      return fail(err, errlen, "id %g at position %lld is out of range [0, %lld)", v, (long long)p,
+      return ir_fail(err, errlen, "id %g at position %lld is out of range [0, %lld)", v, (long long)p,
                   (long long)V);
     }
     double *row = out->data + (int64_t)v * D;

@@ -12,17 +12,6 @@
 
 #include "ir/ir.h"
 
-static bool fail(char *err, size_t errlen, const char *f, ...)
-    __attribute__((format(printf, 3, 4)));
-static bool fail(char *err, size_t errlen, const char *f, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(err, errlen, f, ap);
-    va_end(ap);
-  }
-  return false;
-}
 
 static int64_t numel(const dsc_tensor *t) { return dsc_type_numel(&t->type); }
 
@@ -81,13 +70,13 @@ static void iter_next(iter *it) {
 bool interp_input(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
                   size_t errlen) {
   IR_UNUSED(n), IR_UNUSED(in), IR_UNUSED(out);
-  return fail(err, errlen, "internal: input nodes are bound by the interpreter, not computed");
+  return ir_fail(err, errlen, "internal: input nodes are bound by the interpreter, not computed");
 }
 
 bool interp_param(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
                   size_t errlen) {
   IR_UNUSED(n), IR_UNUSED(in), IR_UNUSED(out);
-  return fail(err, errlen, "internal: param nodes are bound by the interpreter, not computed");
+  return ir_fail(err, errlen, "internal: param nodes are bound by the interpreter, not computed");
 }
 
 bool interp_const(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
@@ -169,7 +158,7 @@ bool interp_div(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out,
   int64_t nb = numel(in[1]);
   for (int64_t i = 0; i < nb; i++)
     if (in[1]->data[i] == 0)
-      return fail(err, errlen, "integer division by zero (divisor element %lld)", (long long)i);
+      return ir_fail(err, errlen, "integer division by zero (divisor element %lld)", (long long)i);
   binary_map(in[0], in[1], out, op_idiv);
   return true;
 }
@@ -384,7 +373,7 @@ bool interp_embedding(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor
     if (!(v >= 0 && v < (double)V)) {
       char b[64];
       fmt_index(v, b, sizeof b);
-      return fail(err, errlen, "id %s at position %lld is out of range [0, %lld)", b, (long long)p,
+      return ir_fail(err, errlen, "id %s at position %lld is out of range [0, %lld)", b, (long long)p,
                   (long long)V);
     }
     memcpy(out->data + p * D, tab->data + (int64_t)v * D, sizeof(double) * (size_t)D);
@@ -562,7 +551,7 @@ bool interp_cross_entropy(const dsc_node *n, const dsc_tensor *const *in, dsc_te
     if (!(tv >= 0 && tv < (double)V)) {
       char b[64];
       fmt_index(tv, b, sizeof b);
-      return fail(err, errlen, "target %s at position %lld is out of range [0, %lld)", b,
+      return ir_fail(err, errlen, "target %s at position %lld is out of range [0, %lld)", b,
                   (long long)p, (long long)V);
     }
     const double *row = lg->data + p * V;

@@ -57,6 +57,9 @@ extern const dsc_loc ir_no_loc;
 /* ======================= ir/types.c ======================= */
 /* Broadcast two shapes numpy-style; returns false if incompatible. */
 bool ir_broadcast_shapes(const dsc_type *a, const dsc_type *b, dsc_type *out);
+/* Writes a message into err (as shape rules and kernels report) and returns
+ * false, so that `return ir_fail(err, errlen, "...", ...);` reads well. */
+bool ir_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Shortest decimal text that reads back as exactly `v` ("1", "0.02", "inf"). */
 int ir_format_double(double v, char *buf, size_t n);
 

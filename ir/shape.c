@@ -23,19 +23,8 @@ static tybuf fmt(const dsc_type *t) {
   return b;
 }
 
-static bool fail(char *err, size_t errlen, const char *f, ...)
-    __attribute__((format(printf, 3, 4)));
-static bool fail(char *err, size_t errlen, const char *f, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(err, errlen, f, ap);
-    va_end(ap);
-  }
-  return false;
-}
 
-#define FAIL(...) fail(err, errlen, __VA_ARGS__)
+#define FAIL(...) ir_fail(err, errlen, __VA_ARGS__)
 
 /* Element count with overflow detection; false when a dim is negative or
  * the product does not fit in int64. */

@@ -1,5 +1,6 @@
 /* dtypes, tensor types, broadcasting, number formatting. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,4 +99,14 @@ int ir_format_double(double v, char *buf, size_t n) {
     }
   }
   return snprintf(buf, n, "%.17g", v);
+}
+
+bool ir_fail(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return false;
 }
