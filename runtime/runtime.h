@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dsc/comm.h"
 #include "dsc/runtime.h"
 #include "ir/ir.h"
 
@@ -86,6 +87,87 @@ typedef struct {
   dsc_checkpoint pub;
   ir_arena arena; /* dir and extra key/values */
 } rt_checkpoint;
+
+/* ======================= runtime/comm.c =======================
+ * The communicator's backend-independent part: argument checks, collective
+ * numbering, messages, blocking wrappers; each backend is one vtable. */
+typedef enum {
+  RT_COMM_ALL_REDUCE,
+  RT_COMM_REDUCE_SCATTER,
+  RT_COMM_ALL_GATHER,
+  RT_COMM_BROADCAST,
+  RT_COMM_BARRIER,
+} rt_comm_kind;
+
+/* One collective as a rank started it. count is the caller's count. */
+typedef struct {
+  rt_comm_kind kind;
+  dsc_dtype dtype;
+  dsc_comm_op op;
+  int64_t count;
+  int root;
+  int64_t tag;
+  const void *send;
+  void *recv; /* broadcast: the buffer */
+} rt_comm_args;
+
+typedef struct {
+  const char *name;
+  /* Starts req (args and seq filled in); may set req->impl. On failure the
+   * backend has reported the error; the request is then freed by comm.c. */
+  dsc_status (*start)(dsc_comm_request *req);
+  dsc_status (*wait)(dsc_comm_request *req);
+  /* Forgets a request that will never be waited (its comm is being freed). */
+  void (*release)(dsc_comm_request *req);
+  void (*abort)(dsc_comm *c, const char *reason);
+  void (*free)(dsc_comm *c); /* backend state (not the dsc_comm itself) */
+} rt_comm_backend;
+
+struct dsc_comm {
+  const rt_comm_backend *be;
+  dsc_context *ctx;
+  int rank, world;
+  double timeout; /* seconds */
+  int64_t seq;    /* the number of the next collective */
+  bool broken;
+  int n_pending; /* requests started and not yet waited */
+  dsc_comm_request *pending; /* doubly linked, newest first */
+  void *impl;
+};
+
+struct dsc_comm_request {
+  dsc_comm *comm;
+  rt_comm_args a;
+  int64_t seq;
+  dsc_comm_request *prev, *next;
+  void *impl;
+};
+
+const char *rt_comm_kind_name(rt_comm_kind k);
+/* Fills the fields every backend shares; reads DSC_COMM_TIMEOUT (an invalid
+ * value is a DSC_ERR_USER diagnostic on ctx). */
+dsc_status rt_comm_init(dsc_comm *c, const rt_comm_backend *be, dsc_context *ctx, int rank,
+                        int world);
+/* Frees every request never waited (through be->release). */
+void rt_comm_release_pending(dsc_comm *c);
+/* "all_reduce #7 (step 3)" */
+void rt_comm_describe(const dsc_comm_request *req, char *buf, size_t n);
+/* Elements this rank receives into recv; the reduction's input length. */
+int64_t rt_comm_recv_count(const dsc_comm *c, const rt_comm_args *a);
+/* dst[i] += src[i] in the dtype's own arithmetic (integers wrap). */
+void rt_comm_accumulate(void *dst, const void *src, int64_t count, dsc_dtype dt);
+/* buf[i] /= world (float dtypes). */
+void rt_comm_divide(void *buf, int64_t count, dsc_dtype dt, int world);
+/* Seconds on CLOCK_MONOTONIC. */
+double rt_comm_now(void);
+
+/* ======================= runtime/comm_inproc.c ======================= */
+extern const rt_comm_backend rt_comm_inproc_backend;
+
+/* ======================= runtime/comm_mpi.c =======================
+ * Without DSC_HAVE_MPI only a stub that reports "built without MPI". */
+bool rt_comm_mpi_available(void);
+dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 #ifndef DSC_H
 #define DSC_H
 #include "dsc/core.h"
+#include "dsc/comm.h"
 #include "dsc/frontend.h"
 #include "dsc/interp.h"
 #include "dsc/ir.h"

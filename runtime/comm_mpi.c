@@ -1,0 +1,250 @@
+/* The MPI backend: one rank per process over a duplicate of MPI_COMM_WORLD,
+ * with MPI's nonblocking collectives. A wait polls MPI_Test until the
+ * communicator's timeout (sleeping between polls, growing to 1 ms): MPI has
+ * no portable way to cancel a collective, so a timeout breaks the
+ * communicator and the caller ends the job (dsc_comm_abort, or exiting
+ * without MPI_Finalize, which makes mpirun stop the other ranks). */
+#include "runtime/runtime.h"
+
+#ifndef DSC_HAVE_MPI
+
+bool rt_comm_mpi_available(void) { return false; }
+
+dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out) {
+  *out = NULL;
+  ir_error(ctx, ir_no_loc, "this dsc was built without MPI (configure with Open MPI installed "
+           "and -DDSC_ENABLE_MPI=ON)");
+  return DSC_ERR_USER;
+}
+
+#else
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+  MPI_Comm comm;
+  bool we_initialised; /* finalise MPI in free */
+} rt_mpi;
+
+typedef struct {
+  MPI_Request req;
+  bool active;
+} rt_mpi_req;
+
+bool rt_comm_mpi_available(void) { return true; }
+
+static dsc_status mpi_fail(dsc_comm *c, const dsc_comm_request *req, int err) {
+  char msg[MPI_MAX_ERROR_STRING + 1];
+  int len = 0;
+  if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) len = 0;
+  msg[len] = 0;
+  if (req) {
+    char what[96];
+    rt_comm_describe(req, what, sizeof what);
+    ir_error(c->ctx, ir_no_loc, "rank %d: %s: MPI error: %s", c->rank, what, msg);
+  } else {
+    ir_error(c->ctx, ir_no_loc, "rank %d: MPI error: %s", c->rank, msg);
+  }
+  c->broken = true;
+  return DSC_ERR_USER;
+}
+
+static bool mpi_dtype(dsc_dtype dt, MPI_Datatype *out) {
+  switch (dt) {
+  case DSC_F32: *out = MPI_FLOAT; return true;
+  case DSC_F64: *out = MPI_DOUBLE; return true;
+  case DSC_I32: *out = MPI_INT32_T; return true;
+  case DSC_I64: *out = MPI_INT64_T; return true;
+  default: return false;
+  }
+}
+
+static dsc_status mpi_start(dsc_comm_request *req) {
+  dsc_comm *c = req->comm;
+  rt_mpi *m = c->impl;
+  const rt_comm_args *a = &req->a;
+  char what[96];
+  rt_comm_describe(req, what, sizeof what);
+  if (c->broken) {
+    ir_error(c->ctx, ir_no_loc, "rank %d: %s failed: the communicator is broken by an earlier "
+             "failure", c->rank, what);
+    return DSC_ERR_USER;
+  }
+  /* MPI counts are int: reductions count elements, the rest move bytes. */
+  size_t esz = a->kind == RT_COMM_BARRIER ? 1 : dsc_dtype_size(a->dtype);
+  int64_t units = a->kind == RT_COMM_ALL_REDUCE || a->kind == RT_COMM_REDUCE_SCATTER
+                      ? a->count
+                      : a->count * (int64_t)esz;
+  if (units > INT_MAX) {
+    ir_error(c->ctx, ir_no_loc, "rank %d: %s: count %lld is too large for MPI (int counts)",
+             c->rank, what, (long long)a->count);
+    return DSC_ERR_USER;
+  }
+  rt_mpi_req *r = ir_alloc(c->ctx, sizeof *r);
+  if (!r) {
+    ir_error(c->ctx, ir_no_loc, "rank %d: %s: out of memory", c->rank, what);
+    return DSC_ERR_INTERNAL;
+  }
+  r->active = true;
+  MPI_Datatype dt = MPI_BYTE;
+  int err = MPI_SUCCESS;
+  const void *send = a->send == a->recv ? MPI_IN_PLACE : a->send;
+  switch (a->kind) {
+  case RT_COMM_ALL_REDUCE:
+    mpi_dtype(a->dtype, &dt);
+    err = MPI_Iallreduce(send, a->recv, (int)units, dt, MPI_SUM, m->comm, &r->req);
+    break;
+  case RT_COMM_REDUCE_SCATTER:
+    /* In place: the input is recv (count elements), the chunk lands at its start. */
+    mpi_dtype(a->dtype, &dt);
+    err = MPI_Ireduce_scatter_block(send, a->recv, (int)(units / c->world), dt, MPI_SUM, m->comm,
+                                    &r->req);
+    break;
+  case RT_COMM_ALL_GATHER: {
+    /* In place here means the input is at the start of recv; MPI wants it
+     * at this rank's offset. */
+    size_t bytes = (size_t)units;
+    if (a->send == a->recv && bytes && c->rank > 0)
+      memmove((unsigned char *)a->recv + (size_t)c->rank * bytes, a->recv, bytes);
+    err = MPI_Iallgather(send, (int)units, MPI_BYTE, a->recv, (int)units, MPI_BYTE, m->comm,
+                         &r->req);
+    break;
+  }
+  case RT_COMM_BROADCAST:
+    err = MPI_Ibcast(a->recv, (int)units, MPI_BYTE, a->root, m->comm, &r->req);
+    break;
+  case RT_COMM_BARRIER: err = MPI_Ibarrier(m->comm, &r->req); break;
+  }
+  if (err != MPI_SUCCESS) {
+    ir_free(c->ctx, r, sizeof *r);
+    return mpi_fail(c, req, err);
+  }
+  req->impl = r;
+  return DSC_OK;
+}
+
+static dsc_status mpi_wait(dsc_comm_request *req) {
+  dsc_comm *c = req->comm;
+  rt_mpi_req *r = req->impl;
+  double deadline = rt_comm_now() + c->timeout;
+  long nap_ns = 10000;
+  dsc_status st = DSC_OK;
+  for (;;) {
+    int done = 0;
+    int err = MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) {
+      st = mpi_fail(c, req, err);
+      break;
+    }
+    if (done) {
+      r->active = false;
+      if (req->a.op == DSC_COMM_MEAN &&
+          (req->a.kind == RT_COMM_ALL_REDUCE || req->a.kind == RT_COMM_REDUCE_SCATTER))
+        rt_comm_divide(req->a.recv, rt_comm_recv_count(c, &req->a), req->a.dtype, c->world);
+      break;
+    }
+    if (rt_comm_now() >= deadline) {
+      char what[96];
+      rt_comm_describe(req, what, sizeof what);
+      ir_error(c->ctx, ir_no_loc,
+               "rank %d: %s timed out after %.1f s waiting for the other ranks (MPI cannot tell "
+               "which); end the job with dsc_comm_abort",
+               c->rank, what, c->timeout);
+      c->broken = true;
+      st = DSC_ERR_USER;
+      break;
+    }
+    struct timespec ts = {0, nap_ns};
+    nanosleep(&ts, NULL);
+    if (nap_ns < 1000000) nap_ns *= 2;
+  }
+  /* A timed-out request stays active inside MPI; its memory is leaked on
+   * purpose (freeing it would let MPI write into freed memory). */
+  if (!r->active) ir_free(c->ctx, r, sizeof *r);
+  return st;
+}
+
+static void mpi_release(dsc_comm_request *req) {
+  rt_mpi_req *r = req->impl;
+  /* Never waited: the collective may still be running, so the communicator
+   * cannot be finalised; the request's memory stays with MPI. */
+  if (r && r->active) req->comm->broken = true;
+  else if (r) ir_free(req->comm->ctx, r, sizeof *r);
+}
+
+static void mpi_abort(dsc_comm *c, const char *reason) {
+  rt_mpi *m = c->impl;
+  /* The one place the library writes: the process ends in MPI_Abort, so the
+   * reason would otherwise be lost. */
+  fprintf(stderr, "dsc: rank %d: aborting: %s\n", c->rank, reason);
+  fflush(stderr);
+  MPI_Abort(m->comm, 1);
+}
+
+static void mpi_free(dsc_comm *c) {
+  rt_mpi *m = c->impl;
+  if (!c->broken) {
+    MPI_Comm_free(&m->comm);
+    if (m->we_initialised) MPI_Finalize();
+  }
+  ir_free(c->ctx, m, sizeof *m);
+}
+
+static const rt_comm_backend mpi_backend = {
+    "mpi", mpi_start, mpi_wait, mpi_release, mpi_abort, mpi_free,
+};
+
+dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out) {
+  *out = NULL;
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    ir_error(ctx, ir_no_loc, "MPI communicator: MPI has already been finalised");
+    return DSC_ERR_USER;
+  }
+  bool we_init = false;
+  if (!inited) {
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+      ir_error(ctx, ir_no_loc, "MPI communicator: MPI_Init_thread failed");
+      return DSC_ERR_USER;
+    }
+    we_init = true;
+  }
+  dsc_comm *c = ir_alloc(ctx, sizeof *c);
+  rt_mpi *m = ir_alloc(ctx, sizeof *m);
+  if (!c || !m) {
+    ir_free(ctx, c, sizeof *c);
+    ir_free(ctx, m, sizeof *m);
+    ir_error(ctx, ir_no_loc, "MPI communicator: out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  dsc_status st = rt_comm_init(c, &mpi_backend, ctx, rank, world);
+  int err = MPI_SUCCESS;
+  if (st == DSC_OK) {
+    /* Our own communicator: our collectives cannot mix with the caller's. */
+    err = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    if (err == MPI_SUCCESS) err = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    if (err != MPI_SUCCESS) st = mpi_fail(c, NULL, err);
+  }
+  if (st != DSC_OK) {
+    ir_free(ctx, c, sizeof *c);
+    ir_free(ctx, m, sizeof *m);
+    if (we_init && err == MPI_SUCCESS) MPI_Finalize();
+    return st;
+  }
+  m->we_initialised = we_init;
+  c->impl = m;
+  *out = c;
+  return DSC_OK;
+}
+
+#endif

@@ -1,0 +1,177 @@
+/* The MPI communication backend at any world size (ctest runs -np 2 and 4):
+ * every collective against a reference each rank computes itself from the
+ * same deterministic inputs. Prints what failed; exit 0 on success, 1 on a
+ * failure. With the argument "timeout": rank 1 never joins a barrier, rank 0
+ * must report the named timeout and end the job with dsc_comm_abort. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dsc/dsc.h"
+
+static int failures;
+static int rank_, world_;
+
+#define CHECK(cond, ...)                                         \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      fprintf(stderr, "rank %d: FAIL line %d: ", rank_, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                              \
+      fprintf(stderr, "\n");                                     \
+      failures++;                                                \
+    }                                                            \
+  } while (0)
+
+/* A value in [-1, -0.25] u [0.25, 1] drawn from (salt, rank, i): never zero. */
+static double value(uint64_t salt, int rank, int64_t i) {
+  uint64_t z = salt * 0x9E3779B97F4A7C15ull + (uint64_t)rank * 0xBF58476D1CE4E5B9ull +
+               (uint64_t)i * 0x94D049BB133111EBull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  double u = (double)(z >> 11) / 9007199254740992.0; /* [0, 1) */
+  double m = 0.25 + 0.75 * u;
+  return (z & 1) ? m : -m;
+}
+
+static void ok_or_print(dsc_context *ctx, dsc_status st, const char *what) {
+  if (st != DSC_OK) {
+    dsc_diag_print(ctx, stderr);
+    dsc_diag_clear(ctx);
+  }
+  CHECK(st == DSC_OK, "%s failed", what);
+}
+
+/* Reduction over ranks of value(salt, r, i), summed in rank order. */
+static double ref_sum(uint64_t salt, int64_t i) {
+  double s = 0;
+  for (int r = 0; r < world_; r++) s += value(salt, r, i);
+  return s;
+}
+
+static void test_all_reduce(dsc_comm *c, dsc_context *ctx) {
+  const int64_t n = 1000;
+  double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  float *xf = malloc(n * sizeof *xf), *yf = malloc(n * sizeof *yf);
+  int32_t *xi = malloc(n * sizeof *xi), *yi = malloc(n * sizeof *yi);
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = value(1, rank_, i);
+    xf[i] = (float)value(2, rank_, i);
+    xi[i] = (int32_t)(value(3, rank_, i) * 1000);
+  }
+  ok_or_print(ctx, dsc_comm_all_reduce(c, x, y, n, DSC_F64, DSC_COMM_SUM, 1), "all_reduce f64");
+  for (int64_t i = 0; i < n; i++)
+    CHECK(fabs(y[i] - ref_sum(1, i)) <= 1e-13 * world_, "all_reduce f64 [%lld]: %.17g vs %.17g",
+          (long long)i, y[i], ref_sum(1, i));
+  ok_or_print(ctx, dsc_comm_all_reduce(c, x, x, n, DSC_F64, DSC_COMM_MEAN, 2), "all_reduce mean");
+  for (int64_t i = 0; i < n; i++)
+    CHECK(fabs(x[i] - ref_sum(1, i) / world_) <= 1e-13, "in-place mean f64 [%lld]", (long long)i);
+  ok_or_print(ctx, dsc_comm_all_reduce(c, xf, yf, n, DSC_F32, DSC_COMM_SUM, 3), "all_reduce f32");
+  for (int64_t i = 0; i < n; i++) {
+    double ref = 0;
+    for (int r = 0; r < world_; r++) ref += (float)value(2, r, i);
+    CHECK(fabs(yf[i] - ref) <= 1e-5 * world_, "all_reduce f32 [%lld]", (long long)i); /* f32 */
+  }
+  ok_or_print(ctx, dsc_comm_all_reduce(c, xi, yi, n, DSC_I32, DSC_COMM_SUM, 4), "all_reduce i32");
+  for (int64_t i = 0; i < n; i++) {
+    int32_t ref = 0;
+    for (int r = 0; r < world_; r++) ref += (int32_t)(value(3, r, i) * 1000);
+    CHECK(yi[i] == ref, "all_reduce i32 [%lld]: %d vs %d", (long long)i, yi[i], ref);
+  }
+  free(x), free(y), free(xf), free(yf), free(xi), free(yi);
+}
+
+static void test_reduce_scatter(dsc_comm *c, dsc_context *ctx) {
+  const int64_t chunk = 37, n = chunk * world_;
+  double *x = malloc(n * sizeof *x), *y = malloc(chunk * sizeof *y);
+  for (int64_t i = 0; i < n; i++) x[i] = value(5, rank_, i);
+  ok_or_print(ctx, dsc_comm_reduce_scatter(c, x, y, n, DSC_F64, DSC_COMM_SUM, 5), "reduce_scatter");
+  for (int64_t i = 0; i < chunk; i++) {
+    double ref = ref_sum(5, rank_ * chunk + i);
+    CHECK(fabs(y[i] - ref) <= 1e-13 * world_, "reduce_scatter [%lld]", (long long)i);
+  }
+  ok_or_print(ctx, dsc_comm_reduce_scatter(c, x, x, n, DSC_F64, DSC_COMM_MEAN, 6),
+              "reduce_scatter in place");
+  for (int64_t i = 0; i < chunk; i++) {
+    double ref = ref_sum(5, rank_ * chunk + i) / world_;
+    CHECK(fabs(x[i] - ref) <= 1e-13, "reduce_scatter mean in place [%lld]", (long long)i);
+  }
+  /* Bad arguments fail on the calling rank only, before MPI sees them. */
+  dsc_status st = dsc_comm_reduce_scatter(c, x, y, n + 1, DSC_F64, DSC_COMM_SUM, 7);
+  CHECK(st == DSC_ERR_USER, "indivisible reduce_scatter accepted");
+  CHECK(dsc_diag_count(ctx) == 1 && strstr(dsc_diag_get(ctx, 0)->message, "does not divide"),
+        "indivisible reduce_scatter: wrong message");
+  dsc_diag_clear(ctx);
+  free(x), free(y);
+}
+
+static void test_gather_broadcast(dsc_comm *c, dsc_context *ctx) {
+  const int64_t n = 13;
+  int64_t *x = malloc(n * sizeof *x), *y = malloc(n * world_ * sizeof *y);
+  for (int64_t i = 0; i < n; i++) x[i] = (int64_t)(value(8, rank_, i) * 1e15);
+  ok_or_print(ctx, dsc_comm_all_gather(c, x, y, n, DSC_I64, 8), "all_gather");
+  for (int r = 0; r < world_; r++)
+    for (int64_t i = 0; i < n; i++)
+      CHECK(y[r * n + i] == (int64_t)(value(8, r, i) * 1e15), "all_gather [%d][%lld]", r,
+            (long long)i);
+  double b[100];
+  int root = world_ - 1;
+  for (int i = 0; i < 100; i++) b[i] = value(9, rank_, i);
+  ok_or_print(ctx, dsc_comm_broadcast(c, b, 100, DSC_F64, root, 9), "broadcast");
+  for (int i = 0; i < 100; i++) CHECK(b[i] == value(9, root, i), "broadcast [%d]", i);
+  free(x), free(y);
+}
+
+static void test_async(dsc_comm *c, dsc_context *ctx) {
+  double a[64], ra[64], g[8], rg[8 * 64];
+  for (int i = 0; i < 64; i++) a[i] = value(10, rank_, i);
+  for (int i = 0; i < 8; i++) g[i] = value(11, rank_, i);
+  dsc_comm_request *r1, *r2, *r3;
+  ok_or_print(ctx, dsc_comm_all_reduce_start(c, a, ra, 64, DSC_F64, DSC_COMM_SUM, 10, &r1), "s1");
+  ok_or_print(ctx, dsc_comm_all_gather_start(c, g, rg, 8, DSC_F64, 10, &r2), "s2");
+  ok_or_print(ctx, dsc_comm_barrier_start(c, 10, &r3), "s3");
+  ok_or_print(ctx, dsc_comm_wait(r1), "w1");
+  ok_or_print(ctx, dsc_comm_wait(r2), "w2");
+  ok_or_print(ctx, dsc_comm_wait(r3), "w3");
+  for (int i = 0; i < 64; i++) CHECK(fabs(ra[i] - ref_sum(10, i)) <= 1e-13 * world_, "async ar");
+  for (int r = 0; r < world_; r++)
+    for (int i = 0; i < 8; i++) CHECK(rg[r * 8 + i] == value(11, r, i), "async gather");
+}
+
+int main(int argc, char **argv) {
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  dsc_comm *c = NULL;
+  if (dsc_comm_mpi_new(ctx, &c) != DSC_OK) {
+    dsc_diag_print(ctx, stderr);
+    return 1;
+  }
+  rank_ = dsc_comm_rank(c);
+  world_ = dsc_comm_world(c);
+  CHECK(strcmp(dsc_comm_backend(c), "mpi") == 0, "backend name");
+  if (argc > 1 && strcmp(argv[1], "timeout") == 0) {
+    dsc_comm_set_timeout(c, 0.5);
+    ok_or_print(ctx, dsc_comm_barrier(c, 6), "first barrier");
+    if (rank_ == 1) {
+      sleep(30); /* never joins; MPI_Abort from rank 0 must end this process */
+      return 1;
+    }
+    dsc_status st = dsc_comm_barrier(c, 7);
+    dsc_diag_print(ctx, stderr); /* "rank 0: barrier #1 (step 7) timed out after 0.5 s ..." */
+    if (st == DSC_OK) return 1;
+    dsc_comm_abort(c, "a collective timed out");
+    return 1; /* not reached */
+  }
+  test_all_reduce(c, ctx);
+  test_reduce_scatter(c, ctx);
+  test_gather_broadcast(c, ctx);
+  test_async(c, ctx);
+  ok_or_print(ctx, dsc_comm_barrier(c, 11), "barrier");
+  CHECK(!dsc_comm_broken(c), "communicator broken");
+  if (rank_ == 0) printf("comm_mpi_test: world %d: %s\n", world_, failures ? "FAILED" : "ok");
+  dsc_comm_free(c);
+  dsc_context_free(ctx);
+  return failures ? 1 : 0;
+}
