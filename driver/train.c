@@ -474,6 +474,11 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   }
   if (o->steps > 0) cfg->steps = o->steps;
   if (o->lr > 0) cfg->opt.lr = o->lr;
+  if (o->precision && dsc_precision_from_name(o->precision, &cfg->precision) != 0) {
+    ir_error(ctx, ir_no_loc, "trainer: precision '%s' is not one of f32, bf16, fp16", o->precision);
+    st = DSC_ERR_USER;
+    goto done;
+  }
   if (o->log_every > 0) cfg->log_every = o->log_every;
   if (o->save_every >= 0) cfg->save_every = o->save_every;
   if (o->eval_every >= 0) cfg->eval_every = o->eval_every;
@@ -518,8 +523,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   po.train = cfg;
   if ((st = dsc_run_pipeline(t->m, &po)) != DSC_OK) goto done;
   t->step_g = dsc_module_find_graph(t->m, "train_step");
-  bool shape_ok =
-      t->step_g && dsc_graph_input_count(t->step_g) == 3 && dsc_graph_output_count(t->step_g) == 2;
+  bool shape_ok = t->step_g && dsc_graph_input_count(t->step_g) == 3 &&
+                  dsc_graph_output_count(t->step_g) >= 2 && dsc_graph_output_count(t->step_g) <= 3;
   for (int i = 0; shape_ok && i < 2; i++) {
     dsc_type ty = dsc_node_type(dsc_graph_input_at(t->step_g, i));
     shape_ok = ty.rank == 2 && ty.dims[0] == B * K && ty.dims[1] == T;
@@ -672,13 +677,13 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   double lr = dsc_lr_at(&t->cfg, t->step);
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
-  dsc_tensor *outs[2] = {NULL, NULL};
+  dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
   st = dsc_interp_run(t->step_g, t->params, ins, 3, outs);
   if (st != DSC_OK) return st;
   p->loss = outs[0]->data[0];
   p->grad_norm = outs[1]->data[0];
-  dsc_tensor_free(t->ctx, outs[0]);
-  dsc_tensor_free(t->ctx, outs[1]);
+  p->skipped = outs[2] && outs[2]->data[0] != 0;
+  for (int i = 0; i < 3; i++) dsc_tensor_free(t->ctx, outs[i]);
   t->step++;
   p->step = t->step;
   p->steps = t->cfg.steps;
@@ -773,6 +778,7 @@ static void write_line(FILE *f, const dsc_train_progress *p) {
   json_num(f, "tokens_per_s", p->tokens_per_s, "%.1f");
   json_num(f, "ms", p->ms, "%.3f");
   if (p->has_val) json_num(f, "val_loss", p->val_loss, "%.9g");
+  if (p->skipped) fputs(",\"skipped\":true", f); /* fp16: overflow, update skipped */
   fputs("}\n", f);
   fflush(f);
 }

@@ -10,7 +10,12 @@
  *    gradient by clip / maximum(grad_norm, clip);
  * 5. the update of each param (adamw, sgd or muon) from states created
  *    here, all written back with `assign` at the end of the graph;
- * 6. outputs [loss, grad_norm]; graph "forward" is removed. */
+ * 6. outputs [loss, grad_norm]; graph "forward" is removed.
+ * With precision fp16 the forward returns loss * opt.loss_scale (precision
+ * pass): the averaged loss and gradients are divided by the scale before
+ * 4., every assign keeps the old value when a gradient is not finite (the
+ * step is skipped), the scale states are updated (DeepSpeed's dynamic loss
+ * scaler) and a third output `skipped` is added. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -210,6 +215,42 @@ static bool check_forward(ir_module *m, const ir_graph *f) {
   return ok;
 }
 
+static ir_node *where(opt_state *o, ir_node *c, ir_node *a, ir_node *b) {
+  ir_node *in[3] = {c, a, b};
+  return dsc_build(o->g, DSC_OP_WHERE, in, 3, NULL, 0);
+}
+
+/* DeepSpeed's DynamicLossScaler (scale_factor 2, consecutive_hysteresis
+ * off), with hl = opt.hysteresis_left and good = opt.good_steps:
+ *   overflow: hl <= 1 ? scale = max(scale / 2, min_loss_scale) : hl -= 1;
+ *             good = 0
+ *   else:     good += 1; good == window ? (scale *= 2, hl = hysteresis,
+ *             good = 0)
+ * Appended to the assigns (not guarded by `finite`). */
+static bool loss_scale_update(opt_state *o, ir_node *finite) {
+  const dsc_train_config *c = o->cfg;
+  ir_node *ls = dsc_param_ref(o->g, "opt.loss_scale");
+  ir_node *hl = dsc_param_ref(o->g, "opt.hysteresis_left");
+  ir_node *good = dsc_param_ref(o->g, "opt.good_steps");
+  ir_node *f1 = scalar(o, 1, DSC_F32), *f0 = scalar(o, 0, DSC_F32);
+  /* overflow */
+  ir_node *shrink = dsc_binary(o->g, DSC_OP_LESS, hl, scalar(o, 1.5, DSC_F32));
+  ir_node *halved = dsc_binary(o->g, DSC_OP_MAXIMUM, scale(o, ls, 0.5),
+                               scalar(o, c->fp16.min_loss_scale, DSC_F32));
+  ir_node *ls_over = where(o, shrink, halved, ls);
+  ir_node *hl_over = dsc_binary(o->g, DSC_OP_MAXIMUM, sub(o, hl, f1), f1);
+  /* good step */
+  ir_node *good1 = add(o, good, f1);
+  ir_node *grow = dsc_binary(o->g, DSC_OP_GREATER, good1,
+                             scalar(o, (double)c->fp16.loss_scale_window - 0.5, DSC_F32));
+  ir_node *ls_good = where(o, grow, scale(o, ls, 2), ls);
+  ir_node *hl_good = where(o, grow, scalar(o, (double)c->fp16.hysteresis, DSC_F32), hl);
+  ir_node *good_good = where(o, grow, f0, good1);
+  return add_assign(o, "opt.loss_scale", where(o, finite, ls_good, ls_over)) &&
+         add_assign(o, "opt.hysteresis_left", where(o, finite, hl_good, hl_over)) &&
+         add_assign(o, "opt.good_steps", where(o, finite, good_good, f0));
+}
+
 static dsc_status build_step(opt_state *o, ir_graph *f) {
   ir_module *m = o->m;
   ir_graph *g = o->g;
@@ -257,6 +298,23 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
     for (int j = 0; j < n_out; j++) acc[j] = scale(o, acc[j], 1.0 / (double)K);
   ir_node *loss = as_dtype(o, acc[0], DSC_F32);
 
+  /* fp16: unscale, and test the gradients for inf/nan (a sum of all
+   * gradient elements is finite iff s - s == 0; a finite sum that
+   * overflows f32 would need gradients beyond 1e38 / numel) */
+  bool fp16 = cfg->precision == DSC_PRECISION_FP16;
+  ir_node *finite = NULL;
+  if (fp16) {
+    ir_node *ls = dsc_param_ref(g, "opt.loss_scale");
+    loss = divide(o, loss, ls);
+    ir_node *s = scalar(o, 0, DSC_F32);
+    for (int j = 1; j < n_out; j++) {
+      acc[j] = divide(o, acc[j], as_dtype(o, ls, acc[j]->type.dtype));
+      s = add(o, s, as_dtype(o, sum_all(o, acc[j]), DSC_F32));
+    }
+    finite = dsc_binary(g, DSC_OP_EQUAL, sub(o, s, s), scalar(o, 0, DSC_F32));
+    if (!finite) return DSC_ERR_USER;
+  }
+
   /* 4. global norm and clipping */
   ir_node *sumsq = NULL;
   for (int j = 1; j < n_out; j++) {
@@ -299,13 +357,25 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
     if (!add_assign(o, pname, np)) return DSC_ERR_USER;
   }
 
+  /* fp16: a skipped step writes back the old values; then the scale */
+  ir_node *skipped = NULL;
+  if (fp16) {
+    for (int i = 0; i < o->n_assigns; i++) {
+      ir_node *in[3] = {finite, o->assigns[i].value, dsc_param_ref(g, o->assigns[i].name)};
+      if (!(o->assigns[i].value = dsc_build(g, DSC_OP_WHERE, in, 3, NULL, 0))) return DSC_ERR_USER;
+    }
+    if (!loss_scale_update(o, finite)) return DSC_ERR_USER;
+    skipped = sub(o, scalar(o, 1, DSC_F32), dsc_cast(g, finite, DSC_F32));
+    if (!skipped) return DSC_ERR_USER;
+  }
+
   /* 6. assigns last, so that the graph reads: compute, then commit */
   for (int i = 0; i < o->n_assigns; i++) {
     dsc_attr a = dsc_attr_str("name", o->assigns[i].name);
     if (!dsc_build(g, DSC_OP_ASSIGN, &o->assigns[i].value, 1, &a, 1)) return DSC_ERR_USER;
   }
-  ir_node *res[2] = {loss, grad_norm};
-  return dsc_graph_set_outputs(g, res, 2);
+  ir_node *res[3] = {loss, grad_norm, skipped};
+  return dsc_graph_set_outputs(g, res, fp16 ? 3 : 2);
 }
 
 dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
@@ -335,6 +405,22 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
   if (dsc_module_find_param(m, "opt.step") < 0) {
     dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
     dsc_status st = dsc_module_add_state(m, "opt.step", dsc_type_make(DSC_F32, 0, NULL), zeros);
+    if (st != DSC_OK) return st;
+  }
+  if (cfg->precision == DSC_PRECISION_FP16) {
+    if (!pass_precision_check_fp16(m, cfg)) return DSC_ERR_USER;
+    int ls = dsc_module_find_param(m, "opt.loss_scale");
+    if (ls < 0 || !m->params[ls].state) {
+      ir_error(m->ctx, ir_no_loc,
+               "optimizer: precision fp16 needs the state 'opt.loss_scale' that the precision "
+               "pass creates (run it first)");
+      return DSC_ERR_USER;
+    }
+    dsc_type t0 = dsc_type_make(DSC_F32, 0, NULL);
+    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
+    dsc_init hyst = {DSC_INIT_CONST, (double)cfg->fp16.hysteresis, 0};
+    dsc_status st = dsc_module_add_state(m, "opt.good_steps", t0, zeros);
+    if (st == DSC_OK) st = dsc_module_add_state(m, "opt.hysteresis_left", t0, hyst);
     if (st != DSC_OK) return st;
   }
   opt_state o;

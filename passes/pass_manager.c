@@ -1,10 +1,14 @@
 /* The pass manager: the default training pipeline as a table. Each row is
- * {name, description, run}; later passes (precision, remat, zero, ...) are
+ * {name, description, run}; later passes (remat, zero, ...) are
  * new rows. After each pass the module is verified (always in builds
  * without NDEBUG, else on request), so a pass that breaks the IR is named. */
 #include <string.h>
 
 #include "passes/passes.h"
+
+static dsc_status run_precision(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_precision_run(m, opts->train);
+}
 
 static dsc_status run_autodiff(ir_module *m, const dsc_pipeline_options *opts) {
   (void)opts;
@@ -24,6 +28,10 @@ static const struct {
   const char *name, *description;
   pass_run_fn run;
 } passes[] = {
+    {"precision",
+     "mixed precision: graph 'forward' computes in bf16/fp16 with f32 master weights (fp16: "
+     "loss scaling); nothing with precision f32",
+     run_precision},
     {"autodiff", "append the backward pass to graph 'forward' (outputs: loss, gradients)",
      run_autodiff},
     {"optimizer",
@@ -65,6 +73,11 @@ dsc_status dsc_run_pipeline(dsc_module *m, const dsc_pipeline_options *opts) {
 #else
   bool verify = true;
 #endif
+  /* Check the input first, so that a broken input is not blamed on a pass. */
+  if (verify && dsc_module_verify(m) != DSC_OK) {
+    ir_error(m->ctx, ir_no_loc, "the IR given to the pass pipeline is invalid");
+    return DSC_ERR_USER;
+  }
   for (int i = 0; i <= last; i++) {
     dsc_status st = passes[i].run(m, opts);
     if (st != DSC_OK) return st;

@@ -46,6 +46,17 @@ bool pass_remove_graph(ir_module *m, const char *name);
  * states already created stay (callers discard the module). */
 dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg);
 
+/* ======================= passes/precision.c =======================
+ * Mixed precision (cfg->precision): rebuilds graph "forward" (one output,
+ * before autodiff) so that it computes in bf16 or f16 with the params kept
+ * in f32; norms, softmax, losses and sum/mean stay in f32; the outputs keep
+ * their types. fp16 also creates state opt.loss_scale and scales the loss
+ * by it. f32 (or cfg NULL): nothing changes. On error "forward" is
+ * unchanged. */
+dsc_status pass_precision_run(ir_module *m, const dsc_train_config *cfg);
+/* Checks cfg->fp16's loss-scaling settings (a diagnostic when invalid). */
+bool pass_precision_check_fp16(ir_module *m, const dsc_train_config *cfg);
+
 /* ======================= passes/pass_manager.c =======================
  * The default pipeline is a table of rows {name, description, run}; a new
  * pass is one row. dsc_run_pipeline (include/dsc/train.h) runs them in

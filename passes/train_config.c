@@ -265,9 +265,9 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
   return true;
 }
 
-/* Keys other passes read (precision, zero, offload, remat): accepted here. */
+/* Keys other passes read (zero, offload, remat): accepted here. */
 static bool handled_elsewhere(const char *key) {
-  static const char *const keys[] = {"train.precision", "train.checkpoint_activations"};
+  static const char *const keys[] = {"train.checkpoint_activations"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (strcmp(key, keys[i]) == 0) return true;
   return strncmp(key, "train.zero.", 11) == 0 || strncmp(key, "train.offload.", 14) == 0;
@@ -286,6 +286,39 @@ static void set_defaults(dsc_train_config *cfg) {
   cfg->opt.eps = 1e-8;
   cfg->opt.momentum = 0.9;
   cfg->sched.kind = DSC_SCHED_CONSTANT;
+  cfg->precision = DSC_PRECISION_F32;
+  cfg->fp16.initial_scale_power = 16; /* DeepSpeed's defaults */
+  cfg->fp16.loss_scale_window = 1000;
+  cfg->fp16.hysteresis = 2;
+  cfg->fp16.min_loss_scale = 1;
+}
+
+const char *dsc_precision_name(dsc_precision p) {
+  switch (p) {
+    case DSC_PRECISION_F32:
+      return "f32";
+    case DSC_PRECISION_BF16:
+      return "bf16";
+    case DSC_PRECISION_FP16:
+      return "fp16";
+  }
+  return NULL;
+}
+
+int dsc_precision_from_name(const char *name, dsc_precision *out) {
+  static const struct {
+    const char *name;
+    dsc_precision p;
+  } names[] = {{"f32", DSC_PRECISION_F32},
+               {"bf16", DSC_PRECISION_BF16},
+               {"fp16", DSC_PRECISION_FP16},
+               {"f16", DSC_PRECISION_FP16}};
+  for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(name, names[i].name) == 0) {
+      *out = names[i].p;
+      return 0;
+    }
+  return -1;
 }
 
 dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *cfg) {
@@ -333,6 +366,9 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
       r = set_optimizer(ctx, raw, v, cfg);
     } else if (strcmp(k, "schedule") == 0) {
       r = set_schedule(ctx, raw, v, cfg);
+    } else if (strcmp(k, "precision") == 0) {
+      r = v->kind == TV_NAME && dsc_precision_from_name(v->name, &cfg->precision) == 0;
+      if (!r) bad(ctx, key, raw, "one of f32, bf16, fp16");
     } else {
       ir_error(ctx, ir_no_loc, "unknown train setting '%s'", key);
       r = false;

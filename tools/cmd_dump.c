@@ -6,6 +6,7 @@
 static const char dump_help[] =
     "usage: dsc dump FILE [--dot] [-o OUT] [--batch B] [--seq T] [--dim NAME=V]\n"
     "                [--after PASS | --print-after-all] [--grad-accum K] [--verify]\n"
+    "                [--precision f32|bf16|fp16]\n"
     "       dsc dump --list-passes\n"
     "\n"
     "Prints the IR of FILE: a model file (.dsm) is compiled first; a text IR file\n"
@@ -16,13 +17,15 @@ static const char dump_help[] =
     "--after PASS runs the training pipeline up to PASS and prints the IR then\n"
     "(--after optimizer: the whole training step); --print-after-all prints it\n"
     "after every pass. The train settings come from the model's train section;\n"
-    "--grad-accum overrides its grad_accum. --verify checks the IR after each\n"
-    "pass. --list-passes lists the passes in pipeline order.\n";
+    "--grad-accum overrides its grad_accum, --precision its precision (mixed\n"
+    "precision: bf16 or fp16 compute with f32 master weights). --verify checks the\n"
+    "IR after each pass. --list-passes lists the passes in pipeline order.\n";
 
 /* Runs the pipeline as the flags ask; the train settings come from the
  * model's train section, with --batch/--seq/--grad-accum on top. */
 static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_accum,
-                             const char *after, bool print_all, bool verify, FILE *out) {
+                             const char *precision, const char *after, bool print_all, bool verify,
+                             FILE *out) {
   dsc_train_config cfg;
   dsc_status st = dsc_train_config_from_module(m, &cfg);
   if (st != DSC_OK) return st;
@@ -31,13 +34,15 @@ static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_a
     if (strcmp(dims->names[k], "T") == 0) cfg.seq = dims->dims[k].value;
   }
   if (grad_accum > 0) cfg.grad_accum = grad_accum;
+  if (precision) dsc_precision_from_name(precision, &cfg.precision); /* checked by the caller */
   dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
   return dsc_run_pipeline(m, &po);
 }
 
 int cli_dump(int argc, char **argv) {
   const char *path = NULL, *out_path = NULL;
-  const char *after = NULL;
+  const char *after = NULL, *precision = NULL;
+  dsc_precision prec;
   bool dot = false, print_all = false, verify = false;
   int64_t grad_accum = 0;
   cli_dims dims = {0};
@@ -69,6 +74,12 @@ int cli_dump(int argc, char **argv) {
                                i + 1 < argc ? argv[i + 1] : ""),
                CLI_EXIT_USER;
       i++;
+    } else if (strcmp(argv[i], "--precision") == 0) {
+      if (i + 1 >= argc || dsc_precision_from_name(argv[i + 1], &prec) != 0)
+        return cli_usage_error("dump", "--precision: '%s' is not one of f32, bf16, fp16",
+                               i + 1 < argc ? argv[i + 1] : ""),
+               CLI_EXIT_USER;
+      precision = argv[++i];
     } else if (strcmp(argv[i], "-o") == 0) {
       if (i + 1 >= argc) return cli_usage_error("dump", "-o needs a file"), CLI_EXIT_USER;
       out_path = argv[++i];
@@ -97,7 +108,7 @@ int cli_dump(int argc, char **argv) {
       st = DSC_ERR_USER;
     } else {
       if (after || print_all || verify)
-        st = run_passes(m, &dims, grad_accum, after, print_all, verify, out);
+        st = run_passes(m, &dims, grad_accum, precision, after, print_all, verify, out);
       if (st == DSC_OK && !print_all)
         st = dot ? dsc_module_print_dot(m, out) : dsc_module_print(m, out);
       if (fflush(out) != 0 || ferror(out)) {

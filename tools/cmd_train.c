@@ -15,8 +15,8 @@ static const char train_help[] =
     "       dsc train --resume DIR [MODEL.dsm] [options]\n"
     "\n"
     "Trains a token model (forward(tokens, targets) -> loss) with the reference\n"
-    "interpreter: compiles MODEL.dsm, runs the training pipeline (autodiff,\n"
-    "optimizer) and steps through PREFIX_train.bin (written by 'dsc data').\n"
+    "interpreter: compiles MODEL.dsm, runs the training pipeline (precision,\n"
+    "autodiff, optimizer) and steps through PREFIX_train.bin (written by 'dsc data').\n"
     "The flags override the model's train section:\n"
     "  --data PREFIX     token shards PREFIX_train.bin and, if present, PREFIX_val.bin\n"
     "  --steps N         optimizer steps of the whole run, counted from step 0\n"
@@ -25,6 +25,8 @@ static const char train_help[] =
     "  --seq T           sequence length (binds the dim T)\n"
     "  --grad-accum K    micro-batches per optimizer step\n"
     "  --lr X            peak learning rate\n"
+    "  --precision P     f32, bf16 or fp16: mixed precision with f32 master weights\n"
+    "                    (fp16 with dynamic loss scaling; docs/training.md)\n"
     "  --seed S          seed of the parameter init and the data order\n"
     "  --out DIR         checkpoints DIR/step-NNNNNN (newest: DIR/latest) and\n"
     "                    DIR/metrics.jsonl (the run's JSON lines)\n"
@@ -83,6 +85,7 @@ static bool on_step(void *ud, const dsc_train_progress *p) {
          " | ETA %s",
          p->step, p->steps, p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->ms, eta);
   if (p->has_val) printf(" | val %.4f", p->val_loss);
+  if (p->skipped) printf(" | overflow: step skipped");
   if (p->saved) printf(" | saved");
   putchar('\n');
   fflush(stdout);
@@ -162,6 +165,13 @@ int cli_train(int argc, char **argv) {
       if (!*s || *end || errno || !(o.lr > 0) || !isfinite(o.lr))
         return cli_usage_error("train", "--lr needs a positive number"), CLI_EXIT_USER;
       i++;
+    } else if (strcmp(a, "--precision") == 0) {
+      dsc_precision prec;
+      ok = want_str(argc, argv, &i, &o.precision);
+      if (ok && dsc_precision_from_name(o.precision, &prec) != 0)
+        return cli_usage_error("train", "--precision: '%s' is not one of f32, bf16, fp16",
+                               o.precision),
+               CLI_EXIT_USER;
     } else if (strcmp(a, "--quiet") == 0) {
       quiet = true;
     } else if (a[0] == '-' && a[1]) {

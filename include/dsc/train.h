@@ -1,8 +1,8 @@
 /* dsc public API: training settings and the pass pipeline that turns a
  * forward graph into one training-step graph.
  *
- * After dsc_run_pipeline with the default pipeline (autodiff, optimizer) the
- * module holds one graph "train_step":
+ * After dsc_run_pipeline with the default pipeline (precision, autodiff,
+ * optimizer) the module holds one graph "train_step":
  *   inputs  the forward graph's inputs, each with its leading (batch) dim
  *           multiplied by grad_accum (micro-batch k is rows [k*B, (k+1)*B)),
  *           then `lr: f32[]`, the learning rate of this step (the host
@@ -13,7 +13,16 @@
  *           plus "opt.step" (f32[], steps taken); `assign` nodes write the
  *           new params and states, committed by the interpreter when the
  *           step has run.
- * The forward graph itself is removed (it is inlined into the step). */
+ * The forward graph itself is removed (it is inlined into the step).
+ *
+ * Mixed precision (cfg->precision, pass "precision", docs/training.md): with
+ * bf16 or fp16 the params stay f32 (master weights) and the forward computes
+ * in the low dtype (norms, softmax, losses and sum/mean in f32); the step's
+ * inputs and outputs keep their types. fp16 adds dynamic loss scaling with
+ * the states opt.loss_scale, opt.good_steps, opt.hysteresis_left and a third
+ * output `skipped: f32[]` (1 when the step overflowed and was skipped: no
+ * param or optimizer state changed, opt.step did not advance). f32 and bf16
+ * steps have exactly the two outputs above. */
 #ifndef DSC_TRAIN_H
 #define DSC_TRAIN_H
 
@@ -30,6 +39,11 @@ typedef enum {
   DSC_SCHED_COSINE,   /* warmup, then cosine from lr to min_lr at decay_steps */
   DSC_SCHED_LINEAR,   /* warmup, then linear from lr to min_lr at decay_steps */
 } dsc_schedule_kind;
+typedef enum {
+  DSC_PRECISION_F32,  /* everything in f32 (the pass does nothing) */
+  DSC_PRECISION_BF16, /* bf16 compute, f32 master weights */
+  DSC_PRECISION_FP16, /* f16 compute, f32 master weights, dynamic loss scaling */
+} dsc_precision;
 
 typedef struct {
   int64_t batch, seq;   /* micro-batch size B and sequence length T */
@@ -56,11 +70,23 @@ typedef struct {
     double min_lr;
     int64_t decay_steps; /* 0: the run's steps */
   } sched;
+  dsc_precision precision; /* train.precision: f32 (default), bf16, fp16 */
+  /* fp16 dynamic loss scaling (DeepSpeed's "fp16" settings) */
+  struct {
+    int64_t initial_scale_power; /* the scale starts at 2^this (16) */
+    int64_t loss_scale_window;   /* good steps in a row before the scale doubles (1000) */
+    int64_t hysteresis;          /* overflows tolerated before the scale halves (2) */
+    double min_loss_scale;       /* the scale never goes below this (1) */
+  } fp16;
 } dsc_train_config;
 
 /* Defaults (documented in docs/training.md), then the module's train.*
  * metadata. Unknown or malformed settings are diagnostics. */
 dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *cfg);
+/* "f32", "bf16", "fp16"; NULL for a value out of range. */
+const char *dsc_precision_name(dsc_precision p);
+/* Returns 0 and sets *out when name is one of those (or "f16"). */
+int dsc_precision_from_name(const char *name, dsc_precision *out);
 /* The learning rate of optimizer step `step` (0-based). */
 double dsc_lr_at(const dsc_train_config *cfg, int64_t step);
 

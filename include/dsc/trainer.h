@@ -43,6 +43,7 @@ typedef struct {
   int64_t eval_batches; /* validation batches per evaluation; 0: 8 */
   int64_t stop_at;      /* > 0: checkpoint and stop once this many steps are done */
   int keep_last;        /* checkpoints kept (dsc_checkpoint_save); 0: all */
+  const char *precision; /* "f32", "bf16", "fp16" (train.precision); NULL keeps */
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;
@@ -68,6 +69,7 @@ typedef struct {
   bool has_val;
   double val_loss;
   bool saved; /* a checkpoint of this step was written */
+  bool skipped; /* precision fp16: the step overflowed and changed nothing */
 } dsc_train_progress;
 
 typedef struct {

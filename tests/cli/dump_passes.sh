@@ -30,9 +30,10 @@ expect_exit 0 "$DSC" dump "$MLP" --after autodiff --verify && {
 
 # --print-after-all: one section per pass, in order
 expect_exit 0 "$DSC" dump "$MLP" --print-after-all && {
+  expect_grep '^// ---- IR after precision ----$' "$TMP/out"
   expect_grep '^// ---- IR after autodiff ----$' "$TMP/out"
   expect_grep '^// ---- IR after optimizer ----$' "$TMP/out"
-  [ "$(grep -c '^// ---- IR after' "$TMP/out")" -eq 2 ] && pass || fail "expected 2 sections"
+  [ "$(grep -c '^// ---- IR after' "$TMP/out")" -eq 3 ] && pass || fail "expected 3 sections"
 }
 
 # sgd from mlp.dsm's train section, --batch and --grad-accum overrides
@@ -42,8 +43,21 @@ expect_exit 0 "$DSC" dump "$MLP" --after optimizer --batch 4 --grad-accum 3 && {
   expect_grep '^state opt\.momentum\.w1: f32\[32,64\] = zeros$' "$TMP/out"
 }
 
+# --precision: bf16 computes in bf16 with f32 params; fp16 adds the loss scale and `skipped`
+expect_exit 0 "$DSC" dump "$MLP" --after optimizer --precision bf16 --verify && {
+  expect_grep '= cast\(%[0-9]+\) \{dtype = bf16\} : bf16\[' "$TMP/out"
+  expect_grep '^param w1: f32\[32,64\]' "$TMP/out"
+  expect_grep '^  return %[0-9]+, %[0-9]+$' "$TMP/out"
+}
+expect_exit 0 "$DSC" dump "$MLP" --after optimizer --precision fp16 && {
+  expect_grep '^state opt\.loss_scale: f32\[\] = const\(65536' "$TMP/out"
+  expect_grep '^state opt\.hysteresis_left: f32\[\]' "$TMP/out"
+  expect_grep '^  return %[0-9]+, %[0-9]+, %[0-9]+$' "$TMP/out"
+}
+expect_exit 1 "$DSC" dump "$MLP" --after optimizer --precision f8 && expect_grep "not one of f32, bf16, fp16" "$TMP/err"
+
 # errors
-expect_exit 1 "$DSC" dump "$MLP" --after nope && expect_grep "unknown pass 'nope' \(the passes are: autodiff, optimizer" "$TMP/err"
+expect_exit 1 "$DSC" dump "$MLP" --after nope && expect_grep "unknown pass 'nope' \(the passes are: precision, autodiff, optimizer" "$TMP/err"
 expect_exit 1 "$DSC" dump "$MLP" --after && expect_grep 'after needs a pass name' "$TMP/err"
 expect_exit 1 "$DSC" dump "$MLP" --after optimizer --grad-accum 0 && expect_grep 'not a positive integer' "$TMP/err"
 expect_exit 1 "$DSC" dump "$MLP" --after optimizer --print-after-all && expect_grep 'exclude each other' "$TMP/err"
