@@ -459,6 +459,17 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   }
   t->info.model_name = dsc_module_name(t->m);
 
+  /* Positions beyond the position table would fail at the first step. */
+  int64_t context = dsc_model_context(fg);
+  if (context > 0 && T > context) {
+    ir_error(ctx, rt_loc(model_path),
+             "sequence length %" PRId64 " is longer than the model's context of %" PRId64
+             " positions (its position table); use --seq %" PRId64 " or less",
+             T, context, context);
+    st = DSC_ERR_USER;
+    goto done;
+  }
+
   /* Settings: the train section, then the overrides. */
   if ((st = dsc_train_config_from_module(t->m, &t->cfg)) != DSC_OK) goto done;
   dsc_train_config *cfg = &t->cfg;
@@ -479,6 +490,31 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     st = DSC_ERR_USER;
     goto done;
   }
+  /* A resumed run keeps its precision (its optimizer states depend on it)
+   * and, unless told otherwise, its checkpoint and evaluation cadence. */
+  const char *ck_prec = ck ? ck_extra(ck, "precision") : NULL;
+  if (ck_prec) {
+    dsc_precision p;
+    if (dsc_precision_from_name(ck_prec, &p) != 0) {
+      ir_error(ctx, rt_loc(ck->dir), "malformed checkpoint state: \"precision\" is '%s'", ck_prec);
+      st = DSC_ERR_USER;
+      goto done;
+    }
+    if (o->precision && p != cfg->precision) {
+      ir_error(ctx, rt_loc(ck->dir),
+               "the checkpoint was trained with precision %s, not %s (a resumed run keeps its "
+               "precision)",
+               ck_prec, o->precision);
+      st = DSC_ERR_USER;
+      goto done;
+    }
+    cfg->precision = p;
+  }
+  int64_t ck_every = 0;
+  if (ck && parse_i64(ck_extra(ck, "save_every"), &ck_every) && ck_every >= 0)
+    cfg->save_every = ck_every;
+  if (ck && parse_i64(ck_extra(ck, "eval_every"), &ck_every) && ck_every >= 0)
+    cfg->eval_every = ck_every;
   if (o->log_every > 0) cfg->log_every = o->log_every;
   if (o->save_every >= 0) cfg->save_every = o->save_every;
   if (o->eval_every >= 0) cfg->eval_every = o->eval_every;
@@ -508,6 +544,14 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   }
   struct stat sb;
   bool has_val = stat(val_path, &sb) == 0;
+  /* A validation shard shorter than one window cannot be evaluated: say so
+   * and train without it rather than refusing the whole run. */
+  if (has_val && sb.st_size >= 0 &&
+      (sb.st_size - (off_t)(DSC_SHARD_HEADER_INTS * 4)) / 2 < T + 1) {
+    ir_diag(ctx, DSC_DIAG_WARNING, rt_loc(val_path),
+            "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation", T + 1);
+    has_val = false;
+  }
   t->info.data_train = train_path;
   t->info.data_val = has_val ? val_path : NULL;
 
@@ -575,6 +619,15 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     restore_set(ck->model, t->model_t, t->model_names, t->n_model);
     restore_set(ck->optimizer, t->opt_t, t->opt_names, t->n_opt);
     t->step = t->info.start_step = ck->state.step;
+    int64_t end = o->stop_at > 0 && o->stop_at < cfg->steps ? o->stop_at : cfg->steps;
+    if (t->step >= end) {
+      ir_error(ctx, rt_loc(ck->dir),
+               "the checkpoint is already at step %" PRId64 "; give --steps (or --stop-at) "
+               "above it to train further",
+               t->step);
+      st = DSC_ERR_USER;
+      goto done;
+    }
     memcpy(t->rng.s, ck->state.rng, sizeof t->rng.s);
   } else {
     ir_rng_seed(&t->rng, cfg->seed);
@@ -626,6 +679,22 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     }
     out = ir_arena_strdup(a, p);
     ir_free(ctx, p, strlen(p) + 1);
+  }
+  if (out && !ck) {
+    /* A fresh run must not mix with (and prune) another run's checkpoints. */
+    char *latest = ir_arena_printf(a, "%s/latest", out);
+    if (!latest) {
+      st = oom(ctx);
+      goto done;
+    }
+    if (lstat(latest, &sb) == 0) {
+      ir_error(ctx, rt_loc(out),
+               "already holds checkpoints (%s): continue with --resume %s, or choose another "
+               "--out",
+               latest, out);
+      st = DSC_ERR_USER;
+      goto done;
+    }
   }
   if (out) {
     t->out_dir = ir_arena_strdup(a, out);
@@ -733,7 +802,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;
   }
-  char num[7][32];
+  char num[9][32];
   snprintf(num[0], sizeof num[0], "%" PRId64, t->B);
   snprintf(num[1], sizeof num[1], "%" PRId64, t->T);
   snprintf(num[2], sizeof num[2], "%" PRId64, t->K);
@@ -741,6 +810,8 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   snprintf(num[4], sizeof num[4], "%" PRIu64, t->seed);
   snprintf(num[5], sizeof num[5], "%" PRId64, t->cfg.steps);
   snprintf(num[6], sizeof num[6], "%.17g", t->cfg.opt.lr);
+  snprintf(num[7], sizeof num[7], "%" PRId64, t->cfg.save_every);
+  snprintf(num[8], sizeof num[8], "%" PRId64, t->cfg.eval_every);
   const dsc_kv extra[] = {
       {"model", t->info.model_path},
       {"model_name", t->info.model_name},
@@ -752,6 +823,9 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"seed", num[4]},
       {"steps", num[5]},
       {"lr", num[6]},
+      {"precision", dsc_precision_name(t->cfg.precision)},
+      {"save_every", num[7]},
+      {"eval_every", num[8]},
   };
   dsc_checkpoint_state s;
   memset(&s, 0, sizeof s);

@@ -189,6 +189,9 @@ int cli_train(int argc, char **argv) {
     return cli_usage_error("train", "missing --data PREFIX (token shards from 'dsc data')"),
            CLI_EXIT_USER;
 
+  if (!o.resume && !o.out_dir)
+    fputs("dsc train: note: no --out, so no checkpoint will be saved\n", stderr);
+
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   dsc_trainer *t = NULL;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dsc/dsc.h"
 #include "tools/cli.h"
@@ -47,6 +48,13 @@ char *cli_read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) {
     fprintf(stderr, "%s: error: cannot open: %s\n", path, strerror(errno));
+    return NULL;
+  }
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    fprintf(stderr, "%s: error: not a regular file%s\n", path,
+            S_ISDIR(sb.st_mode) ? " (a directory)" : "");
+    fclose(f);
     return NULL;
   }
   size_t cap = 1 << 16, n = 0;

@@ -41,4 +41,6 @@ printf 'abc' >"$TMP/short.txt"
 expect_exit 1 "$DSC" data "$TMP/short.txt" -o "$TMP/s" && expect_grep 'short.txt: error: too short to split' "$TMP/err"
 [ ! -e "$TMP/s_train.bin" ] && pass || fail "a failed split left a shard behind"
 expect_exit 1 "$DSC" data "$TMP/text.txt" -o "$TMP/no/such/dir/p" && expect_grep 'p_train.bin: error: cannot create a temporary file' "$TMP/err"
+# a directory is not a text file
+expect_exit 1 "$DSC" data "$TMP" -o "$TMP/dir" && expect_grep 'not a regular file \(a directory\)' "$TMP/err"
 finish

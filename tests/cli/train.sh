@@ -75,4 +75,11 @@ PY
 cp "$TMP/c_train.bin" "$TMP/noval_train.bin"
 expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/noval" "${SMALL[@]}" --steps 2 --eval-every 1 --log "$TMP/noval.jsonl"
 [ "$(wc -l <"$TMP/noval.jsonl")" -eq 2 ] && ! grep -q val_loss "$TMP/noval.jsonl" && pass || fail "run without val shard"
+# a validation shard shorter than one window: a warning, and training goes on
+head -c 400 "$SRC/examples/gpt-tiny.dsm" >"$TMP/short.txt"
+expect_exit 0 "$DSC" data "$TMP/short.txt" -o "$TMP/short"
+expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/short" --batch 2 --seq 48 --steps 2 --quiet &&
+  expect_grep 'short_val.bin: warning: holds fewer than seq \+ 1 = 49 tokens; training without validation' "$TMP/err"
+# no --out: said at the start
+expect_grep 'no --out, so no checkpoint will be saved' "$TMP/err"
 finish

@@ -22,8 +22,10 @@ cut_log() { sed -E 's/,"tokens_per_s".*//' "$1"; }
 # resuming from a step directory into a new --out gives the same again
 expect_exit 0 "$DSC" train --resume "$TMP/b/step-00000$N" --steps $((2 * N)) --out "$TMP/c2" --quiet
 cmp "$TMP/a/latest/model.safetensors" "$TMP/c2/latest/model.safetensors" && pass || fail "resume into --out differs"
-# a checkpoint at the end of the run: nothing left to do, nothing changes
-expect_exit 0 "$DSC" train --resume "$TMP/a" --steps $((2 * N)) --quiet
+# a checkpoint at the end of the run: nothing left to do is an error that
+# says so, and nothing changes
+expect_exit 1 "$DSC" train --resume "$TMP/a" --steps $((2 * N)) --quiet &&
+  expect_grep "already at step $((2 * N)); give --steps" "$TMP/err"
 cmp "$TMP/a/latest/model.safetensors" "$TMP/b/latest/model.safetensors" && pass || fail "a finished run changed"
 
 # 2. mismatches: another batch, another model
@@ -59,4 +61,24 @@ done_steps=$(wc -l <"$TMP/s.jsonl")
 [ "$(readlink "$TMP/s/latest")" = "$(printf 'step-%06d' "$done_steps")" ] && pass || fail "SIGINT: latest -> $(readlink "$TMP/s/latest"), $done_steps steps logged"
 expect_exit 0 "$DSC" train --resume "$TMP/s" --steps $((done_steps + 1)) --quiet
 [ "$(readlink "$TMP/s/latest")" = "$(printf 'step-%06d' $((done_steps + 1)))" ] && pass || fail "resume after SIGINT"
+# 4. a fresh run never mixes with another run's checkpoints
+expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --steps 2 --out "$TMP/a" &&
+  expect_grep 'already holds checkpoints .* --resume' "$TMP/err"
+cmp "$TMP/a/latest/model.safetensors" "$TMP/b/latest/model.safetensors" && pass || fail "a refused run changed $TMP/a"
+
+# 5. the precision is part of the checkpoint: a bf16 run resumes in bf16,
+# exactly, and refuses another precision
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --precision bf16 --steps 4 --out "$TMP/p1"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --precision bf16 --steps 4 --stop-at 2 --out "$TMP/p2"
+expect_exit 1 "$DSC" train --resume "$TMP/p2" --precision f32 --quiet &&
+  expect_grep 'trained with precision bf16, not f32' "$TMP/err"
+expect_exit 0 "$DSC" train --resume "$TMP/p2" --quiet
+for f in model optimizer; do
+  cmp "$TMP/p1/latest/$f.safetensors" "$TMP/p2/latest/$f.safetensors" && pass || fail "bf16 resume: $f differs"
+done
+
+# 6. a sequence longer than the model's context is refused before anything runs
+expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/c" --batch 2 --seq 65 --steps 1 --out "$TMP/long" &&
+  expect_grep "sequence length 65 is longer than the model's context of 64" "$TMP/err"
+[ ! -e "$TMP/long" ] && pass || fail "a refused run created its --out"
 finish
