@@ -93,7 +93,7 @@ static double round_int(double x, int bits) {
   double r = fmod(trunc(x), m); /* exact */
   if (r >= h) r -= m;
   if (r < -h) r += m;
-  return r;
+  return r + 0.0; /* no -0 for integers */
 }
 
 float ir_bf16_round(float x) { return (float)round_bf16(x); }

@@ -217,6 +217,15 @@ ir_node *ir_node_new_raw(ir_graph *g, dsc_op op, dsc_type type, ir_node *const *
 }
 
 dsc_node *dsc_graph_input(dsc_graph *g, const char *name, dsc_type type) {
+  /* %0, %1, ... name the other values in the text form */
+  size_t digits = strspn(name, "0123456789");
+  if (!*name || digits == strlen(name)) {
+    ir_error(g->module->ctx, g->cur_loc,
+             "graph input name '%s' must not be empty or a number (numbers name the graph's "
+             "other values)",
+             name);
+    return NULL;
+  }
   for (int i = 0; i < g->n_inputs; i++)
     if (strcmp(g->inputs[i]->name, name) == 0) {
       ir_error(g->module->ctx, g->cur_loc, "graph '%s' has two inputs named '%s'", g->name, name);

@@ -943,6 +943,10 @@ static bool parse_signature(parser *p, ir_graph *g) {
       error_at(p, vt.line, vt.col, "redefinition of value %s", desc);
       return false;
     }
+    if (len == 0 || strspn(key, "0123456789") >= len) { /* %0, %1: the other values */
+      error_at(p, vt.line, vt.col, "graph input %s must be named, not numbered", desc);
+      return false;
+    }
     next(p);
     dsc_type type;
     if (!expect(p, T_COLON, "':'") || !parse_type(p, &type)) return false;

@@ -4,6 +4,7 @@
  * that build nodes with ir_node_new_raw): pointers are checked before use
  * and a node's shape rule only runs once its inputs and attributes are
  * known to be well formed, so that one mistake gives one diagnostic. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -228,6 +229,31 @@ static void check_node(verifier *v, const ir_graph *g, const ir_node *n, int pos
   }
 }
 
+/* The initializer rules the frontend applies, for modules from anywhere. */
+static const char *init_problem(const ir_param *p) {
+  dsc_init in = p->init;
+  bool is_float = dsc_dtype_is_float(p->type.dtype);
+  switch (in.kind) {
+    case DSC_INIT_NORMAL:
+      if (!is_float) return "normal() initializes only float tensors";
+      if (!isfinite(in.a) || !isfinite(in.b) || in.a < 0)
+        return "normal(std, mean) needs a finite std >= 0 and a finite mean";
+      return NULL;
+    case DSC_INIT_UNIFORM:
+      if (!is_float) return "uniform() initializes only float tensors";
+      if (!isfinite(in.a) || !isfinite(in.b) || !(in.a < in.b))
+        return "uniform(lo, hi) needs finite bounds with lo < hi";
+      return NULL;
+    case DSC_INIT_CONST:
+      if (!isfinite(in.a)) return "const(v) needs a finite value";
+      if (!is_float && in.a != trunc(in.a)) return "const(v) of an integer tensor needs an integer";
+      if (p->type.dtype == DSC_BOOL && in.a != 0 && in.a != 1) return "const(v) of bool is 0 or 1";
+      return NULL;
+    default:
+      return NULL;
+  }
+}
+
 static void check_graph(verifier *v, const ir_graph *g) {
   const char *gname = g->name ? g->name : "?";
   if (g->module != v->m) module_error(v, "graph '%s' records another module", gname);
@@ -255,6 +281,16 @@ static void check_graph(verifier *v, const ir_graph *g) {
       continue;
     }
     check_node(v, g, n, i, num);
+    /* Two assigns to one param or state in a step would race on a backend. */
+    if (n->op == DSC_OP_ASSIGN && n->n_attrs == 1 && n->attrs[0].kind == DSC_ATTR_STR)
+      for (int j = 0; j < i; j++) {
+        const ir_node *o = g->nodes[j];
+        if (o && o->op == DSC_OP_ASSIGN && o->n_attrs == 1 && o->attrs[0].kind == DSC_ATTR_STR &&
+            strcmp(o->attrs[0].u.s, n->attrs[0].u.s) == 0) {
+          node_error(v, g, n, num, "'%s' is assigned twice in one graph", n->attrs[0].u.s);
+          break;
+        }
+      }
     if (n->op != DSC_OP_INPUT) num++;
   }
   if (g->n_outputs < 1) module_error(v, "graph '%s' has no outputs", gname);
@@ -281,6 +317,8 @@ dsc_status dsc_module_verify(const dsc_module *m) {
     if ((unsigned)p->init.kind > DSC_INIT_UNIFORM)
       module_error(&v, "parameter '%s' has an invalid initializer kind %d", p->name,
                    (int)p->init.kind);
+    const char *ip = init_problem(p);
+    if (ip) module_error(&v, "parameter '%s': %s", p->name, ip);
     for (int j = 0; j < i; j++)
       if (m->params[j].name && strcmp(m->params[j].name, p->name) == 0) {
         module_error(&v, "parameter '%s' is declared twice", p->name);

@@ -120,6 +120,10 @@ int cli_run(int argc, char **argv) {
     const dsc_node *in = dsc_graph_input_at(g, i);
     dsc_type t = dsc_node_type(in);
     if (!(inputs[i] = dsc_tensor_new(ctx, t))) {
+      char ty[256];
+      dsc_type_format(&t, ty, sizeof ty);
+      fprintf(stderr, "dsc run: error: out of memory for input '%s' (%s, %.3g GB as doubles)\n",
+              dsc_node_name(in), ty, (double)dsc_type_numel(&t) * 8 / 1e9);
       st = DSC_ERR_INTERNAL;
       break;
     }
