@@ -53,8 +53,11 @@ static void print_output(int k, const dsc_tensor *t) {
   char ty[256];
   dsc_type_format(&t->type, ty, sizeof ty);
   int64_t n = dsc_type_numel(&t->type);
-  if (t->type.rank == 0) {
-    printf("%s: %.6f\n", k == 0 ? "loss" : "output", t->data[0]);
+  if (t->type.rank == 0) { /* a float scalar first output is the model's loss */
+    if (k == 0 && dsc_dtype_is_float(t->type.dtype))
+      printf("loss: %.6f\n", t->data[0]);
+    else
+      printf("output %d: %s %.9g\n", k, ty, t->data[0]);
     return;
   }
   double sum = 0, sq = 0;
