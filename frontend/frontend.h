@@ -20,6 +20,8 @@ extern "C" {
 #define FE_MAX_TOKENS 1000000
 #define FE_MAX_BLOCK_COUNT 4096
 #define FE_MAX_INLINE_DEPTH 64
+#define FE_MAX_CONST_DEPTH 256 /* constants defined through other constants */
+#define FE_MAX_EVAL_DEPTH 1024 /* nested evaluations: expressions, constants, inlined calls */
 #define FE_MAX_WORK 1000000 /* operations built while unrolling the forward function */
 #define FE_MAX_NUMEL ((int64_t)1 << 40)
 

@@ -150,6 +150,10 @@ typedef struct {
   int64_t batch, seq;
   fe_sym *calls[FE_MAX_INLINE_DEPTH];
   int n_calls;
+  int const_depth;          /* constants being evaluated, one inside the other */
+  bool const_deep_reported; /* report the depth limit once, not once per chain segment */
+  int eval_depth;           /* ev() recursion: bounds the stack (deep expressions in deep
+                               constant chains or inlined calls multiply) */
   long work;
   bool abort; /* the work limit was hit: stop evaluating */
   bool oom;
@@ -457,13 +461,25 @@ static fe_value const_value(fe_state *st, fe_sym *y, dsc_loc use) {
     ERR(use, "constant '%s' depends on itself", y->name);
     return verr;
   }
+  /* each level recurses through ev/lookup: a long chain would overflow the stack */
+  if (st->const_depth >= FE_MAX_CONST_DEPTH) {
+    if (!st->const_deep_reported)
+      ERR(use,
+          "constant '%s': definitions nested too deeply (more than %d levels of constants "
+          "defined through other constants)",
+          y->name, FE_MAX_CONST_DEPTH);
+    st->const_deep_reported = true;
+    return verr;
+  }
   y->state = 1;
   fe_frame fr;
   memset(&fr, 0, sizeof fr);
   fr.scope = y->scope;
   fr.inst = -1;
   fr.is_const = true;
+  st->const_depth++;
   fe_value v = ev(st, &fr, y->decl->value);
+  st->const_depth--;
   if (v.kind != V_ERR && v.kind != V_NUM && v.kind != V_BOOL && v.kind != V_LIST &&
       v.kind != V_DTYPE) {
     ERR(y->decl->value->loc, "constant '%s' must be a number, bool, list or dtype, not %s", y->name,
@@ -473,6 +489,60 @@ static fe_value const_value(fe_state *st, fe_sym *y, dsc_loc use) {
   y->val = v;
   y->state = 2;
   return v;
+}
+
+static const char *fmt_num(const fe_value *n, char *buf, size_t size) {
+  if (n->is_int)
+    snprintf(buf, size, "%lld", (long long)n->i);
+  else if (n->f == floor(n->f) && fabs(n->f) < 1e16) /* 3e9 as 3000000000, not 3e+09 */
+    snprintf(buf, size, "%.0f", n->f);
+  else
+    ir_format_double(n->f, buf, size);
+  return buf;
+}
+
+/* Whether a number can be stored exactly (integers) or without overflow (floats) in a tensor
+ * of dtype dt: the one check for scalars combined with tensors, full/zeros/ones and const
+ * initializers. `what` names the tensor for the message ("the tensor it is combined with"). */
+static bool check_fits(fe_state *st, const fe_value *n, dsc_dtype dt, const char *what,
+                       dsc_loc loc) {
+  char b[48];
+  double x = num(n);
+  if (dt == DSC_BOOL) {
+    if (x == 0 || x == 1) return true;
+    ERR(loc, "%s is not 0 or 1, but %s is bool", fmt_num(n, b, sizeof b), what);
+    return false;
+  }
+  if (dsc_dtype_is_float(dt)) {
+    double max = dt == DSC_F32    ? 3.4028234663852886e38
+                 : dt == DSC_F16  ? 65504.0
+                 : dt == DSC_BF16 ? 3.3895313892515355e38
+                                  : INFINITY;
+    if (isfinite(x) && fabs(x) <= max) return true;
+    ERR(loc, "%s does not fit in %s, the dtype of %s", fmt_num(n, b, sizeof b), dsc_dtype_name(dt),
+        what);
+    return false;
+  }
+  if (!n->is_int && x != floor(x)) {
+    ERR(loc, "the number %s is not an integer, but %s is %s", fmt_num(n, b, sizeof b), what,
+        dsc_dtype_name(dt));
+    return false;
+  }
+  /* constant values are stored as doubles: beyond 2^53 integers are not exact */
+  const double exact = 9007199254740992.0;
+  if (dt == DSC_I64) {
+    bool ok = n->is_int ? n->i >= -(int64_t)exact && n->i <= (int64_t)exact : fabs(x) <= exact;
+    if (ok) return true;
+    ERR(loc,
+        "%s does not fit in an i64 constant, the dtype of %s: constants are stored as "
+        "doubles, exact only up to 2^53 in magnitude",
+        fmt_num(n, b, sizeof b), what);
+    return false;
+  }
+  if (x >= (double)INT32_MIN && x <= (double)INT32_MAX) return true;
+  ERR(loc, "%s does not fit in %s, the dtype of %s", fmt_num(n, b, sizeof b), dsc_dtype_name(dt),
+      what);
+  return false;
 }
 
 /* A number as a rank-0 tensor of the other operand's dtype. */
@@ -486,17 +556,10 @@ static fe_value materialize(fe_state *st, fe_frame *fr, const fe_value *n, dsc_d
     ERR(loc, "cannot combine a number with a bool tensor");
     return verr;
   }
-  double x = num(n);
-  if (!dsc_dtype_is_float(dt) && x != floor(x)) {
-    char b[32];
-    ir_format_double(x, b, sizeof b);
-    ERR(loc, "the number %s is not an integer, but the tensor it is combined with is %s", b,
-        dsc_dtype_name(dt));
-    return verr;
-  }
+  if (!check_fits(st, n, dt, "the tensor it is combined with", loc)) return verr;
   dsc_type t = dsc_type_make(dt, 0, NULL);
   at(st, loc);
-  return tensor(st, dsc_const(st->g, x, t), loc);
+  return tensor(st, dsc_const(st->g, num(n), t), loc);
 }
 
 static const char *op_text(int op) {
@@ -589,7 +652,9 @@ static fe_value fold(fe_state *st, int op, const fe_value *a, const fe_value *b,
   return vfloat(r);
 }
 
-static fe_value binary(fe_state *st, fe_frame *fr, int op, fe_value a, fe_value b, dsc_loc loc) {
+/* la, lb: the operands, where a number that does not fit the other operand's dtype is reported */
+static fe_value binary(fe_state *st, fe_frame *fr, int op, fe_value a, fe_value b, dsc_loc loc,
+                       dsc_loc la, dsc_loc lb) {
   if (a.kind == V_ERR || b.kind == V_ERR) return verr;
   if (a.kind == V_NUM && b.kind == V_NUM) return fold(st, op, &a, &b, loc);
   if (a.kind == V_BOOL && b.kind == V_BOOL && op == 'E') {
@@ -602,8 +667,8 @@ static fe_value binary(fe_state *st, fe_frame *fr, int op, fe_value a, fe_value 
       ERR(loc, "'%%' is only defined on numbers, not on tensors");
       return verr;
     }
-    if (!ta) a = materialize(st, fr, &a, dsc_node_type(b.node).dtype, loc);
-    if (!tb) b = materialize(st, fr, &b, dsc_node_type(a.node).dtype, loc);
+    if (!ta) a = materialize(st, fr, &a, dsc_node_type(b.node).dtype, la);
+    if (!tb) b = materialize(st, fr, &b, dsc_node_type(a.node).dtype, lb);
     if (a.kind == V_ERR || b.kind == V_ERR) return verr;
     dsc_op o = op == '+'   ? DSC_OP_ADD
                : op == '-' ? DSC_OP_SUB
@@ -1050,8 +1115,8 @@ static fe_value call_builtin(fe_state *st, fe_frame *fr, const fe_builtin *bi,
       x = arg_tensor(st, fr, &b, 0);
       if (x.kind == V_ERR || !arg_ints(st, fr, &b, 1, false, ints, &n)) return verr;
       int rank = dsc_node_type(x.node).rank;
-      for (int k = 0; k < n; k++)
-        if (ints[k] < 0) ints[k] += rank;
+      for (int k = 0; k < n; k++) /* each axis as written, like transpose */
+        if (!norm_axis(st, &b, 1, &ints[k], rank)) return verr;
       at(st, loc);
       return tensor(st, dsc_permute(st->g, x.node, ints, n), loc);
     }
@@ -1161,15 +1226,26 @@ static fe_value call_builtin(fe_state *st, fe_frame *fr, const fe_builtin *bi,
     case B_FILL:
     case B_FULL: {
       dsc_dtype dt = DSC_F32;
-      double value = bi->fill;
+      fe_value value = vint((int64_t)bi->fill);
       int kdt = bi->kind == B_FULL ? 2 : 1;
       if (!arg_ints(st, fr, &b, 0, true, ints, &n)) return verr;
-      if (bi->kind == B_FULL && !arg_num(st, fr, &b, 1, &value)) return verr;
+      if (bi->kind == B_FULL) {
+        value = ev(st, fr, b.slots[1]);
+        if (value.kind == V_ERR) return verr;
+        if (value.kind != V_NUM) {
+          ERR(b.slot_loc[1], "argument 'value' of 'full' must be a number, not %s",
+              kind_name(&value));
+          return verr;
+        }
+      }
       if (b.slots[kdt] && !arg_dtype(st, fr, &b, kdt, &dt)) return verr;
+      if (bi->kind == B_FULL &&
+          !check_fits(st, &value, dt, "the tensor 'full' creates", b.slot_loc[1]))
+        return verr;
       if (!check_shape(st, b.slot_loc[0], ints, n) || !need_graph(st, fr, bi->name, loc))
         return verr;
       at(st, loc);
-      return tensor(st, dsc_const(st->g, value, dsc_type_make(dt, n, ints)), loc);
+      return tensor(st, dsc_const(st->g, num(&value), dsc_type_make(dt, n, ints)), loc);
     }
     case B_SOFTMAX: {
       int64_t axis = -1;
@@ -1341,8 +1417,25 @@ static fe_value ev_call(fe_state *st, fe_frame *fr, const fe_expr *e) {
   return call_user(st, fr, f, e);
 }
 
+static fe_value ev_inner(fe_state *st, fe_frame *fr, const fe_expr *e);
+
 static fe_value ev(fe_state *st, fe_frame *fr, const fe_expr *e) {
   if (st->abort || st->oom) return verr;
+  if (st->eval_depth >= FE_MAX_EVAL_DEPTH) {
+    ERR(e->loc,
+        "evaluation nested too deeply (more than %d levels of expressions, constants and "
+        "function calls)",
+        FE_MAX_EVAL_DEPTH);
+    st->abort = true; /* a resource limit, like the work limit: stop evaluating */
+    return verr;
+  }
+  st->eval_depth++;
+  fe_value v = ev_inner(st, fr, e);
+  st->eval_depth--;
+  return v;
+}
+
+static fe_value ev_inner(fe_state *st, fe_frame *fr, const fe_expr *e) {
   switch (e->kind) {
     case FE_E_INT: {
       fe_value v = vint(e->i);
@@ -1375,7 +1468,7 @@ static fe_value ev(fe_state *st, fe_frame *fr, const fe_expr *e) {
     case FE_E_BINARY: {
       fe_value a = ev(st, fr, e->a);
       fe_value b = ev(st, fr, e->b2);
-      return binary(st, fr, e->op, a, b, e->loc);
+      return binary(st, fr, e->op, a, b, e->loc, e->a->loc, e->b2->loc);
     }
     case FE_E_CALL:
       return ev_call(st, fr, e);
@@ -1522,7 +1615,9 @@ static bool eval_type(fe_state *st, fe_frame *fr, const fe_type_expr *te, dsc_ty
 
 /* ---------------------------------------------------------------- params */
 
-static bool eval_init(fe_state *st, fe_frame *fr, const fe_expr *e, dsc_init *out) {
+/* dt: the parameter's dtype, or -1 when its type is invalid (no dtype checks). */
+static bool eval_init(fe_state *st, fe_frame *fr, const fe_expr *e, int dt, const char *pname,
+                      dsc_init *out) {
   memset(out, 0, sizeof *out);
   static const char *const kinds[] = {"zeros", "ones", "normal", "uniform", "const"};
   const char *name = NULL;
@@ -1558,9 +1653,27 @@ static bool eval_init(fe_state *st, fe_frame *fr, const fe_expr *e, dsc_init *ou
   b.n_params = k == 4 ? 1 : 2;
   b.n_req = k == 2 ? 1 : b.n_params;
   if (!bind_args(st, e, &b)) return false;
+  if (k < 4 && dt >= 0 && !dsc_dtype_is_float((dsc_dtype)dt)) {
+    /* random values are floats: the runtime cannot draw them for an integer or bool tensor */
+    ERR(e->loc, "'%s' initializes only float parameters, but '%s' is %s", name, pname,
+        dsc_dtype_name((dsc_dtype)dt));
+    return false;
+  }
   double a = 0, c = 0;
-  if (!arg_num(st, fr, &b, 0, &a)) return false;
+  fe_value av = ev(st, fr, b.slots[0]);
+  if (av.kind == V_ERR) return false;
+  if (av.kind != V_NUM) {
+    ERR(b.slot_loc[0], "argument '%s' of '%s' must be a number, not %s", b.params[0], name,
+        kind_name(&av));
+    return false;
+  }
+  a = num(&av);
   if (b.n_params > 1 && b.slots[1] && !arg_num(st, fr, &b, 1, &c)) return false;
+  if (k == 4 && dt >= 0) {
+    char what[160];
+    snprintf(what, sizeof what, "parameter '%s'", pname);
+    if (!check_fits(st, &av, (dsc_dtype)dt, what, b.slot_loc[0])) return false;
+  }
   if (k == 2) {
     if (!(a >= 0) || !isfinite(a) || !isfinite(c)) {
       ERR(b.slot_loc[0], "'normal' needs a finite std >= 0");
@@ -1594,7 +1707,8 @@ static void prepare_param(fe_state *st, fe_sym *y) {
   char what[160];
   snprintf(what, sizeof what, "parameter '%s'", y->name);
   bool ok = eval_type(st, &fr, y->decl->type, &y->ptype, what);
-  ok = eval_init(st, &fr, y->decl->value, &y->pinit) && ok;
+  int dt = ok ? (int)y->ptype.dtype : -1;
+  ok = eval_init(st, &fr, y->decl->value, dt, y->name, &y->pinit) && ok;
   y->ok = ok;
 }
 
@@ -1623,6 +1737,14 @@ static void declare(fe_state *st, fe_scope *s, const fe_list *decls, const char 
       }
       case FE_D_FN:
         scope_add(st, s, SYM_FN, d);
+        for (int k = 1; k < d->args.n; k++) {
+          fe_fn_arg *a = d->args.items[k];
+          for (int j = 0; j < k; j++)
+            if (strcmp(((fe_fn_arg *)d->args.items[j])->name, a->name) == 0) {
+              ERR(a->loc, "argument '%s' is declared twice", a->name);
+              break;
+            }
+        }
         break;
       case FE_D_BLOCK: {
         fe_sym *y = scope_add(st, s, SYM_BLOCK, d);
@@ -2198,6 +2320,13 @@ static void lower_forward(fe_state *st) {
   bool ok = true;
   for (int i = 0; i < d->args.n; i++) {
     fe_fn_arg *a = d->args.items[i];
+    bool dup = false; /* reported by declare(): no second message from the graph */
+    for (int j = 0; j < i; j++)
+      dup = dup || strcmp(((fe_fn_arg *)d->args.items[j])->name, a->name) == 0;
+    if (dup) {
+      ok = false;
+      continue;
+    }
     if (!a->type) {
       ERR(a->loc, "argument '%s' of the model's 'forward' needs a type, as in %s: f32[B, T]",
           a->name, a->name);

@@ -344,6 +344,105 @@ TEST(FrontendLower, ShapeErrorsPointAtTheExpression) {
   EXPECT_NE(std::string(d->message).find("add:"), std::string::npos) << d->message;
 }
 
+// A 5000-link chain of constants (a0 = a1 + 1, ..., a4999 = 1) used to overflow the stack
+// through ev/lookup/const_value; now it is cut at FE_MAX_CONST_DEPTH with one clean error.
+TEST(FrontendLower, LongConstantChainIsAnErrorNotACrash) {
+  std::string text = "model m {\n  const ";
+  const int n = 5000;
+  for (int i = 0; i < n - 1; i++)
+    text += "a" + std::to_string(i) + " = a" + std::to_string(i + 1) + " + 1,\n    ";
+  text += "a" + std::to_string(n - 1) + " = 1\n";
+  text += "  param w: f32[a0] = zeros\n  fn forward(x: f32[4]) { return x }\n}\n";
+  char path[] = "/tmp/dsc_const_chain_XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  FILE *f = fdopen(fd, "wb");
+  ASSERT_TRUE(f);
+  fwrite(text.data(), 1, text.size(), f);
+  fclose(f);
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  dsc_module *m = nullptr;
+  EXPECT_EQ(dsc_compile_file(ctx, path, nullptr, &m), DSC_ERR_USER);
+  remove(path);
+  EXPECT_EQ(m, nullptr);
+  ASSERT_GE(dsc_error_count(ctx), 1);
+  EXPECT_EQ(dsc_error_count(ctx), 1) << Diags(ctx);  // reported once, not once per 256 links
+  const dsc_diag *d = dsc_diag_get(ctx, 0);
+  // a0 is evaluated at depth 0, so a256 is the first constant past the limit; the error is
+  // at its use in the definition of a255 (line 2 + 255, after "a255 = ")
+  EXPECT_EQ(std::string(d->message),
+            "constant 'a256': definitions nested too deeply (more than 256 levels of constants "
+            "defined through other constants)");
+  EXPECT_EQ(d->loc.line, 2 + 255);
+  EXPECT_EQ(d->loc.col, 12);
+  dsc_context_free(ctx);
+
+  // at the limit itself the chain is fine: 256 links evaluate to 256
+  Compiled c;
+  std::string ok = "model m {\n  const ";
+  for (int i = 0; i < 255; i++)
+    ok += "b" + std::to_string(i) + " = b" + std::to_string(i + 1) + " + 1, ";
+  ok += "b255 = 1\n  param w: f32[b0] = zeros\n  fn forward(x: f32[4]) { return x }\n}\n";
+  CompileText(c, ok);
+  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  EXPECT_EQ(TypeStr(dsc_module_param_type(c.m, 0)), "f32[256]");
+}
+
+// Deep expressions inside a chain of constants multiply: 8 constants of 200 nested additions
+// each are 1600 levels of evaluation, past FE_MAX_EVAL_DEPTH: one clean error (the ASan
+// build, with its large frames, overflowed the stack here before the limit).
+TEST(FrontendLower, DeepExpressionsInConstantChainsAreBounded) {
+  std::string text = "model m {\n";
+  for (int k = 0; k < 8; k++) {
+    std::string e = k < 7 ? "a" + std::to_string(k + 1) : "1";
+    for (int d = 0; d < 200; d++) e = "(1 + " + e + ")";
+    text += "  const a" + std::to_string(k) + " = " + e + "\n";
+  }
+  text += "  fn forward(x: f32[4]) { return x * a0 }\n}\n";
+  Compiled c;
+  CompileText(c, text);
+  EXPECT_EQ(c.status, DSC_ERR_USER);
+  ASSERT_EQ(dsc_error_count(c.ctx), 1) << Diags(c.ctx);
+  EXPECT_NE(std::string(dsc_diag_get(c.ctx, 0)->message).find("evaluation nested too deeply"),
+            std::string::npos)
+      << Diags(c.ctx);
+}
+
+// The edges of the shared range check: the largest values that fit are accepted and stored
+// exactly; one past them is rejected (tests/malformed/sem_*range*.dsm).
+TEST(FrontendLower, NumbersAtTheEdgeOfTheirDtypeAreAccepted) {
+  Compiled c;
+  CompileText(c,
+              "model m {\n"
+              "  param c: i32[2] = const(-2147483648)\n"
+              "  param k: bool[2] = const(1)\n"
+              "  param h: f16[2] = const(65504)\n"
+              "  fn forward(x: i32[4], y: i64[4], z: f16[4], w: f32[4, 6]) {\n"
+              "    a = x + 2147483647\n"
+              "    b = y - 9007199254740992\n"
+              "    e = z * 65504.0\n"
+              "    f = full([4], 3.0, dtype = i32)\n"
+              "    g = full([2], 1, dtype = bool)\n"
+              "    return sum(permute(w, [-1, 0]))\n"
+              "  }\n"
+              "}\n");
+  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  EXPECT_EQ(dsc_module_param_init(c.m, 0).a, -2147483648.0);
+  EXPECT_EQ(dsc_module_param_init(c.m, 1).a, 1.0);
+  EXPECT_EQ(dsc_module_param_init(c.m, 2).a, 65504.0);
+  auto consts = NodesOf(c.m, DSC_OP_CONST);
+  ASSERT_EQ(consts.size(), 5u);
+  const double want[] = {2147483647.0, 9007199254740992.0, 65504.0, 3.0, 1.0};
+  const char *types[] = {"i32[]", "i64[]", "f16[]", "i32[4]", "bool[2]"};
+  for (int i = 0; i < 5; i++) {
+    EXPECT_EQ(dsc_node_attr(consts[i], "value")->u.f, want[i]) << i;
+    EXPECT_EQ(TypeStr(dsc_node_type(consts[i])), types[i]) << i;
+  }
+  auto perms = NodesOf(c.m, DSC_OP_PERMUTE);
+  ASSERT_EQ(perms.size(), 1u);
+  EXPECT_EQ(TypeStr(dsc_node_type(perms[0])), "f32[6,4]");  // [-1, 0] is [1, 0]
+}
+
 // Allocation failures at every point of a compilation: a clean DSC_ERR_INTERNAL
 // (never a crash or leak, which the sanitizer build checks), until enough
 // allocations succeed.
@@ -448,7 +547,23 @@ const Expect kMalformed[] = {
     {"sem_block_count.dsm", 2, 11, "must have between 1 and 4096 instances, got 5000", nullptr},
     {"sem_integer_overflow.dsm", 2, 27, "integer overflow", nullptr},
     {"sem_division_by_zero.dsm", 2, 33, "division by zero", nullptr},
-    {"sem_int_tensor_float.dsm", 3, 16, "the number 0.5 is not an integer", nullptr},
+    {"sem_int_tensor_float.dsm", 3, 18, "the number 0.5 is not an integer", nullptr},
+    {"sem_number_range.dsm", 3, 13,
+     "3000000000 does not fit in i32, the dtype of the tensor it is combined with", nullptr},
+    {"sem_number_range.dsm", 4, 13, "1e+39 does not fit in f32", nullptr},
+    {"sem_number_range.dsm", 5, 13, "65520 does not fit in f16", nullptr},
+    {"sem_number_range.dsm", 6, 20, "-2147483649 does not fit in i32", nullptr},
+    {"sem_full_range.dsm", 3, 19, "3000000000 does not fit in i32, the dtype of the tensor 'full'",
+     nullptr},
+    {"sem_full_range.dsm", 4, 19, "the number 0.5 is not an integer, but the tensor 'full' creates",
+     nullptr},
+    {"sem_full_range.dsm", 5, 19, "2 is not 0 or 1, but the tensor 'full' creates is bool",
+     nullptr},
+    {"sem_i64_precision.dsm", 3, 18,
+     "9007199254740993 does not fit in an i64 constant, the dtype of the tensor it is combined "
+     "with: constants are stored as doubles, exact only up to 2^53",
+     nullptr},
+    {"sem_permute_axis.dsm", 3, 23, "axis -3 is out of range for a tensor of rank 2", nullptr},
     {"sem_slice_range.dsm", 3, 12, "slice [4, 8) is empty or out of range", nullptr},
     {"sem_block_index.dsm", 7, 14, "index 2 is out of range for block 'h'", nullptr},
     {"sem_for_not_block.dsm", 4, 14, "'for' loops over a block, but 'w' is a tensor", nullptr},
@@ -469,6 +584,17 @@ const Expect kMalformed[] = {
     {"sem_untyped_entry.dsm", 2, 14, "argument 'x' of the model's 'forward' needs a type", nullptr},
     {"sem_bad_init.dsm", 2, 21, "bad initializer 'normall'", nullptr},
     {"sem_bad_init_args.dsm", 2, 21, "'uniform' needs finite lo < hi", nullptr},
+    {"sem_init_dtype.dsm", 2, 21, "'normal' initializes only float parameters, but 'w' is i32",
+     nullptr},
+    {"sem_init_dtype.dsm", 3, 27, "the number 2.7 is not an integer, but parameter 'c' is i32",
+     nullptr},
+    {"sem_init_dtype.dsm", 4, 22, "'uniform' initializes only float parameters, but 'b' is bool",
+     nullptr},
+    {"sem_init_dtype.dsm", 5, 28, "2 is not 0 or 1, but parameter 'd' is bool", nullptr},
+    {"sem_init_dtype.dsm", 6, 27, "100000 does not fit in f16, the dtype of parameter 'e'",
+     nullptr},
+    {"sem_fn_duplicate_arg.dsm", 2, 14, "argument 'a' is declared twice", nullptr},
+    {"sem_fn_duplicate_arg.dsm", 3, 25, "argument 'x' is declared twice", nullptr},
     {"sem_work_limit.dsm", 7, 20, "unrolls to more than 1000000 operations", nullptr},
     // the train section
     {"train_unknown_key.dsm", 5, 3, "unknown train setting 'bach'; did you mean 'batch'?", nullptr},
