@@ -239,14 +239,137 @@ typedef struct {
   int *last_use;     /* index of the last node reading node i; INT_MAX: an output */
   int *input_index;  /* for input nodes: position in g->inputs */
   const dsc_tensor **ins;
+  dsc_comm *comm;
+  bool collectives;        /* the graph has collective ops */
+  dsc_comm_request **reqs; /* for start nodes: the collective in flight (NULL once waited) */
   size_t bytes;
   void *block;
 } run_state;
 
+/* Waits every collective still in flight (a failure is already reported on
+ * the communicator's context and breaks it); true when all completed. */
+static bool settle_requests(run_state *s) {
+  bool ok = true;
+  for (int i = 0; i < s->n; i++)
+    if (s->reqs[i]) {
+      if (dsc_comm_wait(s->reqs[i]) != DSC_OK) ok = false;
+      s->reqs[i] = NULL;
+    }
+  return ok;
+}
+
 static void run_release(run_state *s) {
+  /* Buffers of a started collective belong to it until its wait returns. */
+  if (s->reqs) settle_requests(s);
   for (int i = 0; i < s->n; i++)
     if (s->owned[i]) dsc_tensor_free(s->ctx, s->vals[i]);
   ir_free(s->ctx, s->block, s->bytes);
+}
+
+/* An error while running a graph with collectives: the other ranks may be
+ * waiting for collectives this rank will never start, so give up on the
+ * whole job (they fail promptly), then complete what is in flight. When the
+ * communicator itself failed it is broken already and nothing is aborted. */
+static void run_fail(run_state *s, const dsc_graph *g, bool abort_comm) {
+  if (s->comm && s->collectives && abort_comm && !dsc_comm_broken(s->comm)) {
+    char why[600];
+    int nd = dsc_diag_count(s->ctx);
+    snprintf(why, sizeof why, "graph '%s' failed: %s", g->name,
+             nd > 0 ? dsc_diag_get(s->ctx, nd - 1)->message : "error");
+    dsc_comm_abort(s->comm, why);
+  }
+  run_release(s);
+}
+
+/* Reports a failed collective at node nd. The communicator's message is on
+ * its own context; repeat it here when the graph's context is another. */
+static void comm_error(run_state *s, const ir_node *nd) {
+  dsc_context *cc = dsc_comm_context(s->comm);
+  int nd_cc = dsc_diag_count(cc);
+  if (cc != s->ctx && nd_cc > 0)
+    ir_error(s->ctx, nd->loc, "%s: %s", ir_op(nd->op)->name, dsc_diag_get(cc, nd_cc - 1)->message);
+  else
+    ir_error(s->ctx, nd->loc, "%s (node %%%d): the collective failed", ir_op(nd->op)->name, nd->id);
+}
+
+static bool is_start(dsc_op op) {
+  return op == DSC_OP_ALL_REDUCE_START || op == DSC_OP_REDUCE_SCATTER_START ||
+         op == DSC_OP_ALL_GATHER_START || op == DSC_OP_BROADCAST_START;
+}
+
+static bool is_wait(dsc_op op) {
+  return op == DSC_OP_ALL_REDUCE_WAIT || op == DSC_OP_REDUCE_SCATTER_WAIT ||
+         op == DSC_OP_ALL_GATHER_WAIT || op == DSC_OP_BROADCAST_WAIT;
+}
+
+/* Collectives need a communicator of the graph's world, and a start's data
+ * is in flight: only its wait may read it (the shape rules check that a
+ * wait reads the matching start). */
+static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
+  dsc_context *ctx = s->ctx;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *nd = g->nodes[i];
+    if (ir_op(nd->op)->cg != IR_CG_COLLECTIVE) continue;
+    s->collectives = true;
+    if (!s->comm) {
+      ir_error(ctx, nd->loc,
+               "graph '%s' has collective ops (%s at node %%%d); run it with a communicator",
+               g->name, ir_op(nd->op)->name, i);
+      return DSC_ERR_USER;
+    }
+    if (is_start(nd->op) && ir_attr_int(nd, "world") != dsc_comm_world(s->comm)) {
+      ir_error(ctx, nd->loc, "%s: node %%%d has world %lld but the communicator's world is %d",
+               ir_op(nd->op)->name, i, (long long)ir_attr_int(nd, "world"),
+               dsc_comm_world(s->comm));
+      return DSC_ERR_USER;
+    }
+  }
+  if (!s->collectives) return DSC_OK;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *nd = g->nodes[i];
+    if (is_wait(nd->op)) continue;
+    for (int j = 0; j < nd->n_in; j++)
+      if (is_start(nd->in[j]->op)) {
+        ir_error(ctx, nd->loc,
+                 "%s: reads %%%d, a %s whose data is in flight (only its wait may "
+                 "read it)",
+                 ir_op(nd->op)->name, nd->in[j]->id, ir_op(nd->in[j]->op)->name);
+        return DSC_ERR_USER;
+      }
+  }
+  for (int k = 0; k < g->n_outputs; k++)
+    if (is_start(g->outputs[k]->op)) {
+      ir_error(ctx, ir_no_loc,
+               "output %d of graph '%s' is a %s (%%%d) whose data is in flight; "
+               "output its wait",
+               k, g->name, ir_op(g->outputs[k]->op)->name, g->outputs[k]->id);
+      return DSC_ERR_USER;
+    }
+  return DSC_OK;
+}
+
+/* Starts the collective of start node nd from input x into out. */
+static dsc_status start_collective(run_state *s, const ir_node *nd, const dsc_tensor *x,
+                                   dsc_tensor *out, dsc_comm_request **req) {
+  int64_t count = dsc_type_numel(&x->type), tag = ir_attr_int(nd, "tag");
+  switch (nd->op) {
+    case DSC_OP_ALL_REDUCE_START:
+      return dsc_comm_all_reduce_start(s->comm, x->data, out->data, count, DSC_F64, DSC_COMM_SUM,
+                                       tag, req);
+    case DSC_OP_REDUCE_SCATTER_START:
+      return dsc_comm_reduce_scatter_start(s->comm, x->data, out->data, count, DSC_F64,
+                                           DSC_COMM_SUM, tag, req);
+    case DSC_OP_ALL_GATHER_START:
+      return dsc_comm_all_gather_start(s->comm, x->data, out->data, count, DSC_F64, tag, req);
+    case DSC_OP_BROADCAST_START:
+      /* in place: the root's copy is sent, the others' overwritten */
+      memcpy(out->data, x->data, sizeof(double) * (size_t)count);
+      return dsc_comm_broadcast_start(s->comm, out->data, count, DSC_F64,
+                                      (int)ir_attr_int(nd, "root"), tag, req);
+    default:
+      ir_error(s->ctx, nd->loc, "internal: %s is not a collective start", ir_op(nd->op)->name);
+      return DSC_ERR_INTERNAL;
+  }
 }
 
 static bool oom_bytes(dsc_context *ctx, dsc_loc loc, const dsc_type *t, const char *what) {
@@ -357,6 +480,12 @@ static dsc_status check_graph(const dsc_graph *g, const dsc_params *params,
 
 dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
                           const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs) {
+  return dsc_interp_run_with(g, params, inputs, n_inputs, outputs, NULL);
+}
+
+dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
+                               const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs,
+                               const dsc_interp_options *opts) {
   if (!g) return DSC_ERR_USER;
   dsc_context *ctx = g->module->ctx;
   if (g->n_outputs > 0 && !outputs) {
@@ -370,13 +499,14 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
   memset(&s, 0, sizeof s);
   s.ctx = ctx;
   s.n = g->n_nodes;
+  s.comm = opts ? opts->comm : NULL;
   int max_in = 1;
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i] && g->nodes[i]->n_in > max_in) max_in = g->nodes[i]->n_in;
   /* One block for the bookkeeping arrays, pointer-sized pieces first. */
   size_t n = (size_t)(s.n ? s.n : 1);
-  s.bytes = n * sizeof(dsc_tensor *) + (size_t)max_in * sizeof(dsc_tensor *) + 2 * n * sizeof(int) +
-            n * sizeof(bool);
+  s.bytes = n * sizeof(dsc_tensor *) + (size_t)max_in * sizeof(dsc_tensor *) +
+            n * sizeof(dsc_comm_request *) + 2 * n * sizeof(int) + n * sizeof(bool);
   s.block = ir_alloc(ctx, s.bytes);
   if (!s.block) {
     ir_error(ctx, ir_no_loc, "out of memory: need %zu bytes to run graph '%s'", s.bytes, g->name);
@@ -386,11 +516,13 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
   unsigned char *p = s.block;
   s.vals = (dsc_tensor **)p, p += n * sizeof(dsc_tensor *);
   s.ins = (const dsc_tensor **)p, p += (size_t)max_in * sizeof(dsc_tensor *);
+  s.reqs = (dsc_comm_request **)p, p += n * sizeof(dsc_comm_request *);
   s.last_use = (int *)p, p += n * sizeof(int);
   s.input_index = (int *)p, p += n * sizeof(int);
   s.owned = (bool *)p;
 
   dsc_status st = check_graph(g, params, inputs, n_inputs, &s);
+  if (st == DSC_OK) st = check_collectives(g, &s);
   if (st != DSC_OK) {
     s.n = 0; /* nothing allocated yet */
     run_release(&s);
@@ -407,6 +539,14 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
   /* Assigned values live until the step ends, when they are committed. */
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i]->op == DSC_OP_ASSIGN) s.last_use[i] = INT_MAX;
+  /* A start's tensor lives until its wait ran (one without a wait until the
+   * end, when it is waited), and so does the input it sends from. */
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (!is_start(g->nodes[i]->op)) continue;
+    if (s.last_use[i] == i) s.last_use[i] = INT_MAX;
+    int x = g->nodes[i]->in[0]->id;
+    if (s.last_use[x] < s.last_use[i]) s.last_use[x] = s.last_use[i];
+  }
 
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *nd = g->nodes[i];
@@ -419,25 +559,58 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
       s.vals[i] = dsc_params_find(params, ir_attr_str(nd, "name"));
       continue;
     }
+    if (is_wait(nd->op)) {
+      int sid = nd->in[0]->id;
+      dsc_comm_request *req = s.reqs[sid];
+      s.reqs[sid] = NULL;
+      if (req && dsc_comm_wait(req) != DSC_OK) {
+        comm_error(&s, nd);
+        run_fail(&s, g, false);
+        return DSC_ERR_USER;
+      }
+    }
     dsc_tensor *out = dsc_tensor_new(ctx, nd->type);
     if (!out) {
       char what[64];
       snprintf(what, sizeof what, "%s output", info->name);
       oom_bytes(ctx, nd->loc, &nd->type, what);
-      run_release(&s);
+      run_fail(&s, g, true);
       return DSC_ERR_INTERNAL;
     }
     for (int j = 0; j < nd->n_in; j++) s.ins[j] = s.vals[nd->in[j]->id];
+    if (is_start(nd->op)) {
+      dsc_comm_request *req = NULL;
+      dsc_status cst = start_collective(&s, nd, s.ins[0], out, &req);
+      if (cst != DSC_OK) {
+        dsc_tensor_free(ctx, out);
+        comm_error(&s, nd);
+        run_fail(&s, g, true);
+        return cst;
+      }
+      s.reqs[i] = req;
+      s.vals[i] = out; /* in flight: rounded by the wait */
+      s.owned[i] = true;
+      continue; /* its input lives until the wait (see the lifetimes above) */
+    }
     char err[512] = "";
     if (!info->interp(nd, s.ins, out, err, sizeof err)) {
       ir_error(ctx, nd->loc, "runtime error in %s: %s", info->name, err);
       dsc_tensor_free(ctx, out);
-      run_release(&s);
+      run_fail(&s, g, true);
       return DSC_ERR_USER;
     }
     ir_round_to_dtype(out);
     s.vals[i] = out;
     s.owned[i] = true;
+    if (is_wait(nd->op)) {
+      /* the input the start sent from may die with its wait */
+      int x = nd->in[0]->in[0]->id;
+      if (s.owned[x] && s.last_use[x] == i) {
+        dsc_tensor_free(ctx, s.vals[x]);
+        s.vals[x] = NULL;
+        s.owned[x] = false;
+      }
+    }
     /* Free inputs read for the last time, and this value if nobody reads it. */
     for (int j = 0; j < nd->n_in; j++) {
       int id = nd->in[j]->id;
@@ -452,6 +625,13 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
       s.vals[i] = NULL;
       s.owned[i] = false;
     }
+  }
+
+  /* Starts that no wait completed are completed now. */
+  if (s.collectives && !settle_requests(&s)) {
+    ir_error(ctx, ir_no_loc, "graph '%s': a collective without a wait failed", g->name);
+    run_fail(&s, g, false);
+    return DSC_ERR_USER;
   }
 
   /* Hand out the results. Inputs, params and repeated outputs are copied so

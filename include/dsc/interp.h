@@ -8,6 +8,7 @@
 #ifndef DSC_INTERP_H
 #define DSC_INTERP_H
 
+#include "dsc/comm.h"
 #include "dsc/core.h"
 #include "dsc/ir.h"
 
@@ -48,6 +49,22 @@ dsc_tensor *dsc_params_find(const dsc_params *p, const char *name);
  * of memory) are reported as diagnostics on the module's context. */
 dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
                           const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs);
+
+/* Options of a run; NULL means all defaults. */
+typedef struct {
+  /* Runs the collective ops (all_reduce_start, ...): each start calls the
+   * matching dsc_comm_*_start on the f64 data with the node's tag, its wait
+   * completes it. Required when the graph has collective ops; their world
+   * attribute must equal the communicator's world. On an error during the
+   * run the communicator is aborted (dsc_comm_abort) so that no rank hangs,
+   * and every started collective is waited. */
+  dsc_comm *comm;
+} dsc_interp_options;
+
+/* dsc_interp_run with options (dsc_interp_run passes NULL). */
+dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
+                               const dsc_tensor *const *inputs, int n_inputs,
+                               dsc_tensor **outputs, const dsc_interp_options *opts);
 
 #ifdef __cplusplus
 }
