@@ -23,6 +23,31 @@ static int wait_of(dsc_op op) {
   }
 }
 
+bool ir_is_collective_start(dsc_op op) { return wait_of(op) >= 0; }
+
+bool ir_is_collective_wait(dsc_op op) {
+  return op == DSC_OP_ALL_REDUCE_WAIT || op == DSC_OP_REDUCE_SCATTER_WAIT ||
+         op == DSC_OP_ALL_GATHER_WAIT || op == DSC_OP_BROADCAST_WAIT;
+}
+
+bool ir_find_in_flight_read(const ir_graph *g, const ir_node **reader, int *input, int *output) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *nd = g->nodes[i];
+    if (!nd || ir_is_collective_wait(nd->op)) continue;
+    for (int j = 0; j < nd->n_in; j++)
+      if (nd->in[j] && ir_is_collective_start(nd->in[j]->op)) {
+        *reader = nd, *input = j, *output = -1;
+        return true;
+      }
+  }
+  for (int k = 0; k < g->n_outputs; k++)
+    if (g->outputs[k] && ir_is_collective_start(g->outputs[k]->op)) {
+      *reader = g->outputs[k], *input = -1, *output = k;
+      return true;
+    }
+  return false;
+}
+
 /* Checks the attributes every start has; copies the input type to out. */
 static bool start_common(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
   int64_t world = ir_attr_int(n, "world");

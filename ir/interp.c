@@ -292,16 +292,6 @@ static void comm_error(run_state *s, const ir_node *nd) {
     ir_error(s->ctx, nd->loc, "%s (node %%%d): the collective failed", ir_op(nd->op)->name, nd->id);
 }
 
-static bool is_start(dsc_op op) {
-  return op == DSC_OP_ALL_REDUCE_START || op == DSC_OP_REDUCE_SCATTER_START ||
-         op == DSC_OP_ALL_GATHER_START || op == DSC_OP_BROADCAST_START;
-}
-
-static bool is_wait(dsc_op op) {
-  return op == DSC_OP_ALL_REDUCE_WAIT || op == DSC_OP_REDUCE_SCATTER_WAIT ||
-         op == DSC_OP_ALL_GATHER_WAIT || op == DSC_OP_BROADCAST_WAIT;
-}
-
 /* Collectives need a communicator of the graph's world, and a start's data
  * is in flight: only its wait may read it (the shape rules check that a
  * wait reads the matching start). */
@@ -317,7 +307,7 @@ static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
                g->name, ir_op(nd->op)->name, i);
       return DSC_ERR_USER;
     }
-    if (is_start(nd->op) && ir_attr_int(nd, "world") != dsc_comm_world(s->comm)) {
+    if (ir_is_collective_start(nd->op) && ir_attr_int(nd, "world") != dsc_comm_world(s->comm)) {
       ir_error(ctx, nd->loc, "%s: node %%%d has world %lld but the communicator's world is %d",
                ir_op(nd->op)->name, i, (long long)ir_attr_int(nd, "world"),
                dsc_comm_world(s->comm));
@@ -325,26 +315,19 @@ static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
     }
   }
   if (!s->collectives) return DSC_OK;
-  for (int i = 0; i < g->n_nodes; i++) {
-    const ir_node *nd = g->nodes[i];
-    if (is_wait(nd->op)) continue;
-    for (int j = 0; j < nd->n_in; j++)
-      if (is_start(nd->in[j]->op)) {
-        ir_error(ctx, nd->loc,
-                 "%s: reads %%%d, a %s whose data is in flight (only its wait may "
-                 "read it)",
-                 ir_op(nd->op)->name, nd->in[j]->id, ir_op(nd->in[j]->op)->name);
-        return DSC_ERR_USER;
-      }
-  }
-  for (int k = 0; k < g->n_outputs; k++)
-    if (is_start(g->outputs[k]->op)) {
+  const ir_node *r;
+  int j, k;
+  if (ir_find_in_flight_read(g, &r, &j, &k)) {
+    if (k < 0)
+      ir_error(ctx, r->loc,
+               "%s: reads %%%d, a %s whose data is in flight (only its wait may read it)",
+               ir_op(r->op)->name, r->in[j]->id, ir_op(r->in[j]->op)->name);
+    else
       ir_error(ctx, ir_no_loc,
-               "output %d of graph '%s' is a %s (%%%d) whose data is in flight; "
-               "output its wait",
-               k, g->name, ir_op(g->outputs[k]->op)->name, g->outputs[k]->id);
-      return DSC_ERR_USER;
-    }
+               "output %d of graph '%s' is a %s (%%%d) whose data is in flight; output its wait", k,
+               g->name, ir_op(r->op)->name, r->id);
+    return DSC_ERR_USER;
+  }
   return DSC_OK;
 }
 
@@ -542,7 +525,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
   /* A start's tensor lives until its wait ran (one without a wait until the
    * end, when it is waited), and so does the input it sends from. */
   for (int i = 0; i < g->n_nodes; i++) {
-    if (!is_start(g->nodes[i]->op)) continue;
+    if (!ir_is_collective_start(g->nodes[i]->op)) continue;
     if (s.last_use[i] == i) s.last_use[i] = INT_MAX;
     int x = g->nodes[i]->in[0]->id;
     if (s.last_use[x] < s.last_use[i]) s.last_use[x] = s.last_use[i];
@@ -559,7 +542,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
       s.vals[i] = dsc_params_find(params, ir_attr_str(nd, "name"));
       continue;
     }
-    if (is_wait(nd->op)) {
+    if (ir_is_collective_wait(nd->op)) {
       int sid = nd->in[0]->id;
       dsc_comm_request *req = s.reqs[sid];
       s.reqs[sid] = NULL;
@@ -578,7 +561,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
       return DSC_ERR_INTERNAL;
     }
     for (int j = 0; j < nd->n_in; j++) s.ins[j] = s.vals[nd->in[j]->id];
-    if (is_start(nd->op)) {
+    if (ir_is_collective_start(nd->op)) {
       dsc_comm_request *req = NULL;
       dsc_status cst = start_collective(&s, nd, s.ins[0], out, &req);
       if (cst != DSC_OK) {
@@ -602,7 +585,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
     ir_round_to_dtype(out);
     s.vals[i] = out;
     s.owned[i] = true;
-    if (is_wait(nd->op)) {
+    if (ir_is_collective_wait(nd->op)) {
       /* the input the start sent from may die with its wait */
       int x = nd->in[0]->in[0]->id;
       if (s.owned[x] && s.last_use[x] == i) {

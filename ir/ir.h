@@ -174,6 +174,16 @@ const ir_param *ir_module_param(const ir_module *m, const char *name);
 #include "dsc/ops.def"
 #undef OP
 
+/* ======================= ir/collective_ops.c =======================
+ * A start's value is the data in flight: only its matching wait may read it
+ * (the verifier and the interpreter both enforce this). */
+bool ir_is_collective_start(dsc_op op);
+bool ir_is_collective_wait(dsc_op op);
+/* Finds a node that reads a start other than its wait (*input = which
+ * input) or a graph output that is a start (*output = which output, and
+ * *reader = the start); false when there is none. */
+bool ir_find_in_flight_read(const ir_graph *g, const ir_node **reader, int *input, int *output);
+
 /* ======================= ir/interp.c ======================= */
 /* Rounds every element of t to the precision of its dtype (f32, bf16, f16
  * round-to-nearest-even; integers truncate toward zero; bool to 0/1). */

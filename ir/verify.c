@@ -293,6 +293,18 @@ static void check_graph(verifier *v, const ir_graph *g) {
       }
     if (n->op != DSC_OP_INPUT) num++;
   }
+  const ir_node *r;
+  int j, k;
+  if (ir_find_in_flight_read(g, &r, &j, &k)) {
+    if (k < 0) {
+      int rn = 0; /* r's number in the printed text: inputs are not numbered */
+      for (int i = 0; i < r->id; i++) rn += g->nodes[i]->op != DSC_OP_INPUT;
+      node_error(v, g, r, rn, "reads a %s whose data is in flight (only its wait may read it)",
+                 ir_op(r->in[j]->op)->name);
+    } else
+      module_error(v, "graph '%s': output %d is a %s whose data is in flight; output its wait",
+                   gname, k, ir_op(r->op)->name);
+  }
   if (g->n_outputs < 1) module_error(v, "graph '%s' has no outputs", gname);
   for (int i = 0; i < g->n_outputs; i++)
     if (!in_graph(g, g->outputs[i]))

@@ -15,26 +15,13 @@
 
 #include "dsc/comm.h"
 #include "ir/ir.h"
+#include "tests/unit/comm_test_util.h"
 
 namespace {
 
-struct Ctx {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  ~Ctx() { dsc_context_free(ctx); }
-};
-
-std::string all_diags(const dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
-
-using RankFn = std::function<dsc_status(dsc_comm *)>;
-dsc_status run_ranks(dsc_context *ctx, int world, RankFn fn) {
-  return dsc_comm_inproc_run(
-      ctx, world, [](dsc_comm *c, void *ud) { return (*static_cast<RankFn *>(ud))(c); }, &fn);
-}
+using comm_test::all_diags;
+using comm_test::Ctx;
+using comm_test::run_ranks;
 
 dsc_type T(dsc_dtype dt, std::vector<int64_t> dims) {
   return dsc_type_make(dt, (int)dims.size(), dims.data());

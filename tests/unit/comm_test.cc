@@ -18,27 +18,13 @@
 
 #include "dsc/comm.h"
 #include "ir/ir.h"
+#include "tests/unit/comm_test_util.h"
 
 namespace {
 
-struct Ctx {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  ~Ctx() { dsc_context_free(ctx); }
-};
-
-std::string all_diags(const dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
-
-// Runs a lambda per rank; the std::function is shared by all rank threads.
-using RankFn = std::function<dsc_status(dsc_comm *)>;
-dsc_status run(dsc_context *ctx, int world, RankFn fn) {
-  return dsc_comm_inproc_run(
-      ctx, world, [](dsc_comm *c, void *ud) { return (*static_cast<RankFn *>(ud))(c); }, &fn);
-}
+using comm_test::all_diags;
+using comm_test::Ctx;
+using comm_test::run_ranks;
 
 // Deterministic inputs in [-1, -0.25] u [0.25, 1] (never zero), per (salt, rank).
 std::vector<double> data(uint32_t salt, int rank, size_t n) {
@@ -82,7 +68,7 @@ TEST_P(CommWorld, EveryCollectiveMatchesTheReferenceBitwise) {
   const int world = GetParam();
   const size_t n = 1003, chunk = 41;
   Ctx ctx;
-  dsc_status st = run(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
+  dsc_status st = run_ranks(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
     int r = dsc_comm_rank(c);
     EXPECT_EQ(dsc_comm_world(c), world);
     EXPECT_STREQ(dsc_comm_backend(c), "inproc");
@@ -154,7 +140,7 @@ TEST_P(CommWorld, SeveralRequestsInFlightCompleteInAnyWaitOrder) {
   const int world = GetParam();
   const size_t n = 257;
   Ctx ctx;
-  dsc_status st = run(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
+  dsc_status st = run_ranks(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
     int r = dsc_comm_rank(c);
     std::vector<double> a = data(11, r, n), ay(n), g = data(12, r, 9), gy(9 * world);
     std::vector<double> b = data(13, r, 33), rs = data(14, r, 3 * world), rsy(3);
@@ -188,7 +174,7 @@ TEST(Comm, TwoRunsAreBitwiseIdentical) {
   for (int run_i = 0; run_i < 2; run_i++) {
     out[run_i].assign(world, std::vector<float>(n));
     Ctx ctx;
-    dsc_status st = run(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
+    dsc_status st = run_ranks(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
       int r = dsc_comm_rank(c);
       // Stagger the ranks differently in each run: the order of arrival must not matter.
       std::this_thread::sleep_for(std::chrono::milliseconds(run_i ? (world - r) : r));
@@ -210,7 +196,7 @@ TEST(Comm, TimeoutFailsEveryWaitingRankWithANamedError) {
   std::mutex mu;
   std::vector<std::string> msgs(world);
   std::vector<double> secs(world, 0);
-  dsc_status st = run(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
+  dsc_status st = run_ranks(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
     int r = dsc_comm_rank(c);
     EXPECT_EQ(dsc_comm_set_timeout(c, 0.2), DSC_OK);
     double x = r + 1, y = 0;
@@ -255,7 +241,7 @@ TEST(Comm, AbortOfOneRankFailsTheOthersPromptly) {
   std::vector<std::string> msgs(world);
   std::mutex mu;
   auto t0 = std::chrono::steady_clock::now();
-  dsc_status st = run(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
+  dsc_status st = run_ranks(ctx.ctx, world, [&](dsc_comm *c) -> dsc_status {
     int r = dsc_comm_rank(c);  // default timeout (300 s): the abort, not a timeout, ends this
     double x = 1, y;
     if (dsc_comm_all_reduce(c, &x, &y, 1, DSC_F64, DSC_COMM_SUM, 0)) return fail_from(c, "first");
@@ -283,7 +269,7 @@ TEST(Comm, AbortOfOneRankFailsTheOthersPromptly) {
 TEST(Comm, RankReturningAnErrorOrLeavingEarlyIsNamed) {
   Ctx ctx;
   std::string m0;
-  dsc_status st = run(ctx.ctx, 3, [&](dsc_comm *c) -> dsc_status {
+  dsc_status st = run_ranks(ctx.ctx, 3, [&](dsc_comm *c) -> dsc_status {
     int r = dsc_comm_rank(c);
     if (r == 1) {
       ir_error(dsc_comm_context(c), ir_no_loc, "batch 7 is corrupt");
@@ -303,7 +289,7 @@ TEST(Comm, RankReturningAnErrorOrLeavingEarlyIsNamed) {
   // A rank that returns DSC_OK after one collective while the others start a second.
   Ctx ctx2;
   std::string m2;
-  st = run(ctx2.ctx, 3, [&](dsc_comm *c) -> dsc_status {
+  st = run_ranks(ctx2.ctx, 3, [&](dsc_comm *c) -> dsc_status {
     int r = dsc_comm_rank(c);
     double x = 1, y;
     if (dsc_comm_all_reduce(c, &x, &y, 1, DSC_F64, DSC_COMM_SUM, 0)) return fail_from(c, "first");
@@ -345,7 +331,7 @@ TEST(Comm, MismatchedCollectivesAreReportedNotDeadlocked) {
   for (const Case &k : cases) {
     Ctx ctx;
     std::vector<std::string> msgs(2);
-    dsc_status st = run(ctx.ctx, 2, [&](dsc_comm *c) -> dsc_status {
+    dsc_status st = run_ranks(ctx.ctx, 2, [&](dsc_comm *c) -> dsc_status {
       int r = dsc_comm_rank(c);
       std::vector<double> v = data(31, r, 8);
       dsc_status s = r == 0
@@ -368,7 +354,7 @@ TEST(Comm, MismatchedCollectivesAreReportedNotDeadlocked) {
 TEST(Comm, BadArgumentsFailOnTheCallerAndKeepRanksInStep) {
   Ctx ctx;
   std::vector<std::string> msgs(4);
-  dsc_status st = run(ctx.ctx, 4, [&](dsc_comm *c) -> dsc_status {
+  dsc_status st = run_ranks(ctx.ctx, 4, [&](dsc_comm *c) -> dsc_status {
     int r = dsc_comm_rank(c);
     dsc_context *rc = dsc_comm_context(c);
     std::vector<double> v(10, 1.0), out(10);
@@ -410,7 +396,7 @@ TEST(Comm, BadArgumentsFailOnTheCallerAndKeepRanksInStep) {
   EXPECT_NE(m.find("timeout must be a positive number"), std::string::npos) << m;
 
   Ctx bad;
-  EXPECT_EQ(run(bad.ctx, 0, [](dsc_comm *) { return DSC_OK; }), DSC_ERR_USER);
+  EXPECT_EQ(run_ranks(bad.ctx, 0, [](dsc_comm *) { return DSC_OK; }), DSC_ERR_USER);
   EXPECT_NE(all_diags(bad.ctx).find("world size must be in [1, 1024], got 0"), std::string::npos);
 }
 
@@ -420,16 +406,16 @@ TEST(Comm, TimeoutComesFromTheEnvironment) {
   setenv("DSC_COMM_TIMEOUT", "1.5", 1);
   Ctx ctx;
   std::atomic<int> seen{0};
-  EXPECT_EQ(run(ctx.ctx, 2,
-                [&](dsc_comm *c) {
-                  if (dsc_comm_timeout(c) == 1.5) seen++;
-                  return DSC_OK;
-                }),
+  EXPECT_EQ(run_ranks(ctx.ctx, 2,
+                      [&](dsc_comm *c) {
+                        if (dsc_comm_timeout(c) == 1.5) seen++;
+                        return DSC_OK;
+                      }),
             DSC_OK);
   EXPECT_EQ(seen.load(), 2);
   setenv("DSC_COMM_TIMEOUT", "soon", 1);
   Ctx bad;
-  EXPECT_EQ(run(bad.ctx, 2, [](dsc_comm *) { return DSC_OK; }), DSC_ERR_USER);
+  EXPECT_EQ(run_ranks(bad.ctx, 2, [](dsc_comm *) { return DSC_OK; }), DSC_ERR_USER);
   EXPECT_NE(all_diags(bad.ctx).find(
                 "DSC_COMM_TIMEOUT: expected a positive number of seconds, got 'soon'"),
             std::string::npos)

@@ -118,3 +118,39 @@ TEST(IrReview, IntegerResultsHaveNoNegativeZero) {
   dsc_params_free(p);
   dsc_module_free(m);
 }
+
+TEST(IrReview, VerifierRejectsReadingACollectiveInFlight) {
+  // Only the matching wait may read a start's value (the data in flight).
+  Ctx c;
+  dsc_module *m = nullptr;
+  EXPECT_EQ(parse(c,
+                  "module m\n\ngraph g(%x: f32[2]) {\n"
+                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0} : f32[2]\n"
+                  "  %1 = neg(%0) : f32[2]\n  %2 = all_reduce_wait(%0) : f32[2]\n"
+                  "  return %2\n}\n",
+                  &m),
+            DSC_ERR_USER);
+  EXPECT_NE(c.diags().find("5:3: neg: reads a all_reduce_start whose data is in flight"),
+            std::string::npos)
+      << c.diags();
+  Ctx c2;
+  EXPECT_EQ(parse(c2,
+                  "module m\n\ngraph g(%x: f32[2]) {\n"
+                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0} : f32[2]\n"
+                  "  %1 = all_reduce_wait(%0) : f32[2]\n  return %0\n}\n",
+                  &m),
+            DSC_ERR_USER);
+  EXPECT_NE(c2.diags().find("output 0 is a all_reduce_start whose data is in flight"),
+            std::string::npos)
+      << c2.diags();
+  // start then wait then use: fine
+  Ctx c3;
+  EXPECT_EQ(parse(c3,
+                  "module m\n\ngraph g(%x: f32[2]) {\n"
+                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0} : f32[2]\n"
+                  "  %1 = all_reduce_wait(%0) : f32[2]\n  %2 = neg(%1) : f32[2]\n  return %2\n}\n",
+                  &m),
+            DSC_OK)
+      << c3.diags();
+  dsc_module_free(m);
+}
