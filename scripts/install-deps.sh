@@ -2,7 +2,7 @@
 # Installs what dsc needs to build and test on Debian 12 (run as root or with sudo).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build flex bison libgtest-dev libcjson-dev clang libclang-rt-14-dev python3
-  libopenmpi-dev openmpi-bin)
+  libopenmpi-dev openmpi-bin llvm-14-dev libdnnl-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
