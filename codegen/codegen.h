@@ -276,6 +276,11 @@ typedef struct {
  * possible, buffers placed by liveness. Allocates in arena `a`. */
 dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out);
 
+/* The STATE arena layout shared by every graph of module m: param/state i
+ * (module order) at byte offset offsets[i] (64-byte aligned); *total is the
+ * arena size. False when the sizes overflow. */
+bool cg_state_layout(const ir_module *m, int64_t *offsets, int64_t *total);
+
 /* A readable listing of a program (instructions, buffers, kernels). */
 char *cg_program_print(ir_arena *a, const cg_program *p);
 
@@ -304,10 +309,26 @@ void cg_llvm_jit_free(cg_llvm_jit *j);
  * valid until cg_llvm_jit_free. Errors are diagnostics on ctx. */
 dsc_status cg_llvm_compile(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
                            cg_cpu_kernel_fn *fns);
+/* cg_llvm_compile where objs[i] (when objs and objs[i] are non-NULL) is a
+ * prebuilt object of kernel i from cg_llvm_kernel_object on the same host
+ * (a .dsx file): loaded instead of compiled. */
+dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
+                                cg_cpu_kernel_fn *fns, const void *const *objs,
+                                const size_t *lens);
+/* The optimised object file of one kernel for this host (malloc'd, *len
+ * set; from the cache when present); NULL with a diagnostic on failure. */
+void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len);
+/* "triple cpu features llvm-version": objects only load on an equal host. */
+void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len);
 /* The LLVM IR text of kernels before optimisation (for dumps and tests). */
 char *cg_llvm_print_ir(dsc_context *ctx, kir_kernel *const *kernels, int n); /* ir_free-able via free() */
 /* Bitcode of the kernels' module, for .dsx files (malloc'd; *len set). */
 void *cg_llvm_bitcode(dsc_context *ctx, kir_kernel *const *kernels, int n, size_t *len);
+/* The LLVM IR text after the O3 pipeline for the host CPU (malloc'd): to
+ * check vectorisation in tests and dumps. */
+char *cg_llvm_print_optimized_ir(dsc_context *ctx, kir_kernel *const *kernels, int n);
+/* Kernels compiled by this JIT so far, and kernels loaded from the disk cache. */
+void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits);
 
 /* ======================= codegen/cuda.c (DSC_HAVE_CUDA) =======================
  * GPU code generation: kernel IR -> CUDA C -> NVRTC -> PTX and cubin.
@@ -322,10 +343,171 @@ typedef struct {
  * its launch configuration. The kernel's parameters are the argument
  * pointers in order, then `int *status`. Allocated in `a`. */
 char *cg_cuda_source(ir_arena *a, const kir_kernel *k, cg_cuda_launch *launch);
+/* The CUDA C of several kernels in one translation unit (names must be
+ * distinct): one NVRTC compile per program is much faster than one per
+ * kernel. Allocated in `a`; NULL with a diagnostic on a->ctx on failure. */
+char *cg_cuda_program_source(ir_arena *a, kir_kernel *const *k, int n);
+/* The launch configuration cg_cuda_source reports, without the source. The
+ * kernels are correct for any grid size (grid-stride loops); the block size
+ * must be the one given (it sizes the reductions). */
+bool cg_cuda_launch_config(dsc_context *ctx, const kir_kernel *k, cg_cuda_launch *launch);
 /* NVRTC-compiles source for arch (e.g. 90 for sm_90): PTX text and cubin
  * (malloc'd, caller frees). The NVRTC log is in the diagnostic on failure. */
 dsc_status cg_nvrtc_compile(dsc_context *ctx, const char *source, const char *name, int arch,
                             char **ptx, size_t *ptx_len, void **cubin, size_t *cubin_len);
+
+
+/* ======================= codegen/cuda_templates.c =======================
+ * Hand-written CUDA kernels for the ops whose kernel IR form would be slow
+ * (the kernels/ .cuh files, embedded into the library at build time): fused softmax +
+ * cross-entropy, layernorm, flash-style causal attention, multi-tensor
+ * AdamW. Each template is C++-templated on the storage type (f32, bf16,
+ * f16; compute in f32) and instantiated by text: the source for NVRTC is
+ * the template file (includes inlined) plus one DSC_<NAME>_INSTANTIATE line
+ * per parameter set, defining extern "C" entry points named
+ * dsc_<entry>_<suffix> (e.g. dsc_layernorm_fwd_bf16,
+ * dsc_softmax_ce_fwd_f32_i64, dsc_attention_fwd_f32_hd64). The kernels'
+ * parameter lists are documented in the .cuh files. Available without
+ * DSC_HAVE_CUDA (text only); compiling needs cg_nvrtc_compile. */
+typedef enum {
+  CG_TPL_SOFTMAX_CE,
+  CG_TPL_LAYERNORM,
+  CG_TPL_ATTENTION,
+  CG_TPL_ADAMW,
+  CG_TPL_COUNT
+} cg_cuda_template_id;
+
+typedef enum {
+  CG_ENTRY_SOFTMAX_CE_FWD, /* grid N: losses, lse, optional probs */
+  CG_ENTRY_CE_LOSS_MEAN,   /* grid 1: mean of the N losses */
+  CG_ENTRY_SOFTMAX_CE_BWD, /* grid N: dlogits */
+  CG_ENTRY_LAYERNORM_FWD,
+  CG_ENTRY_LAYERNORM_BWD,      /* dx and per-block dw/db partials */
+  CG_ENTRY_LAYERNORM_BWD_DWDB, /* partials -> dw, db */
+  CG_ENTRY_ATTENTION_FWD,
+  CG_ENTRY_ATTENTION_BWD_PRE, /* D = rowsum(dO * O) */
+  CG_ENTRY_ATTENTION_BWD_DQ,
+  CG_ENTRY_ATTENTION_BWD_DKDV,
+  CG_ENTRY_ADAMW,
+  CG_ENTRY_COUNT
+} cg_cuda_entry;
+
+typedef struct {
+  const char *name;        /* "layernorm" */
+  const char *file;        /* "layernorm.cuh" (kernels/) */
+  const char *instantiate; /* "DSC_LAYERNORM_INSTANTIATE" */
+  cg_cuda_entry first_entry;
+  int n_entries;
+} cg_cuda_template;
+
+/* Template parameters: dtype is the storage type (f32 bf16 f16; adamw: the
+ * gradient and weight-copy type); index_dtype the softmax_ce targets' type
+ * (i32 i64); head_dim the attention head size (1..128). */
+typedef struct {
+  dsc_dtype dtype;
+  dsc_dtype index_dtype;
+  int head_dim;
+} cg_cuda_template_params;
+
+/* Problem sizes for a launch configuration. softmax_ce: rows = N, cols = V;
+ * layernorm: rows = N, cols = C; attention: batch, seq, heads (head_dim
+ * from the params); adamw: n_tensors, max_numel (largest tensor). */
+typedef struct {
+  int64_t rows, cols;
+  int64_t batch, seq, heads;
+  int64_t n_tensors, max_numel;
+} cg_cuda_template_sizes;
+
+const cg_cuda_template *cg_cuda_template_info(cg_cuda_template_id id);
+cg_cuda_template_id cg_cuda_entry_template(cg_cuda_entry e);
+const char *cg_cuda_entry_base(cg_cuda_entry e); /* "layernorm_bwd_dwdb" */
+/* The embedded text of kernels/<file> (NULL if there is no such file). */
+const char *cg_cuda_kernel_file(const char *file);
+/* The entry-name suffix for params ("bf16", "f32_i64", "f16_hd128"); false
+ * (and err) when the params are not supported by the template. */
+bool cg_cuda_template_suffix(cg_cuda_template_id id, const cg_cuda_template_params *p, char *buf,
+                             size_t len, char *err, size_t errlen);
+/* The extern "C" name of an entry point: dsc_<base>_<suffix>. */
+bool cg_cuda_entry_name(cg_cuda_entry e, const cg_cuda_template_params *p, char *buf, size_t len,
+                        char *err, size_t errlen);
+/* Self-contained NVRTC source: the template with its includes inlined,
+ * then one instantiation per element of params (duplicates once). Several
+ * templates' sources may be concatenated into one program (include guards).
+ * Allocated in `a`; NULL and err on unsupported params. */
+char *cg_cuda_template_source(ir_arena *a, cg_cuda_template_id id,
+                              const cg_cuda_template_params *params, int n_params, char *err,
+                              size_t errlen);
+/* Launch configuration (grid, block, dynamic shared bytes) of an entry for
+ * the sizes; false and err when the sizes are out of the kernel's range
+ * (non-positive, over int32, shared memory beyond 48 KiB, grid limits). */
+bool cg_cuda_template_launch(cg_cuda_entry e, const cg_cuda_template_params *p,
+                             const cg_cuda_template_sizes *s, cg_cuda_launch *out, char *err,
+                             size_t errlen);
+/* layernorm backward: rows are split into n_parts contiguous chunks of
+ * rows_per_block (kernel arguments; dw/db partial buffers are
+ * n_parts x C floats each). */
+void cg_cuda_layernorm_bwd_split(int64_t rows, int64_t *rows_per_block, int64_t *n_parts);
+
+/* The host mirror of kernels/adamw.cuh's dsc_adamw_tensor<T> (the device
+ * array the multi-tensor AdamW launch reads): device addresses. */
+typedef struct {
+  uint64_t w, g, m, v, w_copy; /* f32, T, f32, f32, T (0: no copy) */
+  int64_t n;
+  float weight_decay;
+  float pad_;
+} cg_adamw_tensor;
+
+/* ======================= codegen/cublaslt.c (DSC_HAVE_CUDA) =======================
+ * A cg_gemm as cuBLASLt descriptors. dsc is row-major, cuBLASLt
+ * column-major: a row-major X (r x c, row stride ld) read column-major is
+ * X^T (c x r, ld). So for a row-major C the plan computes
+ *   C^T (n x m) = B^T (n x k) . A^T (k x m)
+ * i.e. cuBLASLt's A is dsc's B and its B is dsc's A, no data moved. Per
+ * operand, a unit column stride is a column-major X^T (op N), a unit row
+ * stride a column-major X (op T); a C with unit row stride is column-major
+ * already and the operands are not swapped. The two batch dims collapse to
+ * one strided batch when batch_stride[0] == batch[1] * batch_stride[1] for
+ * every operand (or one of them is 1); otherwise the plan keeps batch[0] as
+ * an outer loop (outer_count > 1) run as separate matmuls. Stride-0 batch
+ * strides (broadcast A or B) are kept as cuBLASLt strided batches. */
+typedef enum {
+  CG_GEMM_F32,  /* f32 in/out, f32 compute */
+  CG_GEMM_TF32, /* f32 in/out, TF32 tensor cores */
+  CG_GEMM_BF16, /* bf16 A, B; C bf16 or f32; f32 accumulation */
+  CG_GEMM_F16,  /* f16 A, B; C f16 or f32; f32 accumulation */
+} cg_gemm_precision;
+
+typedef struct {
+  void *desc;               /* cublasLtMatmulDesc_t */
+  void *layout[3];          /* cublasLtMatrixLayout_t of cuBLASLt's A, B, C (= D) */
+  bool swapped;             /* cuBLASLt A = dsc B (row-major C) */
+  int trans[2];             /* cublasOperation_t of cuBLASLt's A, B */
+  int64_t rows[3], cols[3], ld[3]; /* layouts as created (column-major) */
+  int64_t batch_count;      /* the strided batch of each launch */
+  int64_t batch_stride[3];  /* cuBLASLt A, B, C, elements */
+  int64_t outer_count;      /* matmuls per run (1 when the batch dims collapsed) */
+  int64_t outer_stride[3];  /* per outer step: cuBLASLt A, B, C, elements */
+  int64_t offset[3];        /* element offsets into the buffers: cuBLASLt A, B, C */
+  size_t elem_size[3];
+  float alpha, beta;
+  uint64_t algo[8];         /* cublasLtMatmulAlgo_t, chosen on the first run */
+  bool has_algo;
+} cg_cublaslt_plan;
+
+/* Fills plan for g with A, B of dtype ab and C of dtype c (see
+ * cg_gemm_precision for the combinations). Needs no GPU. Every cuBLASLt
+ * status is checked; the failing call is named in the diagnostic. On
+ * failure nothing is left allocated. */
+dsc_status cg_cublaslt_plan_init(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dtype c,
+                                 cg_gemm_precision prec, cg_cublaslt_plan *plan);
+void cg_cublaslt_plan_destroy(cg_cublaslt_plan *plan);
+/* Runs the plan (needs a device): handle is a cublasLtHandle_t, stream a
+ * cudaStream_t, a/b/c the buffers' base device pointers (the plan adds the
+ * operand offsets), workspace optional. Picks the algorithm by heuristic on
+ * the first call. */
+dsc_status cg_cublaslt_run(dsc_context *ctx, cg_cublaslt_plan *plan, void *handle, void *stream,
+                           const void *a, const void *b, void *c, void *workspace,
+                           size_t workspace_bytes);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 #ifndef DSC_DRIVER_H
 #define DSC_DRIVER_H
 
+#include "dsc/exec.h"
 #include "dsc/frontend.h"
 #include "dsc/trainer.h"
 #include "runtime/runtime.h"

@@ -214,7 +214,10 @@ struct dsc_trainer {
   dsc_module *m;   /* the step module */
   dsc_module *fwd; /* forward module for validation (NULL without a val shard) */
   dsc_graph *step_g, *fwd_g;
-  dsc_params *params;
+  dsc_params *params;     /* host copy (doubles): checkpoints, initialisation */
+  dsc_exec *step_x, *fwd_x; /* the backend's executors of step and validation modules */
+  dsc_params *fwd_params;   /* host staging for the validation executor */
+  bool params_stale;        /* the step executor holds newer values than params */
   dsc_loader *train, *val;
   dsc_tensor *in_tok, *in_tgt, *in_lr, *v_tok, *v_tgt;
   int32_t *buf_in, *buf_tgt; /* B*K*T each, context-allocated */
@@ -233,7 +236,18 @@ struct dsc_trainer {
 };
 
 const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t) { return &t->info; }
-const dsc_params *dsc_trainer_params(const dsc_trainer *t) { return t->params; }
+/* Copies the executor's params and states into the host copy when a step
+ * ran since the last copy (per step this would cost a full conversion). */
+static dsc_status sync_params(dsc_trainer *t) {
+  if (!t->params_stale) return DSC_OK;
+  dsc_status st = dsc_exec_get_params(t->step_x, t->params);
+  if (st == DSC_OK) t->params_stale = false;
+  return st;
+}
+
+const dsc_params *dsc_trainer_params(dsc_trainer *t) {
+  return sync_params(t) == DSC_OK ? t->params : NULL;
+}
 
 void dsc_trainer_free(dsc_trainer *t) {
   if (!t) return;
@@ -246,7 +260,10 @@ void dsc_trainer_free(dsc_trainer *t) {
   for (int i = 0; i < 5; i++) dsc_tensor_free(ctx, ts[i]);
   if (t->buf_in) ir_free(ctx, t->buf_in, t->buf_bytes);
   if (t->buf_tgt) ir_free(ctx, t->buf_tgt, t->buf_bytes);
+  dsc_exec_free(t->step_x);
+  dsc_exec_free(t->fwd_x);
   dsc_params_free(t->params);
+  dsc_params_free(t->fwd_params);
   dsc_module_free(t->m);
   dsc_module_free(t->fwd);
   ir_arena_release(&t->arena);
@@ -565,7 +582,18 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   dsc_pipeline_options po;
   memset(&po, 0, sizeof po);
   po.train = cfg;
+  /* The interpreter runs composite ops itself; compiled backends need the
+   * codegen passes (decompose, fuse) too. */
+  dsc_backend backend = dsc_backend_default();
+  if (o->backend && dsc_backend_from_name(o->backend, &backend) != 0) {
+    ir_error(ctx, ir_no_loc, "unknown backend '%s' (interp, cpu or cuda)", o->backend);
+    st = DSC_ERR_USER;
+    goto done;
+  }
+  if (backend == DSC_BACKEND_INTERP) po.stop_after = "optimizer";
   if ((st = dsc_run_pipeline(t->m, &po)) != DSC_OK) goto done;
+  if (t->fwd && backend != DSC_BACKEND_INTERP && (st = dsc_run_codegen_passes(t->fwd)) != DSC_OK)
+    goto done;
   t->step_g = dsc_module_find_graph(t->m, "train_step");
   bool shape_ok = t->step_g && dsc_graph_input_count(t->step_g) == 3 &&
                   dsc_graph_output_count(t->step_g) >= 2 && dsc_graph_output_count(t->step_g) <= 3;
@@ -649,6 +677,18 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     int64_t per_epoch = dsc_loader_windows(t->val) / B;
     if (per_epoch < 1) per_epoch = 1;
     if (t->eval_batches > per_epoch) t->eval_batches = per_epoch;
+  }
+
+  /* Executors, holding the params (initialised or restored above). */
+  dsc_exec_options xo = {backend, o->threads, NULL};
+  if ((st = dsc_exec_new(t->m, &xo, &t->step_x)) != DSC_OK) goto done;
+  if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) goto done;
+  if (t->fwd) {
+    if ((st = dsc_exec_new(t->fwd, &xo, &t->fwd_x)) != DSC_OK) goto done;
+    if (!(t->fwd_params = dsc_params_init(t->fwd, 0))) {
+      st = oom(ctx);
+      goto done;
+    }
   }
 
   /* Buffers and input tensors. */
@@ -747,8 +787,9 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
   dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
-  st = dsc_interp_run(t->step_g, t->params, ins, 3, outs);
+  st = dsc_exec_run(t->step_x, "train_step", ins, 3, outs);
   if (st != DSC_OK) return st;
+  t->params_stale = true;
   p->loss = outs[0]->data[0];
   p->grad_norm = outs[1]->data[0];
   p->skipped = outs[2] && outs[2]->data[0] != 0;
@@ -778,7 +819,15 @@ dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
     ir_error(t->ctx, ir_no_loc, "trainer: no validation shard");
     return DSC_ERR_USER;
   }
-  dsc_status st = dsc_loader_seek(t->val, (dsc_loader_pos){0, 0});
+  /* The validation module reads the step module's current params by name. */
+  dsc_status st = sync_params(t);
+  for (int i = 0; st == DSC_OK && i < dsc_module_param_count(t->fwd); i++) {
+    const dsc_tensor *src = dsc_params_find(t->params, dsc_module_param_name(t->fwd, i));
+    dsc_tensor *dst = dsc_params_get(t->fwd_params, i);
+    memcpy(dst->data, src->data, sizeof(double) * (size_t)dsc_type_numel(&dst->type));
+  }
+  if (st == DSC_OK) st = dsc_exec_set_params(t->fwd_x, t->fwd_params);
+  if (st == DSC_OK) st = dsc_loader_seek(t->val, (dsc_loader_pos){0, 0});
   double sum = 0;
   int64_t n = t->B * t->T;
   for (int64_t b = 0; st == DSC_OK && b < t->eval_batches; b++) {
@@ -788,7 +837,7 @@ dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
     fill(t->v_tgt, t->buf_tgt, n);
     const dsc_tensor *ins[2] = {t->v_tok, t->v_tgt};
     dsc_tensor *out = NULL;
-    st = dsc_interp_run(t->fwd_g, t->params, ins, 2, &out);
+    st = dsc_exec_run(t->fwd_x, "forward", ins, 2, &out);
     if (st == DSC_OK) sum += out->data[0];
     dsc_tensor_free(t->ctx, out);
   }
@@ -798,6 +847,8 @@ dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
 
 dsc_status dsc_trainer_save(dsc_trainer *t) {
   ir_arena *a = &t->arena;
+  dsc_status sst = sync_params(t);
+  if (sst != DSC_OK) return sst;
   if (!t->out_dir) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;

@@ -126,6 +126,7 @@ struct dsc_node {
   const char *name; /* graph inputs: the input's name; otherwise NULL */
   dsc_loc loc;      /* source location of the expression that built it */
   ir_graph *graph;
+  int group; /* fusion group set by passes/fuse.c (printed `group N`); 0 = none */
 };
 
 struct dsc_graph {

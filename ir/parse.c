@@ -8,7 +8,7 @@
  *             | ('normal' | 'uniform') '(' num ',' num ')'
  *   graph    := 'graph' name '(' [ VALUE ':' type { ',' VALUE ':' type } ] ')' '{'
  *               { VALUE '=' op [ '(' [ VALUE { ',' VALUE } ] ')' ]
- *                 [ '{' [ attr { ',' attr } ] '}' ] ':' type }
+ *                 [ '{' [ attr { ',' attr } ] '}' ] ':' type [ 'group' INT ] }
  *               'return' VALUE { ',' VALUE } '}'
  *   attr     := IDENT '=' (num | 'true' | 'false' | dtype | STRING | '[' [int {',' int}] ']')
  *   type     := dtype '[' [ int { ',' int } ] ']'
@@ -906,10 +906,24 @@ static bool parse_node(parser *p, ir_graph *g) {
     if (!parse_attrs(p, info, attrs)) return false;
   dsc_type type;
   if (!expect(p, T_COLON, "':' and the value's type") || !parse_type(p, &type)) return false;
+  int group = 0; /* fusion group (passes/fuse.c) */
+  if (is_word(&p->tok, "group")) {
+    next(p);
+    token gt = p->tok;
+    if (gt.kind != T_INT) return expected(p, "a group number after 'group'");
+    if (gt.i <= 0 || gt.i > INT32_MAX) {
+      error_at(p, gt.line, gt.col, "group number %lld is out of range [1, %d]", (long long)gt.i,
+               INT32_MAX);
+      return false;
+    }
+    group = (int)gt.i;
+    next(p);
+  }
   if (inputs_failed) return false; /* an input's line failed and was reported */
   ir_node *n = ir_node_new_raw(g, op, type, p->ins, n_in, attrs, info->n_attrs);
   if (!n) return out_of_memory(p), false;
   n->loc = loc_at(p, vt.line, vt.col);
+  n->group = group;
   sym_find(p, key, len)->node = n;
   return true;
 }

@@ -24,6 +24,16 @@ static dsc_status run_optimizer(ir_module *m, const dsc_pipeline_options *opts) 
   return pass_optimizer_run(m, opts->train);
 }
 
+static dsc_status run_decompose(ir_module *m, const dsc_pipeline_options *opts) {
+  (void)opts;
+  return pass_decompose_run(m);
+}
+
+static dsc_status run_fuse(ir_module *m, const dsc_pipeline_options *opts) {
+  (void)opts;
+  return pass_fuse_run(m);
+}
+
 static const struct {
   const char *name, *description;
   pass_run_fn run;
@@ -38,6 +48,14 @@ static const struct {
      "build graph 'train_step': micro-batches, gradient averaging and clipping, the optimizer "
      "update with its states",
      run_optimizer},
+    {"decompose",
+     "rewrite composite ops (softmax, norms, attention, cross_entropy) into primitive ops for "
+     "code generation",
+     run_decompose},
+    {"fuse",
+     "group computations into kernels (node groups: reductions with their elementwise "
+     "producers and consumers, elementwise chains, one optimizer update per param)",
+     run_fuse},
 };
 #define N_PASSES ((int)(sizeof passes / sizeof passes[0]))
 
@@ -92,6 +110,29 @@ dsc_status dsc_run_pipeline(dsc_module *m, const dsc_pipeline_options *opts) {
       st = dsc_module_print(m, out);
       if (st != DSC_OK) return st;
     }
+  }
+  return DSC_OK;
+}
+
+/* The passes a compiled backend needs on a module that did not go through
+ * the training pipeline (the validation and sampling modules): every pass
+ * from "decompose" on. */
+dsc_status dsc_run_codegen_passes(dsc_module *m) {
+  int first = -1;
+  for (int i = 0; i < N_PASSES; i++)
+    if (strcmp(passes[i].name, "decompose") == 0) first = i;
+  dsc_pipeline_options none;
+  memset(&none, 0, sizeof none);
+  for (int i = first; i >= 0 && i < N_PASSES; i++) {
+    dsc_status st = passes[i].run(m, &none);
+    if (st != DSC_OK) return st;
+#ifndef NDEBUG
+    if (dsc_module_verify(m) != DSC_OK) {
+      ir_error(m->ctx, ir_no_loc, "the IR is invalid after pass '%s' (a bug in that pass)",
+               passes[i].name);
+      return DSC_ERR_INTERNAL;
+    }
+#endif
   }
   return DSC_OK;
 }

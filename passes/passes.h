@@ -25,6 +25,19 @@ dsc_status pass_autodiff_run(ir_module *m, ir_graph *g);
  * pass_autodiff_run uses ir_grad_rules(). Tests use it to remove a rule. */
 dsc_status pass_autodiff_run_with_rules(ir_module *m, ir_graph *g, const ir_grad_fn *rules);
 
+/* ======================= passes/decompose.c =======================
+ * Rewrites every composite op (softmax, log_softmax, layernorm, rmsnorm,
+ * attention, cross_entropy; not embedding_grad) of every graph into
+ * primitive ops (elementwise, reductions, layout, iota/const, matmul,
+ * embedding), in numerically stable forms, keeping each composite's result
+ * type and source location; f32 compute for bf16/f16 norms, softmaxes and
+ * losses. A cross_entropy target outside [0, V) stays a runtime error
+ * (through a bounds-checked embedding). On error the graphs are unchanged
+ * except for those already rewritten (each graph is rewritten whole). */
+dsc_status pass_decompose_run(ir_module *m);
+/* Whether the pass rewrites ops of this kind. */
+bool pass_decompose_op(dsc_op op);
+
 /* ======================= passes/ir_util.c =======================
  * Graph surgery shared by passes. */
 /* Appends a copy of every node of `src` (same module) to `dst`: src's i-th
@@ -36,6 +49,56 @@ bool pass_inline_graph(ir_graph *dst, const ir_graph *src, ir_node *const *input
 /* Removes graph `name` from the module (its nodes stay in the arena).
  * Returns false when there is no such graph. */
 bool pass_remove_graph(ir_module *m, const char *name);
+
+/* ======================= passes/fuse.c =======================
+ * Fusion: sets node->group so that each group becomes one kernel (the rules
+ * are the comment at the top of fuse.c). The helpers below describe a
+ * group's iteration domain; codegen/lower.c uses the same ones, so what the
+ * pass accepts is exactly what the lowering can express. */
+dsc_status pass_fuse_graph(ir_graph *g);
+dsc_status pass_fuse_run(ir_module *m); /* every graph of the module */
+
+/* An index expression k + sum_v c[v] * i_v over the kernel's domain vars. */
+typedef struct {
+  int64_t k;
+  int64_t c[DSC_MAX_RANK];
+} pass_affine;
+
+/* A group's domain: the full value shape D (in its own dim order) and the
+ * reduced dims R (a bit mask over D). Kernel vars: D's dims outside R in
+ * order (outer), then R's dims (inner). Without a reduction the last dim is
+ * the inner one. */
+typedef struct {
+  dsc_type full;
+  uint32_t rmask;
+  bool reduces;
+  int rank, n_outer;
+  int64_t dims[DSC_MAX_RANK]; /* kernel order */
+  int var_of[DSC_MAX_RANK];   /* D's dim j -> kernel var */
+} pass_fuse_domain;
+
+void pass_fuse_domain_make(const dsc_type *full, uint32_t rmask, bool reduces, pass_fuse_domain *d);
+/* The domain of a group from its members (any order). False when the
+ * members disagree (two reductions over different domains). */
+bool pass_fuse_group_domain(ir_node *const *members, int n, pass_fuse_domain *d);
+/* A sum/mean/max over a non-empty axis list: sets *mask and returns true. */
+bool pass_fuse_reduction(const ir_node *n, uint32_t *mask);
+/* The natural position of a value of type t in domain d: a full value
+ * (t == D) or, when d reduces, a reduced one (D without R, or with R's dims
+ * kept as 1). *full tells which. False when t is neither. */
+bool pass_fuse_natural_map(const pass_fuse_domain *d, const dsc_type *t, pass_affine *p, bool *full);
+/* The point of input i of n read when n is evaluated at point pn (per dim
+ * of n): broadcasting, views, reductions (their reduced dims run over d's
+ * inner vars), the ids of an embedding. False when not affine (a reshape
+ * that splits a computed dim) or not an op a kernel evaluates. */
+bool pass_fuse_input_point(const ir_node *n, int i, const pass_fuse_domain *d, const pass_affine *pn,
+                           pass_affine *pin);
+/* Same point, ignoring dims of size 1 (always index 0). */
+bool pass_fuse_point_equal(const dsc_type *t, const pass_affine *a, const pass_affine *b);
+/* Ops a kernel recomputes wherever they are read when all their inputs are
+ * recomputable too (const, iota, elementwise, broadcast, permute, slice,
+ * affine reshape): they are never grouped and never stored by fusion. */
+bool pass_fuse_inlinable_op(const ir_node *n);
 
 /* ======================= passes/optimizer.c =======================
  * Builds the training-step graph "train_step" from graph "forward" (run

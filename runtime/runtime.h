@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codegen/codegen.h"
 #include "dsc/comm.h"
 #include "dsc/runtime.h"
 #include "ir/ir.h"
@@ -46,6 +47,23 @@ char *rt_parent_dir(dsc_context *ctx, const char *path);
 /* Reads exactly n bytes at offset; false on a short read or an I/O error. */
 bool rt_pread_full(int fd, void *buf, size_t n, uint64_t offset);
 char *rt_strdup(dsc_context *ctx, const char *s); /* free: ir_free(ctx, s, strlen(s) + 1) */
+
+/* ======================= runtime/dsx.c =======================
+ * The .dsx container of compiled programs: named sections, each with a
+ * checksum, written atomically; reading checks everything against the file. */
+typedef struct {
+  char *name; /* writer: const text; reader: owned */
+  void *data; /* reader: owned, NUL-terminated past size */
+  size_t size;
+} rt_dsx_section;
+typedef struct {
+  rt_dsx_section *sections;
+  int n, cap;
+} rt_dsx;
+dsc_status rt_dsx_write(dsc_context *ctx, const char *path, const rt_dsx_section *s, int n);
+dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out);
+void rt_dsx_free(dsc_context *ctx, rt_dsx *d);
+const rt_dsx_section *rt_dsx_find(const rt_dsx *d, const char *name);
 
 /* ======================= runtime/data.c ======================= */
 typedef struct dsc_loader rt_loader;
@@ -168,6 +186,98 @@ extern const rt_comm_backend rt_comm_inproc_backend;
  * Without DSC_HAVE_MPI only a stub that reports "built without MPI". */
 bool rt_comm_mpi_available(void);
 dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out);
+
+/* ======================= runtime/threadpool.c =======================
+ * A fixed team for parallel loops: the calling thread runs chunk 0 and
+ * n_threads - 1 workers run the others. Where the library is built with
+ * OpenMP (as oneDNN is), the workers are OpenMP's team, so that oneDNN's
+ * GEMMs and our kernels share one team instead of two teams spinning on
+ * the same cores; elsewhere a pthread team whose workers spin briefly after
+ * a job, then sleep on a condition variable. The split is static and even
+ * (the same n, min_chunk and thread count always give the same chunks), so
+ * results never depend on timing. A job allocates nothing. Not reentrant:
+ * fn must not call rt_pool_parallel_for on the same pool. */
+typedef struct rt_pool rt_pool;
+/* Runs indices [begin, end); chunk is the chunk's number in
+ * [0, rt_pool_threads) (per-chunk scratch and status slots). */
+typedef void (*rt_range_fn)(void *arg, int64_t begin, int64_t end, int chunk);
+/* n_threads >= 1 (1: everything runs inline). NULL with a diagnostic on
+ * failure. */
+rt_pool *rt_pool_new(dsc_context *ctx, int n_threads);
+/* The pthread team even where OpenMP is available (tests cover both). */
+rt_pool *rt_pool_new_pthreads(dsc_context *ctx, int n_threads);
+bool rt_pool_is_openmp(const rt_pool *p);
+void rt_pool_free(rt_pool *p);
+int rt_pool_threads(const rt_pool *p);
+/* Splits [0, n) into at most n_threads chunks of at least min_chunk
+ * indices (except when n itself is smaller) and returns when all ran. */
+void rt_pool_parallel_for(rt_pool *p, int64_t n, int64_t min_chunk, rt_range_fn fn, void *arg);
+/* The chunk bounds rt_pool_parallel_for uses: number of chunks for n. */
+int rt_pool_chunks(const rt_pool *p, int64_t n, int64_t min_chunk);
+
+/* ======================= runtime/gemm_cpu.c =======================
+ * GEMMs of a cg_program (codegen/codegen.h cg_gemm): a plan is built once
+ * at program load and run many times. With DSC_HAVE_LLVM the plan is a
+ * oneDNN matmul primitive over strided memory descriptors (transposes,
+ * slices and broadcast batches are strides; alpha is an output scale, beta
+ * a sum post-op); shapes oneDNN refuses, and builds without oneDNN, use a
+ * blocked C loop on the pool. Debian's oneDNN 2.6 threads with OpenMP:
+ * each run sets the calling thread's OpenMP thread count to the pool's. */
+typedef struct rt_gemm_engine rt_gemm_engine;
+typedef struct rt_gemm_plan rt_gemm_plan;
+/* One per executor (oneDNN engine and stream); pool must outlive it. */
+rt_gemm_engine *rt_gemm_engine_new(dsc_context *ctx, rt_pool *pool);
+void rt_gemm_engine_free(rt_gemm_engine *e);
+enum { RT_GEMM_NO_LIBRARY = 1 }; /* plan flag: always the C loop (tests) */
+/* ab: dtype of A and B (f32 f64 bf16 f16), c: dtype of C (float dtypes).
+ * NULL with a diagnostic when the GEMM is malformed. */
+rt_gemm_plan *rt_gemm_plan_new(rt_gemm_engine *e, const cg_gemm *g, dsc_dtype ab,
+                               dsc_dtype c, int flags);
+void rt_gemm_plan_free(rt_gemm_plan *p);
+/* a, b, c: the operands' buffer base pointers (the plan adds each
+ * cg_matrix offset). False (with err) only if the library fails at run. */
+bool rt_gemm_run(rt_gemm_plan *p, const void *a, const void *b, void *c, char *err,
+                 size_t errlen);
+/* "onednn:<implementation>" or "loop" (tests, profiles). */
+const char *rt_gemm_plan_impl(const rt_gemm_plan *p);
+/* One past the largest element index operand `which` (0 A, 1 B, 2 C)
+ * reaches, offset included (for bounds checks against the buffer). */
+int64_t rt_gemm_extent(const cg_gemm *g, int which);
+
+/* ======================= runtime/exec_cpu.c =======================
+ * Executes lowered programs (codegen/codegen.h cg_program) on the CPU:
+ * kernels (cg_cpu_kernel_fn, e.g. from cg_llvm_compile) split over a
+ * thread pool by their outer domain, GEMMs through rt_gemm plans, embedding
+ * gradients, copies. Everything is allocated and planned at creation: a run
+ * allocates nothing. Not thread-safe: one run at a time. */
+typedef struct rt_cpu_exec rt_cpu_exec;
+/* progs[i] with fns[i][k] the compiled kernel k of program i. One STATE
+ * arena of state_bytes (64-byte aligned, zeroed) is shared by all programs
+ * (module params and states, cg_buffer offsets); each program has its own
+ * WORK arena of arena_bytes[CG_ARENA_WORK]. The programs and fns must
+ * outlive the executor. NULL with a diagnostic when a program is malformed
+ * (an index or a view out of range, dtypes that disagree) or out of memory. */
+rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, int n_progs,
+                             cg_cpu_kernel_fn *const *fns, int n_threads, int64_t state_bytes);
+void rt_cpu_exec_free(rt_cpu_exec *e);
+/* The STATE arena's base (params in and out via the buffers' offsets). */
+void *rt_cpu_exec_state(rt_cpu_exec *e);
+/* Runs program prog: inputs[i] is graph input i's data in its dtype
+ * (copied into the WORK arena); outputs_out[i] receives a pointer to graph
+ * output i (into an arena: valid until the next run of any program). The
+ * program's non-in-place assigns are applied only when every instruction
+ * succeeded. False with a message in err on a runtime error (a kernel's
+ * index out of range, a library failure); then no assign is applied. */
+bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outputs_out, char *err,
+                     size_t errlen);
+/* Per-instruction timing (off by default; costs two clock reads each).
+ * rt_cpu_exec_profile returns the cumulative nanoseconds of each of
+ * program prog's instructions since profiling was switched on, sets *n to
+ * the instruction count and *runs to the number of runs timed. */
+void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on);
+const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64_t *runs);
+/* The GEMM plan of instruction ins of program prog (NULL: not a GEMM). */
+const rt_gemm_plan *rt_cpu_exec_gemm_plan(const rt_cpu_exec *e, int prog, int ins);
 
 #ifdef __cplusplus
 }

@@ -14,9 +14,9 @@ static const char train_help[] =
     "usage: dsc train MODEL.dsm --data PREFIX [options]\n"
     "       dsc train --resume DIR [MODEL.dsm] [options]\n"
     "\n"
-    "Trains a token model (forward(tokens, targets) -> loss) with the reference\n"
-    "interpreter: compiles MODEL.dsm, runs the training pipeline (precision,\n"
-    "autodiff, optimizer) and steps through PREFIX_train.bin (written by 'dsc data').\n"
+    "Trains a token model (forward(tokens, targets) -> loss): compiles MODEL.dsm,\n"
+    "runs the training pipeline (precision, autodiff, optimizer, decompose, fuse)\n"
+    "and steps through PREFIX_train.bin (written by 'dsc data').\n"
     "The flags override the model's train section:\n"
     "  --data PREFIX     token shards PREFIX_train.bin and, if present, PREFIX_val.bin\n"
     "  --steps N         optimizer steps of the whole run, counted from step 0\n"
@@ -28,6 +28,9 @@ static const char train_help[] =
     "  --precision P     f32, bf16 or fp16: mixed precision with f32 master weights\n"
     "                    (fp16 with dynamic loss scaling; docs/training.md)\n"
     "  --seed S          seed of the parameter init and the data order\n"
+    "  --backend B       interp (the reference interpreter), cpu (LLVM-JIT kernels +\n"
+    "                    oneDNN GEMMs; the default where built) or cuda\n"
+    "  --threads N       cpu backend threads (default: one per core)\n"
     "  --out DIR         checkpoints DIR/step-NNNNNN (newest: DIR/latest) and\n"
     "                    DIR/metrics.jsonl (the run's JSON lines)\n"
     "  --save-every N    checkpoint every N steps (and always at the end; 0: end only)\n"
@@ -172,6 +175,16 @@ int cli_train(int argc, char **argv) {
         return cli_usage_error("train", "--precision: '%s' is not one of f32, bf16, fp16",
                                o.precision),
                CLI_EXIT_USER;
+    } else if (strcmp(a, "--backend") == 0) {
+      dsc_backend b;
+      ok = want_str(argc, argv, &i, &o.backend);
+      if (ok && dsc_backend_from_name(o.backend, &b) != 0)
+        return cli_usage_error("train", "--backend: '%s' is not one of interp, cpu, cuda",
+                               o.backend),
+               CLI_EXIT_USER;
+    } else if (strcmp(a, "--threads") == 0) {
+      ok = want_i64(argc, argv, &i, 1, &v) && v <= 1024;
+      o.threads = (int)v;
     } else if (strcmp(a, "--quiet") == 0) {
       quiet = true;
     } else if (a[0] == '-' && a[1]) {

@@ -3,6 +3,7 @@
 #define DSC_H
 #include "dsc/core.h"
 #include "dsc/comm.h"
+#include "dsc/exec.h"
 #include "dsc/frontend.h"
 #include "dsc/interp.h"
 #include "dsc/ir.h"

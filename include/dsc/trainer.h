@@ -44,6 +44,8 @@ typedef struct {
   int64_t stop_at;      /* > 0: checkpoint and stop once this many steps are done */
   int keep_last;        /* checkpoints kept (dsc_checkpoint_save); 0: all */
   const char *precision; /* "f32", "bf16", "fp16" (train.precision); NULL keeps */
+  const char *backend;   /* "interp", "cpu", "cuda" (include/dsc/exec.h); NULL: the default */
+  int threads;           /* cpu backend worker threads; 0: one per core */
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;
@@ -87,7 +89,8 @@ dsc_status dsc_trainer_open(dsc_context *ctx, const dsc_trainer_options *opts, d
 void dsc_trainer_free(dsc_trainer *t);
 const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t);
 /* The parameter values (trainable params and states of the step module). */
-const dsc_params *dsc_trainer_params(const dsc_trainer *t);
+/* The params and states as of the last step (copied from the backend). */
+const dsc_params *dsc_trainer_params(dsc_trainer *t);
 
 /* One optimizer step (grad_accum micro-batches). dsc_trainer_run writes
  * the JSON lines (metrics.jsonl, log_path), one per step. */

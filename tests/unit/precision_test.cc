@@ -231,7 +231,7 @@ TEST(Precision, F32PipelineUnchanged) {
   std::string before = print(a);
   ASSERT_EQ(pass_precision_run(a, &cfg), DSC_OK);
   EXPECT_EQ(print(a), before);
-  dsc_pipeline_options po = {&cfg, nullptr, false, nullptr, true};
+  dsc_pipeline_options po = {&cfg, "optimizer", false, nullptr, true};  // passes after it rewrite
   ASSERT_EQ(dsc_run_pipeline(a, &po), DSC_OK) << diags(c.ctx);
   ASSERT_EQ(pass_autodiff_run(b, dsc_module_find_graph(b, "forward")), DSC_OK);
   ASSERT_EQ(pass_optimizer_run(b, &cfg), DSC_OK) << diags(c.ctx);

@@ -1,0 +1,1541 @@
+/* CPU code generation: kernel IR -> LLVM IR (LLVM 14 C API) -> O3 for the
+ * host CPU -> object file -> ORC LLJIT.
+ *
+ * Shape of a compiled kernel (see codegen.h for the ABI):
+ *   for each segment of [outer_begin, outer_end) lying in one row of the last
+ *   outer dim: recover the outer multi-index once (div/mod by constants), then
+ *   loop over that row (so an all-outer elementwise kernel still gets a plain,
+ *   vectorisable loop), and run the stages for each outer index: nested loops
+ *   over the inner dims (innermost = last domain dim), trip counts constant.
+ *
+ * Numerics. Everything is computed in the expression's type (f32 stays f32).
+ * REDUCE folds use helper functions whose fadd / fcmp+select carry fast-math
+ * flags (reassoc contract for sums; nnan nsz for max/min), so the loop
+ * vectoriser may reassociate them: sums are accumulated in vector-lane
+ * partial sums (typically 16 lanes x interleave) and added at the end, a
+ * different rounding order than the sequential sum of kir_eval (the error
+ * bound is the same order, usually smaller); max/min reductions assume no NaN
+ * input. Nothing else gets fast-math flags. The LLVM 14 C API cannot set
+ * instruction flags, so these helpers (and exp/tanh/bf16 below) are written
+ * in textual IR, parsed into each module and inlined (alwaysinline).
+ * f32 exp is inline (Cephes polynomial, ~1 ulp, denormal results kept) and
+ * f32 tanh is Eigen's rational approximation (max rel. error 3.5e-7 over
+ * [-20, 20], checked against double tanh): both vectorise, unlike libm calls.
+ * f64 uses libm (llvm.exp.f64, tanh), resolved from the process. */
+#include "codegen/codegen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DSC_HAVE_LLVM
+
+#include <math.h>
+#include <llvm-c/Analysis.h>
+#include <llvm-c/BitWriter.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/IRReader.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <llvm/Config/llvm-config.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Bump when the generated code changes meaning: invalidates disk caches. */
+#define CG_LLVM_CACHE_VERSION 1u
+#define CG_CACHE_MAGIC "DSCLLVMO"
+
+/* ---- helpers in textual IR (see the file comment) ---- */
+static const char cg_helpers_ir[] =
+    "declare float @llvm.rint.f32(float)\n"
+    "define internal float @dsc.radd.f32(float %a, float %b) #0 {\n"
+    "  %r = fadd reassoc contract float %a, %b\n"
+    "  ret float %r\n}\n"
+    "define internal double @dsc.radd.f64(double %a, double %b) #0 {\n"
+    "  %r = fadd reassoc contract double %a, %b\n"
+    "  ret double %r\n}\n"
+    "define internal float @dsc.rmax.f32(float %a, float %b) #0 {\n"
+    "  %c = fcmp nnan nsz ogt float %a, %b\n"
+    "  %r = select nnan nsz i1 %c, float %a, float %b\n"
+    "  ret float %r\n}\n"
+    "define internal float @dsc.rmin.f32(float %a, float %b) #0 {\n"
+    "  %c = fcmp nnan nsz olt float %a, %b\n"
+    "  %r = select nnan nsz i1 %c, float %a, float %b\n"
+    "  ret float %r\n}\n"
+    "define internal double @dsc.rmax.f64(double %a, double %b) #0 {\n"
+    "  %c = fcmp nnan nsz ogt double %a, %b\n"
+    "  %r = select nnan nsz i1 %c, double %a, double %b\n"
+    "  ret double %r\n}\n"
+    "define internal double @dsc.rmin.f64(double %a, double %b) #0 {\n"
+    "  %c = fcmp nnan nsz olt double %a, %b\n"
+    "  %r = select nnan nsz i1 %c, double %a, double %b\n"
+    "  ret double %r\n}\n"
+    /* exp(x), f32: x = n ln2 + r, |r| <= ln2/2 (Cephes expf); 2^n applied
+     * in two halves so that results down to the denormals are right. */
+    "define internal float @dsc.exp.f32(float %x) #0 {\n"
+    "  %xi = bitcast float %x to i32\n"
+    "  %ax = and i32 %xi, 2147483647\n"
+    "  %nan = icmp ugt i32 %ax, 2139095040\n"
+    "  %ovf = fcmp ogt float %x, 0x40562E4300000000\n"
+    "  %lo = fcmp olt float %x, -104.0\n"
+    "  %x1 = select i1 %lo, float -104.0, float %x\n"
+    "  %xc = select i1 %ovf, float 0.0, float %x1\n"
+    "  %t = fmul float %xc, 0x3FF7154760000000\n"
+    "  %n = call float @llvm.rint.f32(float %t)\n"
+    "  %a = fmul float %n, 0x3FE6300000000000\n"
+    "  %r1 = fsub float %xc, %a\n"
+    "  %b = fmul float %n, 0xBF2BD01060000000\n"
+    "  %r = fsub float %r1, %b\n"
+    "  %z = fmul float %r, %r\n"
+    "  %p0 = fmul float %r, 0x3F2A0D2CE0000000\n"
+    "  %p1 = fadd float %p0, 0x3F56E879C0000000\n"
+    "  %p1m = fmul float %p1, %r\n"
+    "  %p2 = fadd float %p1m, 0x3F81112100000000\n"
+    "  %p2m = fmul float %p2, %r\n"
+    "  %p3 = fadd float %p2m, 0x3FA5553820000000\n"
+    "  %p3m = fmul float %p3, %r\n"
+    "  %p4 = fadd float %p3m, 0x3FC5555540000000\n"
+    "  %p4m = fmul float %p4, %r\n"
+    "  %p5 = fadd float %p4m, 0x3FE0000000000000\n"
+    "  %yz = fmul float %p5, %z\n"
+    "  %y1 = fadd float %yz, %r\n"
+    "  %y = fadd float %y1, 1.0\n"
+    "  %ni = fptosi float %n to i32\n"
+    "  %n1 = ashr i32 %ni, 1\n"
+    "  %n2 = sub i32 %ni, %n1\n"
+    "  %e1 = add i32 %n1, 127\n"
+    "  %e2 = add i32 %n2, 127\n"
+    "  %s1i = shl i32 %e1, 23\n"
+    "  %s2i = shl i32 %e2, 23\n"
+    "  %s1 = bitcast i32 %s1i to float\n"
+    "  %s2 = bitcast i32 %s2i to float\n"
+    "  %m1 = fmul float %y, %s1\n"
+    "  %m = fmul float %m1, %s2\n"
+    "  %o = select i1 %ovf, float 0x7FF0000000000000, float %m\n"
+    "  %res = select i1 %nan, float %x, float %o\n"
+    "  ret float %res\n}\n"
+    /* tanh(x), f32: Eigen's odd/even rational approximation on the clamped
+     * argument; tanh(x) = x below 4e-4. */
+    "define internal float @dsc.tanh.f32(float %x) #0 {\n"
+    "  %hi = fcmp ogt float %x, 0x401F9F09E0000000\n"
+    "  %lo = fcmp olt float %x, 0xC01F9F09E0000000\n"
+    "  %x1 = select i1 %hi, float 0x401F9F09E0000000, float %x\n"
+    "  %xc = select i1 %lo, float 0xC01F9F09E0000000, float %x1\n"
+    "  %x2 = fmul float %xc, %xc\n"
+    "  %a0 = fmul float %x2, 0xBCB3E4B800000000\n"
+    "  %a1 = fadd float %a0, 0x3D4C266FC0000000\n"
+    "  %a1m = fmul float %a1, %x2\n"
+    "  %a2 = fadd float %a1m, 0xBDD7A6FFE0000000\n"
+    "  %a2m = fmul float %a2, %x2\n"
+    "  %a3 = fadd float %a2m, 0x3E6B800820000000\n"
+    "  %a3m = fmul float %a3, %x2\n"
+    "  %a4 = fadd float %a3m, 0x3EEF286940000000\n"
+    "  %a4m = fmul float %a4, %x2\n"
+    "  %a5 = fadd float %a4m, 0x3F44E1BDA0000000\n"
+    "  %a5m = fmul float %a5, %x2\n"
+    "  %a6 = fadd float %a5m, 0x3F740B3B80000000\n"
+    "  %p = fmul float %a6, %xc\n"
+    "  %b0 = fmul float %x2, 0x3EB41A7B00000000\n"
+    "  %b1 = fadd float %b0, 0x3F1F12BAC0000000\n"
+    "  %b1m = fmul float %b1, %x2\n"
+    "  %b2 = fadd float %b1m, 0x3F629540A0000000\n"
+    "  %b2m = fmul float %b2, %x2\n"
+    "  %q = fadd float %b2m, 0x3F740B3BA0000000\n"
+    "  %t = fdiv float %p, %q\n"
+    "  %ax = call float @llvm.fabs.f32(float %x)\n"
+    "  %tiny = fcmp olt float %ax, 0x3F3A36E2E0000000\n"
+    "  %res = select i1 %tiny, float %x, float %t\n"
+    "  ret float %res\n}\n"
+    "declare float @llvm.fabs.f32(float)\n"
+    /* f32 -> bf16, round to nearest even (integer ops); NaN stays quiet NaN. */
+    "define internal i16 @dsc.f32_to_bf16(float %x) #0 {\n"
+    "  %u = bitcast float %x to i32\n"
+    "  %ax = and i32 %u, 2147483647\n"
+    "  %nan = icmp ugt i32 %ax, 2139095040\n"
+    "  %h = lshr i32 %u, 16\n"
+    "  %lsb = and i32 %h, 1\n"
+    "  %bias = add i32 %lsb, 32767\n"
+    "  %s = add i32 %u, %bias\n"
+    "  %r = lshr i32 %s, 16\n"
+    "  %q = or i32 %h, 64\n"
+    "  %v = select i1 %nan, i32 %q, i32 %r\n"
+    "  %t = trunc i32 %v to i16\n"
+    "  ret i16 %t\n}\n"
+    "attributes #0 = { alwaysinline nounwind readnone willreturn }\n";
+
+/* ---- one-time LLVM target initialisation ---- */
+static pthread_once_t cg_llvm_once = PTHREAD_ONCE_INIT;
+static int cg_llvm_init_failed;
+static void cg_llvm_init(void) {
+  cg_llvm_init_failed = LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter() ||
+                        LLVMInitializeNativeAsmParser();
+}
+static bool llvm_ready(dsc_context *ctx) {
+  pthread_once(&cg_llvm_once, cg_llvm_init);
+  if (cg_llvm_init_failed) {
+    ir_error(ctx, ir_no_loc, "llvm: the native target could not be initialised");
+    return false;
+  }
+  return true;
+}
+
+/* Consumes err and reports it as a diagnostic. */
+static void report_llvm_error(dsc_context *ctx, const char *what, LLVMErrorRef err) {
+  char *msg = LLVMGetErrorMessage(err);
+  ir_error(ctx, ir_no_loc, "llvm: %s: %s", what, msg ? msg : "(no message)");
+  LLVMDisposeErrorMessage(msg);
+}
+
+/* ======================= emitter: kernel IR -> LLVM IR ======================= */
+
+typedef struct {
+  const kir_expr *key;
+  LLVMValueRef val;
+} memo_entry;
+
+typedef struct {
+  dsc_context *ctx;
+  LLVMContextRef c;
+  LLVMModuleRef m;
+  LLVMBuilderRef b;
+  LLVMValueRef fn;
+  const kir_kernel *k;
+  LLVMTypeRef f32, f64, f16, i1, i8, i16, i32, i64, i8p;
+  LLVMValueRef *argp; /* per argument: pointer to its storage element type */
+  LLVMValueRef *slots; /* allocas */
+  LLVMValueRef bad;    /* alloca i8: some gather was out of range (NULL: no gathers) */
+  LLVMValueRef idx[KIR_MAX_RANK];
+  LLVMValueRef notok; /* per evaluation point: OR of failed load gathers (NULL: none) */
+  memo_entry *memo;
+  int memo_cap, memo_n;
+  bool failed;
+} emitter;
+
+static void emit_fail(emitter *e, const char *fmt, const char *detail) {
+  if (!e->failed) ir_error(e->ctx, ir_no_loc, fmt, e->k->name, detail);
+  e->failed = true;
+}
+
+static void memo_reset(emitter *e) {
+  if (e->memo) memset(e->memo, 0, sizeof(memo_entry) * (size_t)e->memo_cap);
+  e->memo_n = 0;
+  e->notok = NULL;
+}
+
+static size_t memo_slot(const kir_expr *x, int cap) {
+  uintptr_t h = (uintptr_t)x;
+  h ^= h >> 17;
+  h *= (uintptr_t)0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 7) & (size_t)(cap - 1);
+}
+
+static LLVMValueRef memo_get(emitter *e, const kir_expr *x) {
+  if (!e->memo) return NULL;
+  for (size_t i = memo_slot(x, e->memo_cap);; i = (i + 1) & (size_t)(e->memo_cap - 1)) {
+    if (!e->memo[i].key) return NULL;
+    if (e->memo[i].key == x) return e->memo[i].val;
+  }
+}
+
+static void memo_put(emitter *e, const kir_expr *x, LLVMValueRef v) {
+  if (2 * (e->memo_n + 1) > e->memo_cap) {
+    int ncap = e->memo_cap ? 2 * e->memo_cap : 64;
+    memo_entry *n = ir_alloc(e->ctx, sizeof(memo_entry) * (size_t)ncap);
+    if (!n) {
+      emit_fail(e, "llvm: kernel %s: %s", "out of memory");
+      return;
+    }
+    memset(n, 0, sizeof(memo_entry) * (size_t)ncap);
+    for (int i = 0; i < e->memo_cap; i++) {
+      if (!e->memo[i].key) continue;
+      size_t j = memo_slot(e->memo[i].key, ncap);
+      while (n[j].key) j = (j + 1) & (size_t)(ncap - 1);
+      n[j] = e->memo[i];
+    }
+    if (e->memo) ir_free(e->ctx, e->memo, sizeof(memo_entry) * (size_t)e->memo_cap);
+    e->memo = n;
+    e->memo_cap = ncap;
+  }
+  size_t i = memo_slot(x, e->memo_cap);
+  while (e->memo[i].key) i = (i + 1) & (size_t)(e->memo_cap - 1);
+  e->memo[i].key = x;
+  e->memo[i].val = v;
+  e->memo_n++;
+}
+
+static LLVMTypeRef compute_type(emitter *e, dsc_dtype t) {
+  switch (t) {
+  case DSC_F32: return e->f32;
+  case DSC_F64: return e->f64;
+  case DSC_I32: return e->i32;
+  case DSC_I64: return e->i64;
+  case DSC_BOOL: return e->i1;
+  default: return NULL;
+  }
+}
+
+static LLVMTypeRef storage_type(emitter *e, dsc_dtype t) {
+  switch (t) {
+  case DSC_F32: return e->f32;
+  case DSC_F64: return e->f64;
+  case DSC_BF16: return e->i16;
+  case DSC_F16: return e->f16;
+  case DSC_I32: return e->i32;
+  case DSC_I64: return e->i64;
+  case DSC_BOOL: return e->i8;
+  default: return NULL;
+  }
+}
+
+static bool is_float(dsc_dtype t) { return t == DSC_F32 || t == DSC_F64; }
+static bool is_int(dsc_dtype t) { return t == DSC_I32 || t == DSC_I64; }
+
+static LLVMValueRef call_named(emitter *e, const char *name, LLVMTypeRef ret, LLVMValueRef *args,
+                               unsigned n) {
+  LLVMTypeRef params[3];
+  for (unsigned i = 0; i < n; i++) params[i] = LLVMTypeOf(args[i]);
+  LLVMTypeRef fty = LLVMFunctionType(ret, params, n, 0);
+  LLVMValueRef f = LLVMGetNamedFunction(e->m, name);
+  if (!f) f = LLVMAddFunction(e->m, name, fty);
+  return LLVMBuildCall2(e->b, fty, f, args, n, "");
+}
+
+static LLVMValueRef call1(emitter *e, const char *name, LLVMValueRef x) {
+  return call_named(e, name, LLVMTypeOf(x), &x, 1);
+}
+
+/* Converts between compute types (cast semantics: float->int truncates
+ * toward zero, ->bool is != 0). */
+static LLVMValueRef convert(emitter *e, LLVMValueRef v, dsc_dtype from, dsc_dtype to) {
+  if (from == to) return v;
+  LLVMTypeRef tt = compute_type(e, to);
+  if (!tt || !compute_type(e, from)) {
+    emit_fail(e, "llvm: kernel %s: %s", "unsupported conversion");
+    return LLVMGetUndef(tt ? tt : e->i32);
+  }
+  if (to == DSC_BOOL) {
+    if (is_float(from))
+      return LLVMBuildFCmp(e->b, LLVMRealUNE, v, LLVMConstNull(LLVMTypeOf(v)), "");
+    return LLVMBuildICmp(e->b, LLVMIntNE, v, LLVMConstNull(LLVMTypeOf(v)), "");
+  }
+  if (from == DSC_BOOL)
+    return is_float(to) ? LLVMBuildUIToFP(e->b, v, tt, "") : LLVMBuildZExt(e->b, v, tt, "");
+  if (is_float(from) && is_float(to))
+    return from == DSC_F32 ? LLVMBuildFPExt(e->b, v, tt, "") : LLVMBuildFPTrunc(e->b, v, tt, "");
+  if (is_float(from)) return LLVMBuildFPToSI(e->b, v, tt, "");
+  if (is_float(to)) return LLVMBuildSIToFP(e->b, v, tt, "");
+  return from == DSC_I32 ? LLVMBuildSExt(e->b, v, tt, "") : LLVMBuildTrunc(e->b, v, tt, "");
+}
+
+static LLVMValueRef ev(emitter *e, const kir_expr *x);
+
+static LLVMValueRef const_i64(emitter *e, int64_t v) {
+  return LLVMConstInt(e->i64, (unsigned long long)v, 1);
+}
+
+/* Element pointer of an access at the current point. A gather index out of
+ * range is replaced by 0 (a valid address) and *inb is its range check
+ * (NULL without a gather). */
+static LLVMValueRef address(emitter *e, const kir_access *acc, LLVMValueRef *inb_out) {
+  *inb_out = NULL;
+  const kir_kernel *k = e->k;
+  if (acc->arg < 0 || acc->arg >= k->n_args) {
+    emit_fail(e, "llvm: kernel %s: %s", "argument index out of range");
+    return NULL;
+  }
+  LLVMValueRef off = const_i64(e, acc->offset);
+  for (int d = 0; d < k->rank; d++) {
+    if (acc->stride[d] == 0) continue;
+    LLVMValueRef t = LLVMBuildNSWMul(e->b, e->idx[d], const_i64(e, acc->stride[d]), "");
+    off = LLVMBuildNSWAdd(e->b, off, t, "");
+  }
+  if (acc->gather) {
+    LLVMValueRef g = ev(e, acc->gather);
+    if (e->failed) return NULL;
+    if (!is_int(acc->gather->type)) {
+      emit_fail(e, "llvm: kernel %s: %s", "gather index is not an integer");
+      return NULL;
+    }
+    g = convert(e, g, acc->gather->type, DSC_I64);
+    LLVMValueRef inb = LLVMBuildICmp(e->b, LLVMIntULT, g, const_i64(e, acc->gather_bound), "");
+    *inb_out = inb;
+    g = LLVMBuildSelect(e->b, inb, g, const_i64(e, 0), "");
+    LLVMValueRef t = LLVMBuildNSWMul(e->b, g, const_i64(e, acc->gather_stride), "");
+    off = LLVMBuildNSWAdd(e->b, off, t, "");
+  }
+  LLVMTypeRef st = storage_type(e, k->args[acc->arg].dtype);
+  return LLVMBuildInBoundsGEP2(e->b, st, e->argp[acc->arg], &off, 1, "");
+}
+
+static LLVMValueRef emit_load(emitter *e, const kir_expr *x) {
+  LLVMValueRef inb;
+  LLVMValueRef p = address(e, &x->access, &inb);
+  if (!p) return NULL;
+  dsc_dtype sd = e->k->args[x->access.arg].dtype;
+  LLVMTypeRef st = storage_type(e, sd);
+  LLVMValueRef v = LLVMBuildLoad2(e->b, st, p, "");
+  dsc_dtype from = sd;
+  switch (sd) {
+  case DSC_BF16: {
+    v = LLVMBuildZExt(e->b, v, e->i32, "");
+    v = LLVMBuildShl(e->b, v, LLVMConstInt(e->i32, 16, 0), "");
+    v = LLVMBuildBitCast(e->b, v, e->f32, "");
+    from = DSC_F32;
+    break;
+  }
+  case DSC_F16:
+    v = LLVMBuildFPExt(e->b, v, e->f32, "");
+    from = DSC_F32;
+    break;
+  case DSC_BOOL:
+    v = LLVMBuildICmp(e->b, LLVMIntNE, v, LLVMConstInt(e->i8, 0, 0), "");
+    break;
+  default: break;
+  }
+  v = convert(e, v, from, x->type);
+  /* A gather out of range loads 0 (and the kernel reports status 1). */
+  if (inb) {
+    v = LLVMBuildSelect(e->b, inb, v, LLVMConstNull(LLVMTypeOf(v)), "");
+    LLVMValueRef bad = LLVMBuildNot(e->b, inb, "");
+    e->notok = e->notok ? LLVMBuildOr(e->b, e->notok, bad, "") : bad;
+  }
+  return v;
+}
+
+static LLVMValueRef emit_store_value(emitter *e, LLVMValueRef v, dsc_dtype from, dsc_dtype sd) {
+  switch (sd) {
+  case DSC_BF16: {
+    v = convert(e, v, from, DSC_F32);
+    LLVMValueRef f = LLVMGetNamedFunction(e->m, "dsc.f32_to_bf16");
+    LLVMTypeRef fty = LLVMFunctionType(e->i16, &e->f32, 1, 0);
+    return LLVMBuildCall2(e->b, fty, f, &v, 1, "");
+  }
+  case DSC_F16:
+    v = convert(e, v, from, DSC_F32);
+    return LLVMBuildFPTrunc(e->b, v, e->f16, "");
+  case DSC_BOOL:
+    v = convert(e, v, from, DSC_BOOL);
+    return LLVMBuildZExt(e->b, v, e->i8, "");
+  default: return convert(e, v, from, sd);
+  }
+}
+
+static LLVMValueRef emit_unary(emitter *e, int op, dsc_dtype t, LLVMValueRef a) {
+  LLVMTypeRef ty = LLVMTypeOf(a);
+  if (!is_float(t)) {
+    if (op == KIR_NEG && is_int(t)) return LLVMBuildNeg(e->b, a, "");
+    if (op == KIR_ABS && is_int(t)) {
+      LLVMValueRef neg = LLVMBuildICmp(e->b, LLVMIntSLT, a, LLVMConstNull(ty), "");
+      return LLVMBuildSelect(e->b, neg, LLVMBuildNeg(e->b, a, ""), a, "");
+    }
+    emit_fail(e, "llvm: kernel %s: %s", "unary op on a non-float type");
+    return NULL;
+  }
+  bool f32 = t == DSC_F32;
+  LLVMValueRef one = LLVMConstReal(ty, 1.0);
+  switch (op) {
+  case KIR_NEG: return LLVMBuildFNeg(e->b, a, "");
+  case KIR_EXP: return call1(e, f32 ? "dsc.exp.f32" : "llvm.exp.f64", a);
+  case KIR_LOG: return call1(e, f32 ? "llvm.log.f32" : "llvm.log.f64", a);
+  case KIR_SQRT: return call1(e, f32 ? "llvm.sqrt.f32" : "llvm.sqrt.f64", a);
+  case KIR_RSQRT:
+    return LLVMBuildFDiv(e->b, one, call1(e, f32 ? "llvm.sqrt.f32" : "llvm.sqrt.f64", a), "");
+  case KIR_TANH: return call1(e, f32 ? "dsc.tanh.f32" : "tanh", a);
+  case KIR_SIGMOID: {
+    LLVMValueRef ex = call1(e, f32 ? "dsc.exp.f32" : "llvm.exp.f64", LLVMBuildFNeg(e->b, a, ""));
+    return LLVMBuildFDiv(e->b, one, LLVMBuildFAdd(e->b, one, ex, ""), "");
+  }
+  case KIR_ABS: return call1(e, f32 ? "llvm.fabs.f32" : "llvm.fabs.f64", a);
+  default: emit_fail(e, "llvm: kernel %s: %s", "unknown unary op"); return NULL;
+  }
+}
+
+static LLVMValueRef emit_binary(emitter *e, int op, dsc_dtype t, LLVMValueRef a, LLVMValueRef b) {
+  bool fl = is_float(t), in = is_int(t);
+  switch (op) {
+  case KIR_ADD:
+  case KIR_SUB:
+  case KIR_MUL:
+  case KIR_DIV:
+    if (fl) {
+      if (op == KIR_ADD) return LLVMBuildFAdd(e->b, a, b, "");
+      if (op == KIR_SUB) return LLVMBuildFSub(e->b, a, b, "");
+      if (op == KIR_MUL) return LLVMBuildFMul(e->b, a, b, "");
+      return LLVMBuildFDiv(e->b, a, b, "");
+    }
+    if (in) {
+      if (op == KIR_ADD) return LLVMBuildAdd(e->b, a, b, "");
+      if (op == KIR_SUB) return LLVMBuildSub(e->b, a, b, "");
+      if (op == KIR_MUL) return LLVMBuildMul(e->b, a, b, "");
+      return LLVMBuildSDiv(e->b, a, b, ""); /* truncates toward zero */
+    }
+    break;
+  case KIR_MAX:
+  case KIR_MIN:
+    if (fl) {
+      /* NaN-propagating like (a > b ? a : b) with a NaN a; matches C fmax
+       * only for non-NaN inputs, which is all kir_eval promises too. */
+      LLVMValueRef c =
+          LLVMBuildFCmp(e->b, op == KIR_MAX ? LLVMRealOGT : LLVMRealOLT, a, b, "");
+      return LLVMBuildSelect(e->b, c, a, b, "");
+    }
+    if (in) {
+      LLVMValueRef c = LLVMBuildICmp(e->b, op == KIR_MAX ? LLVMIntSGT : LLVMIntSLT, a, b, "");
+      return LLVMBuildSelect(e->b, c, a, b, "");
+    }
+    if (t == DSC_BOOL) return op == KIR_MAX ? LLVMBuildOr(e->b, a, b, "") : LLVMBuildAnd(e->b, a, b, "");
+    break;
+  case KIR_POW:
+    if (fl) {
+      LLVMValueRef args[2] = {a, b};
+      return call_named(e, t == DSC_F32 ? "llvm.pow.f32" : "llvm.pow.f64", LLVMTypeOf(a), args,
+                        2);
+    }
+    break;
+  case KIR_LT:
+  case KIR_GT:
+  case KIR_EQ: {
+    /* the operands' type decides; t is bool here */
+    LLVMTypeRef ot = LLVMTypeOf(a);
+    LLVMTypeKind kind = LLVMGetTypeKind(ot);
+    if (kind == LLVMFloatTypeKind || kind == LLVMDoubleTypeKind) {
+      LLVMRealPredicate p = op == KIR_LT ? LLVMRealOLT : op == KIR_GT ? LLVMRealOGT : LLVMRealOEQ;
+      return LLVMBuildFCmp(e->b, p, a, b, "");
+    }
+    LLVMIntPredicate p = op == KIR_LT ? LLVMIntSLT : op == KIR_GT ? LLVMIntSGT : LLVMIntEQ;
+    return LLVMBuildICmp(e->b, p, a, b, "");
+  }
+  case KIR_AND:
+    if (t == DSC_BOOL) return LLVMBuildAnd(e->b, a, b, "");
+    break;
+  case KIR_OR:
+    if (t == DSC_BOOL) return LLVMBuildOr(e->b, a, b, "");
+    break;
+  default: break;
+  }
+  emit_fail(e, "llvm: kernel %s: %s", "binary op not defined for its operand type");
+  return NULL;
+}
+
+static LLVMValueRef ev(emitter *e, const kir_expr *x) {
+  if (e->failed) return NULL;
+  if (!x) {
+    emit_fail(e, "llvm: kernel %s: %s", "missing expression operand");
+    return NULL;
+  }
+  LLVMValueRef v = memo_get(e, x);
+  if (v) return v;
+  LLVMTypeRef ty = compute_type(e, x->type);
+  if (!ty) {
+    emit_fail(e, "llvm: kernel %s: %s", "expression type is not f32/f64/i32/i64/bool");
+    return NULL;
+  }
+  switch (x->kind) {
+  case KIR_CONST:
+    if (is_float(x->type)) v = LLVMConstReal(ty, x->value);
+    else if (x->type == DSC_BOOL) v = LLVMConstInt(ty, x->value != 0, 0);
+    else v = LLVMConstInt(ty, (unsigned long long)(long long)x->value, 1);
+    break;
+  case KIR_LOAD: v = emit_load(e, x); break;
+  case KIR_INDEX:
+    if (x->var < 0 || x->var >= e->k->rank) {
+      emit_fail(e, "llvm: kernel %s: %s", "index variable out of range");
+      return NULL;
+    }
+    v = convert(e, e->idx[x->var], DSC_I64, x->type);
+    break;
+  case KIR_SCALAR:
+    if (x->slot < 0 || x->slot >= e->k->n_slots) {
+      emit_fail(e, "llvm: kernel %s: %s", "scalar slot out of range");
+      return NULL;
+    }
+    v = LLVMBuildLoad2(e->b, compute_type(e, e->k->slot_types[x->slot]), e->slots[x->slot], "");
+    v = convert(e, v, e->k->slot_types[x->slot], x->type);
+    break;
+  case KIR_UNARY: {
+    LLVMValueRef a = ev(e, x->a);
+    if (!a) return NULL;
+    v = emit_unary(e, x->op, x->type, a);
+    break;
+  }
+  case KIR_BINARY: {
+    LLVMValueRef a = ev(e, x->a), b = ev(e, x->b);
+    if (!a || !b) return NULL;
+    if (LLVMTypeOf(a) != LLVMTypeOf(b)) {
+      emit_fail(e, "llvm: kernel %s: %s", "binary operands of different types");
+      return NULL;
+    }
+    v = emit_binary(e, x->op, x->a->type, a, b);
+    if (v && x->op != KIR_LT && x->op != KIR_GT && x->op != KIR_EQ && x->a->type != x->type)
+      v = convert(e, v, x->a->type, x->type);
+    break;
+  }
+  case KIR_SELECT: {
+    LLVMValueRef c = ev(e, x->a), a = ev(e, x->b), b = ev(e, x->c);
+    if (!c || !a || !b) return NULL;
+    if (x->a->type != DSC_BOOL || LLVMTypeOf(a) != LLVMTypeOf(b)) {
+      emit_fail(e, "llvm: kernel %s: %s", "select operand types");
+      return NULL;
+    }
+    v = convert(e, LLVMBuildSelect(e->b, c, a, b, ""), x->b->type, x->type);
+    break;
+  }
+  case KIR_CAST: {
+    LLVMValueRef a = ev(e, x->a);
+    if (!a) return NULL;
+    v = convert(e, a, x->a->type, x->type);
+    break;
+  }
+  default: emit_fail(e, "llvm: kernel %s: %s", "unknown expression kind"); return NULL;
+  }
+  if (!v || e->failed) return NULL;
+  memo_put(e, x, v);
+  return v;
+}
+
+/* Records the current point's gather failures into the kernel's flag. */
+static void note_bad(emitter *e) {
+  if (!e->notok) return;
+  LLVMValueRef notok = LLVMBuildZExt(e->b, e->notok, e->i8, "");
+  LLVMValueRef cur = LLVMBuildLoad2(e->b, e->i8, e->bad, "");
+  LLVMBuildStore(e->b, LLVMBuildOr(e->b, cur, notok, ""), e->bad);
+}
+
+typedef struct {
+  const kir_stage *st;
+} stage_ctx;
+
+/* The body of one stage at one domain point (all indices set). */
+static void stage_point(emitter *e, const kir_stage *st) {
+  const kir_kernel *k = e->k;
+  memo_reset(e);
+  LLVMValueRef v = ev(e, st->expr);
+  if (!v) return;
+  dsc_dtype et = st->expr->type;
+  if (st->kind == KIR_STAGE_STORE) {
+    if (st->dst.arg < 0 || st->dst.arg >= k->n_args) {
+      emit_fail(e, "llvm: kernel %s: %s", "store argument out of range");
+      return;
+    }
+    LLVMValueRef inb;
+    LLVMValueRef p = address(e, &st->dst, &inb);
+    if (!p) return;
+    LLVMValueRef sv = emit_store_value(e, v, et, k->args[st->dst.arg].dtype);
+    if (inb) { /* a destination gather out of range: no store */
+      LLVMValueRef bad = LLVMBuildNot(e->b, inb, "");
+      e->notok = e->notok ? LLVMBuildOr(e->b, e->notok, bad, "") : bad;
+    }
+    note_bad(e);
+    if (inb) {
+      LLVMBasicBlockRef sb = LLVMAppendBasicBlockInContext(e->c, e->fn, "store");
+      LLVMBasicBlockRef cb = LLVMAppendBasicBlockInContext(e->c, e->fn, "cont");
+      LLVMBuildCondBr(e->b, inb, sb, cb);
+      LLVMPositionBuilderAtEnd(e->b, sb);
+      LLVMBuildStore(e->b, sv, p);
+      LLVMBuildBr(e->b, cb);
+      LLVMPositionBuilderAtEnd(e->b, cb);
+    } else {
+      LLVMBuildStore(e->b, sv, p);
+    }
+    return;
+  }
+  note_bad(e);
+  if (st->slot < 0 || st->slot >= k->n_slots) {
+    emit_fail(e, "llvm: kernel %s: %s", "stage slot out of range");
+    return;
+  }
+  dsc_dtype slt = k->slot_types[st->slot];
+  v = convert(e, v, et, slt);
+  LLVMValueRef slot = e->slots[st->slot];
+  if (st->kind == KIR_STAGE_LET) {
+    LLVMBuildStore(e->b, v, slot);
+    return;
+  }
+  LLVMTypeRef ty = compute_type(e, slt);
+  LLVMValueRef acc = LLVMBuildLoad2(e->b, ty, slot, ""), r = NULL;
+  if (is_float(slt)) {
+    const char *name = NULL;
+    bool f32 = slt == DSC_F32;
+    switch (st->reduce) {
+    case KIR_REDUCE_SUM: name = f32 ? "dsc.radd.f32" : "dsc.radd.f64"; break;
+    case KIR_REDUCE_MAX: name = f32 ? "dsc.rmax.f32" : "dsc.rmax.f64"; break;
+    case KIR_REDUCE_MIN: name = f32 ? "dsc.rmin.f32" : "dsc.rmin.f64"; break;
+    }
+    if (!name) {
+      emit_fail(e, "llvm: kernel %s: %s", "unknown reduction");
+      return;
+    }
+    /* new value first: for max/min the select keeps acc unless v wins */
+    LLVMValueRef args[2] = {v, acc};
+    if (st->reduce == KIR_REDUCE_SUM) {
+      args[0] = acc;
+      args[1] = v;
+    }
+    r = call_named(e, name, ty, args, 2);
+  } else if (is_int(slt)) {
+    if (st->reduce == KIR_REDUCE_SUM) {
+      r = LLVMBuildAdd(e->b, acc, v, "");
+    } else {
+      LLVMValueRef c = LLVMBuildICmp(e->b, st->reduce == KIR_REDUCE_MAX ? LLVMIntSGT : LLVMIntSLT,
+                                     v, acc, "");
+      r = LLVMBuildSelect(e->b, c, v, acc, "");
+    }
+  } else { /* bool: sum/max = or, min = and */
+    r = st->reduce == KIR_REDUCE_MIN ? LLVMBuildAnd(e->b, acc, v, "")
+                                     : LLVMBuildOr(e->b, acc, v, "");
+  }
+  LLVMBuildStore(e->b, r, slot);
+}
+
+/* Emits loops over domain dims [d, rank) around stage_point. Trip counts are
+ * constants > 0 (the caller skips empty loop nests). */
+static void inner_loops(emitter *e, int d, const kir_stage *st) {
+  const kir_kernel *k = e->k;
+  if (e->failed) return;
+  if (d == k->rank) {
+    stage_point(e, st);
+    return;
+  }
+  if (k->dims[d] == 1) {
+    e->idx[d] = const_i64(e, 0);
+    inner_loops(e, d + 1, st);
+    return;
+  }
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->c, e->fn, "inner");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->c, e->fn, "inner.end");
+  LLVMBuildBr(e->b, body);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  LLVMValueRef i = LLVMBuildPhi(e->b, e->i64, "i");
+  e->idx[d] = i;
+  inner_loops(e, d + 1, st);
+  if (e->failed) return;
+  LLVMValueRef next = LLVMBuildNUWAdd(e->b, i, const_i64(e, 1), "");
+  LLVMValueRef done = LLVMBuildICmp(e->b, LLVMIntEQ, next, const_i64(e, k->dims[d]), "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(e->b);
+  LLVMBuildCondBr(e->b, done, exit, body);
+  LLVMValueRef in_v[2] = {const_i64(e, 0), next};
+  LLVMBasicBlockRef in_b[2] = {pre, latch};
+  LLVMAddIncoming(i, in_v, in_b, 2);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+}
+
+static LLVMValueRef reduce_init(emitter *e, dsc_dtype t, kir_reduce_op op) {
+  LLVMTypeRef ty = compute_type(e, t);
+  if (op == KIR_REDUCE_SUM) return LLVMConstNull(ty);
+  bool mx = op == KIR_REDUCE_MAX;
+  if (is_float(t)) return LLVMConstReal(ty, mx ? -INFINITY : INFINITY);
+  if (t == DSC_I32) return LLVMConstInt(ty, (unsigned long long)(mx ? INT32_MIN : INT32_MAX), 1);
+  if (t == DSC_I64) return LLVMConstInt(ty, (unsigned long long)(mx ? INT64_MIN : INT64_MAX), 1);
+  return LLVMConstInt(ty, mx ? 0 : 1, 0);
+}
+
+/* All stages for the current outer index. */
+static void outer_point(emitter *e) {
+  const kir_kernel *k = e->k;
+  bool inner_empty = false;
+  for (int d = k->n_outer; d < k->rank; d++) inner_empty |= k->dims[d] == 0;
+  for (int s = 0; s < k->n_stages && !e->failed; s++) {
+    const kir_stage *st = &k->stages[s];
+    if (!st->expr) {
+      emit_fail(e, "llvm: kernel %s: %s", "stage without expression");
+      return;
+    }
+    switch (st->kind) {
+    case KIR_STAGE_REDUCE: {
+      if (st->slot < 0 || st->slot >= k->n_slots) {
+        emit_fail(e, "llvm: kernel %s: %s", "stage slot out of range");
+        return;
+      }
+      dsc_dtype t = k->slot_types[st->slot];
+      if (!compute_type(e, t)) {
+        emit_fail(e, "llvm: kernel %s: %s", "slot type");
+        return;
+      }
+      LLVMBuildStore(e->b, reduce_init(e, t, st->reduce), e->slots[st->slot]);
+      if (!inner_empty) inner_loops(e, k->n_outer, st);
+      break;
+    }
+    case KIR_STAGE_LET:
+      for (int d = k->n_outer; d < k->rank; d++) e->idx[d] = const_i64(e, 0);
+      stage_point(e, st);
+      break;
+    case KIR_STAGE_STORE:
+      if (st->over_inner) {
+        if (!inner_empty) inner_loops(e, k->n_outer, st);
+      } else {
+        for (int d = k->n_outer; d < k->rank; d++) e->idx[d] = const_i64(e, 0);
+        stage_point(e, st);
+      }
+      break;
+    default: emit_fail(e, "llvm: kernel %s: %s", "unknown stage kind"); return;
+    }
+  }
+}
+
+static bool kernel_has_gather_expr(const kir_expr *x, int depth) {
+  if (!x || depth > 10000) return false;
+  if (x->kind == KIR_LOAD && x->access.gather) return true;
+  return kernel_has_gather_expr(x->a, depth + 1) || kernel_has_gather_expr(x->b, depth + 1) ||
+         kernel_has_gather_expr(x->c, depth + 1);
+}
+
+/* Adds function `sym` for kernel k to e->m. */
+static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const char *cpu,
+                        const char *features) {
+  e->k = k;
+  e->failed = false;
+  if (k->rank < 0 || k->rank > KIR_MAX_RANK || k->n_outer < 0 || k->n_outer > k->rank) {
+    emit_fail(e, "llvm: kernel %s: %s", "bad rank");
+    return false;
+  }
+  for (int i = 0; i < k->n_args; i++)
+    if (!storage_type(e, k->args[i].dtype)) {
+      emit_fail(e, "llvm: kernel %s: %s", "bad argument dtype");
+      return false;
+    }
+  LLVMTypeRef i8pp = LLVMPointerType(e->i8p, 0);
+  LLVMTypeRef params[4] = {i8pp, e->i64, e->i64, LLVMPointerType(e->i32, 0)};
+  LLVMTypeRef fty = LLVMFunctionType(LLVMVoidTypeInContext(e->c), params, 4, 0);
+  if (LLVMGetNamedFunction(e->m, sym)) {
+    emit_fail(e, "llvm: kernel %s: %s", "duplicate kernel name in one module");
+    return false;
+  }
+  e->fn = LLVMAddFunction(e->m, sym, fty);
+  LLVMSetLinkage(e->fn, LLVMExternalLinkage);
+  unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
+  LLVMAddAttributeAtIndex(e->fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateEnumAttribute(e->c, nounwind, 0));
+  if (cpu) {
+    static const char *keys[] = {"target-cpu", "target-features", "prefer-vector-width"};
+    const char *vals[] = {cpu, features, "512"};
+    for (int i = 0; i < 3; i++)
+      LLVMAddAttributeAtIndex(e->fn, LLVMAttributeFunctionIndex,
+                              LLVMCreateStringAttribute(e->c, keys[i], (unsigned)strlen(keys[i]),
+                                                        vals[i], (unsigned)strlen(vals[i])));
+  }
+  LLVMValueRef p_args = LLVMGetParam(e->fn, 0), p_begin = LLVMGetParam(e->fn, 1),
+               p_end = LLVMGetParam(e->fn, 2), p_status = LLVMGetParam(e->fn, 3);
+  LLVMSetValueName2(p_args, "args", 4);
+  LLVMSetValueName2(p_begin, "outer_begin", 11);
+  LLVMSetValueName2(p_end, "outer_end", 9);
+  LLVMSetValueName2(p_status, "status", 6);
+
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(e->c, e->fn, "entry");
+  LLVMPositionBuilderAtEnd(e->b, entry);
+  size_t na = (size_t)(k->n_args > 0 ? k->n_args : 1), ns = (size_t)(k->n_slots > 0 ? k->n_slots : 1);
+  e->argp = ir_alloc(e->ctx, sizeof(LLVMValueRef) * na);
+  e->slots = ir_alloc(e->ctx, sizeof(LLVMValueRef) * ns);
+  if (!e->argp || !e->slots) {
+    emit_fail(e, "llvm: kernel %s: %s", "out of memory");
+    goto done;
+  }
+  for (int s = 0; s < k->n_slots; s++) {
+    LLVMTypeRef t = compute_type(e, k->slot_types[s]);
+    if (!t) {
+      emit_fail(e, "llvm: kernel %s: %s", "slot type is not f32/f64/i32/i64/bool");
+      goto done;
+    }
+    e->slots[s] = LLVMBuildAlloca(e->b, t, "slot");
+  }
+  bool gathers = false;
+  for (int s = 0; s < k->n_stages; s++)
+    gathers |= kernel_has_gather_expr(k->stages[s].expr, 0) ||
+               (k->stages[s].kind == KIR_STAGE_STORE && k->stages[s].dst.gather);
+  e->bad = NULL;
+  if (gathers) {
+    e->bad = LLVMBuildAlloca(e->b, e->i8, "bad");
+    LLVMBuildStore(e->b, LLVMConstInt(e->i8, 0, 0), e->bad);
+  }
+  for (int i = 0; i < k->n_args; i++) {
+    LLVMValueRef ix = LLVMConstInt(e->i64, (unsigned long long)i, 0);
+    LLVMValueRef pp = LLVMBuildInBoundsGEP2(e->b, e->i8p, p_args, &ix, 1, "");
+    LLVMValueRef p = LLVMBuildLoad2(e->b, e->i8p, pp, "");
+    e->argp[i] =
+        LLVMBuildBitCast(e->b, p, LLVMPointerType(storage_type(e, k->args[i].dtype), 0), "arg");
+  }
+  bool outer_empty = false;
+  for (int d = 0; d < k->n_outer; d++) outer_empty |= k->dims[d] == 0;
+
+  LLVMBasicBlockRef ret = LLVMAppendBasicBlockInContext(e->c, e->fn, "ret");
+  if (!outer_empty) {
+    LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->c, e->fn, "seg");
+    LLVMValueRef any = LLVMBuildICmp(e->b, LLVMIntSLT, p_begin, p_end, "");
+    LLVMBuildCondBr(e->b, any, head, ret);
+    LLVMPositionBuilderAtEnd(e->b, head);
+    LLVMValueRef o = LLVMBuildPhi(e->b, e->i64, "o");
+    LLVMValueRef seg_len, idx0 = NULL;
+    if (k->n_outer == 0) {
+      seg_len = const_i64(e, 1);
+    } else {
+      /* the multi-index of o, once per segment */
+      LLVMValueRef rem = o;
+      int L = k->n_outer - 1;
+      for (int d = L; d >= 0; d--) {
+        LLVMValueRef dim = const_i64(e, k->dims[d]);
+        if (d > 0) {
+          e->idx[d] = LLVMBuildURem(e->b, rem, dim, "");
+          rem = LLVMBuildUDiv(e->b, rem, dim, "");
+        } else {
+          e->idx[d] = rem;
+        }
+      }
+      idx0 = e->idx[L];
+      LLVMValueRef row_left = LLVMBuildNSWSub(e->b, const_i64(e, k->dims[L]), idx0, "");
+      LLVMValueRef left = LLVMBuildNSWSub(e->b, p_end, o, "");
+      LLVMValueRef lt = LLVMBuildICmp(e->b, LLVMIntSLT, row_left, left, "");
+      seg_len = LLVMBuildSelect(e->b, lt, row_left, left, "seg_len");
+    }
+    LLVMBasicBlockRef seg_pre = LLVMGetInsertBlock(e->b);
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->c, e->fn, "row");
+    LLVMBasicBlockRef latch = LLVMAppendBasicBlockInContext(e->c, e->fn, "seg.next");
+    LLVMBuildBr(e->b, body);
+    LLVMPositionBuilderAtEnd(e->b, body);
+    LLVMValueRef j = LLVMBuildPhi(e->b, e->i64, "j");
+    if (k->n_outer > 0) e->idx[k->n_outer - 1] = LLVMBuildNSWAdd(e->b, idx0, j, "");
+    outer_point(e);
+    if (e->failed) goto done;
+    LLVMValueRef jn = LLVMBuildNUWAdd(e->b, j, const_i64(e, 1), "");
+    LLVMValueRef jdone = LLVMBuildICmp(e->b, LLVMIntEQ, jn, seg_len, "");
+    LLVMBasicBlockRef body_end = LLVMGetInsertBlock(e->b);
+    LLVMBuildCondBr(e->b, jdone, latch, body);
+    LLVMValueRef jv[2] = {const_i64(e, 0), jn};
+    LLVMBasicBlockRef jb[2] = {seg_pre, body_end};
+    LLVMAddIncoming(j, jv, jb, 2);
+    LLVMPositionBuilderAtEnd(e->b, latch);
+    LLVMValueRef on = LLVMBuildNSWAdd(e->b, o, seg_len, "");
+    LLVMValueRef more = LLVMBuildICmp(e->b, LLVMIntSLT, on, p_end, "");
+    LLVMBuildCondBr(e->b, more, head, ret);
+    LLVMValueRef ov[2] = {p_begin, on};
+    LLVMBasicBlockRef ob[2] = {entry, latch};
+    LLVMAddIncoming(o, ov, ob, 2);
+  } else {
+    LLVMBuildBr(e->b, ret);
+  }
+  LLVMPositionBuilderAtEnd(e->b, ret);
+  if (e->bad) {
+    LLVMBasicBlockRef setb = LLVMAppendBasicBlockInContext(e->c, e->fn, "status");
+    LLVMBasicBlockRef out = LLVMAppendBasicBlockInContext(e->c, e->fn, "out");
+    LLVMValueRef b = LLVMBuildLoad2(e->b, e->i8, e->bad, "");
+    LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntNE, b, LLVMConstInt(e->i8, 0, 0), ""), setb,
+                    out);
+    LLVMPositionBuilderAtEnd(e->b, setb);
+    LLVMBuildStore(e->b, LLVMConstInt(e->i32, 1, 0), p_status);
+    LLVMBuildBr(e->b, out);
+    LLVMPositionBuilderAtEnd(e->b, out);
+  }
+  LLVMBuildRetVoid(e->b);
+done:
+  if (e->argp) ir_free(e->ctx, e->argp, sizeof(LLVMValueRef) * na);
+  if (e->slots) ir_free(e->ctx, e->slots, sizeof(LLVMValueRef) * ns);
+  e->argp = e->slots = NULL;
+  return !e->failed;
+}
+
+/* Creates a context and a module holding the helpers. */
+static bool module_new(dsc_context *ctx, LLVMContextRef *c, LLVMModuleRef *m) {
+  *c = LLVMContextCreate();
+  *m = NULL;
+  LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(
+      cg_helpers_ir, sizeof cg_helpers_ir - 1, "dsc_helpers");
+  char *msg = NULL;
+  if (LLVMParseIRInContext(*c, buf, m, &msg)) { /* takes buf */
+    ir_error(ctx, ir_no_loc, "llvm: internal helper IR does not parse: %s", msg ? msg : "");
+    LLVMDisposeMessage(msg);
+    LLVMContextDispose(*c);
+    *c = NULL;
+    *m = NULL;
+    return false;
+  }
+  return true;
+}
+
+static void emitter_init(emitter *e, dsc_context *ctx, LLVMContextRef c, LLVMModuleRef m) {
+  memset(e, 0, sizeof *e);
+  e->ctx = ctx;
+  e->c = c;
+  e->m = m;
+  e->b = LLVMCreateBuilderInContext(c);
+  e->f32 = LLVMFloatTypeInContext(c);
+  e->f64 = LLVMDoubleTypeInContext(c);
+  e->f16 = LLVMHalfTypeInContext(c);
+  e->i1 = LLVMInt1TypeInContext(c);
+  e->i8 = LLVMInt8TypeInContext(c);
+  e->i16 = LLVMInt16TypeInContext(c);
+  e->i32 = LLVMInt32TypeInContext(c);
+  e->i64 = LLVMInt64TypeInContext(c);
+  e->i8p = LLVMPointerType(e->i8, 0);
+}
+
+static void emitter_dispose(emitter *e) {
+  if (e->memo) ir_free(e->ctx, e->memo, sizeof(memo_entry) * (size_t)e->memo_cap);
+  e->memo = NULL;
+  if (e->b) LLVMDisposeBuilder(e->b);
+  e->b = NULL;
+}
+
+/* Validates, emits and verifies one module with kernels[0..n) named syms[i]
+ * (k->name when syms is NULL). On failure everything is disposed. */
+static bool build_module(dsc_context *ctx, kir_kernel *const *kernels, int n, char **syms,
+                         const char *cpu, const char *features, LLVMContextRef *c,
+                         LLVMModuleRef *m) {
+  for (int i = 0; i < n; i++) {
+    char err[512];
+    if (!kernels[i] || !kernels[i]->name) {
+      ir_error(ctx, ir_no_loc, "llvm: kernel %d is missing or unnamed", i);
+      return false;
+    }
+    if (!kir_validate(kernels[i], err, sizeof err)) {
+      ir_error(ctx, ir_no_loc, "llvm: kernel %s is invalid: %s", kernels[i]->name, err);
+      return false;
+    }
+  }
+  if (!module_new(ctx, c, m)) return false;
+  emitter e;
+  emitter_init(&e, ctx, *c, *m);
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++)
+    ok = emit_kernel(&e, kernels[i], syms ? syms[i] : kernels[i]->name, cpu, features);
+  emitter_dispose(&e);
+  if (ok) {
+    char *msg = NULL;
+    if (LLVMVerifyModule(*m, LLVMReturnStatusAction, &msg)) {
+      ir_error(ctx, ir_no_loc, "llvm: generated IR does not verify: %s", msg ? msg : "");
+      ok = false;
+    }
+    LLVMDisposeMessage(msg);
+  }
+  if (!ok) {
+    LLVMDisposeModule(*m);
+    LLVMContextDispose(*c);
+    *m = NULL;
+    *c = NULL;
+  }
+  return ok;
+}
+
+/* ======================= target machine, optimisation ======================= */
+
+typedef struct {
+  LLVMTargetMachineRef tm;
+  char *triple, *cpu, *features; /* LLVM messages */
+} host_target;
+
+static void host_target_dispose(host_target *h) {
+  if (h->tm) LLVMDisposeTargetMachine(h->tm);
+  LLVMDisposeMessage(h->triple);
+  LLVMDisposeMessage(h->cpu);
+  LLVMDisposeMessage(h->features);
+  memset(h, 0, sizeof *h);
+}
+
+static bool host_target_init(dsc_context *ctx, host_target *h) {
+  memset(h, 0, sizeof *h);
+  if (!llvm_ready(ctx)) return false;
+  h->triple = LLVMGetDefaultTargetTriple();
+  h->cpu = LLVMGetHostCPUName();
+  h->features = LLVMGetHostCPUFeatures();
+  LLVMTargetRef target = NULL;
+  char *msg = NULL;
+  if (LLVMGetTargetFromTriple(h->triple, &target, &msg)) {
+    ir_error(ctx, ir_no_loc, "llvm: no target for %s: %s", h->triple, msg ? msg : "");
+    LLVMDisposeMessage(msg);
+    host_target_dispose(h);
+    return false;
+  }
+  /* PIC + small code model: objects are linked by the JIT anywhere in the
+   * address space, calls into libm go through stubs/GOT. */
+  h->tm = LLVMCreateTargetMachine(target, h->triple, h->cpu, h->features,
+                                  LLVMCodeGenLevelAggressive, LLVMRelocPIC, LLVMCodeModelSmall);
+  if (!h->tm) {
+    ir_error(ctx, ir_no_loc, "llvm: cannot create a target machine for %s", h->triple);
+    host_target_dispose(h);
+    return false;
+  }
+  return true;
+}
+
+static bool optimise(dsc_context *ctx, host_target *h, LLVMModuleRef m) {
+  LLVMSetTarget(m, h->triple);
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(h->tm);
+  char *dl = LLVMCopyStringRepOfTargetData(td);
+  LLVMSetDataLayout(m, dl);
+  LLVMDisposeMessage(dl);
+  LLVMDisposeTargetData(td);
+  LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
+  LLVMPassBuilderOptionsSetLoopVectorization(opts, 1);
+  LLVMPassBuilderOptionsSetSLPVectorization(opts, 1);
+  LLVMPassBuilderOptionsSetLoopInterleaving(opts, 1);
+  LLVMPassBuilderOptionsSetLoopUnrolling(opts, 1);
+  LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", h->tm, opts);
+  LLVMDisposePassBuilderOptions(opts);
+  if (err) {
+    report_llvm_error(ctx, "optimisation", err);
+    return false;
+  }
+  return true;
+}
+
+/* ======================= the JIT ======================= */
+
+typedef struct {
+  char *sym; /* ir_alloc'd */
+  cg_cpu_kernel_fn fn;
+} jit_sym;
+
+struct cg_llvm_jit {
+  dsc_context *ctx;
+  char *cache_dir; /* ir_alloc'd, or NULL */
+  host_target host;
+  LLVMOrcLLJITRef jit;
+  LLVMOrcJITDylibRef jd;
+  jit_sym *syms;
+  int n_syms, cap_syms;
+  int compiled, cache_hits;
+};
+
+static void es_error_reporter(void *ud, LLVMErrorRef err) {
+  report_llvm_error((dsc_context *)ud, "JIT session", err);
+}
+
+static char *ctx_strdup(dsc_context *ctx, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = ir_alloc(ctx, n);
+  if (p) memcpy(p, s, n);
+  return p;
+}
+
+static void ctx_strfree(dsc_context *ctx, char *s) {
+  if (s) ir_free(ctx, s, strlen(s) + 1);
+}
+
+cg_llvm_jit *cg_llvm_jit_new(dsc_context *ctx, const char *cache_dir) {
+  cg_llvm_jit *j = ir_alloc(ctx, sizeof *j);
+  if (!j) {
+    ir_error(ctx, ir_no_loc, "llvm: out of memory");
+    return NULL;
+  }
+  memset(j, 0, sizeof *j);
+  j->ctx = ctx;
+  if (!host_target_init(ctx, &j->host)) {
+    ir_free(ctx, j, sizeof *j);
+    return NULL;
+  }
+  if (cache_dir) {
+    j->cache_dir = ctx_strdup(ctx, cache_dir);
+    if (!j->cache_dir) {
+      ir_error(ctx, ir_no_loc, "llvm: out of memory");
+      cg_llvm_jit_free(j);
+      return NULL;
+    }
+  }
+  LLVMErrorRef err = LLVMOrcCreateLLJIT(&j->jit, NULL); /* host defaults */
+  if (err) {
+    report_llvm_error(ctx, "cannot create the JIT", err);
+    j->jit = NULL;
+    cg_llvm_jit_free(j);
+    return NULL;
+  }
+  LLVMOrcExecutionSessionSetErrorReporter(LLVMOrcLLJITGetExecutionSession(j->jit),
+                                          es_error_reporter, ctx);
+  j->jd = LLVMOrcLLJITGetMainJITDylib(j->jit);
+  /* libm and friends (tanh, log, pow when not inlined) from the process */
+  LLVMOrcDefinitionGeneratorRef gen = NULL;
+  err = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
+      &gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL);
+  if (err) {
+    report_llvm_error(ctx, "cannot search the process for symbols", err);
+    cg_llvm_jit_free(j);
+    return NULL;
+  }
+  LLVMOrcJITDylibAddGenerator(j->jd, gen);
+  return j;
+}
+
+void cg_llvm_jit_free(cg_llvm_jit *j) {
+  if (!j) return;
+  dsc_context *ctx = j->ctx;
+  if (j->jit) {
+    LLVMErrorRef err = LLVMOrcDisposeLLJIT(j->jit);
+    if (err) report_llvm_error(ctx, "disposing the JIT", err);
+  }
+  host_target_dispose(&j->host);
+  for (int i = 0; i < j->n_syms; i++) ctx_strfree(ctx, j->syms[i].sym);
+  if (j->syms) ir_free(ctx, j->syms, sizeof(jit_sym) * (size_t)j->cap_syms);
+  ctx_strfree(ctx, j->cache_dir);
+  ir_free(ctx, j, sizeof *j);
+}
+
+void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits) {
+  if (compiled) *compiled = j ? j->compiled : 0;
+  if (cache_hits) *cache_hits = j ? j->cache_hits : 0;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *s = p;
+  for (size_t i = 0; i < n; i++) {
+    h ^= s[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+#define FNV_INIT 0xcbf29ce484222325ull
+
+static uint64_t cache_key(const cg_llvm_jit *j, const kir_kernel *k) {
+  uint64_t kh = kir_hash(k);
+  uint32_t ver = CG_LLVM_CACHE_VERSION;
+  uint64_t h = fnv1a(FNV_INIT, &kh, sizeof kh);
+  h = fnv1a(h, k->name, strlen(k->name) + 1);
+  h = fnv1a(h, j->host.triple, strlen(j->host.triple) + 1);
+  h = fnv1a(h, j->host.cpu, strlen(j->host.cpu) + 1);
+  h = fnv1a(h, j->host.features, strlen(j->host.features) + 1);
+  h = fnv1a(h, LLVM_VERSION_STRING, sizeof LLVM_VERSION_STRING);
+  return fnv1a(h, &ver, sizeof ver);
+}
+
+/* Cache file: magic[8], u64 key, u64 payload length, u64 payload FNV-1a,
+ * then the object file. */
+typedef struct {
+  char magic[8];
+  uint64_t key, len, sum;
+} cache_header;
+
+static char *cache_path(const cg_llvm_jit *j, uint64_t key, const char *suffix) {
+  size_t n = strlen(j->cache_dir) + 64;
+  char *p = ir_alloc(j->ctx, n);
+  if (p)
+    snprintf(p, n, "%s/%016llx.o%s", j->cache_dir, (unsigned long long)key, suffix);
+  return p;
+}
+
+static void path_free(const cg_llvm_jit *j, char *p) {
+  if (p) ir_free(j->ctx, p, strlen(j->cache_dir) + 64);
+}
+
+/* A memory buffer with the cached object, or NULL (absent, short, corrupt). */
+static LLVMMemoryBufferRef cache_read(cg_llvm_jit *j, uint64_t key) {
+  char *path = cache_path(j, key, "");
+  if (!path) return NULL;
+  FILE *f = fopen(path, "rb");
+  path_free(j, path);
+  if (!f) return NULL;
+  LLVMMemoryBufferRef buf = NULL;
+  cache_header h;
+  void *data = NULL;
+  if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CG_CACHE_MAGIC, 8) != 0 ||
+      h.key != key || h.len == 0 || h.len > ((uint64_t)1 << 30))
+    goto out;
+  data = ir_alloc(j->ctx, (size_t)h.len);
+  if (!data || fread(data, 1, (size_t)h.len, f) != (size_t)h.len || fgetc(f) != EOF) goto out;
+  if (fnv1a(FNV_INIT, data, (size_t)h.len) != h.sum) goto out;
+  buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(data, (size_t)h.len, "dsc_cached_kernel");
+out:
+  if (data) ir_free(j->ctx, data, (size_t)h.len);
+  fclose(f);
+  return buf;
+}
+
+/* Best effort: a cache that cannot be written only costs a recompile. */
+static void cache_write(cg_llvm_jit *j, uint64_t key, LLVMMemoryBufferRef obj) {
+  mkdir(j->cache_dir, 0777); /* EEXIST is fine; other failures show at fopen */
+  char suffix[48];
+  static unsigned counter;
+  snprintf(suffix, sizeof suffix, ".tmp%ld.%u", (long)getpid(),
+           __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+  char *tmp = cache_path(j, key, suffix), *path = cache_path(j, key, "");
+  if (!tmp || !path) goto out;
+  cache_header h;
+  memcpy(h.magic, CG_CACHE_MAGIC, 8);
+  h.key = key;
+  h.len = LLVMGetBufferSize(obj);
+  h.sum = fnv1a(FNV_INIT, LLVMGetBufferStart(obj), (size_t)h.len);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) goto out;
+  bool ok = fwrite(&h, sizeof h, 1, f) == 1 &&
+            fwrite(LLVMGetBufferStart(obj), 1, (size_t)h.len, f) == (size_t)h.len;
+  ok = (fclose(f) == 0) && ok;
+  if (!ok || rename(tmp, path) != 0) remove(tmp);
+out:
+  path_free(j, tmp);
+  path_free(j, path);
+}
+
+static cg_cpu_kernel_fn find_sym(const cg_llvm_jit *j, const char *sym) {
+  for (int i = 0; i < j->n_syms; i++)
+    if (strcmp(j->syms[i].sym, sym) == 0) return j->syms[i].fn;
+  return NULL;
+}
+
+/* Compiles kernel k alone into an object file (optimised for the host). */
+static LLVMMemoryBufferRef compile_object(cg_llvm_jit *j, kir_kernel *k, char *sym) {
+  LLVMContextRef c;
+  LLVMModuleRef m;
+  kir_kernel *one[1] = {k};
+  if (!build_module(j->ctx, one, 1, &sym, j->host.cpu, j->host.features, &c, &m)) return NULL;
+  LLVMMemoryBufferRef obj = NULL;
+  if (optimise(j->ctx, &j->host, m)) {
+    char *msg = NULL;
+    if (LLVMTargetMachineEmitToMemoryBuffer(j->host.tm, m, LLVMObjectFile, &msg, &obj)) {
+      ir_error(j->ctx, ir_no_loc, "llvm: kernel %s: code generation failed: %s", k->name,
+               msg ? msg : "");
+      obj = NULL;
+    }
+    LLVMDisposeMessage(msg);
+  }
+  LLVMDisposeModule(m);
+  LLVMContextDispose(c);
+  return obj;
+}
+
+dsc_status cg_llvm_compile(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
+                           cg_cpu_kernel_fn *fns) {
+  return cg_llvm_compile_with(j, kernels, n, fns, NULL, NULL);
+}
+
+dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
+                                cg_cpu_kernel_fn *fns, const void *const *objs,
+                                const size_t *lens) {
+  if (!j) return DSC_ERR_INTERNAL;
+  dsc_context *ctx = j->ctx;
+  for (int i = 0; i < n; i++) {
+    kir_kernel *k = kernels[i];
+    char err[512];
+    if (!k || !k->name) {
+      ir_error(ctx, ir_no_loc, "llvm: kernel %d is missing or unnamed", i);
+      return DSC_ERR_INTERNAL;
+    }
+    if (!kir_validate(k, err, sizeof err)) {
+      ir_error(ctx, ir_no_loc, "llvm: kernel %s is invalid: %s", k->name, err);
+      return DSC_ERR_INTERNAL;
+    }
+    /* The JIT symbol carries the key: equal kernels compiled twice share
+     * code, different kernels with one name do not clash. */
+    uint64_t key = cache_key(j, k);
+    size_t sl = strlen(k->name) + 20;
+    char *sym = ir_alloc(ctx, sl);
+    if (!sym) {
+      ir_error(ctx, ir_no_loc, "llvm: out of memory");
+      return DSC_ERR_INTERNAL;
+    }
+    snprintf(sym, sl, "%s.%016llx", k->name, (unsigned long long)key);
+    if ((fns[i] = find_sym(j, sym))) {
+      ir_free(ctx, sym, sl);
+      continue;
+    }
+    LLVMMemoryBufferRef obj = NULL;
+    if (objs && objs[i]) /* prebuilt (a .dsx): must define exactly this symbol */
+      obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(objs[i], lens[i], "dsc_prebuilt_kernel");
+    else if (j->cache_dir)
+      obj = cache_read(j, key);
+    if (obj) {
+      j->cache_hits++;
+    } else {
+      obj = compile_object(j, k, sym);
+      if (!obj) {
+        ir_free(ctx, sym, sl);
+        return DSC_ERR_INTERNAL;
+      }
+      j->compiled++;
+      if (j->cache_dir) cache_write(j, key, obj);
+    }
+    LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, j->jd, obj); /* takes obj */
+    LLVMOrcExecutorAddress addr = 0;
+    if (!e) e = LLVMOrcLLJITLookup(j->jit, &addr, sym);
+    if (e) {
+      char what[300];
+      snprintf(what, sizeof what, "kernel %s", k->name);
+      report_llvm_error(ctx, what, e);
+      ir_free(ctx, sym, sl);
+      return DSC_ERR_INTERNAL;
+    }
+    if (j->n_syms == j->cap_syms) {
+      int ncap = j->cap_syms ? 2 * j->cap_syms : 16;
+      jit_sym *ns = ir_realloc(ctx, j->syms, sizeof(jit_sym) * (size_t)j->cap_syms,
+                               sizeof(jit_sym) * (size_t)ncap);
+      if (!ns) {
+        ir_error(ctx, ir_no_loc, "llvm: out of memory");
+        ir_free(ctx, sym, sl);
+        return DSC_ERR_INTERNAL;
+      }
+      j->syms = ns;
+      j->cap_syms = ncap;
+    }
+    /* shrink the name allocation to strlen+1 for ctx_strfree */
+    char *kept = ctx_strdup(ctx, sym);
+    ir_free(ctx, sym, sl);
+    if (!kept) {
+      ir_error(ctx, ir_no_loc, "llvm: out of memory");
+      return DSC_ERR_INTERNAL;
+    }
+    fns[i] = (cg_cpu_kernel_fn)(uintptr_t)addr;
+    j->syms[j->n_syms].sym = kept;
+    j->syms[j->n_syms].fn = fns[i];
+    j->n_syms++;
+  }
+  return DSC_OK;
+}
+
+void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
+  *len = 0;
+  char err[512];
+  if (!kir_validate(k, err, sizeof err)) {
+    ir_error(j->ctx, ir_no_loc, "llvm: kernel %s is invalid: %s", k->name, err);
+    return NULL;
+  }
+  uint64_t key = cache_key(j, k);
+  size_t sl = strlen(k->name) + 20;
+  char *sym = ir_alloc(j->ctx, sl);
+  if (!sym) return NULL;
+  snprintf(sym, sl, "%s.%016llx", k->name, (unsigned long long)key);
+  LLVMMemoryBufferRef obj = j->cache_dir ? cache_read(j, key) : NULL;
+  if (!obj) obj = compile_object(j, k, sym);
+  ir_free(j->ctx, sym, sl);
+  if (!obj) return NULL;
+  size_t n = LLVMGetBufferSize(obj);
+  void *out = malloc(n ? n : 1);
+  if (out) {
+    memcpy(out, LLVMGetBufferStart(obj), n);
+    *len = n;
+  } else {
+    ir_error(j->ctx, ir_no_loc, "llvm: out of memory");
+  }
+  LLVMDisposeMemoryBuffer(obj);
+  return out;
+}
+
+void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len) {
+  snprintf(buf, len, "%s %s %s llvm-%s", j->host.triple, j->host.cpu, j->host.features,
+           LLVM_VERSION_STRING);
+}
+
+/* ======================= text and bitcode ======================= */
+
+static char *module_text(LLVMModuleRef m) {
+  char *s = LLVMPrintModuleToString(m);
+  size_t n = s ? strlen(s) + 1 : 0;
+  char *out = s ? malloc(n) : NULL;
+  if (out) memcpy(out, s, n);
+  LLVMDisposeMessage(s);
+  return out;
+}
+
+char *cg_llvm_print_ir(dsc_context *ctx, kir_kernel *const *kernels, int n) {
+  LLVMContextRef c;
+  LLVMModuleRef m;
+  if (!llvm_ready(ctx) || !build_module(ctx, kernels, n, NULL, NULL, NULL, &c, &m)) return NULL;
+  char *out = module_text(m);
+  if (!out) ir_error(ctx, ir_no_loc, "llvm: out of memory");
+  LLVMDisposeModule(m);
+  LLVMContextDispose(c);
+  return out;
+}
+
+char *cg_llvm_print_optimized_ir(dsc_context *ctx, kir_kernel *const *kernels, int n) {
+  host_target h;
+  if (!host_target_init(ctx, &h)) return NULL;
+  LLVMContextRef c;
+  LLVMModuleRef m;
+  char *out = NULL;
+  if (build_module(ctx, kernels, n, NULL, h.cpu, h.features, &c, &m)) {
+    if (optimise(ctx, &h, m)) {
+      out = module_text(m);
+      if (!out) ir_error(ctx, ir_no_loc, "llvm: out of memory");
+    }
+    LLVMDisposeModule(m);
+    LLVMContextDispose(c);
+  }
+  host_target_dispose(&h);
+  return out;
+}
+
+void *cg_llvm_bitcode(dsc_context *ctx, kir_kernel *const *kernels, int n, size_t *len) {
+  LLVMContextRef c;
+  LLVMModuleRef m;
+  *len = 0;
+  if (!llvm_ready(ctx) || !build_module(ctx, kernels, n, NULL, NULL, NULL, &c, &m)) return NULL;
+  LLVMMemoryBufferRef buf = LLVMWriteBitcodeToMemoryBuffer(m);
+  void *out = NULL;
+  if (buf) {
+    size_t sz = LLVMGetBufferSize(buf);
+    out = malloc(sz ? sz : 1);
+    if (out) {
+      memcpy(out, LLVMGetBufferStart(buf), sz);
+      *len = sz;
+    }
+    LLVMDisposeMemoryBuffer(buf);
+  }
+  if (!out) ir_error(ctx, ir_no_loc, "llvm: cannot write bitcode");
+  LLVMDisposeModule(m);
+  LLVMContextDispose(c);
+  return out;
+}
+
+#else /* !DSC_HAVE_LLVM */
+
+static void no_llvm(dsc_context *ctx) {
+  ir_error(ctx, ir_no_loc, "this build has no LLVM backend");
+}
+
+cg_llvm_jit *cg_llvm_jit_new(dsc_context *ctx, const char *cache_dir) {
+  (void)cache_dir;
+  no_llvm(ctx);
+  return NULL;
+}
+
+void cg_llvm_jit_free(cg_llvm_jit *j) { (void)j; }
+
+void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits) {
+  (void)j;
+  if (compiled) *compiled = 0;
+  if (cache_hits) *cache_hits = 0;
+}
+
+dsc_status cg_llvm_compile(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
+                           cg_cpu_kernel_fn *fns) {
+  (void)j, (void)kernels, (void)n, (void)fns;
+  return DSC_ERR_USER; /* no jit can exist: cg_llvm_jit_new reported why */
+}
+
+char *cg_llvm_print_ir(dsc_context *ctx, kir_kernel *const *kernels, int n) {
+  (void)kernels, (void)n;
+  no_llvm(ctx);
+  return NULL;
+}
+
+char *cg_llvm_print_optimized_ir(dsc_context *ctx, kir_kernel *const *kernels, int n) {
+  (void)kernels, (void)n;
+  no_llvm(ctx);
+  return NULL;
+}
+
+dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
+                                cg_cpu_kernel_fn *fns, const void *const *objs,
+                                const size_t *lens) {
+  (void)objs, (void)lens;
+  return cg_llvm_compile(j, kernels, n, fns);
+}
+
+void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
+  (void)j, (void)k;
+  *len = 0;
+  return NULL;
+}
+
+void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len) {
+  (void)j;
+  snprintf(buf, len, "none");
+}
+
+void *cg_llvm_bitcode(dsc_context *ctx, kir_kernel *const *kernels, int n, size_t *len) {
+  (void)kernels, (void)n;
+  *len = 0;
+  no_llvm(ctx);
+  return NULL;
+}
+
+#endif

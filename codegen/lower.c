@@ -1,0 +1,1308 @@
+/* Lowering of a fused graph (passes/fuse.c) to a cg_program.
+ *
+ * - One LAUNCH per fusion group: stages REDUCE (each reduction), LET (each
+ *   outer-only value read by a member over the whole domain), then STORE (each member used
+ *   outside the group). Members not stored are recomputed (expression DAGs).
+ * - Inlinable nodes (const, iota, elementwise/views of them) are recomputed
+ *   by every kernel that reads them; they get a buffer (a copy kernel) only
+ *   when a GEMM, embedding_grad, output or assign needs one.
+ * - Views (permute, slice, broadcast, reshape) outside groups are strides
+ *   over their base buffer (free); a reshape that strides cannot express
+ *   copies its input first. GEMM operands fold views into cg_matrix strides
+ *   (a transpose is swapped strides, a broadcast batch dim stride 0); an
+ *   operand with neither unit row nor unit column stride is copied.
+ * - concat: one copy kernel per input into its slice of the result buffer.
+ * - Params and states live in the STATE arena (cg_state_layout); inputs and
+ *   temporaries in WORK, placed first-fit by liveness (64-byte aligned).
+ * - An assign whose value is stored by a kernel is written in place into the
+ *   param's STATE buffer when no later instruction reads the param and the
+ *   kernel reads the param only at the element it writes; STORE stages are
+ *   ordered so that every stage reading a param runs before its in-place
+ *   store. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "passes/passes.h"
+
+typedef struct {
+  int buffer;
+  int64_t offset;
+  int rank;
+  int64_t dims[DSC_MAX_RANK], strides[DSC_MAX_RANK];
+} view;
+
+typedef struct {
+  int node;    /* stored node */
+  int stage;   /* its STORE stage */
+} store_rec;
+
+typedef struct {
+  const ir_graph *g;
+  ir_arena *a;
+  dsc_context *ctx;
+  cg_program *p;
+  int n;
+  int *buf;     /* node -> buffer holding it contiguously (offset 0), -1 */
+  bool *pure;   /* inlinable (recomputed) */
+  int *users;   /* per node: number of consumers */
+  int **user_list;
+  bool *is_output;
+  int *store_instr; /* node -> instruction of the kernel that stores it, -1 */
+  int *param_buf;   /* module param index -> buffer */
+  int *input_buf;   /* graph input position -> buffer */
+  /* kernel under construction */
+  int cur_group;
+  pass_fuse_domain dom;
+  int *slot; /* node -> slot (current kernel), -1 */
+  int n_args, cap_args, cap_arg_buf;
+  kir_arg *args;
+  int *arg_buf;
+  int n_stages, cap_stages;
+  kir_stage *stages;
+  int n_slots, cap_slots;
+  dsc_dtype *slot_types;
+  /* memo of node expressions within one stage */
+  int *memo_stamp;
+  pass_affine *memo_pt; /* n * DSC_MAX_RANK */
+  kir_expr **memo_expr;
+  int stamp;
+  dsc_status status;
+} L;
+
+static dsc_dtype ct(dsc_dtype t) { return t == DSC_BF16 || t == DSC_F16 ? DSC_F32 : t; }
+
+static bool fail(L *l, const ir_node *n, dsc_status st, const char *fmt, const char *a) {
+  char msg[256];
+  snprintf(msg, sizeof msg, fmt, a);
+  if (n)
+    ir_error(l->ctx, n->loc, "codegen: node %%%d (%s): %s", n->id, dsc_op_name(n->op), msg);
+  else
+    ir_error(l->ctx, ir_no_loc, "codegen: %s", msg);
+  if (l->status == DSC_OK) l->status = st;
+  return false;
+}
+
+static bool oom(L *l) { return fail(l, NULL, DSC_ERR_INTERNAL, "out of memory%s", ""); }
+
+static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
+
+static void contiguous(const dsc_type *t, int64_t *strides) {
+  int64_t s = 1;
+  for (int d = t->rank - 1; d >= 0; d--) strides[d] = s, s *= t->dims[d];
+}
+
+/* ------------------------------------------------------------ program pieces */
+
+static int new_buffer(L *l, cg_buf_kind kind, int index, dsc_dtype dt, int64_t numel) {
+  cg_program *p = l->p;
+  if (!ir_grow(l->a, (void **)&p->buffers, &p->cap_buffers, p->n_buffers + 1, sizeof(cg_buffer)))
+    return oom(l), -1;
+  cg_buffer *b = &p->buffers[p->n_buffers];
+  memset(b, 0, sizeof *b);
+  b->kind = kind, b->index = index, b->dtype = dt, b->numel = numel;
+  b->first_use = b->last_use = -1;
+  return p->n_buffers++;
+}
+
+static cg_instr *new_instr(L *l, cg_ins_kind kind, const ir_node *node) {
+  cg_program *p = l->p;
+  if (!ir_grow(l->a, (void **)&p->instrs, &p->cap_instrs, p->n_instrs + 1, sizeof(cg_instr)))
+    return oom(l), NULL;
+  cg_instr *in = &p->instrs[p->n_instrs++];
+  memset(in, 0, sizeof *in);
+  in->kind = kind;
+  in->node = node;
+  in->ids = in->src = in->dst = -1;
+  return in;
+}
+
+static view contiguous_view(const cg_program *p, int buffer, const dsc_type *t) {
+  view v;
+  memset(&v, 0, sizeof v);
+  v.buffer = buffer;
+  v.rank = t->rank;
+  memcpy(v.dims, t->dims, sizeof(int64_t) * (size_t)t->rank);
+  contiguous(t, v.strides);
+  (void)p;
+  return v;
+}
+
+static bool view_is_contiguous(const view *v) {
+  int64_t s = 1;
+  for (int d = v->rank - 1; d >= 0; d--) {
+    if (v->dims[d] != 1 && v->strides[d] != s) return false;
+    s *= v->dims[d];
+  }
+  return true;
+}
+
+/* Reshape of a strided view without copying (false: needs a copy). */
+static bool view_reshape(const view *in, const dsc_type *to, view *out) {
+  *out = *in;
+  out->rank = to->rank;
+  memcpy(out->dims, to->dims, sizeof(int64_t) * (size_t)to->rank);
+  int ia[DSC_MAX_RANK], ib[DSC_MAX_RANK], na = 0, nb = 0;
+  for (int i = 0; i < in->rank; i++)
+    if (in->dims[i] != 1) ia[na++] = i;
+  for (int j = 0; j < to->rank; j++) {
+    out->strides[j] = 0;
+    if (to->dims[j] != 1) ib[nb++] = j;
+  }
+  int i = 0, j = 0;
+  while (i < na && j < nb) {
+    int i0 = i, j0 = j;
+    int64_t pa = in->dims[ia[i++]], pb = to->dims[ib[j++]];
+    while (pa != pb) {
+      if (pa < pb && i < na)
+        pa *= in->dims[ia[i++]];
+      else if (pb < pa && j < nb)
+        pb *= to->dims[ib[j++]];
+      else
+        return false;
+    }
+    for (int x = i0; x + 1 < i; x++)
+      if (in->strides[ia[x]] != in->strides[ia[x + 1]] * in->dims[ia[x + 1]]) return false;
+    int64_t s = in->strides[ia[i - 1]];
+    for (int y = j - 1; y >= j0; y--) out->strides[ib[y]] = s, s *= to->dims[ib[y]];
+  }
+  return i == na && j == nb;
+}
+
+/* ------------------------------------------------------------ kernel builder */
+
+static void kb_clear(L *l) { l->n_args = l->n_stages = l->n_slots = 0; }
+
+static void kb_reset(L *l, int group, const pass_fuse_domain *d) {
+  l->cur_group = group;
+  l->dom = *d;
+  l->n_args = l->n_stages = l->n_slots = 0;
+  for (int i = 0; i < l->n; i++) l->slot[i] = -1;
+}
+
+static int kb_arg(L *l, int buffer, bool write) {
+  for (int i = 0; i < l->n_args; i++)
+    if (l->arg_buf[i] == buffer) {
+      if (write) l->args[i].written = true;
+      else l->args[i].read = true;
+      return i;
+    }
+  if (!ir_grow(l->a, (void **)&l->args, &l->cap_args, l->n_args + 1, sizeof(kir_arg)) ||
+      !ir_grow(l->a, (void **)&l->arg_buf, &l->cap_arg_buf, l->n_args + 1, sizeof(int)))
+    return oom(l), -1;
+  const cg_buffer *b = &l->p->buffers[buffer];
+  kir_arg *a = &l->args[l->n_args];
+  memset(a, 0, sizeof *a);
+  a->dtype = b->dtype;
+  a->numel = b->numel;
+  a->read = !write;
+  a->written = write;
+  l->arg_buf[l->n_args] = buffer;
+  return l->n_args++;
+}
+
+static kir_stage *kb_stage(L *l, kir_stage_kind kind) {
+  if (!ir_grow(l->a, (void **)&l->stages, &l->cap_stages, l->n_stages + 1, sizeof(kir_stage)))
+    return oom(l), NULL;
+  kir_stage *s = &l->stages[l->n_stages++];
+  memset(s, 0, sizeof *s);
+  s->kind = kind;
+  l->stamp++; /* expressions are memoised per stage */
+  return s;
+}
+
+static int kb_slot(L *l, dsc_dtype t) {
+  if (!ir_grow(l->a, (void **)&l->slot_types, &l->cap_slots, l->n_slots + 1, sizeof(dsc_dtype)))
+    return oom(l), -1;
+  l->slot_types[l->n_slots] = t;
+  return l->n_slots++;
+}
+
+/* Finishes the kernel: appends it and its LAUNCH; returns the instr index. */
+static int kb_finish(L *l, const ir_node *node, const char *opname) {
+  cg_program *p = l->p;
+  kir_kernel *k = ir_arena_alloc(l->a, sizeof *k);
+  if (!k) return oom(l), -1;
+  int instr = p->n_instrs;
+  k->name = ir_arena_printf(l->a, "k%d_%s", instr, opname);
+  k->rank = l->dom.rank;
+  k->n_outer = l->dom.n_outer;
+  memcpy(k->dims, l->dom.dims, sizeof(int64_t) * (size_t)k->rank);
+  k->n_args = l->n_args;
+  k->args = ir_arena_alloc(l->a, sizeof(kir_arg) * (size_t)(l->n_args ? l->n_args : 1));
+  k->n_slots = l->n_slots;
+  k->slot_types = ir_arena_alloc(l->a, sizeof(dsc_dtype) * (size_t)(l->n_slots ? l->n_slots : 1));
+  k->n_stages = l->n_stages;
+  k->stages = ir_arena_alloc(l->a, sizeof(kir_stage) * (size_t)(l->n_stages ? l->n_stages : 1));
+  int *args = ir_arena_alloc(l->a, sizeof(int) * (size_t)(l->n_args ? l->n_args : 1));
+  if (!k->name || !k->args || !k->slot_types || !k->stages || !args) return oom(l), -1;
+  if (l->n_args) memcpy(k->args, l->args, sizeof(kir_arg) * (size_t)l->n_args);
+  if (l->n_slots) memcpy(k->slot_types, l->slot_types, sizeof(dsc_dtype) * (size_t)l->n_slots);
+  if (l->n_stages) memcpy(k->stages, l->stages, sizeof(kir_stage) * (size_t)l->n_stages);
+  if (l->n_args) memcpy(args, l->arg_buf, sizeof(int) * (size_t)l->n_args);
+  char err[256];
+  if (!kir_validate(k, err, sizeof err)) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "kernel %s is invalid: %s", k->name, err);
+    return fail(l, node, DSC_ERR_INTERNAL, "%s", msg), -1;
+  }
+  if (!ir_grow(l->a, (void **)&p->kernels, &p->cap_kernels, p->n_kernels + 1, sizeof(kir_kernel *)))
+    return oom(l), -1;
+  p->kernels[p->n_kernels] = k;
+  cg_instr *in = new_instr(l, CG_INS_LAUNCH, node);
+  if (!in) return -1;
+  in->kernel = p->n_kernels++;
+  in->n_args = l->n_args;
+  in->args = args;
+  kb_clear(l);
+  return instr;
+}
+
+/* ------------------------------------------------------------ values */
+
+static bool resolve(L *l, const ir_node *n, view *v);
+static bool materialize(L *l, const ir_node *n);
+
+/* k + sum c[v] * index(v) as an i64 expression. */
+static kir_expr *affine_expr(L *l, const pass_affine *p) {
+  kir_expr *e = NULL;
+  for (int v = 0; v < l->dom.rank; v++) {
+    if (!p->c[v]) continue;
+    kir_expr *t = kir_index(l->a, v);
+    if (p->c[v] != 1) t = kir_bin(l->a, KIR_MUL, t, kir_const(l->a, DSC_I64, (double)p->c[v]));
+    e = e ? kir_bin(l->a, KIR_ADD, e, t) : t;
+  }
+  if (!e) return kir_const(l->a, DSC_I64, (double)p->k);
+  if (p->k) e = kir_bin(l->a, KIR_ADD, e, kir_const(l->a, DSC_I64, (double)p->k));
+  return e;
+}
+
+static kir_access view_access(L *l, const view *v, const pass_affine *pt, bool write) {
+  kir_access acc;
+  memset(&acc, 0, sizeof acc);
+  acc.arg = kb_arg(l, v->buffer, write);
+  acc.offset = v->offset;
+  for (int d = 0; d < v->rank; d++) {
+    if (v->dims[d] == 1) continue;
+    acc.offset += v->strides[d] * pt[d].k;
+    for (int x = 0; x < l->dom.rank; x++) acc.stride[x] += v->strides[d] * pt[d].c[x];
+  }
+  return acc;
+}
+
+static kir_expr *expr(L *l, const ir_node *n, const pass_affine *pt);
+
+static kir_expr *input_expr(L *l, const ir_node *n, int i, const pass_affine *pt) {
+  pass_affine pin[DSC_MAX_RANK];
+  memset(pin, 0, sizeof pin);
+  if (!pass_fuse_input_point(n, i, &l->dom, pt, pin)) {
+    fail(l, n, DSC_ERR_INTERNAL, "input %s cannot be read at an affine point", i ? "1+" : "0");
+    return NULL;
+  }
+  return expr(l, n->in[i], pin);
+}
+
+static kir_expr *gelu_expr(ir_arena *a, kir_expr *x) {
+  dsc_dtype t = x->type;
+  kir_expr *x3 = kir_bin(a, KIR_MUL, kir_bin(a, KIR_MUL, x, x), x);
+  kir_expr *in = kir_bin(a, KIR_ADD, x, kir_bin(a, KIR_MUL, kir_const(a, t, 0.044715), x3));
+  kir_expr *th = kir_un(a, KIR_TANH, kir_bin(a, KIR_MUL, kir_const(a, t, sqrt(2.0 / M_PI)), in));
+  kir_expr *h = kir_bin(a, KIR_MUL, kir_const(a, t, 0.5), x);
+  return kir_bin(a, KIR_MUL, h, kir_bin(a, KIR_ADD, kir_const(a, t, 1.0), th));
+}
+
+/* The value of n (an inlinable node or a member of the current group) at
+ * point pt; other nodes are loads of their buffers or views. */
+static kir_expr *compute(L *l, const ir_node *n, const pass_affine *pt) {
+  ir_arena *a = l->a;
+  dsc_dtype t = ct(n->type.dtype);
+  kir_expr *x, *y;
+  switch (n->op) {
+    case DSC_OP_CONST:
+      return kir_const(a, t, t == DSC_BOOL ? (ir_attr_float(n, "value") != 0) : ir_attr_float(n, "value"));
+    case DSC_OP_IOTA: {
+      int64_t axis = ir_attr_int(n, "axis");
+      return kir_cast(a, t, affine_expr(l, &pt[axis]));
+    }
+    case DSC_OP_BROADCAST:
+    case DSC_OP_PERMUTE:
+    case DSC_OP_SLICE:
+    case DSC_OP_RESHAPE:
+    case DSC_OP_SUM: /* over no axes: identity */
+    case DSC_OP_MEAN:
+    case DSC_OP_MAX:
+      return input_expr(l, n, 0, pt);
+    case DSC_OP_EMBEDDING: {
+      kir_expr *ids = input_expr(l, n, 1, pt);
+      view tv;
+      if (!ids || !resolve(l, n->in[0], &tv)) return NULL;
+      kir_access acc;
+      memset(&acc, 0, sizeof acc);
+      acc.arg = kb_arg(l, tv.buffer, false);
+      const pass_affine *col = &pt[n->type.rank - 1];
+      acc.offset = tv.offset + tv.strides[1] * col->k;
+      for (int v = 0; v < l->dom.rank; v++) acc.stride[v] = tv.strides[1] * col->c[v];
+      acc.gather = ids->type == DSC_I64 ? ids : kir_cast(a, DSC_I64, ids);
+      acc.gather_stride = tv.strides[0];
+      acc.gather_bound = tv.dims[0];
+      return kir_load(a, t, acc);
+    }
+    default:
+      break;
+  }
+  if (ir_op(n->op)->cg != IR_CG_ELEMENTWISE) {
+    fail(l, n, DSC_ERR_INTERNAL, "op %s cannot be computed inside a kernel", dsc_op_name(n->op));
+    return NULL;
+  }
+  x = input_expr(l, n, 0, pt);
+  y = n->n_in > 1 ? input_expr(l, n, 1, pt) : NULL;
+  switch (n->op) {
+    case DSC_OP_ADD: return kir_bin(a, KIR_ADD, x, y);
+    case DSC_OP_SUB: return kir_bin(a, KIR_SUB, x, y);
+    case DSC_OP_MUL: return kir_bin(a, KIR_MUL, x, y);
+    case DSC_OP_DIV:
+      if (y && (y->type == DSC_I32 || y->type == DSC_I64)) { /* never divide by 0 */
+        kir_expr *z = kir_bin(a, KIR_EQ, y, kir_const(a, y->type, 0));
+        y = kir_select(a, z, kir_const(a, y->type, 1), y);
+      }
+      return kir_bin(a, KIR_DIV, x, y);
+    case DSC_OP_MAXIMUM: return kir_bin(a, KIR_MAX, x, y);
+    case DSC_OP_LESS: return kir_bin(a, KIR_LT, x, y);
+    case DSC_OP_GREATER: return kir_bin(a, KIR_GT, x, y);
+    case DSC_OP_EQUAL: return kir_bin(a, KIR_EQ, x, y);
+    case DSC_OP_WHERE: return kir_select(a, x, y, input_expr(l, n, 2, pt));
+    case DSC_OP_NEG: return kir_un(a, KIR_NEG, x);
+    case DSC_OP_EXP: return kir_un(a, KIR_EXP, x);
+    case DSC_OP_LOG: return kir_un(a, KIR_LOG, x);
+    case DSC_OP_SQRT: return kir_un(a, KIR_SQRT, x);
+    case DSC_OP_RSQRT: return kir_un(a, KIR_RSQRT, x);
+    case DSC_OP_TANH: return kir_un(a, KIR_TANH, x);
+    case DSC_OP_SIGMOID: return kir_un(a, KIR_SIGMOID, x);
+    case DSC_OP_RELU: return x ? kir_bin(a, KIR_MAX, x, kir_const(a, x->type, 0)) : NULL;
+    case DSC_OP_GELU: return x ? gelu_expr(a, x) : NULL;
+    case DSC_OP_SILU: return kir_bin(a, KIR_MUL, x, kir_un(a, KIR_SIGMOID, x));
+    case DSC_OP_POW:
+      return x ? kir_bin(a, KIR_POW, x, kir_const(a, x->type, ir_attr_float(n, "exponent"))) : NULL;
+    case DSC_OP_CAST: return kir_cast(a, t, x);
+    default:
+      fail(l, n, DSC_ERR_INTERNAL, "elementwise op %s has no kernel expression",
+           dsc_op_name(n->op));
+      return NULL;
+  }
+}
+
+static bool member(const L *l, const ir_node *n) {
+  return l->cur_group != 0 && n->group == l->cur_group;
+}
+
+static kir_expr *expr(L *l, const ir_node *n, const pass_affine *pt) {
+  if (l->status != DSC_OK) return NULL;
+  int r = n->type.rank;
+  pass_affine *mp = &l->memo_pt[(size_t)n->id * DSC_MAX_RANK];
+  if (l->memo_stamp[n->id] == l->stamp && pass_fuse_point_equal(&n->type, mp, pt))
+    return l->memo_expr[n->id];
+  kir_expr *e = NULL;
+  if (member(l, n) && l->slot[n->id] >= 0) {
+    int s = l->slot[n->id];
+    e = kir_scalar(l->a, l->slot_types[s], s);
+    if (n->op == DSC_OP_MEAN) {
+      double cnt = (double)(dsc_type_numel(&n->in[0]->type) / dsc_type_numel(&n->type));
+      e = kir_bin(l->a, KIR_DIV, e, kir_const(l->a, e ? e->type : DSC_F32, cnt));
+    }
+  } else if (member(l, n) || (n->group == 0 && l->pure[n->id])) {
+    e = compute(l, n, pt);
+  } else {
+    view v;
+    if (!resolve(l, n, &v)) return NULL;
+    e = kir_load(l->a, ct(n->type.dtype), view_access(l, &v, pt, false));
+  }
+  if (!e) {
+    if (l->status == DSC_OK) oom(l);
+    return NULL;
+  }
+  l->memo_stamp[n->id] = l->stamp;
+  memcpy(mp, pt, sizeof(pass_affine) * (size_t)(r > 0 ? r : 1));
+  l->memo_expr[n->id] = e;
+  return e;
+}
+
+/* A kernel over n's shape (no reduction) storing expression(n) contiguously
+ * into a new buffer; afterwards n is read from that buffer. */
+static bool materialize(L *l, const ir_node *n) {
+  if (l->n_stages || l->n_args) /* never while another kernel is being built */
+    return fail(l, n, DSC_ERR_INTERNAL, "nested materialization%s", "");
+  bool pure = l->pure[n->id] && n->group == 0;
+  view v;
+  if (!pure && !resolve(l, n, &v)) return false;
+  pass_fuse_domain d, saved_dom = l->dom;
+  int saved_group = l->cur_group;
+  dsc_type shape = n->type;
+  pass_fuse_domain_make(&shape, 0, false, &d);
+  kb_reset(l, 0, &d);
+  int b = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+  if (b < 0) return false;
+  pass_affine pt[DSC_MAX_RANK];
+  bool full;
+  memset(pt, 0, sizeof pt);
+  pass_fuse_natural_map(&d, &n->type, pt, &full);
+  if (!kb_stage(l, KIR_STAGE_STORE)) return false;
+  kir_expr *e = pure ? compute(l, n, pt)
+                     : kir_load(l->a, ct(n->type.dtype), view_access(l, &v, pt, false));
+  if (!e) return l->status == DSC_OK ? oom(l) : false;
+  view dv = contiguous_view(l->p, b, &n->type);
+  kir_stage *st = &l->stages[0];
+  st->over_inner = d.rank > d.n_outer;
+  st->expr = e;
+  st->dst = view_access(l, &dv, pt, true);
+  if (kb_finish(l, n, dsc_op_name(n->op)) < 0) return false;
+  l->buf[n->id] = b;
+  l->cur_group = saved_group;
+  l->dom = saved_dom;
+  return true;
+}
+
+static int param_index(const ir_graph *g, const ir_node *n) {
+  const char *name = ir_attr_str(n, "name");
+  return dsc_module_find_param(g->module, name);
+}
+
+static bool resolve(L *l, const ir_node *n, view *v) {
+  if (l->buf[n->id] >= 0) {
+    *v = contiguous_view(l->p, l->buf[n->id], &n->type);
+    return true;
+  }
+  switch (n->op) {
+    case DSC_OP_PARAM: {
+      int j = param_index(l->g, n);
+      if (j < 0) return fail(l, n, DSC_ERR_USER, "unknown param '%s'", ir_attr_str(n, "name"));
+      *v = contiguous_view(l->p, l->param_buf[j], &n->type);
+      return true;
+    }
+    case DSC_OP_ASSIGN:
+      return resolve(l, n->in[0], v);
+    default:
+      break;
+  }
+  if (n->group != 0)
+    return fail(l, n, DSC_ERR_INTERNAL, "value is read before its kernel stored it%s", "");
+  if (l->pure[n->id]) {
+    if (!materialize(l, n)) return false;
+    *v = contiguous_view(l->p, l->buf[n->id], &n->type);
+    return true;
+  }
+  view in;
+  switch (n->op) {
+    case DSC_OP_PERMUTE: {
+      if (!resolve(l, n->in[0], &in)) return false;
+      int cnt;
+      const int64_t *perm = ir_attr_ints(n, "perm", &cnt);
+      *v = in;
+      for (int j = 0; j < cnt; j++) v->dims[j] = in.dims[perm[j]], v->strides[j] = in.strides[perm[j]];
+      return true;
+    }
+    case DSC_OP_SLICE: {
+      if (!resolve(l, n->in[0], &in)) return false;
+      int64_t axis = ir_attr_int(n, "axis"), start = ir_attr_int(n, "start");
+      *v = in;
+      v->offset += start * in.strides[axis];
+      v->dims[axis] = n->type.dims[axis];
+      return true;
+    }
+    case DSC_OP_BROADCAST: {
+      if (!resolve(l, n->in[0], &in)) return false;
+      *v = in;
+      v->rank = n->type.rank;
+      int off = n->type.rank - in.rank;
+      for (int j = 0; j < n->type.rank; j++) {
+        v->dims[j] = n->type.dims[j];
+        int k = j - off;
+        v->strides[j] = k < 0 || in.dims[k] == 1 ? 0 : in.strides[k];
+      }
+      return true;
+    }
+    case DSC_OP_RESHAPE:
+      if (!resolve(l, n->in[0], &in)) return false;
+      if (view_reshape(&in, &n->type, v)) return true;
+      if (!materialize(l, n->in[0]) || !resolve(l, n->in[0], &in)) return false;
+      if (view_reshape(&in, &n->type, v)) return true;
+      return fail(l, n, DSC_ERR_INTERNAL, "reshape of a contiguous buffer failed%s", "");
+    default:
+      break;
+  }
+  if (ir_op(n->op)->cg == IR_CG_COMPOSITE && n->op != DSC_OP_EMBEDDING_GRAD)
+    return fail(l, n, DSC_ERR_USER, "op %s has no code generation; run the decompose pass",
+                dsc_op_name(n->op));
+  return fail(l, n, DSC_ERR_USER, "op %s has no code generation (run the fuse pass first)",
+              dsc_op_name(n->op));
+}
+
+/* A view usable as a whole contiguous buffer (offset 0), copying if not. */
+static int contiguous_buffer(L *l, const ir_node *n, bool allow_state) {
+  view v;
+  if (!resolve(l, n, &v)) return -1;
+  bool ok = v.offset == 0 && view_is_contiguous(&v) &&
+            l->p->buffers[v.buffer].numel == dsc_type_numel(&n->type) &&
+            (allow_state || l->p->buffers[v.buffer].kind != CG_BUF_PARAM);
+  if (ok) return v.buffer;
+  if (!materialize(l, n)) return -1;
+  return l->buf[n->id];
+}
+
+/* ------------------------------------------------------------ groups */
+
+static int natural(L *l, const ir_node *n, pass_affine *pt, bool *full) {
+  memset(pt, 0, sizeof(pass_affine) * DSC_MAX_RANK);
+  return pass_fuse_natural_map(&l->dom, &n->type, pt, full);
+}
+
+static bool lower_group(L *l, ir_node **m, int cnt) {
+  pass_fuse_domain d;
+  if (!pass_fuse_group_domain(m, cnt, &d))
+    return fail(l, m[0], DSC_ERR_INTERNAL, "fusion group %s has no common domain", "");
+  /* Inputs read through views or copies first: materialization emits its
+   * own kernels, which must not interleave with this one. */
+  for (int i = 0; i < cnt; i++)
+    for (int j = 0; j < m[i]->n_in; j++) {
+      const ir_node *p = m[i]->in[j];
+      if (p->group == m[i]->group) continue;
+      if (m[i]->op == DSC_OP_EMBEDDING && j == 0) {
+        view v;
+        if (!resolve(l, p, &v)) return false;
+      } else if (!(p->group == 0 && l->pure[p->id])) {
+        view v;
+        if (!resolve(l, p, &v)) return false;
+      }
+    }
+  kb_reset(l, m[0]->group, &d);
+  bool *stored = ir_arena_alloc(l->a, sizeof(bool) * (size_t)cnt);
+  if (!stored) return oom(l);
+  /* REDUCE and LET stages in node order */
+  for (int i = 0; i < cnt; i++) {
+    ir_node *n = m[i];
+    pass_affine pt[DSC_MAX_RANK];
+    bool full;
+    if (!natural(l, n, pt, &full))
+      return fail(l, n, DSC_ERR_INTERNAL, "shape does not fit its fusion group%s", "");
+    stored[i] = l->is_output[n->id];
+    bool inner_user = false; /* an in-group consumer over the whole domain */
+    for (int u = 0; u < l->users[n->id]; u++) {
+      const ir_node *c = l->g->nodes[l->user_list[n->id][u]];
+      pass_affine cp[DSC_MAX_RANK];
+      bool cfull = false;
+      if (c->group != n->group)
+        stored[i] = true;
+      else if (natural(l, c, cp, &cfull) && cfull)
+        inner_user = true;
+    }
+    uint32_t mask;
+    if (pass_fuse_reduction(n, &mask)) {
+      pass_affine pin[DSC_MAX_RANK];
+      memset(pin, 0, sizeof pin);
+      if (!pass_fuse_input_point(n, 0, &d, pt, pin))
+        return fail(l, n, DSC_ERR_INTERNAL, "reduction does not fit its group's domain%s", "");
+      kir_stage *st = kb_stage(l, KIR_STAGE_REDUCE);
+      if (!st) return false;
+      kir_expr *e = expr(l, n->in[0], pin);
+      int s = kb_slot(l, ct(n->type.dtype));
+      if (!e || s < 0) return false;
+      st = &l->stages[l->n_stages - 1];
+      st->reduce = n->op == DSC_OP_MAX ? KIR_REDUCE_MAX : KIR_REDUCE_SUM;
+      st->slot = s;
+      st->expr = e;
+      l->slot[n->id] = s;
+    } else if (!full && inner_user) {
+      kir_stage *st = kb_stage(l, KIR_STAGE_LET);
+      if (!st) return false;
+      kir_expr *e = expr(l, n, pt);
+      int s = kb_slot(l, ct(n->type.dtype));
+      if (!e || s < 0) return false;
+      st = &l->stages[l->n_stages - 1];
+      st->slot = s;
+      st->expr = e;
+      l->slot[n->id] = s;
+    }
+  }
+  /* STORE stages */
+  int first_store = l->n_stages;
+  store_rec *recs = ir_arena_alloc(l->a, sizeof(store_rec) * (size_t)cnt);
+  int n_recs = 0;
+  if (!recs) return oom(l);
+  for (int i = 0; i < cnt; i++) {
+    if (!stored[i]) continue;
+    ir_node *n = m[i];
+    pass_affine pt[DSC_MAX_RANK];
+    bool full;
+    natural(l, n, pt, &full);
+    int b = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+    if (b < 0) return false;
+    kir_stage *st = kb_stage(l, KIR_STAGE_STORE);
+    if (!st) return false;
+    kir_expr *e = expr(l, n, pt);
+    if (!e) return false;
+    if (e->type != ct(n->type.dtype)) e = kir_cast(l->a, ct(n->type.dtype), e);
+    view dv = contiguous_view(l->p, b, &n->type);
+    st = &l->stages[l->n_stages - 1];
+    st->over_inner = full && d.rank > d.n_outer;
+    st->expr = e;
+    st->dst = view_access(l, &dv, pt, true);
+    recs[n_recs++] = (store_rec){n->id, l->n_stages - 1};
+    l->buf[n->id] = b;
+  }
+  (void)first_store;
+  if (n_recs == 0) { /* nothing leaves the group: dead code */
+    kb_clear(l);
+    return true;
+  }
+  int instr = kb_finish(l, m[0], dsc_op_name(m[0]->op));
+  if (instr < 0) return false;
+  for (int i = 0; i < n_recs; i++) l->store_instr[recs[i].node] = instr;
+  return true;
+}
+
+/* ------------------------------------------------------------ GEMM */
+
+static bool lower_matmul(L *l, const ir_node *n) {
+  view A, B;
+  for (int side = 0; side < 2; side++) {
+    view *v = side ? &B : &A;
+    if (!resolve(l, n->in[side], v)) return false;
+    int r = v->rank;
+    bool unit = v->strides[r - 1] == 1 || v->dims[r - 1] == 1 || v->strides[r - 2] == 1 ||
+                v->dims[r - 2] == 1;
+    if (!unit && (!materialize(l, n->in[side]) || !resolve(l, n->in[side], v))) return false;
+  }
+  const dsc_type *t = &n->type;
+  int b = new_buffer(l, CG_BUF_TEMP, 0, t->dtype, dsc_type_numel(t));
+  if (b < 0) return false;
+  view C = contiguous_view(l->p, b, t);
+  int nb = t->rank - 2;
+  int64_t bs[3][DSC_MAX_RANK];
+  const view *ops[3] = {&A, &B, &C};
+  for (int o = 0; o < 3; o++)
+    for (int j = 0; j < nb; j++) {
+      const view *v = ops[o];
+      int k = j - (nb - (v->rank - 2));
+      bs[o][j] = k < 0 || v->dims[k] == 1 ? 0 : v->strides[k];
+    }
+  /* batch dims beyond two become separate GEMMs over the leading indices */
+  int lead = nb > 2 ? nb - 2 : 0;
+  int64_t count = 1;
+  for (int j = 0; j < lead; j++) count *= t->dims[j];
+  for (int64_t it = 0; it < count; it++) {
+    int64_t off[3] = {A.offset, B.offset, C.offset}, rem = it;
+    for (int j = lead - 1; j >= 0; j--) {
+      int64_t idx = rem % t->dims[j];
+      rem /= t->dims[j];
+      for (int o = 0; o < 3; o++) off[o] += idx * bs[o][j];
+    }
+    cg_instr *in = new_instr(l, CG_INS_GEMM, n);
+    if (!in) return false;
+    cg_gemm *gm = &in->gemm;
+    gm->batch[0] = gm->batch[1] = 1;
+    gm->m = t->dims[t->rank - 2];
+    gm->n = t->dims[t->rank - 1];
+    gm->k = A.dims[A.rank - 1];
+    gm->alpha = 1;
+    gm->beta = 0;
+    cg_matrix *mx[3] = {&gm->a, &gm->b, &gm->c};
+    for (int o = 0; o < 3; o++) {
+      const view *v = ops[o];
+      mx[o]->buffer = v->buffer;
+      mx[o]->offset = off[o];
+      mx[o]->row_stride = v->strides[v->rank - 2];
+      mx[o]->col_stride = v->strides[v->rank - 1];
+      for (int j = lead; j < nb; j++) mx[o]->batch_stride[j - lead] = bs[o][j];
+    }
+    for (int j = lead; j < nb; j++) gm->batch[j - lead] = t->dims[j];
+  }
+  l->buf[n->id] = b;
+  return true;
+}
+
+static bool lower_embedding_grad(L *l, const ir_node *n) {
+  int ids = contiguous_buffer(l, n->in[0], true);
+  if (ids < 0) return false;
+  int src = contiguous_buffer(l, n->in[1], true);
+  if (src < 0) return false;
+  int dst = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+  if (dst < 0) return false;
+  cg_instr *in = new_instr(l, CG_INS_EMBEDDING_GRAD, n);
+  if (!in) return false;
+  in->ids = ids, in->src = src, in->dst = dst;
+  in->n_ids = dsc_type_numel(&n->in[0]->type);
+  in->rows = n->type.dims[0];
+  in->cols = n->type.dims[1];
+  l->buf[n->id] = dst;
+  return true;
+}
+
+static bool lower_concat(L *l, const ir_node *n) {
+  for (int i = 0; i < n->n_in; i++) { /* views and copies of the inputs first */
+    view v;
+    if (!(n->in[i]->group == 0 && l->pure[n->in[i]->id]) && !resolve(l, n->in[i], &v)) return false;
+  }
+  int b = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+  if (b < 0) return false;
+  view out = contiguous_view(l->p, b, &n->type);
+  int64_t axis = ir_attr_int(n, "axis"), start = 0;
+  for (int i = 0; i < n->n_in; i++) {
+    const ir_node *x = n->in[i];
+    pass_fuse_domain d;
+    dsc_type shape = x->type;
+    pass_fuse_domain_make(&shape, 0, false, &d);
+    kb_reset(l, 0, &d);
+    pass_affine pt[DSC_MAX_RANK];
+    bool full;
+    natural(l, x, pt, &full);
+    kir_stage *st = kb_stage(l, KIR_STAGE_STORE);
+    if (!st) return false;
+    kir_expr *e = expr(l, x, pt);
+    if (!e) return false;
+    view dv = out;
+    dv.offset += start * out.strides[axis];
+    dv.dims[axis] = x->type.dims[axis];
+    st = &l->stages[0];
+    st->over_inner = d.rank > d.n_outer;
+    st->expr = e;
+    st->dst = view_access(l, &dv, pt, true);
+    if (kb_finish(l, n, "concat") < 0) return false;
+    start += x->type.dims[axis];
+  }
+  l->buf[n->id] = b;
+  return true;
+}
+
+/* ------------------------------------------------------------ in-place assigns */
+
+/* Every distinct load of a kernel (iterative DAG walk). */
+typedef struct {
+  const kir_expr **set;
+  size_t cap;
+  kir_expr **loads;
+  int n_loads, cap_loads;
+} load_walk;
+
+static bool walk_seen(load_walk *w, const kir_expr *e) {
+  size_t i = (((uintptr_t)e >> 4) * 0x9E3779B97F4A7C15ull) & (w->cap - 1);
+  while (w->set[i]) {
+    if (w->set[i] == e) return true;
+    i = (i + 1) & (w->cap - 1);
+  }
+  w->set[i] = e;
+  return false;
+}
+
+static bool collect_loads(L *l, const kir_kernel *k, load_walk *w) {
+  size_t total = 16;
+  /* upper bound of distinct nodes: count with a first walk would need the
+   * set itself; grow by rebuilding instead */
+  for (;;) {
+    w->cap = total * 2;
+    w->set = calloc(w->cap, sizeof *w->set);
+    w->n_loads = 0;
+    if (!w->set) return oom(l);
+    size_t seen = 0;
+    bool overflow = false;
+    int cap = 256, sp = 0;
+    const kir_expr **stack = malloc(sizeof *stack * (size_t)cap);
+    if (!stack) return free(w->set), oom(l);
+    for (int s = 0; s < k->n_stages && !overflow; s++) {
+      const kir_expr *roots[2] = {k->stages[s].expr, k->stages[s].dst.gather};
+      for (int r = 0; r < 2; r++)
+        if (roots[r]) stack[sp++] = roots[r];
+      while (sp > 0 && !overflow) {
+        const kir_expr *e = stack[--sp];
+        if (walk_seen(w, e)) continue;
+        if (++seen * 2 >= w->cap) {
+          overflow = true;
+          break;
+        }
+        if (e->kind == KIR_LOAD) {
+          if (!ir_grow(l->a, (void **)&w->loads, &w->cap_loads, w->n_loads + 1, sizeof(kir_expr *))) {
+            free(stack), free(w->set);
+            return oom(l);
+          }
+          w->loads[w->n_loads++] = (kir_expr *)e;
+        }
+        const kir_expr *kids[4] = {e->a, e->b, e->c, e->kind == KIR_LOAD ? e->access.gather : NULL};
+        for (int c = 0; c < 4; c++) {
+          if (!kids[c]) continue;
+          if (sp == cap) {
+            cap *= 2;
+            const kir_expr **g = realloc(stack, sizeof *stack * (size_t)cap);
+            if (!g) {
+              free(stack), free(w->set);
+              return oom(l);
+            }
+            stack = g;
+          }
+          stack[sp++] = kids[c];
+        }
+      }
+      sp = 0;
+    }
+    free(stack);
+    if (!overflow) return true;
+    free(w->set);
+    total *= 4;
+  }
+}
+
+static bool access_equal(const kir_kernel *k, const kir_access *a, const kir_access *b) {
+  if (a->offset != b->offset || a->gather || b->gather) return false;
+  for (int v = 0; v < k->rank; v++)
+    if (a->stride[v] != b->stride[v] && k->dims[v] != 1) return false;
+  return true;
+}
+
+static bool instr_reads(const cg_program *p, const cg_instr *in, int buffer) {
+  switch (in->kind) {
+    case CG_INS_LAUNCH: {
+      const kir_kernel *k = p->kernels[in->kernel];
+      for (int i = 0; i < in->n_args; i++)
+        if (in->args[i] == buffer && (k->args[i].read || k->args[i].written)) return true;
+      return false;
+    }
+    case CG_INS_GEMM:
+      return in->gemm.a.buffer == buffer || in->gemm.b.buffer == buffer ||
+             in->gemm.c.buffer == buffer;
+    case CG_INS_EMBEDDING_GRAD:
+      return in->ids == buffer || in->src == buffer || in->dst == buffer;
+    case CG_INS_COPY:
+      return in->src == buffer || in->dst == buffer;
+  }
+  return true;
+}
+
+static void replace_buffer(cg_program *p, int from_instr, int old, int nb) {
+  for (int i = from_instr; i < p->n_instrs; i++) {
+    cg_instr *in = &p->instrs[i];
+    if (in->kind == CG_INS_LAUNCH)
+      for (int a = 0; a < in->n_args; a++)
+        if (in->args[a] == old) in->args[a] = nb;
+    if (in->kind == CG_INS_GEMM) {
+      if (in->gemm.a.buffer == old) in->gemm.a.buffer = nb;
+      if (in->gemm.b.buffer == old) in->gemm.b.buffer = nb;
+    }
+    if (in->ids == old) in->ids = nb;
+    if (in->src == old) in->src = nb;
+  }
+  for (int o = 0; o < p->n_outputs; o++)
+    if (p->outputs[o].buffer == old) p->outputs[o].buffer = nb;
+  for (int s = 0; s < p->n_assigns; s++)
+    if (p->assigns[s].buffer == old) p->assigns[s].buffer = nb;
+}
+
+/* Orders STORE stages of k: a stage reading an in-place target's arg runs
+ * before the target's store. cand[i] = arg written in place by stage
+ * store_stage[i]. Returns false when no order exists. */
+static bool order_stores(L *l, kir_kernel *k, load_walk *per_stage, const int *cand_stage,
+                         const int *cand_arg, int n_cand) {
+  int ns = k->n_stages;
+  int *placed = calloc((size_t)ns, sizeof(int));
+  kir_stage *out = malloc(sizeof(kir_stage) * (size_t)ns);
+  if (!placed || !out) {
+    free(placed), free(out);
+    return oom(l);
+  }
+  int o = 0;
+  for (int s = 0; s < ns; s++)
+    if (k->stages[s].kind != KIR_STAGE_STORE) out[o++] = k->stages[s], placed[s] = 1;
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < ns; s++) {
+      if (placed[s]) continue;
+      /* s may go when no unplaced other stage reads the arg s writes in place */
+      bool ok = true;
+      for (int c = 0; c < n_cand && ok; c++) {
+        if (cand_stage[c] != s) continue;
+        for (int t = 0; t < ns && ok; t++) {
+          if (t == s || placed[t]) continue;
+          for (int x = 0; x < per_stage[t].n_loads; x++)
+            if (per_stage[t].loads[x]->access.arg == cand_arg[c]) ok = false;
+        }
+      }
+      if (ok) {
+        out[o++] = k->stages[s];
+        placed[s] = 1;
+        progress = true;
+      }
+    }
+  }
+  bool done = o == ns;
+  if (done) memcpy(k->stages, out, sizeof(kir_stage) * (size_t)ns);
+  free(placed), free(out);
+  return done;
+}
+
+static void remap_arg(kir_kernel *k, load_walk *all, int from, int to) {
+  for (int x = 0; x < all->n_loads; x++)
+    if (all->loads[x]->access.arg == from) all->loads[x]->access.arg = to;
+  for (int s = 0; s < k->n_stages; s++)
+    if (k->stages[s].kind == KIR_STAGE_STORE && k->stages[s].dst.arg == from) k->stages[s].dst.arg = to;
+}
+
+/* Tries to write the assigns stored by instruction `instr` in place. */
+static bool inplace_kernel(L *l, int instr, int *assign_idx, int n) {
+  cg_program *p = l->p;
+  cg_instr *in = &p->instrs[instr];
+  kir_kernel *k = p->kernels[in->kernel];
+  load_walk all;
+  memset(&all, 0, sizeof all);
+  if (!collect_loads(l, k, &all)) return false;
+  free(all.set);
+  int cs[64], ca[64], ct_[64], nc = 0; /* stage, param arg (-1: none), temp arg */
+  int which[64];
+  for (int i = 0; i < n && nc < 64; i++) {
+    cg_assign *as = &p->assigns[assign_idx[i]];
+    int bp = l->param_buf[as->param], bt = as->buffer;
+    int at = -1, ap = -1;
+    for (int a = 0; a < in->n_args; a++) {
+      if (in->args[a] == bt) at = a;
+      if (in->args[a] == bp) ap = a;
+    }
+    if (at < 0 || p->buffers[bt].numel != p->buffers[bp].numel ||
+        p->buffers[bt].dtype != p->buffers[bp].dtype)
+      continue;
+    int st = -1;
+    for (int s = 0; s < k->n_stages; s++)
+      if (k->stages[s].kind == KIR_STAGE_STORE && k->stages[s].dst.arg == at) st = s;
+    if (st < 0 || k->stages[st].dst.gather) continue;
+    bool ok = true;
+    for (int x = 0; x < all.n_loads && ok; x++)
+      if (all.loads[x]->access.arg == ap && !access_equal(k, &all.loads[x]->access, &k->stages[st].dst))
+        ok = false;
+    for (int x = 0; x < all.n_loads && ok; x++)
+      if (all.loads[x]->access.arg == at) ok = false;
+    for (int j = instr + 1; j < p->n_instrs && ok; j++)
+      if (instr_reads(p, &p->instrs[j], bp)) ok = false;
+    for (int o = 0; o < p->n_outputs && ok; o++)
+      if (p->outputs[o].buffer == bp) ok = false;
+    if (!ok) continue;
+    cs[nc] = st, ca[nc] = ap, ct_[nc] = at, which[nc] = assign_idx[i];
+    nc++;
+  }
+  if (nc == 0) return true;
+  /* per-stage loads for the ordering */
+  load_walk *per = calloc((size_t)k->n_stages, sizeof(load_walk));
+  if (!per) return oom(l);
+  for (int s = 0; s < k->n_stages; s++) {
+    kir_kernel one = *k;
+    one.n_stages = 1;
+    one.stages = &k->stages[s];
+    if (!collect_loads(l, &one, &per[s])) {
+      for (int t = 0; t < s; t++) free(per[t].set);
+      free(per);
+      return false;
+    }
+    free(per[s].set);
+  }
+  int cand_arg[64];
+  for (;;) {
+    for (int c = 0; c < nc; c++) cand_arg[c] = ca[c];
+    /* stages are identified by index before reordering */
+    if (order_stores(l, k, per, cs, cand_arg, nc)) break;
+    if (l->status != DSC_OK) {
+      free(per);
+      return false;
+    }
+    nc--; /* drop the last candidate and retry */
+    if (nc == 0) {
+      free(per);
+      return true;
+    }
+  }
+  free(per);
+  /* retarget: the store to the temp writes the param's buffer instead */
+  for (int c = 0; c < nc; c++) {
+    cg_assign *as = &p->assigns[which[c]];
+    int bp = l->param_buf[as->param], bt = as->buffer;
+    int at = ct_[c], ap = ca[c];
+    if (ap < 0) {
+      in->args[at] = bp;
+      k->args[at].read = false;
+    } else {
+      remap_arg(k, &all, at, ap);
+      k->args[ap].written = true;
+      int last = k->n_args - 1;
+      if (at != last) {
+        remap_arg(k, &all, last, at);
+        k->args[at] = k->args[last];
+        in->args[at] = in->args[last];
+        for (int d = c + 1; d < nc; d++) {
+          if (ca[d] == last) ca[d] = at;
+          if (ct_[d] == last) ct_[d] = at;
+        }
+      }
+      k->n_args--, in->n_args--;
+    }
+    replace_buffer(p, instr + 1, bt, bp);
+    as->buffer = bp;
+    as->in_place = true;
+  }
+  char err[256];
+  if (!kir_validate(k, err, sizeof err))
+    return fail(l, in->node, DSC_ERR_INTERNAL, "in-place rewrite broke a kernel: %s", err);
+  return true;
+}
+
+/* ------------------------------------------------------------ placement */
+
+static bool place_work(L *l) {
+  cg_program *p = l->p;
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    int bufs[8], nb = 0;
+    if (in->kind == CG_INS_LAUNCH) {
+      for (int a = 0; a < in->n_args; a++) {
+        cg_buffer *b = &p->buffers[in->args[a]];
+        if (b->first_use < 0) b->first_use = i;
+        b->last_use = i;
+      }
+    } else if (in->kind == CG_INS_GEMM) {
+      bufs[nb++] = in->gemm.a.buffer, bufs[nb++] = in->gemm.b.buffer, bufs[nb++] = in->gemm.c.buffer;
+    } else {
+      if (in->ids >= 0) bufs[nb++] = in->ids;
+      bufs[nb++] = in->src, bufs[nb++] = in->dst;
+    }
+    for (int j = 0; j < nb; j++) {
+      cg_buffer *b = &p->buffers[bufs[j]];
+      if (b->first_use < 0) b->first_use = i;
+      b->last_use = i;
+    }
+  }
+  int end = p->n_instrs;
+  for (int o = 0; o < p->n_outputs; o++) {
+    cg_buffer *b = &p->buffers[p->outputs[o].buffer];
+    if (b->first_use < 0) b->first_use = end;
+    b->last_use = end;
+  }
+  for (int s = 0; s < p->n_assigns; s++) {
+    cg_buffer *b = &p->buffers[p->assigns[s].buffer];
+    if (b->first_use < 0) b->first_use = end;
+    b->last_use = end;
+  }
+  for (int i = 0; i < p->n_buffers; i++) {
+    cg_buffer *b = &p->buffers[i];
+    if (b->kind == CG_BUF_PARAM) b->first_use = b->last_use = -1;
+    if (b->kind == CG_BUF_INPUT) {
+      b->first_use = 0; /* written by the caller before the run */
+      if (b->last_use < 0) b->last_use = 0;
+    }
+  }
+  /* first fit in order of first use */
+  int nw = 0;
+  int *order = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
+  int *active = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
+  if (!order || !active) return oom(l);
+  for (int i = 0; i < p->n_buffers; i++)
+    if (p->buffers[i].kind != CG_BUF_PARAM && p->buffers[i].first_use >= 0) order[nw++] = i;
+  for (int i = 1; i < nw; i++) { /* insertion sort by (first_use, index): stable */
+    int x = order[i], j = i - 1;
+    while (j >= 0 && p->buffers[order[j]].first_use > p->buffers[x].first_use)
+      order[j + 1] = order[j], j--;
+    order[j + 1] = x;
+  }
+  int na = 0;
+  int64_t peak = 0;
+  for (int i = 0; i < nw; i++) {
+    cg_buffer *b = &p->buffers[order[i]];
+    int k = 0;
+    for (int j = 0; j < na; j++)
+      if (p->buffers[active[j]].last_use >= b->first_use) active[k++] = active[j];
+    na = k;
+    int64_t size = align64((int64_t)dsc_dtype_size(b->dtype) * b->numel);
+    if (size == 0) size = 64;
+    int64_t off = 0;
+    for (;;) { /* lowest offset that overlaps no active buffer */
+      bool moved = false;
+      for (int j = 0; j < na; j++) {
+        const cg_buffer *o = &p->buffers[active[j]];
+        int64_t osz = align64((int64_t)dsc_dtype_size(o->dtype) * o->numel);
+        if (off < o->offset + osz && o->offset < off + size) {
+          off = o->offset + osz;
+          moved = true;
+        }
+      }
+      if (!moved) break;
+    }
+    b->offset = off;
+    active[na++] = order[i];
+    if (off + size > peak) peak = off + size;
+  }
+  p->arena_bytes[CG_ARENA_WORK] = peak;
+  return true;
+}
+
+/* ------------------------------------------------------------ driver */
+
+dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
+  *out = NULL;
+  L l;
+  memset(&l, 0, sizeof l);
+  l.g = g, l.a = a, l.ctx = g->module->ctx, l.n = g->n_nodes;
+  cg_program *p = l.p = ir_arena_alloc(a, sizeof *p);
+  int n = l.n;
+  size_t isz = sizeof(int) * (size_t)(n ? n : 1);
+  const ir_module *m = g->module;
+  l.buf = ir_arena_alloc(a, isz);
+  l.pure = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  l.users = ir_arena_alloc(a, isz);
+  l.user_list = ir_arena_alloc(a, sizeof(int *) * (size_t)(n ? n : 1));
+  l.is_output = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  l.store_instr = ir_arena_alloc(a, isz);
+  l.slot = ir_arena_alloc(a, isz);
+  l.memo_stamp = ir_arena_alloc(a, isz);
+  l.memo_pt = ir_arena_alloc(a, sizeof(pass_affine) * DSC_MAX_RANK * (size_t)(n ? n : 1));
+  l.memo_expr = ir_arena_alloc(a, sizeof(kir_expr *) * (size_t)(n ? n : 1));
+  l.param_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(m->n_params + 1));
+  l.input_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(g->n_inputs + 1));
+  int64_t *offsets = ir_arena_alloc(a, sizeof(int64_t) * (size_t)(m->n_params + 1));
+  if (!p || !l.buf || !l.pure || !l.users || !l.user_list || !l.is_output || !l.store_instr ||
+      !l.slot || !l.memo_stamp || !l.memo_pt || !l.memo_expr || !l.param_buf || !l.input_buf ||
+      !offsets) {
+    ir_error(l.ctx, ir_no_loc, "codegen: out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  p->graph_name = g->name;
+  int64_t total;
+  if (!cg_state_layout(m, offsets, &total)) {
+    ir_error(l.ctx, ir_no_loc, "codegen: the module's params do not fit in memory");
+    return DSC_ERR_USER;
+  }
+  p->arena_bytes[CG_ARENA_STATE] = total;
+  for (int j = 0; j < m->n_params; j++) {
+    int b = new_buffer(&l, CG_BUF_PARAM, j, m->params[j].type.dtype,
+                       dsc_type_numel(&m->params[j].type));
+    if (b < 0) return l.status;
+    p->buffers[b].offset = offsets[j];
+    l.param_buf[j] = b;
+  }
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    if (x->id != i) {
+      ir_error(l.ctx, ir_no_loc, "codegen: graph '%s' has inconsistent node ids", g->name);
+      return DSC_ERR_INTERNAL;
+    }
+    l.buf[i] = l.store_instr[i] = -1;
+    bool all = x->n_in > 0;
+    for (int j = 0; j < x->n_in; j++) all = all && l.pure[x->in[j]->id];
+    l.pure[i] = x->group == 0 && (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA ||
+                                  (all && pass_fuse_inlinable_op(x)));
+    for (int j = 0; j < x->n_in; j++) l.users[x->in[j]->id]++;
+  }
+  for (int i = 0; i < n; i++) {
+    l.user_list[i] = ir_arena_alloc(a, sizeof(int) * (size_t)(l.users[i] ? l.users[i] : 1));
+    if (!l.user_list[i]) return oom(&l), DSC_ERR_INTERNAL;
+    l.users[i] = 0;
+  }
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < g->nodes[i]->n_in; j++) {
+      int s = g->nodes[i]->in[j]->id;
+      l.user_list[s][l.users[s]++] = i;
+    }
+  for (int o = 0; o < g->n_outputs; o++) l.is_output[g->outputs[o]->id] = true;
+  for (int i = 0; i < g->n_inputs; i++) {
+    const ir_node *x = g->inputs[i];
+    int b = new_buffer(&l, CG_BUF_INPUT, i, x->type.dtype, dsc_type_numel(&x->type));
+    if (b < 0) return l.status;
+    l.input_buf[i] = b;
+    l.buf[x->id] = b;
+  }
+  /* assigns are collected in node order */
+  int n_assign = 0;
+  for (int i = 0; i < n; i++) n_assign += g->nodes[i]->op == DSC_OP_ASSIGN;
+  p->assigns = ir_arena_alloc(a, sizeof(cg_assign) * (size_t)(n_assign + 1));
+  p->outputs = ir_arena_alloc(a, sizeof(cg_output) * (size_t)(g->n_outputs + 1));
+  const ir_node **assign_src = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n_assign + 1));
+  if (!p->assigns || !p->outputs || !assign_src) return oom(&l), DSC_ERR_INTERNAL;
+
+  for (int i = 0; i < n && l.status == DSC_OK; i++) {
+    ir_node *x = g->nodes[i];
+    if (x->group > 0) {
+      int j = i;
+      while (j < n && g->nodes[j]->group == x->group) j++;
+      for (int k = j; k < n; k++)
+        if (g->nodes[k]->group == x->group) {
+          fail(&l, g->nodes[k], DSC_ERR_INTERNAL, "fusion group %s is not contiguous", "");
+          break;
+        }
+      if (l.status != DSC_OK) break;
+      lower_group(&l, &g->nodes[i], j - i);
+      i = j - 1;
+      continue;
+    }
+    switch (x->op) {
+      case DSC_OP_MATMUL:
+        lower_matmul(&l, x);
+        break;
+      case DSC_OP_EMBEDDING_GRAD:
+        lower_embedding_grad(&l, x);
+        break;
+      case DSC_OP_CONCAT:
+        lower_concat(&l, x);
+        break;
+      case DSC_OP_ASSIGN: {
+        int j = param_index(g, x);
+        if (j < 0) {
+          fail(&l, x, DSC_ERR_USER, "assign to unknown param '%s'", ir_attr_str(x, "name"));
+          break;
+        }
+        p->assigns[p->n_assigns].param = j;
+        assign_src[p->n_assigns++] = x->in[0];
+        break;
+      }
+      case DSC_OP_INPUT:
+      case DSC_OP_PARAM:
+        break;
+      default:
+        if (l.pure[i] || x->op == DSC_OP_BROADCAST || x->op == DSC_OP_PERMUTE ||
+            x->op == DSC_OP_SLICE || x->op == DSC_OP_RESHAPE)
+          break; /* recomputed or a view: resolved where read */
+        if (ir_op(x->op)->cg == IR_CG_COMPOSITE)
+          fail(&l, x, DSC_ERR_USER, "op %s has no code generation; run the decompose pass",
+               dsc_op_name(x->op));
+        else if (ir_op(x->op)->cg == IR_CG_COLLECTIVE)
+          fail(&l, x, DSC_ERR_USER, "op %s has no code generation in a single-device program",
+               dsc_op_name(x->op));
+        else
+          fail(&l, x, DSC_ERR_USER, "op %s is not in a fusion group; run the fuse pass",
+               dsc_op_name(x->op));
+        break;
+    }
+  }
+  /* graph outputs: WORK buffers (copies of params and strided views) */
+  for (int o = 0; o < g->n_outputs && l.status == DSC_OK; o++) {
+    const ir_node *x = g->outputs[o];
+    view v;
+    if (!resolve(&l, x, &v)) break;
+    if (!(view_is_contiguous(&v) && p->buffers[v.buffer].kind != CG_BUF_PARAM)) {
+      if (!materialize(&l, x)) break;
+      v = contiguous_view(p, l.buf[x->id], &x->type);
+    }
+    p->outputs[o] = (cg_output){v.buffer, v.offset, x->type};
+    p->n_outputs++;
+  }
+  for (int s = 0; s < p->n_assigns && l.status == DSC_OK; s++) {
+    int b = contiguous_buffer(&l, assign_src[s], false);
+    if (b >= 0) p->assigns[s].buffer = b;
+  }
+  /* in place: per kernel, the assigns whose value it stores */
+  if (l.status == DSC_OK && p->n_assigns > 0) {
+    int *idx = ir_arena_alloc(a, sizeof(int) * (size_t)p->n_assigns);
+    if (!idx) return oom(&l), DSC_ERR_INTERNAL;
+    for (int i = 0; i < p->n_instrs && l.status == DSC_OK; i++) {
+      int cnt = 0;
+      for (int s = 0; s < p->n_assigns; s++)
+        if (l.store_instr[assign_src[s]->id] == i && l.buf[assign_src[s]->id] == p->assigns[s].buffer)
+          idx[cnt++] = s;
+      if (cnt) inplace_kernel(&l, i, idx, cnt);
+    }
+  }
+  if (l.status == DSC_OK) place_work(&l);
+  if (l.status != DSC_OK) return l.status;
+  *out = p;
+  return DSC_OK;
+}

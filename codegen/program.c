@@ -1,0 +1,116 @@
+/* The Program: the STATE arena layout shared by a module's graphs, and a
+ * readable listing (for dumps and test failures). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+
+bool cg_state_layout(const ir_module *m, int64_t *offsets, int64_t *total) {
+  int64_t off = 0;
+  for (int i = 0; i < m->n_params; i++) {
+    int64_t numel = dsc_type_numel(&m->params[i].type);
+    int64_t size = (int64_t)dsc_dtype_size(m->params[i].type.dtype);
+    if (numel < 0 || (numel > 0 && size > (INT64_MAX / 2 - off) / numel)) return false;
+    offsets[i] = off;
+    off += (numel * size + 63) & ~(int64_t)63;
+  }
+  *total = off;
+  return true;
+}
+
+typedef struct {
+  ir_arena *a;
+  char *buf;
+  size_t len, cap;
+  bool failed;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  if (b->failed) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) {
+    b->failed = true;
+    return;
+  }
+  if (b->len + (size_t)n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + (size_t)n + 1) cap *= 2;
+    char *nb = ir_arena_alloc(b->a, cap);
+    if (!nb) {
+      b->failed = true;
+      return;
+    }
+    if (b->len) memcpy(nb, b->buf, b->len);
+    b->buf = nb;
+    b->cap = cap;
+  }
+  va_start(ap, fmt);
+  vsnprintf(b->buf + b->len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+}
+
+static void matrix(sbuf *b, const char *name, const cg_matrix *m) {
+  sb_printf(b, " %s=b%d+%lld[%lld,%lld;%lld,%lld]", name, m->buffer, (long long)m->offset,
+            (long long)m->batch_stride[0], (long long)m->batch_stride[1], (long long)m->row_stride,
+            (long long)m->col_stride);
+}
+
+char *cg_program_print(ir_arena *a, const cg_program *p) {
+  sbuf b = {.a = a};
+  static const char *kinds[] = {"param", "input", "temp"};
+  sb_printf(&b, "program %s: state %lld bytes, work %lld bytes\n", p->graph_name ? p->graph_name : "?",
+            (long long)p->arena_bytes[CG_ARENA_STATE], (long long)p->arena_bytes[CG_ARENA_WORK]);
+  for (int i = 0; i < p->n_buffers; i++) {
+    const cg_buffer *x = &p->buffers[i];
+    if (x->kind == CG_BUF_TEMP && x->first_use < 0) continue; /* dropped (written in place) */
+    sb_printf(&b, "  b%d: %s %d %s[%lld] @%s+%lld live [%d, %d]\n", i, kinds[x->kind], x->index,
+              dsc_dtype_name(x->dtype), (long long)x->numel,
+              x->kind == CG_BUF_PARAM ? "state" : "work", (long long)x->offset, x->first_use,
+              x->last_use);
+  }
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    sb_printf(&b, "  %d: ", i);
+    switch (in->kind) {
+      case CG_INS_LAUNCH:
+        sb_printf(&b, "launch %s(", p->kernels[in->kernel]->name);
+        for (int j = 0; j < in->n_args; j++) sb_printf(&b, "%sb%d", j ? ", " : "", in->args[j]);
+        sb_printf(&b, ")\n");
+        break;
+      case CG_INS_GEMM: {
+        const cg_gemm *g = &in->gemm;
+        sb_printf(&b, "gemm batch=[%lld,%lld] m=%lld n=%lld k=%lld", (long long)g->batch[0],
+                  (long long)g->batch[1], (long long)g->m, (long long)g->n, (long long)g->k);
+        matrix(&b, "a", &g->a);
+        matrix(&b, "b", &g->b);
+        matrix(&b, "c", &g->c);
+        sb_printf(&b, "\n");
+        break;
+      }
+      case CG_INS_EMBEDDING_GRAD:
+        sb_printf(&b, "embedding_grad b%d <- ids b%d (%lld), src b%d, rows %lld cols %lld\n", in->dst,
+                  in->ids, (long long)in->n_ids, in->src, (long long)in->rows, (long long)in->cols);
+        break;
+      case CG_INS_COPY:
+        sb_printf(&b, "copy b%d+%lld <- b%d+%lld (%lld)\n", in->dst, (long long)in->dst_offset,
+                  in->src, (long long)in->src_offset, (long long)in->numel);
+        break;
+    }
+  }
+  for (int i = 0; i < p->n_outputs; i++)
+    sb_printf(&b, "  output %d: b%d+%lld\n", i, p->outputs[i].buffer, (long long)p->outputs[i].offset);
+  for (int i = 0; i < p->n_assigns; i++)
+    sb_printf(&b, "  assign param %d <- b%d%s\n", p->assigns[i].param, p->assigns[i].buffer,
+              p->assigns[i].in_place ? " (in place)" : "");
+  for (int i = 0; i < p->n_kernels; i++) {
+    char *k = kir_print(a, p->kernels[i]);
+    sb_printf(&b, "%s", k ? k : "  (kernel listing failed)\n");
+  }
+  return b.failed ? NULL : b.buf;
+}

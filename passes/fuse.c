@@ -1,0 +1,579 @@
+/* The fusion pass: partitions a graph's computations into groups, each of
+ * which codegen/lower.c turns into ONE kernel (kernel IR: outer dims x inner
+ * dims, a sequence of REDUCE / LET / STORE stages).
+ *
+ * The rules, exactly as implemented:
+ *  1. Kinds of nodes.
+ *     - Standalone (never in a group): sources input and param; matmul,
+ *       embedding_grad, assign, concat (lowered to one copy kernel per
+ *       input into slices of one buffer), collective start/wait ops and any
+ *       composite op (softmax, layernorm, ...: the lowering reports them,
+ *       the decompose pass removes them).
+ *     - Inlinable (never in a group, recomputed by every kernel that reads
+ *       them): const and iota, and elementwise ops, broadcast, permute,
+ *       slice, reshape (when its index map is affine) and sum/mean/max over
+ *       no axes whose inputs are all inlinable (masks, index grids).
+ *     - Groupable: every other elementwise op (class IR_CG_ELEMENTWISE),
+ *       sum/mean/max, embedding (gather) and the views broadcast, permute,
+ *       slice, reshape.
+ *  2. Each groupable node starts as its own group; the pass visits the
+ *     nodes in order and merges a node's group with the group of each
+ *     groupable input (in input order) when the merged group is valid:
+ *     - a view merges only with the group of its input, and nothing merges
+ *       with a view that is alone in its group: such a view stays a free
+ *       view (the lowering folds it into strides, e.g. matmul operands);
+ *     - an embedding merges only through its ids (the table is a buffer);
+ *     - a reduction whose axes do not include the last axis (bias
+ *       gradients: sum over [0,1] of [B,T,C]) stays alone: outer = kept
+ *       dims, inner = reduced dims;
+ *     - domain: all reductions of the group reduce the same input shape S
+ *       over the same axes R (then the domain is S's other dims as outer x
+ *       R as inner), or the group has no reduction and all members have one
+ *       shape S (the domain is S; its last dim is the inner one);
+ *     - every member is full (its shape is S) or, in a reducing group,
+ *       reduced (S without R, or with R's dims as 1: outer-only values);
+ *     - every edge inside the group reads the producer at its natural
+ *       point (pass_fuse_input_point == pass_fuse_natural_map), so a value
+ *       is never needed at two different points;
+ *     - when R is every dim of S (a reduction to a scalar: one outer
+ *       index, so one thread), no full member reads a reduced one: the
+ *       consumers of a global sum (gradient clipping) are other groups;
+ *     - no path leaves the group and comes back (the group stays convex,
+ *       so it can run as one instruction); the search walks back from the
+ *       group's outside inputs and gives up (no merge) after 8192 nodes.
+ *     So softmax over the last axis is one kernel (REDUCE max, REDUCE sum
+ *     of exp, STORE), a layernorm forward one kernel, each layernorm
+ *     backward's row part one kernel, an elementwise chain one kernel, the
+ *     AdamW update of one param (p, g, m, v -> p, m, v) one kernel with
+ *     three STORE stages, a sum of squares to a scalar one kernel with no
+ *     outer dims. Matmuls, embedding_grads, assigns and collectives split
+ *     groups.
+ *  3. A group member used outside its group (or a graph output) is stored;
+ *     other members are recomputed inside the kernel (expression DAGs).
+ *     The lowering decides this from the groups alone.
+ *  4. Groups of one view are dissolved (free views). Group ids are numbered
+ *     1, 2, ... by first member; the nodes are reordered (a topological
+ *     sort over groups and ungrouped nodes, smallest original position
+ *     first) so that each group is contiguous. Deterministic. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes/passes.h"
+
+/* ------------------------------------------------------------ domains */
+
+void pass_fuse_domain_make(const dsc_type *full, uint32_t rmask, bool reduces, pass_fuse_domain *d) {
+  memset(d, 0, sizeof *d);
+  d->full = *full;
+  d->reduces = reduces;
+  int r = full->rank;
+  if (!reduces) rmask = r > 0 ? 1u << (r - 1) : 0;
+  d->rmask = rmask;
+  d->rank = r;
+  int v = 0;
+  for (int j = 0; j < r; j++)
+    if (!(rmask & (1u << j))) d->var_of[j] = v, d->dims[v++] = full->dims[j];
+  d->n_outer = v;
+  for (int j = 0; j < r; j++)
+    if (rmask & (1u << j)) d->var_of[j] = v, d->dims[v++] = full->dims[j];
+}
+
+bool pass_fuse_reduction(const ir_node *n, uint32_t *mask) {
+  if (n->op != DSC_OP_SUM && n->op != DSC_OP_MEAN && n->op != DSC_OP_MAX) return false;
+  int cnt;
+  const int64_t *axes = ir_attr_ints(n, "axes", &cnt);
+  if (cnt <= 0 || !axes) return false;
+  uint32_t m = 0;
+  for (int i = 0; i < cnt; i++) m |= 1u << axes[i];
+  *mask = m;
+  return true;
+}
+
+bool pass_fuse_group_domain(ir_node *const *members, int n, pass_fuse_domain *d) {
+  const dsc_type *full = NULL;
+  uint32_t rmask = 0;
+  bool reduces = false;
+  for (int i = 0; i < n; i++) {
+    uint32_t m;
+    if (!pass_fuse_reduction(members[i], &m)) continue;
+    const dsc_type *t = &members[i]->in[0]->type;
+    if (reduces && (m != rmask || !dsc_type_equal(t, full))) return false;
+    reduces = true, rmask = m, full = t;
+  }
+  if (!reduces) {
+    if (n <= 0) return false;
+    full = &members[0]->type;
+    for (int i = 1; i < n; i++)
+      if (!dsc_type_equal(&members[i]->type, full)) return false;
+  }
+  /* dtypes differ between members: compare shapes only from here on */
+  dsc_type shape = *full;
+  shape.dtype = DSC_F32;
+  pass_fuse_domain_make(&shape, rmask, reduces, d);
+  return true;
+}
+
+static bool same_shape(const dsc_type *a, const dsc_type *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dims[i] != b->dims[i]) return false;
+  return true;
+}
+
+bool pass_fuse_natural_map(const pass_fuse_domain *d, const dsc_type *t, pass_affine *p, bool *full) {
+  const dsc_type *D = &d->full;
+  memset(p, 0, sizeof(pass_affine) * (size_t)(t->rank > 0 ? t->rank : 1));
+  if (same_shape(t, D)) {
+    for (int j = 0; j < t->rank; j++) p[j].c[d->var_of[j]] = 1;
+    *full = true;
+    return true;
+  }
+  if (!d->reduces) return false;
+  *full = false;
+  if (t->rank == D->rank) { /* keepdims form */
+    for (int j = 0; j < t->rank; j++) {
+      if (d->rmask & (1u << j)) {
+        if (t->dims[j] != 1) return false;
+      } else {
+        if (t->dims[j] != D->dims[j]) return false;
+        p[j].c[d->var_of[j]] = 1;
+      }
+    }
+    return true;
+  }
+  int k = 0;
+  for (int j = 0; j < D->rank; j++) {
+    if (d->rmask & (1u << j)) continue;
+    if (k >= t->rank || t->dims[k] != D->dims[j]) return false;
+    p[k++].c[d->var_of[j]] = 1;
+  }
+  return k == t->rank;
+}
+
+bool pass_fuse_point_equal(const dsc_type *t, const pass_affine *a, const pass_affine *b) {
+  for (int j = 0; j < t->rank; j++) {
+    if (t->dims[j] == 1) continue;
+    if (a[j].k != b[j].k) return false;
+    for (int v = 0; v < DSC_MAX_RANK; v++)
+      if (a[j].c[v] != b[j].c[v]) return false;
+  }
+  return true;
+}
+
+/* Numpy broadcasting of an operand of type in to the point of the result. */
+static void bcast_point(const dsc_type *in, const dsc_type *out, const pass_affine *po,
+                        pass_affine *pi) {
+  int off = out->rank - in->rank;
+  for (int j = 0; j < in->rank; j++) {
+    if (in->dims[j] == 1)
+      memset(&pi[j], 0, sizeof pi[j]);
+    else
+      pi[j] = po[j + off];
+  }
+}
+
+static void aff_add_scaled(pass_affine *dst, const pass_affine *src, int64_t s) {
+  dst->k += src->k * s;
+  for (int v = 0; v < DSC_MAX_RANK; v++) dst->c[v] += src->c[v] * s;
+}
+
+/* reshape A -> B: the input point from the output point. Dims of size 1
+ * are index 0; the other dims form runs with equal products, and a run is
+ * affine when it has at most one input dim (splitting it into several
+ * output dims is a weighted sum; merging several is div/mod: not affine). */
+static bool reshape_point(const dsc_type *A, const dsc_type *B, const pass_affine *pb,
+                          pass_affine *pa) {
+  memset(pa, 0, sizeof(pass_affine) * (size_t)(A->rank > 0 ? A->rank : 1));
+  int ia[DSC_MAX_RANK], ib[DSC_MAX_RANK], na = 0, nb = 0;
+  for (int i = 0; i < A->rank; i++)
+    if (A->dims[i] != 1) ia[na++] = i;
+  for (int j = 0; j < B->rank; j++)
+    if (B->dims[j] != 1) ib[nb++] = j;
+  int i = 0, j = 0;
+  while (i < na && j < nb) {
+    int i0 = i, j0 = j;
+    int64_t pa_ = A->dims[ia[i++]], pb_ = B->dims[ib[j++]];
+    while (pa_ != pb_) {
+      if (pa_ < pb_ && i < na)
+        pa_ *= A->dims[ia[i++]];
+      else if (pb_ < pa_ && j < nb)
+        pb_ *= B->dims[ib[j++]];
+      else
+        return false;
+    }
+    if (i - i0 > 1) return false;
+    int64_t s = 1;
+    for (int b = j - 1; b >= j0; b--) {
+      aff_add_scaled(&pa[ia[i0]], &pb[ib[b]], s);
+      s *= B->dims[ib[b]];
+    }
+  }
+  return i == na && j == nb;
+}
+
+bool pass_fuse_input_point(const ir_node *n, int i, const pass_fuse_domain *d, const pass_affine *pn,
+                           pass_affine *pin) {
+  const dsc_type *out = &n->type, *in = &n->in[i]->type;
+  const ir_op_info *info = ir_op(n->op);
+  uint32_t mask;
+  if (info->cg == IR_CG_ELEMENTWISE || n->op == DSC_OP_BROADCAST) {
+    bcast_point(in, out, pn, pin);
+    return true;
+  }
+  switch (n->op) {
+    case DSC_OP_PERMUTE: {
+      int cnt;
+      const int64_t *perm = ir_attr_ints(n, "perm", &cnt);
+      for (int j = 0; j < cnt; j++) pin[perm[j]] = pn[j];
+      return true;
+    }
+    case DSC_OP_SLICE: {
+      int64_t axis = ir_attr_int(n, "axis");
+      for (int j = 0; j < out->rank; j++) pin[j] = pn[j];
+      pin[axis].k += ir_attr_int(n, "start");
+      return true;
+    }
+    case DSC_OP_RESHAPE:
+      return reshape_point(in, out, pn, pin);
+    case DSC_OP_EMBEDDING:
+      if (i != 1) return false; /* the table is read by a gather, not at a point */
+      for (int j = 0; j < in->rank; j++) pin[j] = pn[j];
+      return true;
+    case DSC_OP_SUM:
+    case DSC_OP_MEAN:
+    case DSC_OP_MAX: {
+      if (!pass_fuse_reduction(n, &mask)) { /* no axes: identity */
+        for (int j = 0; j < in->rank; j++) pin[j] = pn[j];
+        return true;
+      }
+      if (!d || mask != d->rmask || !d->reduces || !same_shape(in, &d->full)) return false;
+      bool keep = ir_attr_bool(n, "keepdims");
+      int k = 0;
+      for (int j = 0; j < in->rank; j++) {
+        memset(&pin[j], 0, sizeof pin[j]);
+        if (mask & (1u << j)) {
+          pin[j].c[d->var_of[j]] = 1;
+          if (keep) k++;
+        } else {
+          pin[j] = pn[k++];
+        }
+      }
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+bool pass_fuse_inlinable_op(const ir_node *n) {
+  uint32_t mask;
+  switch (n->op) {
+    case DSC_OP_CONST:
+    case DSC_OP_IOTA:
+    case DSC_OP_BROADCAST:
+    case DSC_OP_PERMUTE:
+    case DSC_OP_SLICE:
+      return true;
+    case DSC_OP_RESHAPE: {
+      pass_affine pb[DSC_MAX_RANK], pa[DSC_MAX_RANK];
+      memset(pb, 0, sizeof pb);
+      for (int j = 0; j < n->type.rank; j++) pb[j].c[j] = 1;
+      return reshape_point(&n->in[0]->type, &n->type, pb, pa);
+    }
+    case DSC_OP_SUM:
+    case DSC_OP_MEAN:
+    case DSC_OP_MAX:
+      return !pass_fuse_reduction(n, &mask);
+    default:
+      return ir_op(n->op)->cg == IR_CG_ELEMENTWISE;
+  }
+}
+
+/* ------------------------------------------------------------ the pass */
+
+enum { K_NONE, K_INLINE, K_GROUP, K_ALONE };
+
+typedef struct {
+  ir_graph *g;
+  int n;
+  unsigned char *kind;
+  int *parent;  /* union-find over node ids (groupable nodes only) */
+  int *next;    /* member lists: root -> ... -> -1 */
+  int *tail;    /* valid at roots */
+  int *size;    /* valid at roots */
+  int *minpos;  /* valid at roots */
+  int *mark;    /* scratch stamps */
+  int stamp;
+  int *stack;
+  ir_node **tmp; /* members of a candidate union */
+  pass_affine *pts;
+} fuse_state;
+
+static bool is_view(dsc_op op) {
+  return op == DSC_OP_BROADCAST || op == DSC_OP_PERMUTE || op == DSC_OP_SLICE ||
+         op == DSC_OP_RESHAPE;
+}
+
+static int find(fuse_state *s, int x) {
+  while (s->parent[x] != x) x = s->parent[x] = s->parent[s->parent[x]];
+  return x;
+}
+
+static bool groupable(const ir_node *n) {
+  if (is_view(n->op) || n->op == DSC_OP_EMBEDDING) return true;
+  if (n->op == DSC_OP_SUM || n->op == DSC_OP_MEAN || n->op == DSC_OP_MAX) return true;
+  return ir_op(n->op)->cg == IR_CG_ELEMENTWISE;
+}
+
+/* Is the union of groups ra and rb (roots) a valid group? */
+static bool union_valid(fuse_state *s, int ra, int rb) {
+  int cnt = 0;
+  for (int r = 0; r < 2; r++)
+    for (int x = r ? rb : ra; x >= 0; x = s->next[x]) s->tmp[cnt++] = s->g->nodes[x];
+  pass_fuse_domain d;
+  if (!pass_fuse_group_domain(s->tmp, cnt, &d)) return false;
+  /* membership stamp */
+  int st = ++s->stamp;
+  for (int i = 0; i < cnt; i++) s->mark[s->tmp[i]->id] = st;
+  for (int i = 0; i < cnt; i++) {
+    ir_node *n = s->tmp[i];
+    bool full;
+    pass_affine pn[DSC_MAX_RANK], pin[DSC_MAX_RANK], nat[DSC_MAX_RANK];
+    if (!pass_fuse_natural_map(&d, &n->type, pn, &full)) return false;
+    uint32_t mask;
+    if (pass_fuse_reduction(n, &mask) && full && d.rmask != 0) return false;
+    bool n_full = full;
+    for (int j = 0; j < n->n_in; j++) {
+      ir_node *p = n->in[j];
+      if (s->mark[p->id] != st) continue;
+      if (!pass_fuse_input_point(n, j, &d, pn, pin)) return false;
+      if (!pass_fuse_natural_map(&d, &p->type, nat, &full)) return false;
+      if (!pass_fuse_point_equal(&p->type, pin, nat)) return false;
+      /* a reduction to a scalar has one outer index (one thread): values
+       * over the whole domain that read its result go to another kernel */
+      if (d.n_outer == 0 && d.reduces && n_full && !full) return false;
+    }
+  }
+  /* convexity: no path from a member through a non-member to a member.
+   * Walk back from the non-member inputs of members; nodes before the
+   * union's first member cannot depend on it. */
+  int lo = s->minpos[ra] < s->minpos[rb] ? s->minpos[ra] : s->minpos[rb];
+  int vst = ++s->stamp, sp = 0;
+  for (int i = 0; i < cnt; i++) {
+    ir_node *n = s->tmp[i];
+    for (int j = 0; j < n->n_in; j++) {
+      ir_node *p = n->in[j];
+      if (s->mark[p->id] == st || s->mark[p->id] == vst || p->id < lo) continue;
+      s->mark[p->id] = vst;
+      s->stack[sp++] = p->id;
+    }
+  }
+  int budget = 8192; /* bounds the pass's time: a deeper search rejects the merge */
+  while (sp > 0) {
+    if (--budget < 0) return false;
+    ir_node *x = s->g->nodes[s->stack[--sp]];
+    if (s->kind[x->id] == K_INLINE) continue; /* depends on inlinables only */
+    for (int j = 0; j < x->n_in; j++) {
+      ir_node *p = x->in[j];
+      if (p->id < lo) continue;
+      if (s->mark[p->id] == st) return false; /* re-enters the union */
+      if (s->mark[p->id] == vst) continue;
+      s->mark[p->id] = vst;
+      s->stack[sp++] = p->id;
+    }
+  }
+  return true;
+}
+
+static void merge(fuse_state *s, int ra, int rb) {
+  if (s->size[ra] < s->size[rb]) {
+    int t = ra;
+    ra = rb, rb = t;
+  }
+  s->parent[rb] = ra;
+  s->next[s->tail[ra]] = rb;
+  s->tail[ra] = s->tail[rb];
+  s->size[ra] += s->size[rb];
+  if (s->minpos[rb] < s->minpos[ra]) s->minpos[ra] = s->minpos[rb];
+}
+
+/* A min-heap of unit keys (original positions), for the reordering. */
+static void heap_push(int *h, int *n, int v) {
+  int i = (*n)++;
+  h[i] = v;
+  while (i > 0 && h[(i - 1) / 2] > h[i]) {
+    int p = (i - 1) / 2, t = h[p];
+    h[p] = h[i], h[i] = t, i = p;
+  }
+}
+
+static int heap_pop(int *h, int *n) {
+  int top = h[0];
+  h[0] = h[--(*n)];
+  for (int i = 0;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < *n && h[l] < h[m]) m = l;
+    if (r < *n && h[r] < h[m]) m = r;
+    if (m == i) break;
+    int t = h[m];
+    h[m] = h[i], h[i] = t, i = m;
+  }
+  return top;
+}
+
+/* Reorders g->nodes so that each group is contiguous: Kahn's algorithm over
+ * units (a group, or one ungrouped node), keyed by the unit's first
+ * original position. unit[id] = the key node id of the node's unit. */
+static bool reorder(fuse_state *s, const int *unit) {
+  ir_graph *g = s->g;
+  int n = s->n;
+  size_t isz = sizeof(int) * (size_t)(n ? n : 1);
+  ir_arena *a = &g->module->arena;
+  int *indeg = ir_arena_alloc(a, isz), *heap = ir_arena_alloc(a, isz);
+  int *uhead = ir_arena_alloc(a, isz), *unxt = ir_arena_alloc(a, isz);
+  ir_node **order = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n ? n : 1));
+  /* consumer lists as (unit -> consumer node) edges via per-node lists */
+  int n_edges = 0;
+  for (int i = 0; i < n; i++) n_edges += g->nodes[i]->n_in;
+  int *ehead = ir_arena_alloc(a, isz), *enext = ir_arena_alloc(a, sizeof(int) * (size_t)(n_edges + 1));
+  int *edst = ir_arena_alloc(a, sizeof(int) * (size_t)(n_edges + 1));
+  if (!indeg || !heap || !uhead || !unxt || !order || !ehead ||
+      !enext || !edst)
+    return false;
+  for (int i = 0; i < n; i++) ehead[i] = uhead[i] = -1;
+  /* members of each unit in original order */
+  for (int i = n - 1; i >= 0; i--) {
+    int u = unit[i];
+    unxt[i] = uhead[u];
+    uhead[u] = i;
+  }
+  int e = 0;
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    for (int j = 0; j < x->n_in; j++) {
+      int pu = unit[x->in[j]->id], cu = unit[i];
+      if (pu == cu) continue;
+      edst[e] = cu;
+      enext[e] = ehead[pu];
+      ehead[pu] = e++;
+      indeg[cu]++;
+    }
+  }
+  int hn = 0, k = 0;
+  for (int i = 0; i < n; i++)
+    if (unit[i] == i && indeg[i] == 0) heap_push(heap, &hn, i);
+  while (hn > 0) {
+    int u = heap_pop(heap, &hn);
+    for (int m = uhead[u]; m >= 0; m = unxt[m]) order[k++] = g->nodes[m];
+    for (int x = ehead[u]; x >= 0; x = enext[x])
+      if (--indeg[edst[x]] == 0) heap_push(heap, &hn, edst[x]);
+  }
+  if (k != n) return false; /* a cycle: a bug in the convexity check */
+  for (int i = 0; i < n; i++) {
+    g->nodes[i] = order[i];
+    order[i]->id = i;
+  }
+  return true;
+}
+
+dsc_status pass_fuse_graph(ir_graph *g) {
+  ir_module *m = g->module;
+  ir_arena *a = &m->arena;
+  fuse_state s;
+  memset(&s, 0, sizeof s);
+  s.g = g;
+  s.n = g->n_nodes;
+  int n = s.n;
+  size_t isz = sizeof(int) * (size_t)(n ? n : 1);
+  s.kind = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  s.parent = ir_arena_alloc(a, isz);
+  s.next = ir_arena_alloc(a, isz);
+  s.tail = ir_arena_alloc(a, isz);
+  s.size = ir_arena_alloc(a, isz);
+  s.minpos = ir_arena_alloc(a, isz);
+  s.mark = ir_arena_alloc(a, isz);
+  s.stack = ir_arena_alloc(a, isz);
+  s.tmp = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n ? n : 1));
+  int *unit = ir_arena_alloc(a, isz);
+  if (!s.kind || !s.parent || !s.next || !s.tail || !s.size || !s.minpos || !s.mark || !s.stack ||
+      !s.tmp || !unit) {
+    ir_error(m->ctx, ir_no_loc, "fuse: out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    if (x->id != i) {
+      ir_error(m->ctx, ir_no_loc, "fuse: graph '%s' has inconsistent node ids", g->name);
+      return DSC_ERR_INTERNAL;
+    }
+    x->group = 0;
+    s.parent[i] = i, s.next[i] = -1, s.tail[i] = i, s.size[i] = 1, s.minpos[i] = i;
+    bool all_inline = true;
+    for (int j = 0; j < x->n_in; j++) all_inline = all_inline && s.kind[x->in[j]->id] == K_INLINE;
+    uint32_t mask;
+    if (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA)
+      s.kind[i] = K_INLINE;
+    else if (x->n_in > 0 && all_inline && pass_fuse_inlinable_op(x))
+      s.kind[i] = K_INLINE;
+    else if (pass_fuse_reduction(x, &mask) && !(mask & (1u << (x->in[0]->type.rank - 1))))
+      s.kind[i] = K_ALONE;
+    else if (groupable(x))
+      s.kind[i] = K_GROUP;
+    else
+      s.kind[i] = K_NONE;
+  }
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    if (s.kind[i] != K_GROUP) continue;
+    for (int j = 0; j < x->n_in; j++) {
+      ir_node *p = x->in[j];
+      if (s.kind[p->id] != K_GROUP) continue;
+      if (x->op == DSC_OP_EMBEDDING && j == 0) continue;
+      int rp = find(&s, p->id), rx = find(&s, i);
+      if (rp == rx) continue;
+      /* a lone view is a free view: nothing merges into it */
+      if (is_view(p->op) && s.size[rp] == 1) continue;
+      if (union_valid(&s, rx, rp)) merge(&s, rx, rp);
+    }
+  }
+  /* number groups by first member; dissolve lone views */
+  int next_id = 0;
+  int *gid = s.stack; /* reuse: root -> group id */
+  for (int i = 0; i < n; i++) gid[i] = 0;
+  for (int i = 0; i < n; i++) {
+    unit[i] = i;
+    if (s.kind[i] != K_GROUP && s.kind[i] != K_ALONE) continue;
+    int r = find(&s, i);
+    if (s.size[r] == 1 && is_view(g->nodes[i]->op)) continue;
+    if (!gid[r]) gid[r] = ++next_id;
+    g->nodes[i]->group = gid[r];
+    unit[i] = s.minpos[r];
+  }
+  if (!reorder(&s, unit)) {
+    ir_error(m->ctx, ir_no_loc, "fuse: could not order the groups of graph '%s' (a cycle)",
+             g->name);
+    return DSC_ERR_INTERNAL;
+  }
+  /* renumber so that ids increase along the new node order */
+  int *ren = ir_arena_alloc(a, sizeof(int) * (size_t)(next_id + 1));
+  if (!ren) {
+    ir_error(m->ctx, ir_no_loc, "fuse: out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    int gr = g->nodes[i]->group;
+    if (gr && !ren[gr]) ren[gr] = ++k;
+  }
+  for (int i = 0; i < n; i++)
+    if (g->nodes[i]->group) g->nodes[i]->group = ren[g->nodes[i]->group];
+  return DSC_OK;
+}
+
+dsc_status pass_fuse_run(ir_module *m) {
+  for (int i = 0; i < m->n_graphs; i++) {
+    dsc_status st = pass_fuse_graph(m->graphs[i]);
+    if (st != DSC_OK) return st;
+  }
+  return DSC_OK;
+}

@@ -1,0 +1,278 @@
+/* The public executor (include/dsc/exec.h): one front for the reference
+ * interpreter and the compiled backends.
+ *
+ * cpu: every graph of the module is lowered to a cg_program
+ * (codegen/lower.c), its kernels JIT-compiled by LLVM (codegen/llvm.c) and
+ * the programs run by runtime/exec_cpu.c over one STATE arena that holds
+ * every param and state in its native dtype (layout: cg_state_layout). The
+ * doubles of dsc_params are converted only when params are set or read
+ * (initialisation, checkpoints), never per step. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "dsc/exec.h"
+#include "runtime/runtime.h"
+
+struct dsc_exec {
+  dsc_context *ctx;
+  dsc_module *m;
+  dsc_backend backend;
+  dsc_params *params; /* interp: the values themselves */
+#ifdef DSC_HAVE_LLVM
+  ir_arena arena; /* programs and kernels */
+  int n_progs;
+  cg_program **progs;
+  cg_cpu_kernel_fn **fns;
+  cg_llvm_jit *jit;
+  rt_cpu_exec *cpu;
+  int64_t *state_offsets;
+  int64_t state_bytes;
+#endif
+};
+
+static const char *backend_names[] = {"interp", "cpu", "cuda"};
+
+const char *dsc_backend_name(dsc_backend b) {
+  return (unsigned)b < 3 ? backend_names[b] : "?";
+}
+
+int dsc_backend_from_name(const char *name, dsc_backend *out) {
+  for (int i = 0; i < 3; i++)
+    if (strcmp(name, backend_names[i]) == 0) {
+      *out = (dsc_backend)i;
+      return 0;
+    }
+  return -1;
+}
+
+bool dsc_backend_available(dsc_backend b) {
+  switch (b) {
+    case DSC_BACKEND_INTERP: return true;
+#ifdef DSC_HAVE_LLVM
+    case DSC_BACKEND_CPU: return true;
+#endif
+    default: return false;
+  }
+}
+
+dsc_backend dsc_backend_default(void) {
+  return dsc_backend_available(DSC_BACKEND_CPU) ? DSC_BACKEND_CPU : DSC_BACKEND_INTERP;
+}
+
+dsc_backend dsc_exec_backend(const dsc_exec *e) { return e->backend; }
+
+void dsc_exec_free(dsc_exec *e) {
+  if (!e) return;
+  dsc_params_free(e->params);
+#ifdef DSC_HAVE_LLVM
+  rt_cpu_exec_free(e->cpu);
+  cg_llvm_jit_free(e->jit);
+  if (e->fns)
+    for (int i = 0; i < e->n_progs; i++)
+      if (e->fns[i]) ir_free(e->ctx, e->fns[i], sizeof(cg_cpu_kernel_fn) * (size_t)e->progs[i]->n_kernels);
+  if (e->fns) ir_free(e->ctx, e->fns, sizeof *e->fns * (size_t)e->n_progs);
+  if (e->progs) ir_free(e->ctx, e->progs, sizeof *e->progs * (size_t)e->n_progs);
+  if (e->state_offsets)
+    ir_free(e->ctx, e->state_offsets, sizeof(int64_t) * (size_t)dsc_module_param_count(e->m));
+  ir_arena_release(&e->arena);
+#endif
+  ir_free(e->ctx, e, sizeof *e);
+}
+
+#ifdef DSC_HAVE_LLVM
+static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
+  dsc_context *ctx = e->ctx;
+  ir_arena_init(&e->arena, ctx);
+  int np = dsc_module_param_count(e->m);
+  e->n_progs = dsc_module_graph_count(e->m);
+  e->progs = ir_alloc(ctx, sizeof *e->progs * (size_t)(e->n_progs + 1));
+  e->fns = ir_alloc(ctx, sizeof *e->fns * (size_t)(e->n_progs + 1));
+  e->state_offsets = ir_alloc(ctx, sizeof(int64_t) * (size_t)(np + 1));
+  if (!e->progs || !e->fns || !e->state_offsets) return DSC_ERR_INTERNAL;
+  memset(e->progs, 0, sizeof *e->progs * (size_t)e->n_progs);
+  memset(e->fns, 0, sizeof *e->fns * (size_t)e->n_progs);
+  if (!cg_state_layout(e->m, e->state_offsets, &e->state_bytes)) return DSC_ERR_INTERNAL;
+  if (!(e->jit = cg_llvm_jit_new(ctx, o ? o->cache_dir : NULL))) return DSC_ERR_INTERNAL;
+  for (int i = 0; i < e->n_progs; i++) {
+    dsc_status st = cg_lower_graph(dsc_module_graph(e->m, i), &e->arena, &e->progs[i]);
+    if (st != DSC_OK) return st;
+    cg_program *p = e->progs[i];
+    e->fns[i] = ir_alloc(ctx, sizeof(cg_cpu_kernel_fn) * (size_t)(p->n_kernels + 1));
+    if (!e->fns[i]) return DSC_ERR_INTERNAL;
+    if (p->n_kernels > 0 && (st = cg_llvm_compile(e->jit, p->kernels, p->n_kernels, e->fns[i])) != DSC_OK)
+      return st;
+  }
+  int threads = o && o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (threads < 1) threads = 1;
+  e->cpu = rt_cpu_exec_new(ctx, (const cg_program *const *)e->progs, e->n_progs,
+                           (cg_cpu_kernel_fn *const *)e->fns, threads, e->state_bytes);
+  return e->cpu ? DSC_OK : DSC_ERR_INTERNAL;
+}
+#endif
+
+dsc_status dsc_exec_new(dsc_module *m, const dsc_exec_options *opts, dsc_exec **out) {
+  *out = NULL;
+  dsc_context *ctx = dsc_module_context(m);
+  dsc_backend b = opts ? opts->backend : dsc_backend_default();
+  if (!dsc_backend_available(b)) {
+    ir_error(ctx, ir_no_loc,
+             b == DSC_BACKEND_CUDA
+                 ? "backend cuda: running on a GPU needs the CUDA runtime, which this build does "
+                   "not have yet (dsc compile --target cuda writes the kernels)"
+                 : "backend %s is not built in (configure with LLVM and oneDNN: "
+                   "scripts/install-deps.sh)",
+             dsc_backend_name(b));
+    return DSC_ERR_USER;
+  }
+  dsc_exec *e = ir_alloc(ctx, sizeof *e);
+  if (!e) return DSC_ERR_INTERNAL;
+  memset(e, 0, sizeof *e);
+  e->ctx = ctx;
+  e->m = m;
+  e->backend = b;
+  dsc_status st = DSC_OK;
+  if (b == DSC_BACKEND_INTERP) {
+    if (!(e->params = dsc_params_init(m, 0))) st = DSC_ERR_INTERNAL;
+  }
+#ifdef DSC_HAVE_LLVM
+  else if (b == DSC_BACKEND_CPU) {
+    st = cpu_new(e, opts);
+  }
+#endif
+  if (st != DSC_OK) {
+    if (st == DSC_ERR_INTERNAL && dsc_diag_count(ctx) == 0)
+      ir_error(ctx, ir_no_loc, "executor: out of memory");
+    dsc_exec_free(e);
+    return st;
+  }
+  *out = e;
+  return DSC_OK;
+}
+
+static bool same_params(const dsc_exec *e, const dsc_params *p) {
+  if (dsc_params_count(p) != dsc_module_param_count(e->m)) return false;
+  for (int i = 0; i < dsc_params_count(p); i++) {
+    dsc_type a = dsc_params_get(p, i)->type, b = dsc_module_param_type(e->m, i);
+    if (!dsc_type_equal(&a, &b)) return false;
+  }
+  return true;
+}
+
+static dsc_status copy_params(dsc_exec *e, dsc_params *dst, const dsc_params *src, bool in) {
+  if (!same_params(e, in ? src : dst)) {
+    ir_error(e->ctx, ir_no_loc, "executor: the params do not match module '%s'",
+             dsc_module_name(e->m));
+    return DSC_ERR_USER;
+  }
+  int np = dsc_module_param_count(e->m);
+  if (e->backend == DSC_BACKEND_INTERP) {
+    for (int i = 0; i < np; i++) {
+      dsc_tensor *s = dsc_params_get(src, i), *d = dsc_params_get(dst, i);
+      memcpy(d->data, s->data, sizeof(double) * (size_t)dsc_type_numel(&s->type));
+    }
+    return DSC_OK;
+  }
+#ifdef DSC_HAVE_LLVM
+  char *base = rt_cpu_exec_state(e->cpu);
+  for (int i = 0; i < np; i++) {
+    dsc_type ty = dsc_module_param_type(e->m, i);
+    size_t es = dsc_dtype_size(ty.dtype);
+    char *slot = base + e->state_offsets[i];
+    dsc_tensor *t = dsc_params_get(in ? src : dst, i);
+    int64_t n = dsc_type_numel(&ty);
+    if (in)
+      for (int64_t j = 0; j < n; j++) cg_store_elem(ty.dtype, slot + j * (int64_t)es, t->data[j]);
+    else
+      for (int64_t j = 0; j < n; j++) t->data[j] = cg_load_elem(ty.dtype, slot + j * (int64_t)es);
+  }
+#endif
+  return DSC_OK;
+}
+
+dsc_status dsc_exec_set_params(dsc_exec *e, const dsc_params *p) {
+  return copy_params(e, e->params, p, true);
+}
+
+dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p) {
+  return copy_params(e, p, e->params, false);
+}
+
+dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
+                        int n_inputs, dsc_tensor **outputs) {
+  dsc_graph *g = dsc_module_find_graph(e->m, graph);
+  if (!g) {
+    ir_error(e->ctx, ir_no_loc, "executor: module '%s' has no graph '%s'", dsc_module_name(e->m),
+             graph);
+    return DSC_ERR_USER;
+  }
+  if (e->backend == DSC_BACKEND_INTERP) return dsc_interp_run(g, e->params, inputs, n_inputs, outputs);
+#ifdef DSC_HAVE_LLVM
+  int gi = 0;
+  while (dsc_module_graph(e->m, gi) != g) gi++;
+  const cg_program *p = e->progs[gi];
+  int n_in = dsc_graph_input_count(g);
+  if (n_inputs != n_in) {
+    ir_error(e->ctx, ir_no_loc, "executor: graph '%s' takes %d inputs, got %d", graph, n_in,
+             n_inputs);
+    return DSC_ERR_USER;
+  }
+  /* Inputs arrive as doubles: convert into per-run native buffers. */
+  void **native = ir_alloc(e->ctx, sizeof(void *) * (size_t)(n_in + 1));
+  size_t *sizes = ir_alloc(e->ctx, sizeof(size_t) * (size_t)(n_in + 1));
+  dsc_status st = native && sizes ? DSC_OK : DSC_ERR_INTERNAL;
+  for (int i = 0; native && sizes && i < n_in; i++) native[i] = NULL;
+  for (int i = 0; st == DSC_OK && i < n_in; i++) {
+    dsc_type want = dsc_node_type(dsc_graph_input_at(g, i));
+    if (!dsc_type_equal(&want, &inputs[i]->type)) {
+      ir_error(e->ctx, ir_no_loc, "executor: input %d of graph '%s' has the wrong type", i,
+               graph);
+      st = DSC_ERR_USER;
+      break;
+    }
+    int64_t n = dsc_type_numel(&want);
+    size_t es = dsc_dtype_size(want.dtype);
+    sizes[i] = (size_t)n * es + 1;
+    if (!(native[i] = ir_alloc(e->ctx, sizes[i]))) {
+      st = DSC_ERR_INTERNAL;
+      break;
+    }
+    for (int64_t j = 0; j < n; j++)
+      cg_store_elem(want.dtype, (char *)native[i] + j * (int64_t)es, inputs[i]->data[j]);
+  }
+  void **outs = NULL;
+  if (st == DSC_OK && !(outs = ir_alloc(e->ctx, sizeof(void *) * (size_t)(p->n_outputs + 1))))
+    st = DSC_ERR_INTERNAL;
+  char err[512] = "";
+  if (st == DSC_OK && !rt_cpu_exec_run(e->cpu, gi, native, outs, err, sizeof err)) {
+    ir_error(e->ctx, ir_no_loc, "graph '%s': %s", graph, err);
+    st = DSC_ERR_USER;
+  }
+  for (int i = 0; st == DSC_OK && i < p->n_outputs; i++) {
+    const cg_output *o = &p->outputs[i];
+    if (!(outputs[i] = dsc_tensor_new(e->ctx, o->type))) {
+      st = DSC_ERR_INTERNAL;
+      break;
+    }
+    size_t es = dsc_dtype_size(o->type.dtype);
+    int64_t n = dsc_type_numel(&o->type);
+    for (int64_t j = 0; j < n; j++)
+      outputs[i]->data[j] = cg_load_elem(o->type.dtype, (char *)outs[i] + j * (int64_t)es);
+  }
+  if (st != DSC_OK && outs)
+    for (int i = 0; i < p->n_outputs; i++) {
+      dsc_tensor_free(e->ctx, outputs[i]);
+      outputs[i] = NULL;
+    }
+  if (st == DSC_ERR_INTERNAL) ir_error(e->ctx, ir_no_loc, "executor: out of memory");
+  for (int i = 0; native && sizes && i < n_in; i++)
+    if (native[i]) ir_free(e->ctx, native[i], sizes[i]);
+  if (native) ir_free(e->ctx, native, sizeof(void *) * (size_t)(n_in + 1));
+  if (sizes) ir_free(e->ctx, sizes, sizeof(size_t) * (size_t)(n_in + 1));
+  if (outs) ir_free(e->ctx, outs, sizeof(void *) * (size_t)(p->n_outputs + 1));
+  return st;
+#else
+  return DSC_ERR_INTERNAL;
+#endif
+}

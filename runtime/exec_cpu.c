@@ -1,0 +1,536 @@
+/* The CPU executor: runs lowered programs (codegen/codegen.h) on host
+ * arenas with a thread pool.
+ *
+ * Build, plan, then compute (ggml): rt_cpu_exec_new validates every program
+ * against its arenas, allocates the arenas, resolves each instruction's
+ * argument pointers and builds the GEMM plans; a run then only copies the
+ * inputs in and walks the instruction list. */
+#include <inttypes.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/runtime.h"
+
+typedef struct {
+  void *src, *dst;
+  size_t bytes;
+} rt_assign_copy;
+
+typedef struct {
+  const cg_program *p;
+  const cg_cpu_kernel_fn *fns;
+  char *work_raw, *work;
+  int64_t work_bytes;
+  void ***args;            /* per LAUNCH instruction: argument base pointers */
+  rt_gemm_plan **plans;    /* per GEMM instruction */
+  rt_assign_copy *assigns; /* non-in-place assigns */
+  int n_assign_copies;
+  int64_t *prof_ns;
+  int64_t runs;
+} rt_prog;
+
+struct rt_cpu_exec {
+  dsc_context *ctx;
+  ir_arena arena; /* bookkeeping (not the big arenas) */
+  rt_pool *pool;
+  rt_gemm_engine *gemm;
+  char *state_raw, *state;
+  int64_t state_bytes;
+  int n_progs;
+  rt_prog *progs;
+  int32_t *status; /* one per pool chunk */
+  bool profiling;
+};
+
+/* ---- creation ---- */
+
+static char *alloc_aligned(dsc_context *ctx, int64_t bytes, char **raw) {
+  *raw = ir_alloc(ctx, (size_t)bytes + 64);
+  if (!*raw) return NULL;
+  memset(*raw, 0, (size_t)bytes + 64);
+  return (char *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+}
+
+static char *buf_ptr(const rt_cpu_exec *e, const rt_prog *rp, int b) {
+  const cg_buffer *cb = &rp->p->buffers[b];
+  return (cb->kind == CG_BUF_PARAM ? e->state : rp->work) + cb->offset;
+}
+
+/* Formats a validation problem of program pi as one diagnostic. */
+static bool bad(rt_cpu_exec *e, const cg_program *p, int ins, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool bad(rt_cpu_exec *e, const cg_program *p, int ins, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const char *name = p->graph_name ? p->graph_name : "?";
+  if (ins >= 0)
+    ir_error(e->ctx, ir_no_loc, "program '%s': instruction %d: %s", name, ins, msg);
+  else
+    ir_error(e->ctx, ir_no_loc, "program '%s': %s", name, msg);
+  return false;
+}
+
+static bool buf_ok(const cg_program *p, int b) { return b >= 0 && b < p->n_buffers; }
+
+static int64_t buf_numel(const cg_program *p, int b) { return p->buffers[b].numel; }
+
+static bool check_buffers(rt_cpu_exec *e, const cg_program *p) {
+  for (int b = 0; b < p->n_buffers; b++) {
+    const cg_buffer *cb = &p->buffers[b];
+    if (cb->dtype < 0 || cb->dtype >= DSC_DTYPE_COUNT || cb->numel < 0 || cb->offset < 0)
+      return bad(e, p, -1, "buffer %d is malformed", b);
+    int64_t size = (int64_t)dsc_dtype_size(cb->dtype);
+    int64_t limit = cb->kind == CG_BUF_PARAM ? e->state_bytes : p->arena_bytes[CG_ARENA_WORK];
+    if (cb->offset % size != 0 || cb->numel > (limit - cb->offset) / size)
+      return bad(e, p, -1,
+                 "buffer %d (%" PRId64 " bytes at %" PRId64
+                 ") lies outside its arena "
+                 "(%" PRId64 " bytes)",
+                 b, cb->numel * size, cb->offset, limit);
+  }
+  return true;
+}
+
+static int param_buffer(const cg_program *p, int param) {
+  for (int b = 0; b < p->n_buffers; b++)
+    if (p->buffers[b].kind == CG_BUF_PARAM && p->buffers[b].index == param) return b;
+  return -1;
+}
+
+static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
+  const cg_program *p = rp->p;
+  const cg_instr *in = &p->instrs[i];
+  switch (in->kind) {
+    case CG_INS_LAUNCH: {
+      if (in->kernel < 0 || in->kernel >= p->n_kernels)
+        return bad(e, p, i, "kernel %d does not exist", in->kernel);
+      const kir_kernel *k = p->kernels[in->kernel];
+      if (!rp->fns[in->kernel]) return bad(e, p, i, "kernel '%s' is not compiled", k->name);
+      if (in->n_args != k->n_args)
+        return bad(e, p, i, "kernel '%s' takes %d arguments, not %d", k->name, k->n_args,
+                   in->n_args);
+      void **args = ir_arena_alloc(&e->arena, sizeof *args * (size_t)(k->n_args + 1));
+      if (!args) return false;
+      for (int a = 0; a < k->n_args; a++) {
+        int b = in->args[a];
+        if (!buf_ok(p, b)) return bad(e, p, i, "argument %d: buffer %d does not exist", a, b);
+        if (p->buffers[b].dtype != k->args[a].dtype || k->args[a].numel > buf_numel(p, b))
+          return bad(e, p, i, "argument %d of kernel '%s' does not fit buffer %d", a, k->name, b);
+        args[a] = buf_ptr(e, rp, b);
+      }
+      rp->args[i] = args;
+      return true;
+    }
+    case CG_INS_GEMM: {
+      const cg_gemm *g = &in->gemm;
+      int bs[3] = {g->a.buffer, g->b.buffer, g->c.buffer};
+      for (int w = 0; w < 3; w++) {
+        if (!buf_ok(p, bs[w])) return bad(e, p, i, "GEMM operand buffer %d does not exist", bs[w]);
+        if (g->m > 0 && g->n > 0 && g->k > 0 && g->batch[0] > 0 && g->batch[1] > 0 &&
+            rt_gemm_extent(g, w) > buf_numel(p, bs[w]))
+          return bad(e, p, i, "GEMM operand %c reaches past buffer %d", "ABC"[w], bs[w]);
+      }
+      if (p->buffers[bs[0]].dtype != p->buffers[bs[1]].dtype)
+        return bad(e, p, i, "GEMM operands A and B have different dtypes");
+      rp->plans[i] =
+          rt_gemm_plan_new(e->gemm, g, p->buffers[bs[0]].dtype, p->buffers[bs[2]].dtype, 0);
+      return rp->plans[i] != NULL;
+    }
+    case CG_INS_EMBEDDING_GRAD: {
+      if (!buf_ok(p, in->ids) || !buf_ok(p, in->src) || !buf_ok(p, in->dst))
+        return bad(e, p, i, "embedding gradient: a buffer does not exist");
+      dsc_dtype it = p->buffers[in->ids].dtype, st = p->buffers[in->src].dtype;
+      if (it != DSC_I32 && it != DSC_I64)
+        return bad(e, p, i, "embedding gradient: ids not i32/i64");
+      if (!dsc_dtype_is_float(st) || !dsc_dtype_is_float(p->buffers[in->dst].dtype))
+        return bad(e, p, i, "embedding gradient: src and dst must have float dtypes");
+      if (in->n_ids < 0 || in->rows < 0 || in->cols < 0 || in->n_ids > buf_numel(p, in->ids) ||
+          (in->cols > 0 && (in->n_ids > buf_numel(p, in->src) / in->cols ||
+                            in->rows > buf_numel(p, in->dst) / in->cols)))
+        return bad(e, p, i, "embedding gradient: sizes do not fit the buffers");
+      return true;
+    }
+    case CG_INS_COPY: {
+      if (!buf_ok(p, in->src) || !buf_ok(p, in->dst))
+        return bad(e, p, i, "copy: a buffer does not exist");
+      if (p->buffers[in->src].dtype != p->buffers[in->dst].dtype)
+        return bad(e, p, i, "copy: dtypes differ");
+      if (in->numel < 0 || in->src_offset < 0 || in->dst_offset < 0 ||
+          in->src_offset > buf_numel(p, in->src) - in->numel ||
+          in->dst_offset > buf_numel(p, in->dst) - in->numel)
+        return bad(e, p, i, "copy: range outside the buffers");
+      return true;
+    }
+  }
+  return bad(e, p, i, "unknown instruction kind %d", (int)in->kind);
+}
+
+static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
+  const cg_program *p = rp->p;
+  if (!check_buffers(e, p)) return false;
+  rp->work_bytes = p->arena_bytes[CG_ARENA_WORK];
+  if (rp->work_bytes < 0) return bad(e, p, -1, "negative WORK arena size");
+  rp->work = alloc_aligned(e->ctx, rp->work_bytes, &rp->work_raw);
+  size_t n = (size_t)(p->n_instrs > 0 ? p->n_instrs : 1);
+  rp->args = ir_arena_alloc(&e->arena, sizeof *rp->args * n);
+  rp->plans = ir_arena_alloc(&e->arena, sizeof *rp->plans * n);
+  rp->prof_ns = ir_arena_alloc(&e->arena, sizeof *rp->prof_ns * n);
+  rp->assigns = ir_arena_alloc(&e->arena, sizeof *rp->assigns * (size_t)(p->n_assigns + 1));
+  if (!rp->work || !rp->args || !rp->plans || !rp->prof_ns || !rp->assigns) {
+    ir_error(e->ctx, ir_no_loc, "out of memory loading program '%s' (WORK arena %" PRId64 " bytes)",
+             p->graph_name ? p->graph_name : "?", rp->work_bytes);
+    return false;
+  }
+  for (int i = 0; i < p->n_instrs; i++)
+    if (!plan_instr(e, rp, i)) return false;
+  for (int o = 0; o < p->n_outputs; o++) {
+    const cg_output *out = &p->outputs[o];
+    if (!buf_ok(p, out->buffer) || out->offset < 0 ||
+        p->buffers[out->buffer].dtype != out->type.dtype ||
+        out->offset > buf_numel(p, out->buffer) - dsc_type_numel(&out->type))
+      return bad(e, p, -1, "output %d does not fit its buffer", o);
+  }
+  for (int a = 0; a < p->n_assigns; a++) {
+    const cg_assign *as = &p->assigns[a];
+    int pb = param_buffer(p, as->param);
+    if (pb < 0 || !buf_ok(p, as->buffer) || p->buffers[as->buffer].dtype != p->buffers[pb].dtype ||
+        buf_numel(p, as->buffer) < buf_numel(p, pb))
+      return bad(e, p, -1, "assign %d (param %d) does not match its buffers", a, as->param);
+    if (as->in_place) continue;
+    /* Every param read sees the old value; an output that is the assigned
+     * slot itself would see the new one, so the lowering must not do that. */
+    for (int o = 0; o < p->n_outputs; o++)
+      if (p->outputs[o].buffer == pb)
+        return bad(e, p, -1, "output %d reads param %d, which assign %d overwrites", o, as->param,
+                   a);
+    rt_assign_copy *c = &rp->assigns[rp->n_assign_copies++];
+    c->src = buf_ptr(e, rp, as->buffer);
+    c->dst = buf_ptr(e, rp, pb);
+    c->bytes = (size_t)buf_numel(p, pb) * dsc_dtype_size(p->buffers[pb].dtype);
+  }
+  return true;
+}
+
+rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, int n_progs,
+                             cg_cpu_kernel_fn *const *fns, int n_threads, int64_t state_bytes) {
+  if (n_progs < 0 || state_bytes < 0) {
+    ir_error(ctx, ir_no_loc, "CPU executor: bad arguments");
+    return NULL;
+  }
+  rt_cpu_exec *e = ir_alloc(ctx, sizeof *e);
+  if (!e) {
+    ir_error(ctx, ir_no_loc, "out of memory creating the CPU executor");
+    return NULL;
+  }
+  memset(e, 0, sizeof *e);
+  e->ctx = ctx;
+  ir_arena_init(&e->arena, ctx);
+  e->state_bytes = state_bytes;
+  e->n_progs = n_progs;
+  e->pool = rt_pool_new(ctx, n_threads);
+  if (!e->pool) goto fail;
+  e->gemm = rt_gemm_engine_new(ctx, e->pool);
+  if (!e->gemm) goto fail;
+  e->state = alloc_aligned(ctx, state_bytes, &e->state_raw);
+  e->progs = ir_arena_alloc(&e->arena, sizeof *e->progs * (size_t)(n_progs + 1));
+  e->status = ir_arena_alloc(&e->arena, sizeof *e->status * (size_t)n_threads);
+  if (!e->state || !e->progs || !e->status) {
+    ir_error(ctx, ir_no_loc,
+             "out of memory creating the CPU executor (STATE arena %" PRId64 " bytes)",
+             state_bytes);
+    goto fail;
+  }
+  for (int i = 0; i < n_progs; i++) {
+    e->progs[i].p = progs[i];
+    e->progs[i].fns = fns ? fns[i] : NULL;
+    if (!e->progs[i].fns && progs[i]->n_kernels > 0) {
+      ir_error(ctx, ir_no_loc, "CPU executor: program %d has no compiled kernels", i);
+      goto fail;
+    }
+    if (!plan_prog(e, &e->progs[i])) goto fail;
+  }
+  return e;
+fail:
+  rt_cpu_exec_free(e);
+  return NULL;
+}
+
+void rt_cpu_exec_free(rt_cpu_exec *e) {
+  if (!e) return;
+  for (int i = 0; e->progs && i < e->n_progs; i++) {
+    rt_prog *rp = &e->progs[i];
+    if (rp->plans)
+      for (int j = 0; j < rp->p->n_instrs; j++) rt_gemm_plan_free(rp->plans[j]);
+    if (rp->work_raw) ir_free(e->ctx, rp->work_raw, (size_t)rp->work_bytes + 64);
+  }
+  if (e->state_raw) ir_free(e->ctx, e->state_raw, (size_t)e->state_bytes + 64);
+  rt_gemm_engine_free(e->gemm);
+  rt_pool_free(e->pool);
+  ir_arena_release(&e->arena);
+  ir_free(e->ctx, e, sizeof *e);
+}
+
+void *rt_cpu_exec_state(rt_cpu_exec *e) { return e->state; }
+
+void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on) {
+  if (on && !e->profiling)
+    for (int i = 0; i < e->n_progs; i++) {
+      memset(e->progs[i].prof_ns, 0, sizeof(int64_t) * (size_t)e->progs[i].p->n_instrs);
+      e->progs[i].runs = 0;
+    }
+  e->profiling = on;
+}
+
+const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64_t *runs) {
+  if (prog < 0 || prog >= e->n_progs) {
+    *n = 0;
+    *runs = 0;
+    return NULL;
+  }
+  *n = e->progs[prog].p->n_instrs;
+  *runs = e->progs[prog].runs;
+  return e->progs[prog].prof_ns;
+}
+
+const rt_gemm_plan *rt_cpu_exec_gemm_plan(const rt_cpu_exec *e, int prog, int ins) {
+  if (prog < 0 || prog >= e->n_progs || ins < 0 || ins >= e->progs[prog].p->n_instrs) return NULL;
+  return e->progs[prog].plans[ins];
+}
+
+/* ---- running ---- */
+
+typedef struct {
+  cg_cpu_kernel_fn fn;
+  void *const *args;
+  int32_t *status;
+} launch_job;
+
+static void launch_range(void *arg, int64_t begin, int64_t end, int chunk) {
+  launch_job *j = arg;
+  j->fn(j->args, begin, end, &j->status[chunk]);
+}
+
+/* Outer index count and the smallest chunk worth a thread: about 16K inner
+ * points (times stages) per chunk, so tiny kernels stay on one thread. */
+static void launch_split(const kir_kernel *k, int64_t *outer, int64_t *min_chunk) {
+  int64_t o = 1, inner = 1;
+  for (int d = 0; d < k->rank; d++) {
+    if (d < k->n_outer)
+      o *= k->dims[d];
+    else
+      inner *= k->dims[d];
+  }
+  int64_t work = inner * (k->n_stages > 0 ? k->n_stages : 1);
+  *outer = o;
+  *min_chunk = work >= 16384 ? 1 : 16384 / (work > 0 ? work : 1);
+}
+
+typedef struct {
+  const cg_instr *in;
+  const char *ids;
+  bool ids64;
+  const char *src;
+  char *dst;
+  dsc_dtype src_dt, dst_dt;
+  int32_t *status;
+  int64_t bad_id, bad_pos; /* the first id out of range (chunk 0 records it) */
+} embgrad_job;
+
+static void embgrad_zero(void *arg, int64_t begin, int64_t end, int chunk) {
+  (void)chunk;
+  embgrad_job *j = arg;
+  size_t es = dsc_dtype_size(j->dst_dt);
+  memset(j->dst + begin * (int64_t)es, 0, (size_t)(end - begin) * es); /* +0 in every float */
+}
+
+static double load_float(const char *base, dsc_dtype dt, int64_t i) {
+  switch (dt) {
+    case DSC_F32:
+      return ((const float *)base)[i];
+    case DSC_F64:
+      return ((const double *)base)[i];
+    case DSC_BF16:
+      return rt_bf16_value(((const uint16_t *)base)[i]);
+    default:
+      return rt_f16_value(((const uint16_t *)base)[i]);
+  }
+}
+
+static void store_float(char *base, dsc_dtype dt, int64_t i, double v) {
+  switch (dt) {
+    case DSC_F32:
+      ((float *)base)[i] = (float)v;
+      break;
+    case DSC_F64:
+      ((double *)base)[i] = v;
+      break;
+    case DSC_BF16:
+      ((uint16_t *)base)[i] = rt_bf16_bits(v);
+      break;
+    default:
+      ((uint16_t *)base)[i] = rt_f16_bits(v);
+      break;
+  }
+}
+
+/* Columns [begin, end) of every row: each element of dst is written by one
+ * thread, accumulating the ids in order, so the sums are deterministic (and
+ * equal to the sequential loop's, rounding to dst's dtype after each add). */
+static void embgrad_cols(void *arg, int64_t begin, int64_t end, int chunk) {
+  embgrad_job *j = arg;
+  const cg_instr *in = j->in;
+  for (int64_t i = 0; i < in->n_ids; i++) {
+    int64_t id = j->ids64 ? ((const int64_t *)j->ids)[i] : ((const int32_t *)j->ids)[i];
+    if (id < 0 || id >= in->rows) {
+      if (chunk == 0 && !j->status[0]) {
+        j->bad_id = id;
+        j->bad_pos = i;
+      }
+      j->status[chunk] = 1;
+      continue;
+    }
+    if (j->src_dt == DSC_F32 && j->dst_dt == DSC_F32) {
+      const float *s = (const float *)j->src + i * in->cols;
+      float *d = (float *)j->dst + id * in->cols;
+      for (int64_t c = begin; c < end; c++) d[c] += s[c];
+    } else if (j->src_dt == DSC_F64 && j->dst_dt == DSC_F64) {
+      const double *s = (const double *)j->src + i * in->cols;
+      double *d = (double *)j->dst + id * in->cols;
+      for (int64_t c = begin; c < end; c++) d[c] += s[c];
+    } else {
+      for (int64_t c = begin; c < end; c++) {
+        int64_t di = id * in->cols + c;
+        store_float(
+            j->dst, j->dst_dt, di,
+            load_float(j->dst, j->dst_dt, di) + load_float(j->src, j->src_dt, i * in->cols + c));
+      }
+    }
+  }
+}
+
+typedef struct {
+  const char *src;
+  char *dst;
+} copy_job;
+
+static void copy_range(void *arg, int64_t begin, int64_t end, int chunk) {
+  (void)chunk;
+  copy_job *j = arg;
+  memcpy(j->dst + begin, j->src + begin, (size_t)(end - begin));
+}
+
+static bool any_status(rt_cpu_exec *e) {
+  int32_t s = 0;
+  for (int t = 0; t < rt_pool_threads(e->pool); t++) s |= e->status[t];
+  return s != 0;
+}
+
+static const char *instr_op(const cg_instr *in) {
+  if (in->node) return dsc_op_name(in->node->op);
+  switch (in->kind) {
+    case CG_INS_LAUNCH:
+      return "kernel";
+    case CG_INS_GEMM:
+      return "matmul";
+    case CG_INS_EMBEDDING_GRAD:
+      return "embedding gradient";
+    case CG_INS_COPY:
+      return "copy";
+  }
+  return "?";
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errlen) {
+  const cg_program *p = rp->p;
+  const cg_instr *in = &p->instrs[i];
+  int nt = rt_pool_threads(e->pool);
+  switch (in->kind) {
+    case CG_INS_LAUNCH: {
+      const kir_kernel *k = p->kernels[in->kernel];
+      memset(e->status, 0, sizeof *e->status * (size_t)nt);
+      launch_job j = {rp->fns[in->kernel], rp->args[i], e->status};
+      int64_t outer, min_chunk;
+      launch_split(k, &outer, &min_chunk);
+      rt_pool_parallel_for(e->pool, outer, min_chunk, launch_range, &j);
+      if (any_status(e))
+        return ir_fail(err, errlen, "%s: index out of range (instruction %d, kernel %s)",
+                       instr_op(in), i, k->name);
+      return true;
+    }
+    case CG_INS_GEMM: {
+      const cg_gemm *g = &in->gemm;
+      char msg[200];
+      if (!rt_gemm_run(rp->plans[i], buf_ptr(e, rp, g->a.buffer), buf_ptr(e, rp, g->b.buffer),
+                       buf_ptr(e, rp, g->c.buffer), msg, sizeof msg))
+        return ir_fail(err, errlen, "%s: %s (instruction %d)", instr_op(in), msg, i);
+      return true;
+    }
+    case CG_INS_EMBEDDING_GRAD: {
+      memset(e->status, 0, sizeof *e->status * (size_t)nt);
+      embgrad_job j = {in,
+                       buf_ptr(e, rp, in->ids),
+                       p->buffers[in->ids].dtype == DSC_I64,
+                       buf_ptr(e, rp, in->src),
+                       buf_ptr(e, rp, in->dst),
+                       p->buffers[in->src].dtype,
+                       p->buffers[in->dst].dtype,
+                       e->status,
+                       0,
+                       0};
+      rt_pool_parallel_for(e->pool, in->rows * in->cols, 1 << 16, embgrad_zero, &j);
+      rt_pool_parallel_for(e->pool, in->cols, 64, embgrad_cols, &j);
+      if (any_status(e))
+        return ir_fail(err, errlen,
+                       "%s: index out of range: id %" PRId64 " at position %" PRId64
+                       " is outside [0, %" PRId64 ") (instruction %d)",
+                       instr_op(in), j.bad_id, j.bad_pos, in->rows, i);
+      return true;
+    }
+    case CG_INS_COPY: {
+      size_t es = dsc_dtype_size(p->buffers[in->src].dtype);
+      copy_job j = {buf_ptr(e, rp, in->src) + in->src_offset * (int64_t)es,
+                    buf_ptr(e, rp, in->dst) + in->dst_offset * (int64_t)es};
+      rt_pool_parallel_for(e->pool, in->numel * (int64_t)es, 1 << 20, copy_range, &j);
+      return true;
+    }
+  }
+  return ir_fail(err, errlen, "instruction %d: unknown kind", i);
+}
+
+bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outputs_out, char *err,
+                     size_t errlen) {
+  if (prog < 0 || prog >= e->n_progs)
+    return ir_fail(err, errlen, "program %d does not exist (%d loaded)", prog, e->n_progs);
+  rt_prog *rp = &e->progs[prog];
+  const cg_program *p = rp->p;
+  for (int b = 0; b < p->n_buffers; b++) {
+    const cg_buffer *cb = &p->buffers[b];
+    if (cb->kind != CG_BUF_INPUT) continue;
+    if (!inputs || !inputs[cb->index])
+      return ir_fail(err, errlen, "graph input %d is missing", cb->index);
+    memcpy(buf_ptr(e, rp, b), inputs[cb->index], (size_t)cb->numel * dsc_dtype_size(cb->dtype));
+  }
+  for (int i = 0; i < p->n_instrs; i++) {
+    int64_t t0 = e->profiling ? now_ns() : 0;
+    if (!run_instr(e, rp, i, err, errlen)) return false;
+    if (e->profiling) rp->prof_ns[i] += now_ns() - t0;
+  }
+  if (e->profiling) rp->runs++;
+  for (int a = 0; a < rp->n_assign_copies; a++)
+    memcpy(rp->assigns[a].dst, rp->assigns[a].src, rp->assigns[a].bytes);
+  for (int o = 0; o < p->n_outputs; o++) {
+    const cg_output *out = &p->outputs[o];
+    outputs_out[o] =
+        buf_ptr(e, rp, out->buffer) + out->offset * (int64_t)dsc_dtype_size(out->type.dtype);
+  }
+  return true;
+}

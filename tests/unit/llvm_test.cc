@@ -1,0 +1,598 @@
+// The LLVM CPU backend (codegen/llvm.c): hand-built kernels compiled through
+// LLVM and run over several outer chunks (as a thread pool would), compared
+// with kir_eval (double precision, the oracle) on random, never-all-zero data.
+//
+// Tolerances (per element, |got - want| <= tol * max(|want|, floor)):
+//   f32 1e-5 relative (floor stated per test: near-zero values from
+//       cancellation are compared absolutely), f64 1e-12, bf16 2^-7 (one bf16
+//       ulp: f32 vs double compute may round across a boundary), f16 1e-3
+//       (one ulp), integers and bool exact.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <dirent.h>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codegen/codegen.h"
+
+extern "C" {
+float cg_bf16_to_f32(uint16_t h);
+float cg_f16_to_f32(uint16_t h);
+}
+
+namespace {
+
+// A kernel under construction; storage for the arrays lives here.
+struct KB {
+  kir_kernel k{};
+  std::vector<kir_arg> args;
+  std::vector<dsc_dtype> slots;
+  std::vector<kir_stage> stages;
+  KB(const char *name, std::vector<int64_t> dims, int n_outer) {
+    k.name = name;
+    k.rank = (int)dims.size();
+    k.n_outer = n_outer;
+    for (size_t i = 0; i < dims.size(); i++) k.dims[i] = dims[i];
+  }
+  int arg(dsc_dtype dt, int64_t numel, bool read, bool written) {
+    args.push_back(kir_arg{dt, numel, read, written});
+    return (int)args.size() - 1;
+  }
+  int slot(dsc_dtype t) {
+    slots.push_back(t);
+    return (int)slots.size() - 1;
+  }
+  void reduce(kir_reduce_op op, int slot, kir_expr *e) {
+    kir_stage s{};
+    s.kind = KIR_STAGE_REDUCE;
+    s.reduce = op;
+    s.slot = slot;
+    s.expr = e;
+    stages.push_back(s);
+  }
+  void let(int slot, kir_expr *e) {
+    kir_stage s{};
+    s.kind = KIR_STAGE_LET;
+    s.slot = slot;
+    s.expr = e;
+    stages.push_back(s);
+  }
+  void store(kir_access dst, kir_expr *e, bool over_inner = true) {
+    kir_stage s{};
+    s.kind = KIR_STAGE_STORE;
+    s.over_inner = over_inner;
+    s.dst = dst;
+    s.expr = e;
+    stages.push_back(s);
+  }
+  kir_kernel *done() {
+    k.n_args = (int)args.size();
+    k.args = args.data();
+    k.n_slots = (int)slots.size();
+    k.slot_types = slots.data();
+    k.n_stages = (int)stages.size();
+    k.stages = stages.data();
+    return &k;
+  }
+};
+
+kir_access acc(int arg, int64_t offset, std::vector<int64_t> strides, kir_expr *gather = nullptr,
+               int64_t gstride = 0, int64_t gbound = 0) {
+  kir_access a{};
+  a.arg = arg;
+  a.offset = offset;
+  for (size_t i = 0; i < strides.size(); i++) a.stride[i] = strides[i];
+  a.gather = gather;
+  a.gather_stride = gstride;
+  a.gather_bound = gbound;
+  return a;
+}
+
+struct Tol {
+  double f32_floor = 1.0; // f32: relative to max(|want|, floor)
+  double half = -1;       // bf16/f16 relative tolerance (-1: the defaults above)
+};
+
+class LlvmTest : public ::testing::Test {
+ protected:
+  dsc_context *ctx = nullptr;
+  ir_arena arena{};
+  cg_llvm_jit *jit = nullptr;
+  std::mt19937 rng{1234};
+
+  void SetUp() override {
+#ifndef DSC_HAVE_LLVM
+    GTEST_SKIP() << "built without LLVM";
+#endif
+    ctx = dsc_context_new(nullptr, nullptr);
+    ir_arena_init(&arena, ctx);
+    jit = cg_llvm_jit_new(ctx, nullptr);
+    ASSERT_NE(jit, nullptr) << diags();
+  }
+  void TearDown() override {
+    if (!ctx) return;
+    cg_llvm_jit_free(jit);
+    ir_arena_release(&arena);
+    dsc_context_free(ctx);
+  }
+  std::string diags() {
+    std::string s;
+    for (int i = 0; ctx && i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message + std::string("\n");
+    return s;
+  }
+
+  // ---- expression shorthands ----
+  kir_expr *ld(dsc_dtype t, kir_access a) { return kir_load(&arena, t, a); }
+  kir_expr *c(dsc_dtype t, double v) { return kir_const(&arena, t, v); }
+  kir_expr *un(kir_unary op, kir_expr *x) { return kir_un(&arena, op, x); }
+  kir_expr *bin(kir_binary op, kir_expr *x, kir_expr *y) { return kir_bin(&arena, op, x, y); }
+  kir_expr *sc(dsc_dtype t, int slot) { return kir_scalar(&arena, t, slot); }
+
+  // Random storage for every argument (values in [lo, hi]; integers rounded).
+  std::vector<std::vector<unsigned char>> make_data(const kir_kernel *k, double lo, double hi) {
+    std::uniform_real_distribution<double> u(lo, hi);
+    std::vector<std::vector<unsigned char>> bufs;
+    for (int i = 0; i < k->n_args; i++) {
+      const kir_arg &a = k->args[i];
+      std::vector<unsigned char> b((size_t)a.numel * dsc_dtype_size(a.dtype));
+      for (int64_t e = 0; e < a.numel; e++) {
+        double v = u(rng);
+        unsigned char *p = b.data() + e * dsc_dtype_size(a.dtype);
+        switch (a.dtype) {
+          case DSC_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
+          case DSC_F64: memcpy(p, &v, 8); break;
+          case DSC_I32: { int32_t x = (int32_t)std::lround(v); memcpy(p, &x, 4); break; }
+          case DSC_I64: { int64_t x = std::lround(v); memcpy(p, &x, 8); break; }
+          case DSC_BOOL: *p = v > 0; break;
+          case DSC_BF16: { float f = (float)v; uint32_t w; memcpy(&w, &f, 4); uint16_t h = (uint16_t)(w >> 16); memcpy(p, &h, 2); break; }
+          case DSC_F16: { uint16_t h = (uint16_t)(0x3c00 + (std::lround(std::fabs(v) * 100) % 0x400)); memcpy(p, &h, 2); break; }
+          default: break;
+        }
+      }
+      bufs.push_back(std::move(b));
+    }
+    return bufs;
+  }
+
+  static double elem(dsc_dtype dt, const unsigned char *p) {
+    switch (dt) {
+      case DSC_F32: { float f; memcpy(&f, p, 4); return f; }
+      case DSC_F64: { double d; memcpy(&d, p, 8); return d; }
+      case DSC_I32: { int32_t x; memcpy(&x, p, 4); return x; }
+      case DSC_I64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
+      case DSC_BOOL: return *p;
+      case DSC_BF16: { uint16_t h; memcpy(&h, p, 2); return cg_bf16_to_f32(h); }
+      case DSC_F16: { uint16_t h; memcpy(&h, p, 2); return cg_f16_to_f32(h); }
+      default: return 0;
+    }
+  }
+
+  cg_cpu_kernel_fn compile(kir_kernel *k) {
+    cg_cpu_kernel_fn fn = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    dsc_status st = cg_llvm_compile(jit, &k, 1, &fn);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(st, DSC_OK) << diags();
+    EXPECT_NE(fn, nullptr);
+    std::printf("[llvm] compiled %s in %.1f ms\n", k->name, ms);
+    if (const char *dump = getenv("DSC_LLVM_TEST_DUMP")) { // debugging aid: optimised IR
+      if (!strcmp(dump, k->name)) {
+        char *ir = cg_llvm_print_optimized_ir(ctx, &k, 1);
+        if (ir) std::printf("%s\n", ir);
+        free(ir);
+      }
+    }
+    return fn;
+  }
+
+  // Runs k through kir_eval and through LLVM (outer range split into uneven
+  // chunks), compares every written argument; returns the status pair.
+  void check(kir_kernel *k, double lo, double hi, Tol tol = Tol(), bool expect_status = false,
+             std::vector<std::vector<unsigned char>> *data = nullptr) {
+    char err[256];
+    ASSERT_TRUE(kir_validate(k, err, sizeof err)) << err;
+    auto want = data ? *data : make_data(k, lo, hi);
+    auto got = want;
+    std::vector<void *> pw, pg;
+    for (auto &b : want) pw.push_back(b.data());
+    for (auto &b : got) pg.push_back(b.data());
+    bool eval_ok = kir_eval(k, pw.data());
+    EXPECT_EQ(eval_ok, !expect_status);
+    cg_cpu_kernel_fn fn = compile(k);
+    ASSERT_NE(fn, nullptr);
+    int64_t n_outer = 1;
+    for (int d = 0; d < k->n_outer; d++) n_outer *= k->dims[d];
+    // chunks of uneven size, not aligned to rows: [0,a) [a,b) [b,n)
+    int64_t a = n_outer / 3, b = n_outer - n_outer / 5;
+    int32_t status = 0;
+    fn(pg.data(), 0, a, &status);
+    fn(pg.data(), a, b, &status);
+    fn(pg.data(), b, n_outer, &status);
+    fn(pg.data(), n_outer, n_outer, &status); // empty chunk
+    EXPECT_EQ(status, expect_status ? 1 : 0);
+    for (int i = 0; i < k->n_args; i++) {
+      const kir_arg &arg = k->args[i];
+      if (!arg.written) continue;
+      size_t es = dsc_dtype_size(arg.dtype);
+      int bad = 0;
+      for (int64_t e = 0; e < arg.numel && bad < 5; e++) {
+        double w = elem(arg.dtype, want[i].data() + e * es), g = elem(arg.dtype, got[i].data() + e * es);
+        double t = 0, scale = std::fabs(w);
+        switch (arg.dtype) {
+          case DSC_F32: t = 1e-5; scale = std::max(scale, tol.f32_floor); break;
+          case DSC_F64: t = 1e-12; scale = std::max(scale, 1e-300); break;
+          case DSC_BF16: t = tol.half >= 0 ? tol.half : 1.0 / 128; break;
+          case DSC_F16: t = tol.half >= 0 ? tol.half : 1e-3; break;
+          default: t = 0; break;
+        }
+        bool ok = (std::isnan(w) && std::isnan(g)) || (std::isinf(w) && w == g) ||
+                  std::fabs(g - w) <= t * scale;
+        if (!ok) {
+          bad++;
+          ADD_FAILURE() << k->name << " arg " << i << " element " << e << ": llvm " << g
+                        << " vs kir_eval " << w;
+        }
+      }
+    }
+  }
+};
+
+// out[i,j,k] = f(a[i,j,k] * b[k] + c[i,0,k]) with a DAG that reuses t; the
+// same kernel with 0..3 outer dims (so segment logic and pure-inner loops run).
+TEST_F(LlvmTest, ElementwiseChainWithBroadcastMatchesEval) {
+  for (int n_outer = 0; n_outer <= 3; n_outer++) {
+    std::string name = "ew_chain_" + std::to_string(n_outer);
+    KB kb(name.c_str(), {4, 5, 33}, n_outer);
+    int A = kb.arg(DSC_F32, 4 * 5 * 33, true, false), B = kb.arg(DSC_F32, 33, true, false),
+        C = kb.arg(DSC_F32, 4 * 33, true, false), O = kb.arg(DSC_F32, 4 * 5 * 33, false, true);
+    kir_expr *a = ld(DSC_F32, acc(A, 0, {165, 33, 1})), *b = ld(DSC_F32, acc(B, 0, {0, 0, 1})),
+             *cc = ld(DSC_F32, acc(C, 0, {33, 0, 1}));
+    kir_expr *t = bin(KIR_ADD, bin(KIR_MUL, a, b), cc);
+    kir_expr *at1 = bin(KIR_ADD, un(KIR_ABS, t), c(DSC_F32, 1.0));
+    kir_expr *e = un(KIR_TANH, t);
+    e = bin(KIR_ADD, e, bin(KIR_MUL, un(KIR_SIGMOID, t), t));
+    e = bin(KIR_SUB, e, bin(KIR_DIV, un(KIR_EXP, bin(KIR_MUL, t, c(DSC_F32, 0.5))), un(KIR_SQRT, at1)));
+    e = bin(KIR_ADD, e, un(KIR_LOG, at1));
+    e = bin(KIR_SUB, e, un(KIR_RSQRT, at1));
+    e = bin(KIR_ADD, e, bin(KIR_MAX, t, c(DSC_F32, 0.0)));
+    e = bin(KIR_ADD, e, bin(KIR_MIN, t, cc));
+    e = bin(KIR_ADD, e, bin(KIR_POW, at1, c(DSC_F32, 1.5)));
+    e = bin(KIR_ADD, e, un(KIR_NEG, kir_select(&arena, bin(KIR_LT, t, cc), a, b)));
+    kb.store(acc(O, 0, {165, 33, 1}), e);
+    check(kb.done(), -3, 3);
+  }
+}
+
+// Three-stage softmax (REDUCE max, REDUCE sum of exp, LET 1/sum, STORE);
+// the exp node is shared by the sum and the store.
+static kir_kernel *softmax_kernel(ir_arena *ar, KB &kb, int64_t C) {
+  int X = kb.arg(DSC_F32, kb.k.dims[0] * C, true, false),
+      Y = kb.arg(DSC_F32, kb.k.dims[0] * C, false, true);
+  int mx = kb.slot(DSC_F32), sum = kb.slot(DSC_F32), inv = kb.slot(DSC_F32);
+  kir_expr *x = kir_load(ar, DSC_F32, acc(X, 0, {C, 1}));
+  kb.reduce(KIR_REDUCE_MAX, mx, x);
+  kir_expr *ex = kir_un(ar, KIR_EXP, kir_bin(ar, KIR_SUB, x, kir_scalar(ar, DSC_F32, mx)));
+  kb.reduce(KIR_REDUCE_SUM, sum, ex);
+  kb.let(inv, kir_bin(ar, KIR_DIV, kir_const(ar, DSC_F32, 1.0), kir_scalar(ar, DSC_F32, sum)));
+  kb.store(acc(Y, 0, {C, 1}), kir_bin(ar, KIR_MUL, ex, kir_scalar(ar, DSC_F32, inv)));
+  return kb.done();
+}
+
+// Rows of 1000, logits in [-20, 20] (exp down to e^-40, far from denormals).
+TEST_F(LlvmTest, SoftmaxThreeStagesMatchesEval) {
+  KB kb("softmax_rows", {7, 1000}, 1);
+  check(softmax_kernel(&arena, kb, 1000), -20, 20, Tol{0.0}); // every output relative
+}
+
+TEST_F(LlvmTest, SoftmaxInnerLoopsVectoriseWith512BitVectors) {
+  KB kb("softmax_vec", {8, 1024}, 1);
+  kir_kernel *k = softmax_kernel(&arena, kb, 1024);
+  char *ir = cg_llvm_print_optimized_ir(ctx, &k, 1);
+  ASSERT_NE(ir, nullptr) << diags();
+  std::string s(ir);
+  free(ir);
+  // All three inner loops: a max reduction, a sum reduction (of exp) and
+  // the normalising store run on 16 x f32.
+  EXPECT_NE(s.find("<16 x float>"), std::string::npos);
+  bool max_vec = s.find("llvm.vector.reduce.fmax.v16f32") != std::string::npos ||
+                 s.find("fcmp nnan nsz ogt <16 x float>") != std::string::npos;
+  EXPECT_TRUE(max_vec) << "max reduction not vectorised";
+  EXPECT_NE(s.find("fadd reassoc contract <16 x float>"), std::string::npos) << "sum not vectorised";
+  EXPECT_NE(s.find("store <16 x float>"), std::string::npos) << "store loop not vectorised";
+  // before optimisation: scalar code, one function per kernel
+  char *raw = cg_llvm_print_ir(ctx, &k, 1);
+  ASSERT_NE(raw, nullptr) << diags();
+  EXPECT_NE(std::string(raw).find("define void @softmax_vec(i8** %args"), std::string::npos) << raw;
+  EXPECT_EQ(std::string(raw).find("<16 x float>"), std::string::npos);
+  free(raw);
+}
+
+TEST_F(LlvmTest, LayernormMatchesEval) {
+  const int64_t R = 5, D = 768;
+  KB kb("layernorm", {R, D}, 1);
+  int X = kb.arg(DSC_F32, R * D, true, false), W = kb.arg(DSC_F32, D, true, false),
+      Bb = kb.arg(DSC_F32, D, true, false), Y = kb.arg(DSC_F32, R * D, false, true);
+  int sum = kb.slot(DSC_F32), mean = kb.slot(DSC_F32), var = kb.slot(DSC_F32),
+      rstd = kb.slot(DSC_F32);
+  kir_expr *x = ld(DSC_F32, acc(X, 0, {D, 1}));
+  kb.reduce(KIR_REDUCE_SUM, sum, x);
+  kb.let(mean, bin(KIR_MUL, sc(DSC_F32, sum), c(DSC_F32, 1.0 / D)));
+  kir_expr *d = bin(KIR_SUB, x, sc(DSC_F32, mean));
+  kb.reduce(KIR_REDUCE_SUM, var, bin(KIR_MUL, d, d));
+  kb.let(rstd, un(KIR_RSQRT, bin(KIR_ADD, bin(KIR_MUL, sc(DSC_F32, var), c(DSC_F32, 1.0 / D)),
+                                 c(DSC_F32, 1e-5))));
+  kir_expr *y = bin(KIR_ADD, bin(KIR_MUL, bin(KIR_MUL, d, sc(DSC_F32, rstd)),
+                                 ld(DSC_F32, acc(W, 0, {0, 1}))),
+                    ld(DSC_F32, acc(Bb, 0, {0, 1})));
+  kb.store(acc(Y, 0, {D, 1}), y);
+  // x in [1, 5] (nonzero mean). Outputs are normalised (unit scale) and x - mean
+  // cancels in f32, so |y| < 1 is compared absolutely (floor 1).
+  check(kb.done(), 1, 5, Tol{1.0});
+}
+
+// Column sums and maxima of x [300, 17]: domain [col, row], the reduced dim
+// strided by 17; results stored once per outer index.
+TEST_F(LlvmTest, ColumnReductionMatchesEval) {
+  const int64_t R = 300, C = 17;
+  KB kb("colreduce", {C, R}, 1);
+  int X = kb.arg(DSC_F32, R * C, true, false), S = kb.arg(DSC_F32, C, false, true),
+      M = kb.arg(DSC_F32, C, false, true), N = kb.arg(DSC_F32, C, false, true);
+  int s = kb.slot(DSC_F32), m = kb.slot(DSC_F32), n = kb.slot(DSC_F32);
+  kir_expr *x = ld(DSC_F32, acc(X, 0, {1, C}));
+  kb.reduce(KIR_REDUCE_SUM, s, x);
+  kb.reduce(KIR_REDUCE_MAX, m, x);
+  kb.reduce(KIR_REDUCE_MIN, n, x);
+  kb.store(acc(S, 0, {1, 0}), sc(DSC_F32, s), false);
+  kb.store(acc(M, 0, {1, 0}), sc(DSC_F32, m), false);
+  kb.store(acc(N, 0, {1, 0}), sc(DSC_F32, n), false);
+  check(kb.done(), 0.25, 2.0);
+}
+
+// Embedding-style gather: out[n, d] = table[ids[n], d]; an id of 11 (V = 11)
+// and one of -3 give status 1 and a zero row; a second kernel scatters rows
+// through a destination gather (out-of-range rows are not stored).
+TEST_F(LlvmTest, GatherOutOfRangeSetsStatusLoadsZeroAndSkipsStore) {
+  const int64_t V = 11, D = 24, N = 6;
+  KB kb("gather_rows", {N, D}, 1);
+  int T = kb.arg(DSC_F32, V * D, true, false), I = kb.arg(DSC_I32, N, true, false),
+      O = kb.arg(DSC_F32, N * D, false, true);
+  kir_expr *id = ld(DSC_I32, acc(I, 0, {1, 0}));
+  kb.store(acc(O, 0, {D, 1}), ld(DSC_F32, acc(T, 0, {0, 1}, id, D, V)));
+  kir_kernel *k = kb.done();
+  auto data = make_data(k, 0.5, 1.5);
+  int32_t ids[N] = {3, 0, 11, 10, -3, 7};
+  memcpy(data[I].data(), ids, sizeof ids);
+  check(k, 0, 0, Tol(), true, &data);
+  int32_t good[N] = {3, 0, 1, 10, 2, 7};
+  memcpy(data[I].data(), good, sizeof good);
+  check(k, 0, 0, Tol(), false, &data);
+
+  KB ks("scatter_rows", {N, D}, 1);
+  int X = ks.arg(DSC_F32, N * D, true, false), J = ks.arg(DSC_I64, N, true, false),
+      Out = ks.arg(DSC_F32, V * D, true, true);
+  kir_expr *jd = ld(DSC_I64, acc(J, 0, {1, 0}));
+  ks.store(acc(Out, 0, {0, 1}, jd, D, V),
+           bin(KIR_ADD, ld(DSC_F32, acc(X, 0, {D, 1})), c(DSC_F32, 100.0)));
+  kir_kernel *k2 = ks.done();
+  auto d2 = make_data(k2, 0.5, 1.5);
+  int64_t js[N] = {1, 12, 4, -1, 9, 0};
+  memcpy(d2[J].data(), js, sizeof js);
+  check(k2, 0, 0, Tol(), true, &d2);
+}
+
+// bf16 and f16: loads widen, stores round to nearest even; magnitudes up to
+// 1e5 so f16 overflows to inf, and tiny values reach f16 subnormals.
+// Exact comparison (see below).
+TEST_F(LlvmTest, Bf16AndF16LoadsAndStoresMatchEval) {
+  const int64_t N = 4, M = 100;
+  KB kb("half_store", {N, M}, 1);
+  int X = kb.arg(DSC_F32, N * M, true, false), Hb = kb.arg(DSC_BF16, N * M, true, false),
+      Ob = kb.arg(DSC_BF16, N * M, false, true), Oh = kb.arg(DSC_F16, N * M, false, true),
+      Of = kb.arg(DSC_F32, N * M, false, true), Hh = kb.arg(DSC_F16, N * M, true, false);
+  kir_expr *x = ld(DSC_F32, acc(X, 0, {M, 1}));
+  kir_expr *hb = ld(DSC_F32, acc(Hb, 0, {M, 1})), *hh = ld(DSC_F32, acc(Hh, 0, {M, 1}));
+  kir_expr *scaled = bin(KIR_MUL, x, bin(KIR_MUL, kir_cast(&arena, DSC_F32, kir_index(&arena, 1)),
+                                         kir_cast(&arena, DSC_F32, kir_index(&arena, 1))));
+  kb.store(acc(Ob, 0, {M, 1}), bin(KIR_ADD, bin(KIR_MUL, x, c(DSC_F32, 1.37)), hb));
+  kb.store(acc(Oh, 0, {M, 1}), bin(KIR_ADD, scaled, bin(KIR_MUL, x, c(DSC_F32, 1e-6))));
+  kb.store(acc(Of, 0, {M, 1}), bin(KIR_MUL, hb, hh));
+  // Only f32 mul/add feed the stores, which kir_eval rounds identically: the
+  // rounded bf16/f16 values must be bit-exact (tolerance 0).
+  check(kb.done(), -11, 11, Tol{1.0, 0.0});
+}
+
+TEST_F(LlvmTest, F64ChainAndReductionMatchEval) {
+  const int64_t R = 6, C = 129;
+  KB kb("f64_kernel", {R, C}, 1);
+  int X = kb.arg(DSC_F64, R * C, true, false), Y = kb.arg(DSC_F64, R * C, false, true),
+      S = kb.arg(DSC_F64, R, false, true);
+  int s = kb.slot(DSC_F64), m = kb.slot(DSC_F64);
+  kir_expr *x = ld(DSC_F64, acc(X, 0, {C, 1}));
+  kir_expr *t = bin(KIR_ADD, un(KIR_TANH, x), un(KIR_SIGMOID, x));
+  t = bin(KIR_ADD, t, un(KIR_LOG, bin(KIR_ADD, bin(KIR_MUL, x, x), c(DSC_F64, 1.0))));
+  t = bin(KIR_ADD, t, un(KIR_EXP, bin(KIR_MUL, x, c(DSC_F64, 0.25))));
+  kb.reduce(KIR_REDUCE_SUM, s, t);
+  kb.reduce(KIR_REDUCE_MAX, m, x);
+  kb.store(acc(Y, 0, {C, 1}), bin(KIR_SUB, bin(KIR_DIV, t, sc(DSC_F64, s)), sc(DSC_F64, m)));
+  kb.store(acc(S, 0, {1, 0}), sc(DSC_F64, s), false);
+  check(kb.done(), -4, 4);
+}
+
+// Integer arithmetic: truncating division of negative values, max/min,
+// comparisons and select, casts through f32, an integer sum; exact.
+TEST_F(LlvmTest, I32ArithmeticMatchesEvalExactly) {
+  const int64_t R = 9, C = 37;
+  KB kb("int_kernel", {R, C}, 1);
+  int A = kb.arg(DSC_I32, R * C, true, false), B = kb.arg(DSC_I32, R * C, true, false),
+      O = kb.arg(DSC_I32, R * C, false, true), S = kb.arg(DSC_I64, R, false, true),
+      Bo = kb.arg(DSC_BOOL, R * C, false, true), F = kb.arg(DSC_F32, R * C, false, true);
+  int s = kb.slot(DSC_I64);
+  kir_expr *a = ld(DSC_I32, acc(A, 0, {C, 1})), *b = ld(DSC_I32, acc(B, 0, {C, 1}));
+  // divisor never 0: |b| + 1
+  kir_expr *den = bin(KIR_ADD, un(KIR_ABS, b), c(DSC_I32, 1));
+  kir_expr *q = bin(KIR_DIV, bin(KIR_MUL, a, c(DSC_I32, 7)), kir_select(&arena, bin(KIR_LT, a, b), den, un(KIR_NEG, den)));
+  kir_expr *e = bin(KIR_ADD, q, bin(KIR_SUB, bin(KIR_MAX, a, b), bin(KIR_MIN, a, c(DSC_I32, 3))));
+  e = bin(KIR_ADD, e, kir_cast(&arena, DSC_I32, bin(KIR_MUL, kir_cast(&arena, DSC_F32, a), c(DSC_F32, 0.7))));
+  kb.reduce(KIR_REDUCE_SUM, s, kir_cast(&arena, DSC_I64, e));
+  kb.store(acc(O, 0, {C, 1}), bin(KIR_ADD, e, kir_cast(&arena, DSC_I32, kir_index(&arena, 1))));
+  kb.store(acc(S, 0, {1, 0}), sc(DSC_I64, s), false);
+  kb.store(acc(Bo, 0, {C, 1}), bin(KIR_OR, bin(KIR_GT, a, b), bin(KIR_EQ, a, c(DSC_I32, 0))));
+  kb.store(acc(F, 0, {C, 1}), a); // i32 -> f32 store conversion
+  check(kb.done(), -50, 50);
+}
+
+// No outer dims: the outer range is the single index 0; the whole domain is
+// inner (a global mean, then x - mean).
+TEST_F(LlvmTest, KernelWithoutOuterDimsMatchesEval) {
+  KB kb("no_outer", {50, 40}, 0);
+  int X = kb.arg(DSC_F32, 2000, true, false), Y = kb.arg(DSC_F32, 2000, false, true),
+      M = kb.arg(DSC_F32, 1, false, true);
+  int s = kb.slot(DSC_F32), m = kb.slot(DSC_F32);
+  kir_expr *x = ld(DSC_F32, acc(X, 0, {40, 1}));
+  kb.reduce(KIR_REDUCE_SUM, s, x);
+  kb.let(m, bin(KIR_DIV, sc(DSC_F32, s), c(DSC_F32, 2000)));
+  kb.store(acc(M, 0, {0, 0}), sc(DSC_F32, m), false);
+  kb.store(acc(Y, 0, {40, 1}), bin(KIR_SUB, x, sc(DSC_F32, m)));
+  check(kb.done(), 0.5, 3.0, Tol{0.1});
+}
+
+TEST_F(LlvmTest, InvalidKernelIsADiagnosticNotACrash) {
+  KB kb("bad_kernel", {4, 8}, 1);
+  int X = kb.arg(DSC_F32, 16, true, false), Y = kb.arg(DSC_F32, 32, false, true); // X too small
+  kb.store(acc(Y, 0, {8, 1}), ld(DSC_F32, acc(X, 0, {8, 1})));
+  kir_kernel *k = kb.done();
+  cg_cpu_kernel_fn fn = nullptr;
+  EXPECT_NE(cg_llvm_compile(jit, &k, 1, &fn), DSC_OK);
+  EXPECT_GT(dsc_error_count(ctx), 0);
+  EXPECT_NE(diags().find("bad_kernel"), std::string::npos) << diags();
+  EXPECT_EQ(cg_llvm_print_ir(ctx, &k, 1), nullptr);
+}
+
+TEST_F(LlvmTest, SameKernelTwiceSharesCodeAndBitcodeIsWritten) {
+  KB kb("twice", {3, 64}, 1);
+  int X = kb.arg(DSC_F32, 192, true, false), Y = kb.arg(DSC_F32, 192, false, true);
+  kb.store(acc(Y, 0, {64, 1}), un(KIR_EXP, ld(DSC_F32, acc(X, 0, {64, 1}))));
+  kir_kernel *ks[2] = {kb.done(), kb.done()};
+  cg_cpu_kernel_fn fns[2] = {nullptr, nullptr};
+  ASSERT_EQ(cg_llvm_compile(jit, ks, 2, fns), DSC_OK) << diags();
+  EXPECT_EQ(fns[0], fns[1]);
+  int compiled = 0, hits = 0;
+  cg_llvm_jit_stats(jit, &compiled, &hits);
+  EXPECT_EQ(compiled, 1);
+  size_t len = 0;
+  unsigned char *bc = (unsigned char *)cg_llvm_bitcode(ctx, ks, 1, &len);
+  ASSERT_NE(bc, nullptr) << diags();
+  ASSERT_GT(len, 4u);
+  EXPECT_EQ(bc[0], 'B');
+  EXPECT_EQ(bc[1], 'C');
+  free(bc);
+}
+
+// The disk cache: a second JIT on the same directory loads objects instead
+// of compiling; a corrupted (truncated or bit-flipped) file is recompiled and
+// rewritten, and its kernel still computes the right thing.
+TEST_F(LlvmTest, DiskCacheHitsAndRecompilesCorruptFiles) {
+  std::string dir = std::string(DSC_BINARY_DIR) + "/testtmp";
+  mkdir(dir.c_str(), 0777);
+  dir += "/llvm_cache_" + std::to_string(getpid());
+  mkdir(dir.c_str(), 0777);
+  auto list = [&]() {
+    std::vector<std::string> v;
+    DIR *d = opendir(dir.c_str());
+    if (!d) return v;
+    while (struct dirent *e = readdir(d))
+      if (e->d_name[0] != '.') v.push_back(dir + "/" + e->d_name);
+    closedir(d);
+    return v;
+  };
+  for (auto &f : list()) remove(f.c_str());
+
+  const int64_t R = 4, C = 256;
+  KB k1("cached_softmax", {R, C}, 1);
+  k1.arg(DSC_F32, R * C, true, false);
+  k1.arg(DSC_F32, R * C, false, true);
+  k1.slot(DSC_F32);
+  k1.slot(DSC_F32);
+  kir_expr *x = ld(DSC_F32, acc(0, 0, {C, 1}));
+  k1.reduce(KIR_REDUCE_MAX, 0, x);
+  kir_expr *ex = un(KIR_EXP, bin(KIR_SUB, x, sc(DSC_F32, 0)));
+  k1.reduce(KIR_REDUCE_SUM, 1, ex);
+  k1.store(acc(1, 0, {C, 1}), bin(KIR_DIV, ex, sc(DSC_F32, 1)));
+  KB k2("cached_tanh", {R, C}, 2);
+  k2.arg(DSC_F32, R * C, true, false);
+  k2.arg(DSC_F32, R * C, false, true);
+  k2.store(acc(1, 0, {C, 1}), un(KIR_TANH, ld(DSC_F32, acc(0, 0, {C, 1}))));
+  kir_kernel *ks[2] = {k1.done(), k2.done()};
+
+  auto run = [&](int *compiled, int *hits) {
+    cg_llvm_jit *j = cg_llvm_jit_new(ctx, dir.c_str());
+    EXPECT_NE(j, nullptr) << diags();
+    if (!j) return;
+    cg_cpu_kernel_fn fns[2] = {nullptr, nullptr};
+    EXPECT_EQ(cg_llvm_compile(j, ks, 2, fns), DSC_OK) << diags();
+    cg_llvm_jit_stats(j, compiled, hits);
+    // the loaded code is right: compare with kir_eval
+    for (int i = 0; i < 2 && fns[i]; i++) {
+      auto want = make_data(ks[i], -5, 5);
+      auto got = want;
+      void *pw[2] = {want[0].data(), want[1].data()}, *pg[2] = {got[0].data(), got[1].data()};
+      kir_eval(ks[i], pw);
+      int32_t st = 0;
+      int64_t n = i == 0 ? R : R * C;
+      fns[i](pg, 0, n, &st);
+      const float *w = (const float *)want[1].data(), *g = (const float *)got[1].data();
+      for (int64_t e = 0; e < R * C; e++)
+        ASSERT_LE(std::fabs(g[e] - w[e]), 1e-5 * std::fabs(w[e])) << ks[i]->name << " " << e;
+    }
+    cg_llvm_jit_free(j);
+  };
+  int compiled = -1, hits = -1;
+  auto t0 = std::chrono::steady_clock::now();
+  run(&compiled, &hits);
+  auto t1 = std::chrono::steady_clock::now();
+  EXPECT_EQ(compiled, 2);
+  EXPECT_EQ(hits, 0);
+  auto files = list();
+  ASSERT_EQ(files.size(), 2u); // no temp files left behind
+  run(&compiled, &hits);
+  auto t2 = std::chrono::steady_clock::now();
+  EXPECT_EQ(compiled, 0);
+  EXPECT_EQ(hits, 2);
+  std::printf("[llvm] cache: cold %.1f ms, warm %.1f ms\n",
+              std::chrono::duration<double, std::milli>(t1 - t0).count(),
+              std::chrono::duration<double, std::milli>(t2 - t1).count());
+
+  // corrupt: truncate one file, flip a byte in the other
+  {
+    struct stat sb;
+    ASSERT_EQ(stat(files[0].c_str(), &sb), 0);
+    ASSERT_EQ(truncate(files[0].c_str(), sb.st_size / 2), 0);
+    FILE *f = fopen(files[1].c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    fseek(f, 100, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, 100, SEEK_SET);
+    fputc(ch ^ 0x5a, f);
+    fclose(f);
+  }
+  run(&compiled, &hits);
+  EXPECT_EQ(compiled, 2);
+  EXPECT_EQ(hits, 0);
+  EXPECT_EQ(list().size(), 2u);
+  run(&compiled, &hits); // rewritten files are good again
+  EXPECT_EQ(compiled, 0);
+  EXPECT_EQ(hits, 2);
+  EXPECT_EQ(dsc_error_count(ctx), 0) << diags();
+  for (auto &f : list()) remove(f.c_str());
+  rmdir(dir.c_str());
+}
+
+} // namespace
