@@ -715,6 +715,19 @@ static bool lower_matmul(L *l, const ir_node *n) {
       for (int j = lead; j < nb; j++) mx[o]->batch_stride[j - lead] = bs[o][j];
     }
     for (int j = lead; j < nb; j++) gm->batch[j - lead] = t->dims[j];
+    /* A weight shared by every batch (B's batch stride 0) with A's and C's
+     * rows back to back across the batch: one GEMM of m * batch rows, a far
+     * better shape for the library than many short ones. Innermost batch
+     * dim first; an outer one only once every inner one is merged. */
+    for (int j = 1; j >= 0; j--) {
+      if (gm->batch[j] == 1) continue;
+      if (gm->b.batch_stride[j] != 0 || gm->a.batch_stride[j] != gm->m * gm->a.row_stride ||
+          gm->c.batch_stride[j] != gm->m * gm->c.row_stride)
+        break;
+      gm->m *= gm->batch[j];
+      gm->batch[j] = 1;
+      gm->a.batch_stride[j] = gm->c.batch_stride[j] = 0;
+    }
   }
   l->buf[n->id] = b;
   return true;
@@ -1136,6 +1149,119 @@ static bool place_work(L *l) {
   return true;
 }
 
+/* ------------------------------------------------------------ scalar reductions */
+
+int kir_internal_topo(const kir_expr *root, const kir_expr ***items, int **a, int **b, int **c,
+                      int **g);
+
+/* -1: out of memory; else whether the expression reads a scalar slot. */
+static int reads_slot(const kir_expr *e) {
+  const kir_expr **items;
+  int *a, *b, *c, *g;
+  int n = kir_internal_topo(e, &items, &a, &b, &c, &g);
+  if (n < 0) return -1;
+  int found = 0;
+  for (int i = 0; i < n; i++) found |= items[i]->kind == KIR_SCALAR;
+  free(items), free(a), free(b), free(c), free(g);
+  return found;
+}
+
+/* A reduction to a scalar (no outer dims: the gradient-norm sums, the loss)
+ * would run on one thread. When it is large, its first inner dim becomes
+ * the outer one: the kernel stores one partial result per row, and a
+ * second kernel reduces the partials and runs the stages that need the
+ * total. Only for kernels shaped REDUCEs (not reading slots), then STOREs
+ * over the domain (not reading slots), then LETs and single STOREs. */
+static bool split_scalar_reduction(L *l, int ins) {
+  cg_program *p = l->p;
+  kir_kernel *k = p->kernels[p->instrs[ins].kernel];
+  int64_t inner = 1;
+  for (int d = 0; d < k->rank; d++) inner *= k->dims[d];
+  if (k->n_outer != 0 || k->rank < 2 || inner < ((int64_t)1 << 18) || k->dims[0] < 2) return true;
+  int n_red = 0, tail;
+  while (n_red < k->n_stages && k->stages[n_red].kind == KIR_STAGE_REDUCE) n_red++;
+  if (n_red == 0) return true;
+  for (tail = n_red; tail < k->n_stages; tail++)
+    if (k->stages[tail].kind != KIR_STAGE_STORE || !k->stages[tail].over_inner) break;
+  for (int s = tail; s < k->n_stages; s++)
+    if (k->stages[s].kind == KIR_STAGE_REDUCE ||
+        (k->stages[s].kind == KIR_STAGE_STORE && k->stages[s].over_inner))
+      return true;
+  for (int s = 0; s < tail; s++) {
+    int r = reads_slot(k->stages[s].expr);
+    if (r < 0) return oom(l), false;
+    if (r) return true;
+  }
+  /* partial buffers, one per reduction */
+  int n_args = k->n_args + n_red;
+  kir_arg *args1 = ir_arena_alloc(l->a, sizeof(kir_arg) * (size_t)n_args);
+  kir_arg *args2 = ir_arena_alloc(l->a, sizeof(kir_arg) * (size_t)n_args);
+  int *bufs = ir_arena_alloc(l->a, sizeof(int) * (size_t)n_args);
+  kir_stage *st1 = ir_arena_alloc(l->a, sizeof(kir_stage) * (size_t)(tail + n_red));
+  kir_stage *st2 = ir_arena_alloc(l->a, sizeof(kir_stage) * (size_t)(n_red + k->n_stages - tail));
+  kir_kernel *k2 = ir_arena_alloc(l->a, sizeof *k2);
+  if (!args1 || !args2 || !bufs || !st1 || !st2 || !k2) return oom(l), false;
+  memcpy(args1, k->args, sizeof(kir_arg) * (size_t)k->n_args);
+  memcpy(bufs, p->instrs[ins].args, sizeof(int) * (size_t)k->n_args);
+  memcpy(st1, k->stages, sizeof(kir_stage) * (size_t)tail);
+  for (int r = 0; r < n_red; r++) {
+    dsc_dtype t = k->slot_types[k->stages[r].slot];
+    int b = new_buffer(l, CG_BUF_TEMP, 0, t, k->dims[0]);
+    if (b < 0) return false;
+    int arg = k->n_args + r;
+    bufs[arg] = b;
+    args1[arg] = (kir_arg){t, k->dims[0], false, true};
+    kir_stage *w = &st1[tail + r];
+    memset(w, 0, sizeof *w);
+    w->kind = KIR_STAGE_STORE;
+    w->dst.arg = arg;
+    w->dst.stride[0] = 1;
+    w->expr = kir_scalar(l->a, t, k->stages[r].slot);
+    kir_stage *f = &st2[r];
+    memset(f, 0, sizeof *f);
+    f->kind = KIR_STAGE_REDUCE;
+    f->reduce = k->stages[r].reduce;
+    f->slot = k->stages[r].slot;
+    kir_access acc;
+    memset(&acc, 0, sizeof acc);
+    acc.arg = arg;
+    acc.stride[0] = 1;
+    f->expr = kir_load(l->a, t, acc);
+    if (!w->expr || !f->expr) return oom(l), false;
+  }
+  memcpy(args2, args1, sizeof(kir_arg) * (size_t)n_args);
+  for (int r = 0; r < n_red; r++) args2[k->n_args + r].read = true, args2[k->n_args + r].written = false;
+  memcpy(st2 + n_red, k->stages + tail, sizeof(kir_stage) * (size_t)(k->n_stages - tail));
+  *k2 = *k;
+  k2->name = ir_arena_printf(l->a, "%s_total", k->name);
+  k2->rank = 1;
+  k2->n_outer = 0;
+  k2->args = args2;
+  k2->n_args = n_args;
+  k2->stages = st2;
+  k2->n_stages = n_red + k->n_stages - tail;
+  k->n_outer = 1;
+  k->args = args1;
+  k->n_args = n_args;
+  k->stages = st1;
+  k->n_stages = tail + n_red;
+  char err[256];
+  if (!k2->name || !kir_validate(k, err, sizeof err) || !kir_validate(k2, err, sizeof err))
+    return fail(l, p->instrs[ins].node, DSC_ERR_INTERNAL, "splitting a reduction: %s",
+                k2->name ? err : "out of memory");
+  if (!ir_grow(l->a, (void **)&p->kernels, &p->cap_kernels, p->n_kernels + 1, sizeof(kir_kernel *)) ||
+      !new_instr(l, CG_INS_LAUNCH, NULL))
+    return oom(l), false;
+  p->kernels[p->n_kernels] = k2;
+  memmove(&p->instrs[ins + 2], &p->instrs[ins + 1],
+          sizeof(cg_instr) * (size_t)(p->n_instrs - 1 - (ins + 1)));
+  p->instrs[ins].args = bufs;
+  p->instrs[ins].n_args = n_args;
+  p->instrs[ins + 1] = p->instrs[ins];
+  p->instrs[ins + 1].kernel = p->n_kernels++;
+  return true;
+}
+
 /* ------------------------------------------------------------ driver */
 
 dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
@@ -1301,6 +1427,8 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
       if (cnt) inplace_kernel(&l, i, idx, cnt);
     }
   }
+  for (int i = 0; i < p->n_instrs && l.status == DSC_OK; i++)
+    if (p->instrs[i].kind == CG_INS_LAUNCH && !split_scalar_reduction(&l, i)) break;
   if (l.status == DSC_OK) place_work(&l);
   if (l.status != DSC_OK) return l.status;
   *out = p;

@@ -245,6 +245,10 @@ static dsc_status sync_params(dsc_trainer *t) {
   return st;
 }
 
+dsc_status dsc_trainer_print_profile(dsc_trainer *t, int top, FILE *out) {
+  return dsc_exec_print_profile(t->step_x, "train_step", top, out);
+}
+
 const dsc_params *dsc_trainer_params(dsc_trainer *t) {
   return sync_params(t) == DSC_OK ? t->params : NULL;
 }
@@ -683,6 +687,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   dsc_exec_options xo = {backend, o->threads, NULL};
   if ((st = dsc_exec_new(t->m, &xo, &t->step_x)) != DSC_OK) goto done;
   if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) goto done;
+  if (o->profile) dsc_exec_set_profiling(t->step_x, true);
   if (t->fwd) {
     if ((st = dsc_exec_new(t->fwd, &xo, &t->fwd_x)) != DSC_OK) goto done;
     if (!(t->fwd_params = dsc_params_init(t->fwd, 0))) {

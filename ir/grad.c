@@ -372,10 +372,38 @@ bool ir_grad_embedding_grad(ir_graph *g, const ir_node *n, ir_node *dy, ir_node 
 
 /* y = a b with batch dims broadcast: da = dy b^T, db = a^T dy, each summed
  * over the batch axes its operand was broadcast along. */
+/* [..., R, C] -> [prod(...) * R, C]: a free view of a contiguous value. */
+static ir_node *flatten_rows(ir_graph *g, ir_node *x) {
+  if (!x) return NULL;
+  int64_t rows = dsc_type_numel(&x->type) / x->type.dims[x->type.rank - 1];
+  int64_t shape[2] = {rows, x->type.dims[x->type.rank - 1]};
+  return dsc_reshape(g, x, shape, 2);
+}
+
+static bool is_transpose_2d(const ir_node *x) {
+  if (x->op != DSC_OP_PERMUTE || x->type.rank != 2) return false;
+  int n;
+  const int64_t *perm = ir_attr_ints(x, "perm", &n);
+  return n == 2 && perm[0] == 1 && perm[1] == 0;
+}
+
+/* With a weight b of rank 2 shared by every batch of a, d b is one GEMM
+ * over all rows at once, a^T [K, P] . dy [P, N], rather than one GEMM per
+ * batch and a sum: the same numbers, a far better GEMM shape. When b is
+ * itself w^T (a tied embedding) the product is formed as dy^T . a, [N, K],
+ * so that w's gradient needs no transposing copy. */
 bool ir_grad_matmul(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   ir_node *a = n->in[0], *b = n->in[1];
   dx[0] = sum_to(g, dsc_matmul(g, dy, transpose(g, b)), &a->type);
-  dx[1] = sum_to(g, dsc_matmul(g, transpose(g, a), dy), &b->type);
+  if (b->type.rank == 2 && a->type.rank > 2) {
+    ir_node *a2 = flatten_rows(g, a), *dy2 = flatten_rows(g, dy);
+    if (is_transpose_2d(b))
+      dx[1] = transpose(g, dsc_matmul(g, transpose(g, dy2), a2));
+    else
+      dx[1] = dsc_matmul(g, transpose(g, a2), dy2);
+  } else {
+    dx[1] = sum_to(g, dsc_matmul(g, transpose(g, a), dy), &b->type);
+  }
   return dx[0] && dx[1];
 }
 

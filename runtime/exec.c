@@ -7,6 +7,7 @@
  * every param and state in its native dtype (layout: cg_state_layout). The
  * doubles of dsc_params are converted only when params are set or read
  * (initialisation, checkpoints), never per step. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -94,7 +95,11 @@ static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
   memset(e->progs, 0, sizeof *e->progs * (size_t)e->n_progs);
   memset(e->fns, 0, sizeof *e->fns * (size_t)e->n_progs);
   if (!cg_state_layout(e->m, e->state_offsets, &e->state_bytes)) return DSC_ERR_INTERNAL;
-  if (!(e->jit = cg_llvm_jit_new(ctx, o ? o->cache_dir : NULL))) return DSC_ERR_INTERNAL;
+  /* The kernel cache: the option, else $DSC_CACHE_DIR (as ccache's
+   * CCACHE_DIR), else none. */
+  const char *cache = o && o->cache_dir ? o->cache_dir : getenv("DSC_CACHE_DIR");
+  if (cache && !cache[0]) cache = NULL;
+  if (!(e->jit = cg_llvm_jit_new(ctx, cache))) return DSC_ERR_INTERNAL;
   for (int i = 0; i < e->n_progs; i++) {
     dsc_status st = cg_lower_graph(dsc_module_graph(e->m, i), &e->arena, &e->progs[i]);
     if (st != DSC_OK) return st;
@@ -274,5 +279,87 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
   return st;
 #else
   return DSC_ERR_INTERNAL;
+#endif
+}
+
+void dsc_exec_set_profiling(dsc_exec *e, bool on) {
+#ifdef DSC_HAVE_LLVM
+  if (e->cpu) rt_cpu_exec_set_profiling(e->cpu, on);
+#else
+  (void)e, (void)on;
+#endif
+}
+
+#ifdef DSC_HAVE_LLVM
+static const char *instr_kind_name(const cg_program *p, const cg_instr *in) {
+  switch (in->kind) {
+    case CG_INS_LAUNCH: return "kernel";
+    case CG_INS_GEMM: return "gemm";
+    case CG_INS_EMBEDDING_GRAD: return "embedding_grad";
+    case CG_INS_COPY: return "copy";
+  }
+  (void)p;
+  return "?";
+}
+#endif
+
+dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE *out) {
+#ifdef DSC_HAVE_LLVM
+  int gi = -1;
+  for (int i = 0; i < dsc_module_graph_count(e->m); i++)
+    if (strcmp(dsc_graph_name(dsc_module_graph(e->m, i)), graph) == 0) gi = i;
+  if (!e->cpu || gi < 0) {
+    ir_error(e->ctx, ir_no_loc, "profile: no compiled graph '%s'", graph);
+    return DSC_ERR_USER;
+  }
+  int n = 0;
+  int64_t runs = 0;
+  const int64_t *ns = rt_cpu_exec_profile(e->cpu, gi, &n, &runs);
+  if (!ns || runs == 0) {
+    fprintf(out, "profile of %s: no timed runs\n", graph);
+    return DSC_OK;
+  }
+  const cg_program *p = e->progs[gi];
+  double total = 0, by_kind[4] = {0};
+  int count_kind[4] = {0};
+  for (int i = 0; i < n; i++) {
+    total += (double)ns[i];
+    by_kind[p->instrs[i].kind] += (double)ns[i];
+    count_kind[p->instrs[i].kind]++;
+  }
+  fprintf(out, "profile of %s: %.3f ms per run over %lld runs, %d instructions\n", graph,
+          total / 1e6 / (double)runs, (long long)runs, n);
+  for (int k = 0; k < 4; k++)
+    if (count_kind[k])
+      fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%\n",
+              instr_kind_name(p, &(cg_instr){.kind = (cg_ins_kind)k}), count_kind[k],
+              by_kind[k] / 1e6 / (double)runs, 100 * by_kind[k] / (total > 0 ? total : 1));
+  /* The top instructions: repeated selection (n is a few thousand). */
+  bool *shown = ir_alloc(e->ctx, (size_t)n + 1);
+  if (!shown) return DSC_ERR_INTERNAL;
+  memset(shown, 0, (size_t)n + 1);
+  for (int t = 0; t < top && t < n; t++) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+      if (!shown[i] && (best < 0 || ns[i] > ns[best])) best = i;
+    shown[best] = true;
+    const cg_instr *in = &p->instrs[best];
+    char what[160] = "";
+    if (in->kind == CG_INS_LAUNCH)
+      snprintf(what, sizeof what, "%s", p->kernels[in->kernel]->name);
+    else if (in->kind == CG_INS_GEMM)
+      snprintf(what, sizeof what, "%lldx%lld [%lld x %lld x %lld]", (long long)in->gemm.batch[0],
+               (long long)in->gemm.batch[1], (long long)in->gemm.m, (long long)in->gemm.n,
+               (long long)in->gemm.k);
+    fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, instr_kind_name(p, in),
+            (double)ns[best] / 1e6 / (double)runs, 100 * (double)ns[best] / (total > 0 ? total : 1),
+            what, in->node ? "  from " : "", in->node ? dsc_op_name(in->node->op) : "");
+  }
+  ir_free(e->ctx, shown, (size_t)n + 1);
+  return DSC_OK;
+#else
+  (void)top, (void)out;
+  ir_error(e->ctx, ir_no_loc, "profile: graph '%s' is not compiled (interp backend)", graph);
+  return DSC_ERR_USER;
 #endif
 }

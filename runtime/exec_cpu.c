@@ -230,7 +230,10 @@ rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, i
   ir_arena_init(&e->arena, ctx);
   e->state_bytes = state_bytes;
   e->n_progs = n_progs;
-  e->pool = rt_pool_new(ctx, n_threads);
+  /* Our own workers, not OpenMP's team: with kernels on the OpenMP pool a GPT-2
+   * step under CPU load sometimes gave a different (once NaN) loss; the
+   * pthread pool was right in every run (docs/performance.md). */
+  e->pool = rt_pool_new_pthreads(ctx, n_threads);
   if (!e->pool) goto fail;
   e->gemm = rt_gemm_engine_new(ctx, e->pool);
   if (!e->gemm) goto fail;

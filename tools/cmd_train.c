@@ -31,6 +31,7 @@ static const char train_help[] =
     "  --backend B       interp (the reference interpreter), cpu (LLVM-JIT kernels +\n"
     "                    oneDNN GEMMs; the default where built) or cuda\n"
     "  --threads N       cpu backend threads (default: one per core)\n"
+    "  --profile         time every instruction of the step; print the slowest at the end\n"
     "  --out DIR         checkpoints DIR/step-NNNNNN (newest: DIR/latest) and\n"
     "                    DIR/metrics.jsonl (the run's JSON lines)\n"
     "  --save-every N    checkpoint every N steps (and always at the end; 0: end only)\n"
@@ -185,6 +186,8 @@ int cli_train(int argc, char **argv) {
     } else if (strcmp(a, "--threads") == 0) {
       ok = want_i64(argc, argv, &i, 1, &v) && v <= 1024;
       o.threads = (int)v;
+    } else if (strcmp(a, "--profile") == 0) {
+      o.profile = true;
     } else if (strcmp(a, "--quiet") == 0) {
       quiet = true;
     } else if (a[0] == '-' && a[1]) {
@@ -262,6 +265,8 @@ int cli_train(int argc, char **argv) {
             sum.last_checkpoint ? sum.last_checkpoint : "");
     code = 128 + stop_signal;
   }
+  if (st == DSC_OK && o.profile && dsc_trainer_print_profile(t, getenv("DSC_PROFILE_TOP") ? atoi(getenv("DSC_PROFILE_TOP")) : 25, stdout) != DSC_OK)
+    dsc_diag_print(ctx, stderr);
   dsc_trainer_free(t);
   dsc_context_free(ctx);
   return code;

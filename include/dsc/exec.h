@@ -36,7 +36,7 @@ dsc_backend dsc_backend_default(void);
 typedef struct {
   dsc_backend backend;
   int threads;           /* cpu: worker threads; 0 = one per core */
-  const char *cache_dir; /* on-disk kernel cache; NULL = none */
+  const char *cache_dir; /* on-disk kernel cache; NULL: $DSC_CACHE_DIR if set, else none */
 } dsc_exec_options;
 
 typedef struct dsc_exec dsc_exec;
@@ -58,6 +58,14 @@ dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p);
  * states when the run completed (on an error nothing is updated). */
 dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
                         int n_inputs, dsc_tensor **outputs);
+
+/* Per-instruction timing of the compiled backends (off by default; the
+ * interpreter has none). dsc_exec_print_profile prints graph's `top`
+ * slowest instructions (kernel launches, GEMMs, ...) with their share of
+ * the time, summed over the runs since profiling was switched on, plus a
+ * total per instruction kind. */
+void dsc_exec_set_profiling(dsc_exec *e, bool on);
+dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE *out);
 
 #ifdef __cplusplus
 }

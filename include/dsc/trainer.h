@@ -46,6 +46,7 @@ typedef struct {
   const char *precision; /* "f32", "bf16", "fp16" (train.precision); NULL keeps */
   const char *backend;   /* "interp", "cpu", "cuda" (include/dsc/exec.h); NULL: the default */
   int threads;           /* cpu backend worker threads; 0: one per core */
+  bool profile;          /* time every instruction of the step (dsc_trainer_print_profile) */
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;
@@ -90,6 +91,8 @@ void dsc_trainer_free(dsc_trainer *t);
 const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t);
 /* The parameter values (trainable params and states of the step module). */
 /* The params and states as of the last step (copied from the backend). */
+/* The step's slowest instructions (options.profile; compiled backends). */
+dsc_status dsc_trainer_print_profile(dsc_trainer *t, int top, FILE *out);
 const dsc_params *dsc_trainer_params(dsc_trainer *t);
 
 /* One optimizer step (grad_accum micro-batches). dsc_trainer_run writes
