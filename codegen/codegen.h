@@ -167,14 +167,10 @@ uint64_t kir_hash(const kir_kernel *k);
 bool kir_eval(const kir_kernel *k, void *const *args);
 
 /* Storage conversions shared by the evaluator and the runtimes: a double
- * read from / written to an element of `dtype` at p (bf16/f16 round to
- * nearest even, integers truncate toward zero, bool is != 0). */
+ * read from / written to an element of `dtype` at p (bf16/f16 round once to
+ * nearest even: ir_bf16_bits; integers truncate toward zero; bool is != 0). */
 double cg_load_elem(dsc_dtype dtype, const void *p);
 void cg_store_elem(dsc_dtype dtype, void *p, double v);
-uint16_t cg_f32_to_bf16(float x);
-float cg_bf16_to_f32(uint16_t h);
-uint16_t cg_f32_to_f16(float x);
-float cg_f16_to_f32(uint16_t h);
 
 /* ======================= codegen/program.c: the Program =======================
  * A linear list of instructions over planned buffers. Buffers live in two

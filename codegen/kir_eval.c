@@ -14,51 +14,12 @@ int kir_internal_topo(const kir_expr *root, const kir_expr ***items, int **a, in
 
 /* ---------------- storage conversions ---------------- */
 
-uint16_t cg_f32_to_bf16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-  return (uint16_t)(u >> 16);
-}
-
-float cg_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
-
-uint16_t cg_f32_to_f16(float x) {
-  /* Round once to f16 precision (exact value representable), then encode. */
-  float r = ir_f16_round(x);
-  uint32_t u;
-  memcpy(&u, &r, 4);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  if (isnan(r)) return sign | 0x7e00u;
-  float a = fabsf(r);
-  if (isinf(a) || a >= 65520.0f) return sign | 0x7c00u;
-  if (a < 6.103515625e-05f) /* subnormal: units of 2^-24 */
-    return sign | (uint16_t)lrintf(a * 16777216.0f);
-  int e;
-  float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
-  return sign | (uint16_t)((e + 14) << 10) | (uint16_t)lrintf((m * 2.0f - 1.0f) * 1024.0f);
-}
-
-float cg_f16_to_f32(uint16_t h) {
-  float sign = (h & 0x8000u) ? -1.0f : 1.0f;
-  int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  if (e == 0) return sign * ldexpf((float)m, -24);
-  if (e == 31) return m ? NAN : sign * INFINITY;
-  return sign * ldexpf(1.0f + (float)m / 1024.0f, e - 15);
-}
-
 double cg_load_elem(dsc_dtype dtype, const void *p) {
   switch (dtype) {
     case DSC_F32: return *(const float *)p;
     case DSC_F64: return *(const double *)p;
-    case DSC_BF16: return cg_bf16_to_f32(*(const uint16_t *)p);
-    case DSC_F16: return cg_f16_to_f32(*(const uint16_t *)p);
+    case DSC_BF16: return ir_bf16_value(*(const uint16_t *)p);
+    case DSC_F16: return ir_f16_value(*(const uint16_t *)p);
     case DSC_I32: return *(const int32_t *)p;
     case DSC_I64: return (double)*(const int64_t *)p;
     case DSC_BOOL: return *(const uint8_t *)p ? 1.0 : 0.0;
@@ -82,8 +43,8 @@ void cg_store_elem(dsc_dtype dtype, void *p, double v) {
   switch (dtype) {
     case DSC_F32: *(float *)p = (float)v; break;
     case DSC_F64: *(double *)p = v; break;
-    case DSC_BF16: *(uint16_t *)p = cg_f32_to_bf16((float)v); break;
-    case DSC_F16: *(uint16_t *)p = cg_f32_to_f16((float)v); break;
+    case DSC_BF16: *(uint16_t *)p = ir_bf16_bits(v); break;
+    case DSC_F16: *(uint16_t *)p = ir_f16_bits(v); break;
     case DSC_I32: *(int32_t *)p = (int32_t)to_int(v, 32); break;
     case DSC_I64: *(int64_t *)p = to_int(v, 64); break;
     case DSC_BOOL: *(uint8_t *)p = v != 0; break;

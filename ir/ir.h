@@ -62,6 +62,13 @@ bool ir_broadcast_shapes(const dsc_type *a, const dsc_type *b, dsc_type *out);
 bool ir_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Shortest decimal text that reads back as exactly `v` ("1", "0.02", "inf"). */
 int ir_format_double(double v, char *buf, size_t n);
+/* 16-bit floats: the bit pattern of x rounded once to nearest even (NaN
+ * stays NaN, overflow goes to inf), and a pattern's exact value. Used by
+ * safetensors files, the kernel evaluator and the CPU runtime alike. */
+uint16_t ir_bf16_bits(double x);
+uint16_t ir_f16_bits(double x);
+double ir_bf16_value(uint16_t bits);
+double ir_f16_value(uint16_t bits);
 
 /* ======================= ir/ops.c ======================= */
 typedef enum {

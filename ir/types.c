@@ -110,3 +110,52 @@ bool ir_fail(char *err, size_t errlen, const char *fmt, ...) {
   }
   return false;
 }
+
+/* ---------------- 16-bit floats (one rounding from double, as the interpreter) ---------------- */
+
+/* Rounds |x| (finite, > 0) to a binary float with `mant` fraction bits and
+ * exponents [emin, emax], to nearest even, and returns its bit pattern
+ * without sign. Works on the double directly: ldexp scalings are exact and
+ * rint rounds to nearest even in the default rounding mode. */
+static uint32_t round_bits(double a, int mant, int emin, int emax) {
+  uint32_t inf = (uint32_t)(emax - emin + 2) << mant; /* all-ones exponent */
+  if (a < ldexp(1.0, emin)) {                         /* subnormal (or rounds up to normal) */
+    double m = rint(ldexp(a, mant - emin));
+    return (uint32_t)m; /* m == 2^mant encodes the smallest normal, as it should */
+  }
+  int e;
+  frexp(a, &e);
+  e -= 1; /* a in [2^e, 2^(e+1)) */
+  if (e > emax) return inf;
+  double m = rint(ldexp(a, mant - e)); /* in [2^mant, 2^(mant+1)] */
+  if (m == ldexp(1.0, mant + 1)) {
+    m = ldexp(1.0, mant);
+    e++;
+  }
+  if (e > emax) return inf;
+  return ((uint32_t)(e - emin + 1) << mant) | ((uint32_t)m - (1u << mant));
+}
+
+static uint16_t small_float_bits(double x, int mant, int emin, int emax, uint16_t nan) {
+  uint16_t sign = signbit(x) ? 0x8000 : 0;
+  if (isnan(x)) return sign | nan;
+  double a = fabs(x);
+  if (a == 0) return sign;
+  if (isinf(a)) return sign | (uint16_t)((uint32_t)(emax - emin + 2) << mant);
+  return sign | (uint16_t)round_bits(a, mant, emin, emax);
+}
+
+uint16_t ir_f16_bits(double x) { return small_float_bits(x, 10, -14, 15, 0x7e00); }
+uint16_t ir_bf16_bits(double x) { return small_float_bits(x, 7, -126, 127, 0x7fc0); }
+
+static double small_float_value(uint16_t bits, int mant, int ebits, int emin) {
+  double sign = bits & 0x8000 ? -1.0 : 1.0;
+  int e = (bits >> mant) & ((1 << ebits) - 1);
+  uint32_t m = bits & ((1u << mant) - 1);
+  if (e == (1 << ebits) - 1) return m ? NAN : sign * INFINITY;
+  if (e == 0) return sign * ldexp((double)m, emin - mant);
+  return sign * ldexp((double)(m | (1u << mant)), e - 1 + emin - mant);
+}
+
+double ir_f16_value(uint16_t bits) { return small_float_value(bits, 10, 5, -14); }
+double ir_bf16_value(uint16_t bits) { return small_float_value(bits, 7, 8, -126); }

@@ -349,39 +349,21 @@ static void embgrad_zero(void *arg, int64_t begin, int64_t end, int chunk) {
   memset(j->dst + begin * (int64_t)es, 0, (size_t)(end - begin) * es); /* +0 in every float */
 }
 
-static double load_float(const char *base, dsc_dtype dt, int64_t i) {
-  switch (dt) {
-    case DSC_F32:
-      return ((const float *)base)[i];
-    case DSC_F64:
-      return ((const double *)base)[i];
-    case DSC_BF16:
-      return rt_bf16_value(((const uint16_t *)base)[i]);
-    default:
-      return rt_f16_value(((const uint16_t *)base)[i]);
-  }
-}
 
-static void store_float(char *base, dsc_dtype dt, int64_t i, double v) {
-  switch (dt) {
-    case DSC_F32:
-      ((float *)base)[i] = (float)v;
-      break;
-    case DSC_F64:
-      ((double *)base)[i] = v;
-      break;
-    case DSC_BF16:
-      ((uint16_t *)base)[i] = rt_bf16_bits(v);
-      break;
-    default:
-      ((uint16_t *)base)[i] = rt_f16_bits(v);
-      break;
-  }
-}
 
 /* Columns [begin, end) of every row: each element of dst is written by one
  * thread, accumulating the ids in order, so the sums are deterministic (and
  * equal to the sequential loop's, rounding to dst's dtype after each add). */
+
+/* Element i of a buffer of dtype dt (codegen/kir_eval.c's conversions). */
+static double load_float(const char *base, dsc_dtype dt, int64_t i) {
+  return cg_load_elem(dt, base + i * (int64_t)dsc_dtype_size(dt));
+}
+
+static void store_float(char *base, dsc_dtype dt, int64_t i, double v) {
+  cg_store_elem(dt, base + i * (int64_t)dsc_dtype_size(dt), v);
+}
+
 static void embgrad_cols(void *arg, int64_t begin, int64_t end, int chunk) {
   embgrad_job *j = arg;
   const cg_instr *in = j->in;

@@ -118,39 +118,7 @@ static bool check_gemm(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dty
 
 /* ---- the C loop ---- */
 
-static double load_elem(const char *base, dsc_dtype dt, int64_t i) {
-  switch (dt) {
-    case DSC_F32:
-      return ((const float *)base)[i];
-    case DSC_F64:
-      return ((const double *)base)[i];
-    case DSC_BF16:
-      return rt_bf16_value(((const uint16_t *)base)[i]);
-    case DSC_F16:
-      return rt_f16_value(((const uint16_t *)base)[i]);
-    default:
-      return 0;
-  }
-}
 
-static void store_elem(char *base, dsc_dtype dt, int64_t i, double v) {
-  switch (dt) {
-    case DSC_F32:
-      ((float *)base)[i] = (float)v;
-      break;
-    case DSC_F64:
-      ((double *)base)[i] = v;
-      break;
-    case DSC_BF16:
-      ((uint16_t *)base)[i] = rt_bf16_bits(v);
-      break;
-    case DSC_F16:
-      ((uint16_t *)base)[i] = rt_f16_bits(v);
-      break;
-    default:
-      break;
-  }
-}
 
 #define RT_GEMM_JB 256 /* columns of C per block (1 KiB of f32: L1) */
 #define RT_GEMM_PB 128 /* depth per block: a 128 KiB panel of B stays in L2 */
@@ -194,6 +162,16 @@ static void rows_f32(const cg_gemm *g, const float *a, const float *b, float *c,
 }
 
 /* Any float dtypes: double accumulation, one element at a time. */
+
+/* Element i of a buffer of dtype dt (codegen/kir_eval.c's conversions). */
+static double load_elem(const char *base, dsc_dtype dt, int64_t i) {
+  return cg_load_elem(dt, base + i * (int64_t)dsc_dtype_size(dt));
+}
+
+static void store_elem(char *base, dsc_dtype dt, int64_t i, double v) {
+  cg_store_elem(dt, base + i * (int64_t)dsc_dtype_size(dt), v);
+}
+
 static void rows_generic(const rt_gemm_plan *pl, int64_t ao, int64_t bo, int64_t co, int64_t i0,
                          int64_t i1) {
   const cg_gemm *g = &pl->g;

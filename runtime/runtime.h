@@ -87,12 +87,6 @@ void rt_loader_permutation(uint64_t seed, int64_t epoch, int64_t *order, int64_t
 /* The safetensors dtype name of a dsc dtype ("F32", "BF16", "BOOL", ...). */
 const char *rt_st_dtype_name(dsc_dtype dt);
 bool rt_st_dtype_from_name(const char *name, dsc_dtype *out);
-/* IEEE binary16 and bfloat16 bit patterns, rounded to nearest even directly
- * from the double (no double rounding through f32); NaN stays NaN. */
-uint16_t rt_f16_bits(double x);
-uint16_t rt_bf16_bits(double x);
-double rt_f16_value(uint16_t bits);
-double rt_bf16_value(uint16_t bits);
 /* A library-owned tensor set: the public part first, then its arena. */
 typedef struct {
   dsc_tensor_set pub;

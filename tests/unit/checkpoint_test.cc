@@ -104,27 +104,27 @@ std::string st_file(std::string header, const std::string &data, bool pad = true
 // -------------------------------------------------------------- conversions
 
 TEST(Safetensors, HalfPrecisionBitsRoundToNearestEven) {
-  EXPECT_EQ(rt_f16_bits(1.0), 0x3c00);
-  EXPECT_EQ(rt_f16_bits(-2.0), 0xc000);
-  EXPECT_EQ(rt_f16_bits(65504.0), 0x7bff);
-  EXPECT_EQ(rt_f16_bits(65519.0), 0x7bff);  // below the halfway point to 2^16
-  EXPECT_EQ(rt_f16_bits(65520.0), 0x7c00);  // tie rounds to even: overflow to inf
-  EXPECT_EQ(rt_f16_bits(std::ldexp(1.0, -24)), 0x0001);
-  EXPECT_EQ(rt_f16_bits(std::ldexp(1.0, -25)), 0x0000);      // tie to even (zero)
-  EXPECT_EQ(rt_f16_bits(3 * std::ldexp(1.0, -25)), 0x0002);  // tie to even (two)
-  EXPECT_EQ(rt_f16_bits(std::ldexp(1023.5, -24)), 0x0400);   // rounds up into the normals
-  EXPECT_EQ(rt_f16_bits(-0.0), 0x8000);
-  EXPECT_EQ(rt_f16_bits(INFINITY), 0x7c00);
-  EXPECT_TRUE(std::isnan(rt_f16_value(rt_f16_bits(NAN))));
-  EXPECT_EQ(rt_bf16_bits(1.0), 0x3f80);
-  EXPECT_EQ(rt_bf16_bits(1.0 + std::ldexp(1.0, -8)), 0x3f80);      // tie to even
-  EXPECT_EQ(rt_bf16_bits(1.0 + 3 * std::ldexp(1.0, -8)), 0x3f82);  // tie to even (up)
+  EXPECT_EQ(ir_f16_bits(1.0), 0x3c00);
+  EXPECT_EQ(ir_f16_bits(-2.0), 0xc000);
+  EXPECT_EQ(ir_f16_bits(65504.0), 0x7bff);
+  EXPECT_EQ(ir_f16_bits(65519.0), 0x7bff);  // below the halfway point to 2^16
+  EXPECT_EQ(ir_f16_bits(65520.0), 0x7c00);  // tie rounds to even: overflow to inf
+  EXPECT_EQ(ir_f16_bits(std::ldexp(1.0, -24)), 0x0001);
+  EXPECT_EQ(ir_f16_bits(std::ldexp(1.0, -25)), 0x0000);      // tie to even (zero)
+  EXPECT_EQ(ir_f16_bits(3 * std::ldexp(1.0, -25)), 0x0002);  // tie to even (two)
+  EXPECT_EQ(ir_f16_bits(std::ldexp(1023.5, -24)), 0x0400);   // rounds up into the normals
+  EXPECT_EQ(ir_f16_bits(-0.0), 0x8000);
+  EXPECT_EQ(ir_f16_bits(INFINITY), 0x7c00);
+  EXPECT_TRUE(std::isnan(ir_f16_value(ir_f16_bits(NAN))));
+  EXPECT_EQ(ir_bf16_bits(1.0), 0x3f80);
+  EXPECT_EQ(ir_bf16_bits(1.0 + std::ldexp(1.0, -8)), 0x3f80);      // tie to even
+  EXPECT_EQ(ir_bf16_bits(1.0 + 3 * std::ldexp(1.0, -8)), 0x3f82);  // tie to even (up)
   // Just above a tie: rounding through f32 first would land on the tie and go
   // down; direct rounding goes up.
-  EXPECT_EQ(rt_bf16_bits(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30)), 0x3f81);
-  EXPECT_EQ(rt_bf16_bits(1e39), 0x7f80);
-  EXPECT_EQ(rt_bf16_value(0x3f81), 1.0078125);
-  EXPECT_EQ(rt_f16_value(0x0001), std::ldexp(1.0, -24));
+  EXPECT_EQ(ir_bf16_bits(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30)), 0x3f81);
+  EXPECT_EQ(ir_bf16_bits(1e39), 0x7f80);
+  EXPECT_EQ(ir_bf16_value(0x3f81), 1.0078125);
+  EXPECT_EQ(ir_f16_value(0x0001), std::ldexp(1.0, -24));
 }
 
 TEST(Safetensors, HalfPrecisionAgreesWithInterpreterRounding) {
@@ -140,7 +140,7 @@ TEST(Safetensors, HalfPrecisionAgreesWithInterpreterRounding) {
     ir_round_to_dtype(t);
     for (int64_t i = 0; i < n; i++) {
       double mine =
-          dt == DSC_F16 ? rt_f16_value(rt_f16_bits(raw[i])) : rt_bf16_value(rt_bf16_bits(raw[i]));
+          dt == DSC_F16 ? ir_f16_value(ir_f16_bits(raw[i])) : ir_bf16_value(ir_bf16_bits(raw[i]));
       ASSERT_EQ(mine, t->data[i]) << dsc_dtype_name(dt) << " of " << raw[i];
     }
     dsc_tensor_free(c.ctx, t);

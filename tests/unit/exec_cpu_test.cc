@@ -330,8 +330,8 @@ TEST(GemmCpu, Bf16InputsF32Output) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<uint16_t> a(M * K), b(N * K);
-  for (auto &x : a) x = rt_bf16_bits(u(rng));
-  for (auto &x : b) x = rt_bf16_bits(u(rng));
+  for (auto &x : a) x = ir_bf16_bits(u(rng));
+  for (auto &x : b) x = ir_bf16_bits(u(rng));
   cg_gemm g{};
   g.batch[0] = g.batch[1] = 1;
   g.m = M;
@@ -355,7 +355,7 @@ TEST(GemmCpu, Bf16InputsF32Output) {
       for (int64_t j = 0; j < N; j++) {
         double s = 0;
         for (int64_t p = 0; p < K; p++)
-          s += rt_bf16_value(a[i * K + p]) * rt_bf16_value(b[j * K + p]);
+          s += ir_bf16_value(a[i * K + p]) * ir_bf16_value(b[j * K + p]);
         max_err = std::max(max_err, std::fabs(out[i * N + j] - s));
         max_ref = std::max(max_ref, std::fabs(s));
       }

@@ -23,10 +23,6 @@
 
 #include "codegen/codegen.h"
 
-extern "C" {
-float cg_bf16_to_f32(uint16_t h);
-float cg_f16_to_f32(uint16_t h);
-}
 
 namespace {
 
@@ -169,8 +165,8 @@ class LlvmTest : public ::testing::Test {
       case DSC_I32: { int32_t x; memcpy(&x, p, 4); return x; }
       case DSC_I64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
       case DSC_BOOL: return *p;
-      case DSC_BF16: { uint16_t h; memcpy(&h, p, 2); return cg_bf16_to_f32(h); }
-      case DSC_F16: { uint16_t h; memcpy(&h, p, 2); return cg_f16_to_f32(h); }
+      case DSC_BF16: { uint16_t h; memcpy(&h, p, 2); return ir_bf16_value(h); }
+      case DSC_F16: { uint16_t h; memcpy(&h, p, 2); return ir_f16_value(h); }
       default: return 0;
     }
   }
