@@ -979,6 +979,11 @@ static bool inplace_kernel(L *l, int instr, int *assign_idx, int n) {
     if (at < 0 || p->buffers[bt].numel != p->buffers[bp].numel ||
         p->buffers[bt].dtype != p->buffers[bp].dtype)
       continue;
+    /* One value assigned to two params: only the first can take the store
+     * (the other assign copies it afterwards). */
+    bool taken = false;
+    for (int c = 0; c < nc; c++) taken |= ct_[c] == at;
+    if (taken) continue;
     int st = -1;
     for (int s = 0; s < k->n_stages; s++)
       if (k->stages[s].kind == KIR_STAGE_STORE && k->stages[s].dst.arg == at) st = s;
@@ -1006,11 +1011,11 @@ static bool inplace_kernel(L *l, int instr, int *assign_idx, int n) {
     one.n_stages = 1;
     one.stages = &k->stages[s];
     if (!collect_loads(l, &one, &per[s])) {
-      for (int t = 0; t < s; t++) free(per[t].set);
       free(per);
       return false;
     }
     free(per[s].set);
+    per[s].set = NULL;
   }
   int cand_arg[64];
   for (;;) {

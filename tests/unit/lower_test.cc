@@ -226,6 +226,28 @@ TEST_F(Lower, WorkArenaReusesDeadBuffers) {
 }
 
 // A small MLP train step through the whole pipeline (f32, AdamW).
+// One value assigned to two params: only one assign may take the kernel's
+// store in place, the other must still see the value (a review found p1
+// never updated, and a broken kernel when the value read both params).
+TEST_F(Lower, OneValueAssignedToTwoParams) {
+  for (int reads_params = 0; reads_params < 2; reads_params++) {
+    dsc_module_free(m);
+    m = dsc_module_new(ctx, "t");
+    g = dsc_graph_new(m, "g");
+    dsc_type t = ty(DSC_F32, {4, 8});
+    dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0};
+    ASSERT_EQ(dsc_module_add_param(m, "p1", t, init), DSC_OK);
+    ASSERT_EQ(dsc_module_add_param(m, "p2", t, init), DSC_OK);
+    dsc_node *x = input("x", t);
+    dsc_node *v = reads_params
+                      ? op(DSC_OP_ADD, {op(DSC_OP_MUL, {dsc_param_ref(g, "p1"), x}), dsc_param_ref(g, "p2")})
+                      : op(DSC_OP_MUL, {x, x});
+    dsc_node *a1 = op(DSC_OP_ASSIGN, {v}, {dsc_attr_str("name", "p1")});
+    dsc_node *a2 = op(DSC_OP_ASSIGN, {v}, {dsc_attr_str("name", "p2")});
+    check({a1, a2}, {random_tensor(ctx, t, rng)});
+  }
+}
+
 TEST(LowerPipeline, TinyGptTrainStepMatchesInterpreter) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_dim_binding dims[] = {{"B", 2}, {"T", 8}};
