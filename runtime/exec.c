@@ -291,14 +291,13 @@ void dsc_exec_set_profiling(dsc_exec *e, bool on) {
 }
 
 #ifdef DSC_HAVE_LLVM
-static const char *instr_kind_name(const cg_program *p, const cg_instr *in) {
-  switch (in->kind) {
+static const char *instr_kind_name(cg_ins_kind kind) {
+  switch (kind) {
     case CG_INS_LAUNCH: return "kernel";
     case CG_INS_GEMM: return "gemm";
     case CG_INS_EMBEDDING_GRAD: return "embedding_grad";
     case CG_INS_COPY: return "copy";
   }
-  (void)p;
   return "?";
 }
 #endif
@@ -332,7 +331,7 @@ dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE 
   for (int k = 0; k < 4; k++)
     if (count_kind[k])
       fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%\n",
-              instr_kind_name(p, &(cg_instr){.kind = (cg_ins_kind)k}), count_kind[k],
+              instr_kind_name((cg_ins_kind)k), count_kind[k],
               by_kind[k] / 1e6 / (double)runs, 100 * by_kind[k] / (total > 0 ? total : 1));
   /* The top instructions: repeated selection (n is a few thousand). */
   bool *shown = ir_alloc(e->ctx, (size_t)n + 1);
@@ -351,7 +350,7 @@ dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE 
       snprintf(what, sizeof what, "%lldx%lld [%lld x %lld x %lld]", (long long)in->gemm.batch[0],
                (long long)in->gemm.batch[1], (long long)in->gemm.m, (long long)in->gemm.n,
                (long long)in->gemm.k);
-    fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, instr_kind_name(p, in),
+    fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, instr_kind_name(in->kind),
             (double)ns[best] / 1e6 / (double)runs, 100 * (double)ns[best] / (total > 0 ? total : 1),
             what, in->node ? "  from " : "", in->node ? dsc_op_name(in->node->op) : "");
   }

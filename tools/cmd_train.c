@@ -265,7 +265,7 @@ int cli_train(int argc, char **argv) {
             sum.last_checkpoint ? sum.last_checkpoint : "");
     code = 128 + stop_signal;
   }
-  if (st == DSC_OK && o.profile && dsc_trainer_print_profile(t, getenv("DSC_PROFILE_TOP") ? atoi(getenv("DSC_PROFILE_TOP")) : 25, stdout) != DSC_OK)
+  if (st == DSC_OK && o.profile && dsc_trainer_print_profile(t, 25, stdout) != DSC_OK)
     dsc_diag_print(ctx, stderr);
   dsc_trainer_free(t);
   dsc_context_free(ctx);
