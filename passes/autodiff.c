@@ -30,9 +30,84 @@ typedef struct {
 
 static dsc_loc loc_or_none(const ir_node *n) { return n ? n->loc : ir_no_loc; }
 
+static bool is_zero_const(const ir_node *n) {
+  return n->op == DSC_OP_CONST && ir_attr_float(n, "value") == 0.0;
+}
+
+/* A concat's parts along its axis as [begin, end) intervals. */
+typedef struct {
+  int64_t begin, end;
+  ir_node *part; /* NULL: zeros */
+} ad_segment;
+
+#define AD_MAX_SEGMENTS 16
+
+static int concat_segments(const ir_node *n, ad_segment *seg) {
+  int64_t axis = ir_attr_int(n, "axis"), off = 0;
+  if (n->n_in > AD_MAX_SEGMENTS) return -1;
+  for (int i = 0; i < n->n_in; i++) {
+    int64_t len = n->in[i]->type.dims[axis];
+    seg[i] = (ad_segment){off, off + len, is_zero_const(n->in[i]) ? NULL : n->in[i]};
+    off += len;
+  }
+  return n->n_in;
+}
+
+/* Whether [b, e) lies inside one zero segment. */
+static bool inside_zeros(const ad_segment *seg, int n, int64_t b, int64_t e) {
+  for (int i = 0; i < n; i++)
+    if (!seg[i].part && seg[i].begin <= b && e <= seg[i].end) return true;
+  return false;
+}
+
+/* The gradient of a slice is the slice's gradient padded with zeros
+ * (ir_grad_slice), so a value split into slices (GPT's fused qkv) would
+ * accumulate as zero-filled buffers added together. When both gradients
+ * are concats along one axis whose non-zero parts fall into the other's
+ * zeros, their sum is the concat of all non-zero parts: built here
+ * directly, with zeros only in the gaps. Exact, since x + 0 = x. Returns
+ * NULL when the shapes do not have that form (then add as usual). */
+static ir_node *merge_padded(ir_graph *g, ir_node *a, ir_node *b) {
+  if (a->op != DSC_OP_CONCAT || b->op != DSC_OP_CONCAT) return NULL;
+  int64_t axis = ir_attr_int(a, "axis");
+  if (ir_attr_int(b, "axis") != axis) return NULL;
+  ad_segment sa[AD_MAX_SEGMENTS], sb[AD_MAX_SEGMENTS], out[2 * AD_MAX_SEGMENTS];
+  int na = concat_segments(a, sa), nb = concat_segments(b, sb);
+  if (na < 0 || nb < 0) return NULL;
+  for (int i = 0; i < na; i++)
+    if (sa[i].part && !inside_zeros(sb, nb, sa[i].begin, sa[i].end)) return NULL;
+  for (int i = 0; i < nb; i++)
+    if (sb[i].part && !inside_zeros(sa, na, sb[i].begin, sb[i].end)) return NULL;
+  /* Non-zero parts of both, in axis order (disjoint, by the checks above). */
+  int n = 0;
+  for (int ia = 0, ib = 0; ia < na || ib < nb;) {
+    bool take_a = ib >= nb || (ia < na && sa[ia].begin < sb[ib].begin);
+    ad_segment s = take_a ? sa[ia++] : sb[ib++];
+    if (s.part) out[n++] = s;
+  }
+  ir_node *parts[4 * AD_MAX_SEGMENTS + 1];
+  int np = 0;
+  int64_t at = 0, total = a->type.dims[axis];
+  for (int i = 0; i <= n; i++) {
+    int64_t next = i < n ? out[i].begin : total;
+    if (next > at) { /* a gap: zeros */
+      dsc_type t = a->type;
+      t.dims[axis] = next - at;
+      if (!(parts[np++] = dsc_const(g, 0.0, t))) return NULL;
+    }
+    if (i < n) {
+      parts[np++] = out[i].part;
+      at = out[i].end;
+    }
+  }
+  dsc_attr at_axis = dsc_attr_int("axis", axis);
+  return dsc_build(g, DSC_OP_CONCAT, parts, np, &at_axis, 1);
+}
+
 /* Adds dx into *slot (sum of gradients of a value used several times). */
 static bool accumulate(ir_graph *g, ir_node **slot, ir_node *dx) {
-  *slot = *slot ? dsc_binary(g, DSC_OP_ADD, *slot, dx) : dx;
+  ir_node *merged = *slot ? merge_padded(g, *slot, dx) : NULL;
+  *slot = merged ? merged : *slot ? dsc_binary(g, DSC_OP_ADD, *slot, dx) : dx;
   return *slot != NULL;
 }
 

@@ -379,6 +379,54 @@ TEST(AutodiffGrad, SliceAtStartMiddleAndEnd) {
   }
 }
 
+// Counts the graph's nodes of one op (after autodiff: the backward too).
+int count_op(dsc_graph *g, dsc_op op) {
+  int n = 0;
+  for (int i = 0; i < dsc_graph_node_count(g); i++) n += dsc_node_op(dsc_graph_node(g, i)) == op;
+  return n;
+}
+
+// y = f(x[:, 0:2]) + g(x[:, 2:3]) + h(x[:, 4:6]) (GPT's qkv split): the
+// slices' zero-padded gradients merge into one concat (zeros only in the
+// unused gap [3, 4)), with no add; overlapping slices must still add.
+TEST(AutodiffGrad, DisjointSliceGradientsMergeIntoOneConcat) {
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapping slices" : "disjoint slices");
+    Harness h;
+    dsc_node *x = h.param("x", {3, 6, 2});
+    int64_t ranges[3][2] = {{0, 2}, {2, 3}, {overlap ? 1 : 4, 6}};
+    dsc_op ops[3] = {DSC_OP_TANH, DSC_OP_EXP, DSC_OP_NEG};
+    dsc_node *y = nullptr;
+    for (int k = 0; k < 3; k++) {
+      dsc_node *s = build1(h.g, DSC_OP_SLICE, x,
+                           {dsc_attr_int("axis", 1), dsc_attr_int("start", ranges[k][0]),
+                            dsc_attr_int("end", ranges[k][1])});
+      dsc_node *r = h.random_input(("r" + std::to_string(k)).c_str(),
+                                   {3, ranges[k][1] - ranges[k][0], 2});
+      int64_t axes[3] = {0, 1, 2};
+      dsc_node *l = dsc_reduce(h.g, DSC_OP_SUM, dsc_binary(h.g, DSC_OP_MUL, dsc_unary(h.g, ops[k], s), r),
+                               axes, 3, 0);
+      y = y ? dsc_binary(h.g, DSC_OP_ADD, y, l) : l;
+    }
+    h.set_loss(y);
+    int adds_before = count_op(h.g, DSC_OP_ADD);
+    h.check();
+    // The backward of the two forward adds passes dy through; only the
+    // gradient accumulation of x could add more.
+    int added = count_op(h.g, DSC_OP_ADD) - adds_before;
+    if (overlap) {
+      EXPECT_GE(added, 1);
+    } else {
+      EXPECT_EQ(added, 0);
+    }
+    const dsc_node *gx = dsc_graph_output_at(h.g, 1);
+    EXPECT_EQ(dsc_node_op(gx), overlap ? DSC_OP_ADD : DSC_OP_CONCAT);
+    if (!overlap) {
+      EXPECT_EQ(dsc_node_input_count(gx), 4);  // x0:2, x2:3, zeros 3:4, x4:6
+    }
+  }
+}
+
 TEST(AutodiffGrad, Concat) {
   Harness h;
   dsc_node *in[3] = {h.param("a", {2, 1, 3}), h.param("b", {2, 4, 3}), h.param("c", {2, 2, 3})};
