@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 /* Bump when the generated code changes meaning: invalidates disk caches. */
-#define CG_LLVM_CACHE_VERSION 1u
+#define CG_LLVM_CACHE_VERSION 2u
 #define CG_CACHE_MAGIC "DSCLLVMO"
 
 /* ---- helpers in textual IR (see the file comment) ---- */
@@ -214,7 +214,16 @@ typedef struct {
   memo_entry *memo;
   int memo_cap, memo_n;
   bool failed;
+  /* Column tiling (see tile_columns): while tile_slots is set, each domain
+   * point runs for CG_TILE_W consecutive indices of the last outer dim,
+   * tile_base + w, with slot s of column w at tile_slots[s][w]. */
+  LLVMValueRef *tile_slots;
+  LLVMValueRef tile_base;
 } emitter;
+
+/* Columns per tile: one 512-bit vector of f32. */
+#define CG_TILE_W 16
+#define KIR_MAX_SLOTS_TILED 16
 
 static void emit_fail(emitter *e, const char *fmt, const char *detail) {
   if (!e->failed) ir_error(e->ctx, ir_no_loc, fmt, e->k->name, detail);
@@ -694,11 +703,16 @@ static void stage_point(emitter *e, const kir_stage *st) {
 
 /* Emits loops over domain dims [d, rank) around stage_point. Trip counts are
  * constants > 0 (the caller skips empty loop nests). */
+static void tile_point(emitter *e, const kir_stage *st);
+
 static void inner_loops(emitter *e, int d, const kir_stage *st) {
   const kir_kernel *k = e->k;
   if (e->failed) return;
   if (d == k->rank) {
-    stage_point(e, st);
+    if (e->tile_slots)
+      tile_point(e, st);
+    else
+      stage_point(e, st);
     return;
   }
   if (k->dims[d] == 1) {
@@ -778,6 +792,115 @@ static void outer_point(emitter *e) {
   }
 }
 
+/* Stage st at the current inner point for the tile's CG_TILE_W columns: a
+ * loop of constant trip count whose body is the plain stage with column w's
+ * index and slots, which the loop vectoriser turns into vector code (the
+ * loads are consecutive across w). */
+static void tile_point(emitter *e, const kir_stage *st) {
+  const kir_kernel *k = e->k;
+  int L = k->n_outer - 1;
+  LLVMValueRef *plain = e->slots;
+  LLVMValueRef cols[KIR_MAX_SLOTS_TILED];
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->c, e->fn, "col");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->c, e->fn, "col.end");
+  LLVMBuildBr(e->b, body);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  LLVMValueRef w = LLVMBuildPhi(e->b, e->i64, "w");
+  e->idx[L] = LLVMBuildNSWAdd(e->b, e->tile_base, w, "");
+  LLVMValueRef zero = const_i64(e, 0);
+  for (int s = 0; s < k->n_slots; s++) {
+    LLVMValueRef ix[2] = {zero, w};
+    LLVMTypeRef at = LLVMArrayType(compute_type(e, k->slot_types[s]), CG_TILE_W);
+    cols[s] = LLVMBuildInBoundsGEP2(e->b, at, e->tile_slots[s], ix, 2, "");
+  }
+  e->slots = cols;
+  stage_point(e, st);
+  e->slots = plain;
+  if (e->failed) return;
+  LLVMValueRef next = LLVMBuildNUWAdd(e->b, w, const_i64(e, 1), "");
+  LLVMValueRef done = LLVMBuildICmp(e->b, LLVMIntEQ, next, const_i64(e, CG_TILE_W), "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(e->b);
+  LLVMBuildCondBr(e->b, done, exit, body);
+  LLVMValueRef in_v[2] = {zero, next};
+  LLVMBasicBlockRef in_b[2] = {pre, latch};
+  LLVMAddIncoming(w, in_v, in_b, 2);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+}
+
+static bool access_tileable(const kir_kernel *k, const kir_access *a, bool *column, bool *row) {
+  if (a->gather) return false;
+  int64_t sl = a->stride[k->n_outer - 1];
+  if (sl != 0 && sl != 1) return false;
+  *column |= sl == 1;
+  /* contiguous along the innermost non-trivial inner dim: the plain loop
+   * order already vectorises it */
+  for (int d = k->rank - 1; d >= k->n_outer; d--)
+    if (k->dims[d] > 1) {
+      *row |= a->stride[d] == 1;
+      break;
+    }
+  return true;
+}
+
+static bool expr_tileable(const kir_kernel *k, const kir_expr *x, bool *column, bool *row,
+                          int depth) {
+  if (!x) return true;
+  if (depth > 10000) return false;
+  if (x->kind == KIR_LOAD && !access_tileable(k, &x->access, column, row)) return false;
+  return expr_tileable(k, x->a, column, row, depth + 1) &&
+         expr_tileable(k, x->b, column, row, depth + 1) &&
+         expr_tileable(k, x->c, column, row, depth + 1);
+}
+
+/* Column tiling: a kernel whose inner loops walk memory with a large stride
+ * while consecutive indices of the last outer dim are consecutive in memory
+ * (the column sums of bias and layernorm gradients: out[j] = sum_i x[i, j])
+ * cannot vectorise its inner loops. Running CG_TILE_W outer indices side by
+ * side at each inner point makes the loads unit-stride across the tile.
+ * Legal for every kernel (outer indices are independent: the thread pool
+ * splits them anyway); chosen when every access is unit-stride or constant
+ * along the last outer dim, some is unit-stride, none is unit-stride along
+ * the inner loops, and there are no gathers. Results are identical to the
+ * plain order: each outer index still folds its inner points in order. */
+static bool tile_columns(const kir_kernel *k) {
+  if (k->n_outer < 1 || k->rank == k->n_outer || k->dims[k->n_outer - 1] < CG_TILE_W ||
+      k->n_slots > KIR_MAX_SLOTS_TILED)
+    return false;
+  for (int d = 0; d < k->rank; d++)
+    if (k->dims[d] < 1) return false;
+  bool column = false, row = false;
+  for (int s = 0; s < k->n_stages; s++) {
+    const kir_stage *st = &k->stages[s];
+    if (!expr_tileable(k, st->expr, &column, &row, 0)) return false;
+    if (st->kind == KIR_STAGE_STORE && !access_tileable(k, &st->dst, &column, &row)) return false;
+  }
+  return column && !row;
+}
+
+/* All stages for the tile of CG_TILE_W outer indices from e->tile_base. */
+static void outer_tile(emitter *e) {
+  const kir_kernel *k = e->k;
+  for (int s = 0; s < k->n_stages && !e->failed; s++) {
+    const kir_stage *st = &k->stages[s];
+    if (st->kind == KIR_STAGE_REDUCE) {
+      dsc_dtype t = k->slot_types[st->slot];
+      LLVMTypeRef at = LLVMArrayType(compute_type(e, t), CG_TILE_W);
+      for (int w = 0; w < CG_TILE_W; w++) {
+        LLVMValueRef ix[2] = {const_i64(e, 0), const_i64(e, w)};
+        LLVMValueRef p = LLVMBuildInBoundsGEP2(e->b, at, e->tile_slots[st->slot], ix, 2, "");
+        LLVMBuildStore(e->b, reduce_init(e, t, st->reduce), p);
+      }
+      inner_loops(e, k->n_outer, st);
+    } else if (st->kind == KIR_STAGE_STORE && st->over_inner) {
+      inner_loops(e, k->n_outer, st);
+    } else {
+      for (int d = k->n_outer; d < k->rank; d++) e->idx[d] = const_i64(e, 0);
+      tile_point(e, st);
+    }
+  }
+}
+
 static bool kernel_has_gather_expr(const kir_expr *x, int depth) {
   if (!x || depth > 10000) return false;
   if (x->kind == KIR_LOAD && x->access.gather) return true;
@@ -843,6 +966,11 @@ static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const 
     }
     e->slots[s] = LLVMBuildAlloca(e->b, t, "slot");
   }
+  LLVMValueRef tile_slots[KIR_MAX_SLOTS_TILED];
+  bool tiled = tile_columns(k);
+  for (int s = 0; tiled && s < k->n_slots; s++)
+    tile_slots[s] =
+        LLVMBuildAlloca(e->b, LLVMArrayType(compute_type(e, k->slot_types[s]), CG_TILE_W), "tile");
   bool gathers = false;
   for (int s = 0; s < k->n_stages; s++)
     gathers |= kernel_has_gather_expr(k->stages[s].expr, 0) ||
@@ -894,7 +1022,38 @@ static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const 
     LLVMBasicBlockRef seg_pre = LLVMGetInsertBlock(e->b);
     LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->c, e->fn, "row");
     LLVMBasicBlockRef latch = LLVMAppendBasicBlockInContext(e->c, e->fn, "seg.next");
-    LLVMBuildBr(e->b, body);
+    LLVMValueRef j_first = const_i64(e, 0);
+    if (tiled) {
+      /* whole tiles of the segment first, then the remaining columns one by
+       * one in the plain loop below */
+      LLVMBasicBlockRef check = LLVMAppendBasicBlockInContext(e->c, e->fn, "tiles");
+      LLVMBasicBlockRef tile = LLVMAppendBasicBlockInContext(e->c, e->fn, "tile");
+      LLVMBasicBlockRef rest = LLVMAppendBasicBlockInContext(e->c, e->fn, "tiles.end");
+      LLVMBuildBr(e->b, check);
+      LLVMPositionBuilderAtEnd(e->b, check);
+      LLVMValueRef jt = LLVMBuildPhi(e->b, e->i64, "jt");
+      LLVMValueRef left = LLVMBuildNSWSub(e->b, seg_len, jt, "");
+      LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSGE, left, const_i64(e, CG_TILE_W), ""),
+                      tile, rest);
+      LLVMPositionBuilderAtEnd(e->b, tile);
+      e->tile_slots = tile_slots;
+      e->tile_base = LLVMBuildNSWAdd(e->b, idx0, jt, "");
+      outer_tile(e);
+      e->tile_slots = NULL;
+      if (e->failed) goto done;
+      LLVMValueRef jt_next = LLVMBuildNUWAdd(e->b, jt, const_i64(e, CG_TILE_W), "");
+      LLVMBasicBlockRef tile_end = LLVMGetInsertBlock(e->b);
+      LLVMBuildBr(e->b, check);
+      LLVMValueRef tv[2] = {const_i64(e, 0), jt_next};
+      LLVMBasicBlockRef tb[2] = {seg_pre, tile_end};
+      LLVMAddIncoming(jt, tv, tb, 2);
+      LLVMPositionBuilderAtEnd(e->b, rest);
+      LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntEQ, jt, seg_len, ""), latch, body);
+      seg_pre = rest;
+      j_first = jt;
+    } else {
+      LLVMBuildBr(e->b, body);
+    }
     LLVMPositionBuilderAtEnd(e->b, body);
     LLVMValueRef j = LLVMBuildPhi(e->b, e->i64, "j");
     if (k->n_outer > 0) e->idx[k->n_outer - 1] = LLVMBuildNSWAdd(e->b, idx0, j, "");
@@ -904,7 +1063,7 @@ static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const 
     LLVMValueRef jdone = LLVMBuildICmp(e->b, LLVMIntEQ, jn, seg_len, "");
     LLVMBasicBlockRef body_end = LLVMGetInsertBlock(e->b);
     LLVMBuildCondBr(e->b, jdone, latch, body);
-    LLVMValueRef jv[2] = {const_i64(e, 0), jn};
+    LLVMValueRef jv[2] = {j_first, jn};
     LLVMBasicBlockRef jb[2] = {seg_pre, body_end};
     LLVMAddIncoming(j, jv, jb, 2);
     LLVMPositionBuilderAtEnd(e->b, latch);
