@@ -128,7 +128,8 @@ static int usage(const char *msg) {
   fputs(
       "usage: train_step [MODEL.dsm] [--backend interp|cpu|cuda] [--threads N] [--batch B]\n"
       "                  [--seq T] [--steps N] [--warmup W] [--seed S] [--precision P]\n"
-      "                  [--count-only]\n",
+      "                  [--count-only] [--profile]   (--profile: the slowest\n"
+      "                  instructions of the timed steps, to stderr)\n",
       stderr);
   return 2;
 }
@@ -152,7 +153,7 @@ static int fail(dsc_context *ctx, const char *what) {
 int main(int argc, char **argv) {
   const char *model = "examples/gpt2.dsm", *backend_name = "cpu", *precision = "f32";
   int64_t threads = 2, B = 4, T = 64, steps = 5, warmup = 1, seed = 1;
-  bool count_only = false;
+  bool count_only = false, profile = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     bool ok = true;
@@ -163,6 +164,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(a, "--count-only") == 0) {
       count_only = true;
+      continue;
+    }
+    if (strcmp(a, "--profile") == 0) {
+      profile = true;
       continue;
     }
     if (strcmp(a, "--backend") == 0)
@@ -312,6 +317,7 @@ int main(int argc, char **argv) {
   for (int64_t s = 0; s < warmup + steps && run_ok; s++) {
     for (int k = 0; k < 2; k++)
       for (int64_t j = 0; j < ntok; j++) in[k]->data[j] = (double)(rng_next(&rs) % (uint64_t)draw);
+    if (profile && s == warmup) dsc_exec_set_profiling(e, true);
     double ts = now_s();
     dsc_status st = dsc_exec_run(e, "train_step", (const dsc_tensor *const *)in, 3, outs);
     double dt = now_s() - ts;
@@ -337,6 +343,10 @@ int main(int argc, char **argv) {
   }
   free(outs);
   if (!run_ok) goto done;
+  if (profile && dsc_exec_print_profile(e, "train_step", getenv("TOPN") ? atoi(getenv("TOPN")) : 25, stderr) != DSC_OK) {
+    code = fail(ctx, "printing the profile");
+    goto done;
+  }
 
   double sum = 0, best = times[0];
   for (int64_t s = 0; s < steps; s++) sum += times[s], best = times[s] < best ? times[s] : best;
