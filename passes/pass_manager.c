@@ -29,6 +29,11 @@ static dsc_status run_decompose(ir_module *m, const dsc_pipeline_options *opts) 
   return pass_decompose_run(m);
 }
 
+static dsc_status run_cse(ir_module *m, const dsc_pipeline_options *opts) {
+  (void)opts;
+  return pass_cse_run(m);
+}
+
 static dsc_status run_fuse(ir_module *m, const dsc_pipeline_options *opts) {
   (void)opts;
   return pass_fuse_run(m);
@@ -52,6 +57,10 @@ static const struct {
      "rewrite composite ops (softmax, norms, attention, cross_entropy) into primitive ops for "
      "code generation",
      run_decompose},
+    {"cse",
+     "compute equal reductions, matmuls and gathers once (the backward reuses the forward's "
+     "softmax statistics); drop unused nodes",
+     run_cse},
     {"fuse",
      "group computations into kernels (node groups: reductions with their elementwise "
      "producers and consumers, elementwise chains, one optimizer update per param)",

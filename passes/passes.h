@@ -38,6 +38,14 @@ dsc_status pass_decompose_run(ir_module *m);
 /* Whether the pass rewrites ops of this kind. */
 bool pass_decompose_op(dsc_op op);
 
+/* ======================= passes/cse.c =======================
+ * Common subexpression elimination: equal reductions, matmuls and
+ * embeddings (same op, attributes and inputs up to equality) are computed
+ * once; unused pure nodes are removed. The rules are the comment at the top
+ * of cse.c. Exact (the same values); out of memory is the only error. */
+dsc_status pass_cse_graph(ir_graph *g);
+dsc_status pass_cse_run(ir_module *m); /* every graph of the module */
+
 /* ======================= passes/ir_util.c =======================
  * Graph surgery shared by passes. */
 /* Appends a copy of every node of `src` (same module) to `dst`: src's i-th

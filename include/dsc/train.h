@@ -105,7 +105,7 @@ const char *dsc_pass_description(int i);
 /* Runs the default training pipeline in order. An unknown stop_after is a
  * diagnostic listing the pass names. */
 dsc_status dsc_run_pipeline(dsc_module *m, const dsc_pipeline_options *opts);
-/* Runs only the code generation passes (decompose, fuse) on every graph of
+/* Runs only the code generation passes (decompose, cse, fuse) on every graph of
  * m: what the cpu and cuda backends need for a module that skipped the
  * training pipeline (a forward-only module). */
 dsc_status dsc_run_codegen_passes(dsc_module *m);
