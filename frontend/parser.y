@@ -462,8 +462,16 @@ static void describe_token(const fe_parser *p, yysymbol_kind_t sym, char *buf, s
     describe_symbol(sym, buf, n);
     return;
   }
+  /* A token may hold any byte (a string literal of binary garbage): show
+   * non-printable and non-ASCII bytes as '?', as the source excerpt does. */
+  char shown[33];
   int len = t->len > 32 ? 32 : t->len;
-  snprintf(buf, n, "'%.*s%s'", len, t->text, t->len > 32 ? "..." : "");
+  for (int i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)t->text[i];
+    shown[i] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+  }
+  shown[len] = 0;
+  snprintf(buf, n, "'%s%s'", shown, t->len > 32 ? "..." : "");
 }
 
 static int yyreport_syntax_error(const yypcontext_t *ctx, fe_parser *p) {
