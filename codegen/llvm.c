@@ -1568,8 +1568,10 @@ void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
 }
 
 void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len) {
-  snprintf(buf, len, "%s %s %s llvm-%s", j->host.triple, j->host.cpu, j->host.features,
-           LLVM_VERSION_STRING);
+  /* the code generator's version too: a .dsx from an older codegen
+   * recompiles instead of loading stale objects */
+  snprintf(buf, len, "%s %s %s llvm-%s codegen-%u", j->host.triple, j->host.cpu, j->host.features,
+           LLVM_VERSION_STRING, CG_LLVM_CACHE_VERSION);
 }
 
 /* ======================= text and bitcode ======================= */

@@ -10,4 +10,27 @@
 #include "dsc/trainer.h"
 #include "runtime/runtime.h"
 
+/* ======================= driver/train.c =======================
+ * The modules of a training run, shared with dsc compile (driver/program.c)
+ * so that a .dsx holds exactly the graphs `dsc train MODEL.dsm` builds. */
+typedef struct {
+  int64_t B, T, vocab;
+} drv_model_facts;
+/* A .dsx path: the magic, or the extension (a renamed model file must then
+ * fail as a program file, not be compiled as a model). */
+bool drv_is_program(const char *path);
+/* Compiles the step module of model `path` at batch B, seq T (0: the
+ * model's), checks forward(tokens, targets) -> loss and the context. */
+dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+                            dsc_module **m, drv_model_facts *f);
+/* Runs the pipeline on the step module m (cfg: batch, seq, grad_accum,
+ * precision, optimizer) and, when want_fwd, compiles the forward module at
+ * cfg->batch x cfg->seq; both get the codegen passes unless backend is the
+ * interpreter. */
+dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
+                            const dsc_train_config *cfg, dsc_backend backend, bool want_fwd,
+                            dsc_module **fwd);
+/* train_step(tokens[rows, T], targets[rows, T], lr: f32[]) -> 2 or 3 outputs. */
+dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T);
+
 #endif

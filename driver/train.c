@@ -213,6 +213,7 @@ struct dsc_trainer {
   dsc_train_config cfg;
   dsc_module *m;   /* the step module */
   dsc_module *fwd; /* forward module for validation (NULL without a val shard) */
+  dsc_program *prog; /* the .dsx the modules and kernels come from, or NULL */
   dsc_graph *step_g, *fwd_g;
   dsc_params *params;     /* host copy (doubles): checkpoints, initialisation */
   dsc_exec *step_x, *fwd_x; /* the backend's executors of step and validation modules */
@@ -270,6 +271,7 @@ void dsc_trainer_free(dsc_trainer *t) {
   dsc_params_free(t->fwd_params);
   dsc_module_free(t->m);
   dsc_module_free(t->fwd);
+  dsc_program_free(t->prog);
   ir_arena_release(&t->arena);
   ir_free(ctx, t, sizeof *t);
 }
@@ -420,6 +422,123 @@ static void restore_set(const dsc_tensor_set *s, dsc_tensor **dst, const char **
   }
 }
 
+bool drv_is_program(const char *path) {
+  size_t n = strlen(path);
+  return dsc_program_is_file(path) || (n >= 4 && strcmp(path + n - 4, ".dsx") == 0);
+}
+
+/* ------------------------------------------------ the modules of a run
+ * Shared with dsc compile (driver/program.c), so that a .dsx holds exactly
+ * the graphs `dsc train MODEL.dsm` would build. */
+
+dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+                            dsc_module **m, drv_model_facts *f) {
+  dsc_status st = compile(ctx, path, B, T, m);
+  if (st != DSC_OK) return st;
+  dsc_graph *fg = dsc_module_find_graph(*m, "forward");
+  if ((st = check_forward(ctx, path, fg)) != DSC_OK) return st;
+  dsc_type in_t = dsc_node_type(dsc_graph_input_at(fg, 0));
+  f->B = in_t.dims[0];
+  f->T = in_t.dims[1];
+  f->vocab = dsc_model_vocab(fg);
+  if (f->vocab <= 0) {
+    ir_error(ctx, rt_loc(path),
+             "cannot tell the vocabulary: the first input of 'forward' indexes no embedding and "
+             "no cross_entropy takes an input as targets");
+    return DSC_ERR_USER;
+  }
+  /* Positions beyond the position table would fail at the first step. */
+  int64_t context = dsc_model_context(fg);
+  if (context > 0 && f->T > context) {
+    ir_error(ctx, rt_loc(path),
+             "sequence length %" PRId64 " is longer than the model's context of %" PRId64
+             " positions (its position table); use --seq %" PRId64 " or less",
+             f->T, context, context);
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
+dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
+                            const dsc_train_config *cfg, dsc_backend backend, bool want_fwd,
+                            dsc_module **fwd) {
+  dsc_status st = DSC_OK;
+  /* The forward module shares the step module's param values: executors
+   * and the interpreter look params up by name. */
+  if (want_fwd && (st = compile(ctx, path, cfg->batch, cfg->seq, fwd)) != DSC_OK) return st;
+  dsc_pipeline_options po;
+  memset(&po, 0, sizeof po);
+  po.train = cfg;
+  /* The interpreter runs composite ops itself; compiled backends need the
+   * codegen passes (decompose, fuse) too. */
+  if (backend == DSC_BACKEND_INTERP) po.stop_after = "optimizer";
+  if ((st = dsc_run_pipeline(m, &po)) != DSC_OK) return st;
+  if (want_fwd && backend != DSC_BACKEND_INTERP) st = dsc_run_codegen_passes(*fwd);
+  return st;
+}
+
+dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T) {
+  const dsc_graph *g = dsc_module_find_graph(m, "train_step");
+  bool shape_ok = g && dsc_graph_input_count(g) == 3 && dsc_graph_output_count(g) >= 2 &&
+                  dsc_graph_output_count(g) <= 3;
+  for (int i = 0; shape_ok && i < 2; i++) {
+    dsc_type ty = dsc_node_type(dsc_graph_input_at(g, i));
+    shape_ok = ty.rank == 2 && ty.dims[0] == rows && ty.dims[1] == T;
+  }
+  if (shape_ok) {
+    dsc_type lt = dsc_node_type(dsc_graph_input_at(g, 2));
+    shape_ok = lt.rank == 0 && lt.dtype == DSC_F32;
+  }
+  if (!shape_ok) {
+    ir_error(ctx, ir_no_loc,
+             "trainer: the pipeline did not produce train_step(tokens[B*K, T], targets[B*K, T], "
+             "lr: f32[]) -> (loss, grad_norm)");
+    return DSC_ERR_INTERNAL;
+  }
+  return DSC_OK;
+}
+
+/* A setting the program was compiled with must agree with an explicit
+ * flag (0: not given): the graphs are fixed in the file. */
+static dsc_status program_agrees(dsc_trainer *t, const char *key, const char *flag, int64_t want,
+                                 int64_t *value) {
+  dsc_status st = dsc_program_meta_i64(t->prog, key, value);
+  if (st == DSC_OK && want > 0 && want != *value) {
+    ir_error(t->ctx, rt_loc(dsc_program_path(t->prog)),
+             "was compiled with %s %" PRId64 ", not %" PRId64
+             " (its graphs are fixed: recompile with dsc compile %s %" PRId64 ")",
+             flag, *value, want, flag, want);
+    st = DSC_ERR_USER;
+  }
+  return st;
+}
+
+/* The step module and the run's settings from a program file. */
+static dsc_status program_modules(dsc_trainer *t, int64_t *B, int64_t *T, int64_t *K,
+                                  const char *precision) {
+  dsc_status st;
+  if ((st = program_agrees(t, "batch", "--batch", *B, B)) != DSC_OK ||
+      (st = program_agrees(t, "seq", "--seq", *T, T)) != DSC_OK ||
+      (st = program_agrees(t, "grad_accum", "--grad-accum", *K, K)) != DSC_OK ||
+      (st = dsc_program_meta_i64(t->prog, "vocab", &t->info.vocab)) != DSC_OK)
+    return st;
+  const char *prec = dsc_program_meta(t->prog, "precision");
+  dsc_precision want, have;
+  if (!prec || dsc_precision_from_name(prec, &have) != 0) {
+    ir_error(t->ctx, rt_loc(dsc_program_path(t->prog)),
+             "not a valid .dsx file: meta 'precision' is missing or unknown");
+    return DSC_ERR_USER;
+  }
+  if (precision && dsc_precision_from_name(precision, &want) == 0 && want != have) {
+    ir_error(t->ctx, rt_loc(dsc_program_path(t->prog)),
+             "was compiled with --precision %s, not %s (its graphs are fixed: recompile with "
+             "dsc compile --precision %s)",
+             prec, precision, precision);
+    return DSC_ERR_USER;
+  }
+  return dsc_program_module(t->prog, "step", &t->m);
+}
+
 static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   dsc_context *ctx = t->ctx;
   ir_arena *a = &t->arena;
@@ -462,34 +581,23 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     st = oom(ctx);
     goto done;
   }
-
-  /* The step module: compile, check the forward signature, find the vocab. */
-  if ((st = compile(ctx, model_path, B, T, &t->m)) != DSC_OK) goto done;
-  dsc_graph *fg = dsc_module_find_graph(t->m, "forward");
-  if ((st = check_forward(ctx, model_path, fg)) != DSC_OK) goto done;
-  dsc_type in_t = dsc_node_type(dsc_graph_input_at(fg, 0));
-  t->B = B = in_t.dims[0];
-  t->T = T = in_t.dims[1];
-  t->info.vocab = dsc_model_vocab(fg);
-  if (t->info.vocab <= 0) {
-    ir_error(ctx, rt_loc(model_path),
-             "cannot tell the vocabulary: the first input of 'forward' indexes no embedding and "
-             "no cross_entropy takes an input as targets");
-    st = DSC_ERR_USER;
-    goto done;
+  if (drv_is_program(model_path)) {
+    if ((st = dsc_program_open(ctx, model_path, &t->prog)) != DSC_OK) goto done;
+    t->info.program_path = t->info.model_path;
   }
+
+  /* The step module: from the program file, else compiled (the forward
+   * signature checked, the vocabulary found). */
+  if (t->prog) {
+    if ((st = program_modules(t, &B, &T, &K, o->precision)) != DSC_OK) goto done;
+  } else {
+    drv_model_facts facts;
+    if ((st = drv_compile_step(ctx, model_path, B, T, &t->m, &facts)) != DSC_OK) goto done;
+    B = facts.B, T = facts.T;
+    t->info.vocab = facts.vocab;
+  }
+  t->B = B, t->T = T;
   t->info.model_name = dsc_module_name(t->m);
-
-  /* Positions beyond the position table would fail at the first step. */
-  int64_t context = dsc_model_context(fg);
-  if (context > 0 && T > context) {
-    ir_error(ctx, rt_loc(model_path),
-             "sequence length %" PRId64 " is longer than the model's context of %" PRId64
-             " positions (its position table); use --seq %" PRId64 " or less",
-             T, context, context);
-    st = DSC_ERR_USER;
-    goto done;
-  }
 
   /* Settings: the train section, then the overrides. */
   if ((st = dsc_train_config_from_module(t->m, &t->cfg)) != DSC_OK) goto done;
@@ -530,6 +638,29 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
       goto done;
     }
     cfg->precision = p;
+  }
+  if (t->prog) {
+    /* The graphs fix the precision (agreed with the flag above) and, with
+     * muon's separate adam_lr, the ratio of the two rates. */
+    dsc_precision have = cfg->precision;
+    dsc_precision_from_name(dsc_program_meta(t->prog, "precision"), &have);
+    if (ck_prec && have != cfg->precision) {
+      ir_error(ctx, rt_loc(ck->dir), "the checkpoint was trained with precision %s, %s holds %s",
+               ck_prec, dsc_program_path(t->prog), dsc_precision_name(have));
+      st = DSC_ERR_USER;
+      goto done;
+    }
+    cfg->precision = have;
+    const char *plr = dsc_program_meta(t->prog, "lr");
+    if (cfg->opt.kind == DSC_OPT_MUON && cfg->opt.adam_lr > 0 &&
+        (!plr || strtod(plr, NULL) != cfg->opt.lr)) {
+      ir_error(ctx, rt_loc(dsc_program_path(t->prog)),
+               "was compiled for lr %s, not %g (muon with adam_lr: the ratio is in the graph; "
+               "recompile with dsc compile --lr %g)",
+               plr ? plr : "?", cfg->opt.lr, cfg->opt.lr);
+      st = DSC_ERR_USER;
+      goto done;
+    }
   }
   int64_t ck_every = 0;
   if (ck && parse_i64(ck_extra(ck, "save_every"), &ck_every) && ck_every >= 0)
@@ -576,46 +707,26 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   t->info.data_train = train_path;
   t->info.data_val = has_val ? val_path : NULL;
 
-  /* The forward module for validation shares the step module's param
-   * values: the interpreter looks params up by name. */
-  if (has_val) {
-    if ((st = compile(ctx, model_path, B, T, &t->fwd)) != DSC_OK) goto done;
-    t->fwd_g = dsc_module_find_graph(t->fwd, "forward");
-  }
-
-  dsc_pipeline_options po;
-  memset(&po, 0, sizeof po);
-  po.train = cfg;
-  /* The interpreter runs composite ops itself; compiled backends need the
-   * codegen passes (decompose, fuse) too. */
   dsc_backend backend = dsc_backend_default();
   if (o->backend && dsc_backend_from_name(o->backend, &backend) != 0) {
     ir_error(ctx, ir_no_loc, "unknown backend '%s' (interp, cpu or cuda)", o->backend);
     st = DSC_ERR_USER;
     goto done;
   }
-  if (backend == DSC_BACKEND_INTERP) po.stop_after = "optimizer";
-  if ((st = dsc_run_pipeline(t->m, &po)) != DSC_OK) goto done;
-  if (t->fwd && backend != DSC_BACKEND_INTERP && (st = dsc_run_codegen_passes(t->fwd)) != DSC_OK)
+  /* The graphs: a program file holds them ready (any backend runs them, the
+   * interpreter included); a model file goes through the pipeline. */
+  if (t->prog) {
+    if (has_val && (st = dsc_program_module(t->prog, "forward", &t->fwd)) != DSC_OK) goto done;
+  } else if ((st = drv_build_graphs(ctx, model_path, t->m, cfg, backend, has_val, &t->fwd)) !=
+             DSC_OK) {
     goto done;
+  }
+  if (t->fwd) {
+    t->fwd_g = dsc_module_find_graph(t->fwd, "forward");
+    if ((st = check_forward(ctx, model_path, t->fwd_g)) != DSC_OK) goto done;
+  }
+  if ((st = drv_check_step(ctx, t->m, B * K, T)) != DSC_OK) goto done;
   t->step_g = dsc_module_find_graph(t->m, "train_step");
-  bool shape_ok = t->step_g && dsc_graph_input_count(t->step_g) == 3 &&
-                  dsc_graph_output_count(t->step_g) >= 2 && dsc_graph_output_count(t->step_g) <= 3;
-  for (int i = 0; shape_ok && i < 2; i++) {
-    dsc_type ty = dsc_node_type(dsc_graph_input_at(t->step_g, i));
-    shape_ok = ty.rank == 2 && ty.dims[0] == B * K && ty.dims[1] == T;
-  }
-  if (shape_ok) {
-    dsc_type lt = dsc_node_type(dsc_graph_input_at(t->step_g, 2));
-    shape_ok = lt.rank == 0 && lt.dtype == DSC_F32;
-  }
-  if (!shape_ok) {
-    ir_error(ctx, ir_no_loc,
-             "trainer: the pipeline did not produce train_step(tokens[B*K, T], targets[B*K, T], "
-             "lr: f32[]) -> (loss, grad_norm)");
-    st = DSC_ERR_INTERNAL;
-    goto done;
-  }
 
   if (!(t->params = dsc_params_init(t->m, cfg->seed))) {
     st = DSC_ERR_INTERNAL;
@@ -685,11 +796,21 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
 
   /* Executors, holding the params (initialised or restored above). */
   dsc_exec_options xo = {backend, o->threads, NULL};
-  if ((st = dsc_exec_new(t->m, &xo, &t->step_x)) != DSC_OK) goto done;
+  char why[1200];
+  if (t->prog && backend == DSC_BACKEND_CPU && !dsc_program_cpu_usable(t->prog, why, sizeof why))
+    ir_diag(ctx, DSC_DIAG_WARNING, rt_loc(dsc_program_path(t->prog)),
+            "compiling the kernels from the IR: %s", why);
+  if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK)
+    goto done;
+  dsc_exec_kernel_counts(t->step_x, &t->info.kernels_compiled, &t->info.kernels_prebuilt);
   if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) goto done;
   if (o->profile) dsc_exec_set_profiling(t->step_x, true);
   if (t->fwd) {
-    if ((st = dsc_exec_new(t->fwd, &xo, &t->fwd_x)) != DSC_OK) goto done;
+    if ((st = dsc_exec_new_with_program(t->fwd, &xo, t->prog, "forward", &t->fwd_x)) != DSC_OK)
+      goto done;
+    int c, p;
+    dsc_exec_kernel_counts(t->fwd_x, &c, &p);
+    t->info.kernels_compiled += c, t->info.kernels_prebuilt += p;
     if (!(t->fwd_params = dsc_params_init(t->fwd, 0))) {
       st = oom(ctx);
       goto done;
@@ -997,6 +1118,22 @@ static dsc_status sampler_inner(dsc_sampler *s, const dsc_sampler_options *o) {
     ir_error(ctx, rt_loc(ck->dir), "the checkpoint does not record its model file; give --model");
     st = DSC_ERR_USER;
     goto done;
+  }
+  /* A run trained from a .dsx samples from the model file it was compiled
+   * from (the .dsx's graphs are fixed at the training batch). */
+  char source[PATH_MAX];
+  if (drv_is_program(model)) {
+    dsc_program *prog = NULL;
+    if ((st = dsc_program_open(ctx, model, &prog)) != DSC_OK) goto done;
+    const char *src = dsc_program_meta(prog, "model");
+    snprintf(source, sizeof source, "%s", src ? src : "");
+    dsc_program_free(prog);
+    if (!source[0]) {
+      ir_error(ctx, rt_loc(model), "not a valid .dsx file: meta 'model' is missing");
+      st = DSC_ERR_USER;
+      goto done;
+    }
+    model = source;
   }
   /* B = 1; T = the position table's rows when the model has one. */
   if ((st = compile(ctx, model, 1, T, &s->m)) != DSC_OK) goto done;

@@ -30,6 +30,9 @@ struct dsc_exec {
   rt_cpu_exec *cpu;
   int64_t *state_offsets;
   int64_t state_bytes;
+  const dsc_program *program; /* prebuilt kernels (only during creation) */
+  const char *program_module;
+  int prebuilt;               /* kernels loaded from the program */
 #endif
 };
 
@@ -83,6 +86,46 @@ void dsc_exec_free(dsc_exec *e) {
 }
 
 #ifdef DSC_HAVE_LLVM
+/* Compiles program p's kernels into fns, taking the objects a program file
+ * holds for them (section "cpu/<module>/<graph>"; kernels it lacks or that
+ * changed are compiled). */
+static dsc_status cpu_kernels(dsc_exec *e, const char *graph, cg_program *p,
+                              cg_cpu_kernel_fn *fns) {
+  const rt_dsx_section *sec = NULL;
+  const dsc_program *prog = e->program;
+  if (prog && e->program_module) {
+    /* Objects for another host or dsc would not load: compile instead (the
+     * caller says why with dsc_program_cpu_usable). */
+    char host[1024], name[300];
+    cg_llvm_host(e->jit, host, sizeof host);
+    if (rt_program_cpu_fits(prog, host)) {
+      snprintf(name, sizeof name, "cpu/%s/%s", e->program_module, graph);
+      sec = rt_dsx_find(rt_program_dsx(prog), name);
+    }
+  }
+  if (!sec) return cg_llvm_compile(e->jit, p->kernels, p->n_kernels, fns);
+  size_t n = (size_t)p->n_kernels + 1;
+  const void **objs = ir_alloc(e->ctx, sizeof *objs * n);
+  size_t *lens = ir_alloc(e->ctx, sizeof *lens * n);
+  dsc_status st = objs && lens ? DSC_OK : DSC_ERR_INTERNAL;
+  if (st == DSC_OK) {
+    int found =
+        rt_unpack_kernel_objects(sec->data, sec->size, p->kernels, p->n_kernels, objs, lens);
+    if (found < 0) {
+      ir_error(e->ctx, rt_loc(dsc_program_path(prog)),
+               "not a valid .dsx file: section '%s' is malformed", sec->name);
+      st = DSC_ERR_USER;
+    } else {
+      e->prebuilt += found;
+      st = cg_llvm_compile_with(e->jit, p->kernels, p->n_kernels, fns,
+                                (const void *const *)objs, lens);
+    }
+  }
+  if (objs) ir_free(e->ctx, objs, sizeof *objs * n);
+  if (lens) ir_free(e->ctx, lens, sizeof *lens * n);
+  return st;
+}
+
 static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
   dsc_context *ctx = e->ctx;
   ir_arena_init(&e->arena, ctx);
@@ -106,8 +149,8 @@ static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
     cg_program *p = e->progs[i];
     e->fns[i] = ir_alloc(ctx, sizeof(cg_cpu_kernel_fn) * (size_t)(p->n_kernels + 1));
     if (!e->fns[i]) return DSC_ERR_INTERNAL;
-    if (p->n_kernels > 0 && (st = cg_llvm_compile(e->jit, p->kernels, p->n_kernels, e->fns[i])) != DSC_OK)
-      return st;
+    const char *gname = dsc_graph_name(dsc_module_graph(e->m, i));
+    if (p->n_kernels > 0 && (st = cpu_kernels(e, gname, p, e->fns[i])) != DSC_OK) return st;
   }
   int threads = o && o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (threads < 1) threads = 1;
@@ -118,6 +161,12 @@ static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
 #endif
 
 dsc_status dsc_exec_new(dsc_module *m, const dsc_exec_options *opts, dsc_exec **out) {
+  return dsc_exec_new_with_program(m, opts, NULL, NULL, out);
+}
+
+dsc_status dsc_exec_new_with_program(dsc_module *m, const dsc_exec_options *opts,
+                                     const dsc_program *program, const char *program_module,
+                                     dsc_exec **out) {
   *out = NULL;
   dsc_context *ctx = dsc_module_context(m);
   dsc_backend b = opts ? opts->backend : dsc_backend_default();
@@ -137,6 +186,12 @@ dsc_status dsc_exec_new(dsc_module *m, const dsc_exec_options *opts, dsc_exec **
   e->ctx = ctx;
   e->m = m;
   e->backend = b;
+#ifdef DSC_HAVE_LLVM
+  e->program = program;
+  e->program_module = program_module;
+#else
+  (void)program, (void)program_module;
+#endif
   dsc_status st = DSC_OK;
   if (b == DSC_BACKEND_INTERP) {
     if (!(e->params = dsc_params_init(m, 0))) st = DSC_ERR_INTERNAL;
@@ -279,6 +334,16 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
   return st;
 #else
   return DSC_ERR_INTERNAL;
+#endif
+}
+
+void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt) {
+  *compiled = *prebuilt = 0;
+#ifdef DSC_HAVE_LLVM
+  cg_llvm_jit_stats(e->jit, compiled, NULL);
+  *prebuilt = e->prebuilt;
+#else
+  (void)e;
 #endif
 }
 

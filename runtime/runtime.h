@@ -9,6 +9,7 @@
 
 #include "codegen/codegen.h"
 #include "dsc/comm.h"
+#include "dsc/exec.h"
 #include "dsc/runtime.h"
 #include "ir/ir.h"
 
@@ -64,6 +65,22 @@ dsc_status rt_dsx_write(dsc_context *ctx, const char *path, const rt_dsx_section
 dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out);
 void rt_dsx_free(dsc_context *ctx, rt_dsx *d);
 const rt_dsx_section *rt_dsx_find(const rt_dsx *d, const char *name);
+
+/* ======================= runtime/program_file.c =======================
+ * Program files (include/dsc/exec.h dsc_program_*). One graph's CPU kernel
+ * objects form one section: packed from kernels k[0..n) with their objects;
+ * unpacking sets objs[i]/lens[i] (pointers into data) for each kernel i
+ * whose name and kir_hash equal the file's entry i, NULL for the others.
+ * Returns the number found, or -1 when the section is malformed. */
+void *rt_pack_kernel_objects(dsc_context *ctx, kir_kernel *const *k, int n,
+                             void *const *objs, const size_t *lens, size_t *out_len);
+int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k, int n,
+                             const void **objs, size_t *lens);
+const rt_dsx *rt_program_dsx(const dsc_program *p);
+/* Whether p holds cpu kernels from this dsc version for host (cg_llvm_host). */
+bool rt_program_cpu_fits(const dsc_program *p, const char *host);
+/* cg_llvm_host of a JIT for this process's host (false if LLVM fails). */
+bool rt_llvm_host(dsc_context *ctx, char *buf, size_t len);
 
 /* ======================= runtime/data.c ======================= */
 typedef struct dsc_loader rt_loader;

@@ -32,5 +32,6 @@ int cli_run(int argc, char **argv);
 int cli_data(int argc, char **argv);
 int cli_train(int argc, char **argv);
 int cli_sample(int argc, char **argv);
+int cli_compile(int argc, char **argv);
 
 #endif

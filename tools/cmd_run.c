@@ -16,8 +16,35 @@ static const char run_help[] =
     "index: embedding rows, cross_entropy classes) and runs the forward graph\n"
     "on the backend (default: cpu where built, else interp, the reference\n"
     "interpreter; --threads: cpu threads). Prints 'loss: X' when forward returns a\n"
-    "scalar, else each output's type and leading values. FILE is a .dsm model\n"
-    "or a .dsir text IR file. --quiet drops the summary on standard error.\n";
+    "scalar, else each output's type and leading values. FILE is a .dsm model,\n"
+    "a .dsir text IR file or a .dsx program from 'dsc compile' (its forward graph\n"
+    "and, on the same host, its kernels; --batch and --seq must match it).\n"
+    "--quiet drops the summary on standard error.\n";
+
+/* The forward module of a program file; dims must match what it was
+ * compiled with (its graphs are fixed). */
+static dsc_status load_program(dsc_context *ctx, const char *path, const cli_dims *dims,
+                               dsc_program **prog, dsc_module **m) {
+  dsc_status st = dsc_program_open(ctx, path, prog);
+  for (int k = 0; st == DSC_OK && k < dims->n; k++) {
+    const char *name = dims->names[k];
+    const char *key = strcmp(name, "B") == 0 ? "batch" : strcmp(name, "T") == 0 ? "seq" : NULL;
+    int64_t have = 0;
+    if (!key) {
+      fprintf(stderr, "%s: error: --dim %s: a compiled program's dims are fixed\n", path, name);
+      st = DSC_ERR_USER;
+    } else if ((st = dsc_program_meta_i64(*prog, key, &have)) == DSC_OK &&
+               have != dims->dims[k].value) {
+      fprintf(stderr,
+              "%s: error: was compiled with --%s %" PRId64 ", not %" PRId64
+              " (its graphs are fixed: recompile with dsc compile --%s %" PRId64 ")\n",
+              path, key, have, dims->dims[k].value, key, dims->dims[k].value);
+      st = DSC_ERR_USER;
+    }
+  }
+  if (st == DSC_OK) st = dsc_program_module(*prog, "forward", m);
+  return st;
+}
 
 /* splitmix64: the inputs only need to be reproducible, not the params'
  * generator (that one is documented in docs/ir.md). */
@@ -113,10 +140,14 @@ int cli_run(int argc, char **argv) {
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   dsc_module *m = NULL;
+  dsc_program *prog = NULL;
   dsc_params *params = NULL;
   dsc_tensor **inputs = NULL, **outputs = NULL;
   int n_in = 0, n_out = 0;
-  dsc_status st = cli_load_module(ctx, path, &dims, &m);
+  size_t plen = strlen(path);
+  bool is_prog = dsc_program_is_file(path) || (plen >= 4 && strcmp(path + plen - 4, ".dsx") == 0);
+  dsc_status st = is_prog ? load_program(ctx, path, &dims, &prog, &m)
+                          : cli_load_module(ctx, path, &dims, &m);
   const dsc_graph *g = st == DSC_OK ? dsc_module_find_graph(m, "forward") : NULL;
   if (st == DSC_OK && !g) {
     fprintf(stderr, "%s: error: the module has no graph 'forward'\n", path);
@@ -160,8 +191,17 @@ int cli_run(int argc, char **argv) {
               dsc_module_name(m), dsc_module_param_numel(m), dsc_module_param_count(m), seed);
     dsc_exec *x = NULL;
     dsc_exec_options xo = {backend, (int)threads, NULL};
-    if (backend != DSC_BACKEND_INTERP) st = dsc_run_codegen_passes(m);
-    if (st == DSC_OK) st = dsc_exec_new(m, &xo, &x);
+    char why[1200];
+    if (prog && backend == DSC_BACKEND_CPU && !dsc_program_cpu_usable(prog, why, sizeof why))
+      fprintf(stderr, "%s: warning: compiling the kernels from the IR: %s\n", path, why);
+    /* A program's graphs went through the codegen passes already. */
+    if (backend != DSC_BACKEND_INTERP && !prog) st = dsc_run_codegen_passes(m);
+    if (st == DSC_OK) st = dsc_exec_new_with_program(m, &xo, prog, "forward", &x);
+    if (st == DSC_OK && prog && !quiet) {
+      int compiled, loaded;
+      dsc_exec_kernel_counts(x, &compiled, &loaded);
+      fprintf(stderr, "program %s: %d kernels loaded, %d compiled\n", path, loaded, compiled);
+    }
     if (st == DSC_OK) st = dsc_exec_set_params(x, params);
     if (st == DSC_OK) st = dsc_exec_run(x, "forward", (const dsc_tensor *const *)inputs, n_in, outputs);
     dsc_exec_free(x);
@@ -174,6 +214,7 @@ int cli_run(int argc, char **argv) {
   free(outputs);
   dsc_params_free(params);
   dsc_module_free(m);
+  dsc_program_free(prog);
   dsc_context_free(ctx);
   return cli_exit_code(st);
 }

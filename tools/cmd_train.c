@@ -15,8 +15,11 @@ static const char train_help[] =
     "       dsc train --resume DIR [MODEL.dsm] [options]\n"
     "\n"
     "Trains a token model (forward(tokens, targets) -> loss): compiles MODEL.dsm,\n"
-    "runs the training pipeline (precision, autodiff, optimizer, decompose, fuse)\n"
+    "runs the training pipeline (precision, autodiff, optimizer, decompose, cse, fuse)\n"
     "and steps through PREFIX_train.bin (written by 'dsc data').\n"
+    "MODEL may be a .dsx from 'dsc compile': its graphs and (same host) kernels are\n"
+    "used as they are; --batch, --seq, --grad-accum and --precision must then match\n"
+    "what it was compiled with.\n"
     "The flags override the model's train section:\n"
     "  --data PREFIX     token shards PREFIX_train.bin and, if present, PREFIX_val.bin\n"
     "  --steps N         optimizer steps of the whole run, counted from step 0\n"
@@ -230,6 +233,9 @@ int cli_train(int argc, char **argv) {
            " tokens/step, %" PRId64 " steps, lr %g, seed %" PRIu64 "\n",
            cfg->batch, cfg->seq, cfg->grad_accum, cfg->batch * cfg->seq * cfg->grad_accum,
            cfg->steps, cfg->opt.lr, cfg->seed);
+    if (info->program_path)
+      printf("program %s: %d kernels loaded, %d compiled\n", info->program_path,
+             info->kernels_prebuilt, info->kernels_compiled);
     if (info->resumed_from)
       printf("resumed from %s at step %" PRId64 "\n", info->resumed_from, info->start_step);
     fflush(stdout);

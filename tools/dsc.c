@@ -11,8 +11,6 @@
 #include "dsc/dsc.h"
 #include "tools/cli.h"
 
-#define DSC_VERSION "0.1.0"
-
 /* ---------------------------------------------------------------- common */
 
 void cli_usage_error(const char *cmd, const char *fmt, ...) {
@@ -87,6 +85,14 @@ char *cli_read_file(const char *path, size_t *len) {
 /* Loads a model file (.dsm through the frontend) or a text IR file (.dsir). */
 dsc_status cli_load_module(dsc_context *ctx, const char *path, const cli_dims *dims,
                            dsc_module **out) {
+  /* A program file fed to the frontend would be a wall of lexer errors. */
+  if (dsc_program_is_file(path)) {
+    fprintf(stderr,
+            "%s: error: is a compiled program (.dsx), not a model file; 'dsc compile --list %s' "
+            "shows what it holds, 'dsc train' and 'dsc run' take it\n",
+            path, path);
+    return DSC_ERR_USER;
+  }
   if (ends_with(path, ".dsir")) {
     size_t len;
     char *text = cli_read_file(path, &len);
@@ -148,9 +154,10 @@ typedef struct {
 static const cli_command commands[] = {
     {"check", cli_check, "check a model file and print its diagnostics"},
     {"dump", cli_dump, "print the IR of a model file or a .dsir file (text or --dot)"},
-    {"run", cli_run, "run the forward pass on random inputs with the interpreter"},
+    {"run", cli_run, "run the forward pass on random inputs (model or .dsx, any backend)"},
     {"data", cli_data, "tokenize a text file (bytes) into train/val token shards"},
     {"train", cli_train, "train a model on token shards, with checkpoints and resume"},
+    {"compile", cli_compile, "compile a model's training step and kernels into a .dsx program"},
     {"sample", cli_sample, "generate text from a trained checkpoint"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])

@@ -33,6 +33,10 @@ bool dsc_backend_available(dsc_backend b);
 /* The default: cpu where it is built, else interp. */
 dsc_backend dsc_backend_default(void);
 
+/* A program file (.dsx) written by `dsc compile`: modules as text IR plus
+ * their compiled kernels (see "program files" below). */
+typedef struct dsc_program dsc_program;
+
 typedef struct {
   dsc_backend backend;
   int threads;           /* cpu: worker threads; 0 = one per core */
@@ -45,6 +49,16 @@ typedef struct dsc_exec dsc_exec;
  * zeros: call dsc_exec_set_params before the first run. m must outlive the
  * executor and must not change while it lives. */
 dsc_status dsc_exec_new(dsc_module *m, const dsc_exec_options *opts, dsc_exec **out);
+/* dsc_exec_new with prebuilt kernels: the cpu backend loads the objects of
+ * m's graphs from `program` (its module `program_module`, e.g. "step")
+ * instead of compiling them, when they fit this host and dsc version
+ * (dsc_program_cpu_usable says why not); kernels the file lacks or that
+ * changed are compiled. program NULL: dsc_exec_new. (A separate entry, not
+ * an options field, so that positional initialisers of dsc_exec_options
+ * stay complete under -Wextra.) */
+dsc_status dsc_exec_new_with_program(dsc_module *m, const dsc_exec_options *opts,
+                                     const dsc_program *program, const char *program_module,
+                                     dsc_exec **out);
 void dsc_exec_free(dsc_exec *e);
 dsc_backend dsc_exec_backend(const dsc_exec *e);
 
@@ -59,6 +73,10 @@ dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p);
 dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
                         int n_inputs, dsc_tensor **outputs);
 
+/* Kernels the executor compiled, and kernels it loaded prebuilt from a
+ * program (cpu backend; the interpreter has none). */
+void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt);
+
 /* Per-instruction timing of the compiled backends (off by default; the
  * interpreter has none). dsc_exec_print_profile prints graph's `top`
  * slowest instructions (kernel launches, GEMMs, ...) with their share of
@@ -66,6 +84,37 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
  * total per instruction kind. */
 void dsc_exec_set_profiling(dsc_exec *e, bool on);
 dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE *out);
+
+/* ---- program files (.dsx) ----
+ * A checksummed container (runtime/dsx.c) of named sections: "meta" (text
+ * key=value lines: format, target, host, the options the graphs were built
+ * with), "module.<name>" (a module's text IR after the pipeline), and per
+ * graph the kernels: "cpu/<module>/<graph>" (one object per kernel for the
+ * host named in meta) or "cuda/<module>/<graph>.cu|.ptx|.cubin". Written by
+ * dsc_program_compile (include/dsc/trainer.h); docs/codegen.md. */
+#define DSC_PROGRAM_FORMAT 1
+/* dsc's version (`dsc --version`); a .dsx's kernels load only into the
+ * dsc that wrote them, since generated code may change between versions. */
+#define DSC_VERSION "0.1.0"
+/* True when the file starts with the .dsx magic (false if unreadable). */
+bool dsc_program_is_file(const char *path);
+/* Reads and checks the whole file (checksums, format version, meta). */
+dsc_status dsc_program_open(dsc_context *ctx, const char *path, dsc_program **out);
+void dsc_program_free(dsc_program *p);
+const char *dsc_program_path(const dsc_program *p);
+/* A meta value (NULL if absent). */
+const char *dsc_program_meta(const dsc_program *p, const char *key);
+/* A meta value that must be a positive integer; a diagnostic otherwise. */
+dsc_status dsc_program_meta_i64(const dsc_program *p, const char *key, int64_t *out);
+/* Parses section "module.<name>" into a new module (on p's context). */
+dsc_status dsc_program_module(const dsc_program *p, const char *name, dsc_module **out);
+/* Whether the file's cpu kernels can load on this host; if not, why (one
+ * line: another target, CPU, LLVM or dsc version) in why[0..n). */
+bool dsc_program_cpu_usable(const dsc_program *p, char *why, size_t n);
+/* The sections, for listings. */
+int dsc_program_section_count(const dsc_program *p);
+const char *dsc_program_section_name(const dsc_program *p, int i);
+size_t dsc_program_section_size(const dsc_program *p, int i);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,9 @@
  * values. Checkpoints hold the trainable params (model.safetensors), the
  * optimizer states (optimizer.safetensors) and the step, loader position and
  * run settings (state.json), so that a resumed run continues bit for bit.
+ * The model may also be a .dsx program file (dsc_program_compile below):
+ * its modules are used as they are, without the pipeline, and its kernels
+ * are loaded instead of compiled where they fit the host.
  *
  * Nothing here prints: progress goes to a callback, errors are diagnostics. */
 #ifndef DSC_TRAINER_H
@@ -28,7 +31,7 @@ typedef struct {
   /* When resuming, NULL / 0 here means the checkpoint's value: model, data,
    * batch, seq, grad_accum, steps, lr, seed (batch, seq, grad_accum must
    * agree with it when given). */
-  const char *model_path;  /* .dsm */
+  const char *model_path;  /* .dsm, or a .dsx from dsc_program_compile (by its magic) */
   const char *data_prefix; /* PREFIX_train.bin (+ PREFIX_val.bin if it exists) */
   const char *out_dir;     /* checkpoints and metrics.jsonl; NULL: none (resume: its dir) */
   const char *resume;      /* a checkpoint (OUT or OUT/step-N) to continue from, or NULL */
@@ -61,6 +64,9 @@ typedef struct {
   int64_t start_step;       /* > 0 when resumed */
   const char *resumed_from; /* the step directory read, or NULL */
   const dsc_train_config *cfg;
+  const char *program_path; /* the model is a .dsx program file (absolute), or NULL */
+  int kernels_compiled;     /* kernels the executors compiled (cpu backend) */
+  int kernels_prebuilt;     /* kernels loaded from the .dsx instead */
 } dsc_trainer_info;
 
 /* One finished optimizer step. step counts completed steps (1..steps), as
@@ -112,6 +118,29 @@ typedef bool (*dsc_train_callback)(void *ud, const dsc_train_progress *p);
  * summary->stopped. A failed step writes no checkpoint. */
 dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, dsc_train_callback cb,
                            void *ud, dsc_train_summary *summary);
+
+/* ---- program files (.dsx; include/dsc/exec.h) ----
+ * dsc_program_compile builds the modules dsc_trainer_open would build from
+ * the model file (the step module through the whole pipeline at batch *
+ * grad_accum x seq, and the forward module at batch x seq with the codegen
+ * passes), then writes them with their kernels for `target`. Training or
+ * running from the .dsx skips the pipeline and, on the same host, the
+ * kernel compilation. */
+typedef struct {
+  const char *model_path;          /* .dsm */
+  const char *out_path;            /* the .dsx, written atomically */
+  const char *target;              /* "cpu" (NULL) or "cuda" */
+  int64_t batch, seq, grad_accum;  /* 0: the model's train section */
+  const char *precision;           /* NULL: the model's */
+  double lr;                       /* <= 0: the model's (in the graph only for muon's adam_lr) */
+  int cuda_arch;                   /* cuda: sm_XX; 0: 90 */
+} dsc_compile_options;
+typedef struct {
+  int graphs, kernels;
+  int64_t bytes; /* of the file */
+} dsc_compile_summary;
+dsc_status dsc_program_compile(dsc_context *ctx, const dsc_compile_options *o,
+                               dsc_compile_summary *sum);
 
 /* ---- pieces, usable on their own ---- */
 
