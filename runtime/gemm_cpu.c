@@ -1,5 +1,7 @@
-/* GEMMs for the CPU executor: oneDNN matmul primitives built once per
- * program instruction, with a blocked C loop for what oneDNN refuses.
+/* GEMMs for the CPU executor, planned once per program instruction: f32 on
+ * AVX-512 hosts through dsc's packed SGEMM (runtime/sgemm.c) on our pool;
+ * other dtypes and hosts through oneDNN (dnnl_sgemm or matmul primitives),
+ * with a blocked C loop for what oneDNN refuses.
  *
  * Threading (found on Debian 12's libdnnl 2.6): DNNL_CPU_THREADING_RUNTIME is
  * OMP and libdnnl.so links libgomp, so oneDNN runs its own OpenMP team, not
@@ -25,6 +27,12 @@ struct rt_gemm_engine {
   dsc_context *ctx;
   rt_pool *pool;
   int n_threads;
+  /* packing scratch of rt_sgemm, shared by the engine's plans (runs never
+   * overlap): n_threads slots of sg_per_thread floats, grown at planning */
+  void *sg_raw;
+  size_t sg_bytes;
+  float *sg_scratch;
+  int64_t sg_per_thread;
 #ifdef DSC_HAVE_LLVM
   dnnl_engine_t engine;
   dnnl_stream_t stream;
@@ -36,6 +44,7 @@ struct rt_gemm_plan {
   cg_gemm g;
   dsc_dtype ab, c;
   char impl[72];
+  bool dsc_sgemm; /* f32 through rt_sgemm (runtime/sgemm.c) */
   /* the C loop's job (set per run) */
   const char *pa, *pb;
   char *pc;
@@ -75,6 +84,7 @@ rt_gemm_engine *rt_gemm_engine_new(dsc_context *ctx, rt_pool *pool) {
 
 void rt_gemm_engine_free(rt_gemm_engine *e) {
   if (!e) return;
+  if (e->sg_raw) ir_free(e->ctx, e->sg_raw, e->sg_bytes);
 #ifdef DSC_HAVE_LLVM
   if (e->stream) dnnl_stream_destroy(e->stream);
   if (e->engine) dnnl_engine_destroy(e->engine);
@@ -398,6 +408,32 @@ static bool run_sgemm(rt_gemm_plan *p, const float *a, const float *b, float *c,
 }
 #endif
 
+/* f32 on AVX-512 hosts: dsc's packed SGEMM on the pool (faster than
+ * oneDNN 2.6's sgemm and matmul here, and bitwise independent of the thread
+ * count). Grows the engine's scratch to what the GEMM needs; false with
+ * *oom on allocation failure. */
+static bool plan_dsc_sgemm(rt_gemm_plan *pl, bool *oom) {
+  rt_gemm_engine *e = pl->e;
+  if (pl->ab != DSC_F32 || pl->c != DSC_F32 || !rt_sgemm_supported()) return false;
+  int64_t need = rt_sgemm_scratch_floats(&pl->g);
+  if (need > e->sg_per_thread) {
+    size_t bytes = (size_t)need * sizeof(float) * (size_t)e->n_threads + 64;
+    void *raw = ir_alloc(e->ctx, bytes);
+    if (!raw) {
+      *oom = true;
+      return false;
+    }
+    if (e->sg_raw) ir_free(e->ctx, e->sg_raw, e->sg_bytes);
+    e->sg_raw = raw;
+    e->sg_bytes = bytes;
+    e->sg_scratch = (float *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+    e->sg_per_thread = need;
+  }
+  pl->dsc_sgemm = true;
+  snprintf(pl->impl, sizeof pl->impl, "dsc:sgemm-avx512");
+  return true;
+}
+
 rt_gemm_plan *rt_gemm_plan_new(rt_gemm_engine *e, const cg_gemm *g, dsc_dtype ab, dsc_dtype c,
                                int flags) {
   if (!check_gemm(e->ctx, g, ab, c)) return NULL;
@@ -412,8 +448,14 @@ rt_gemm_plan *rt_gemm_plan_new(rt_gemm_engine *e, const cg_gemm *g, dsc_dtype ab
   pl->ab = ab;
   pl->c = c;
   snprintf(pl->impl, sizeof pl->impl, "loop");
-#ifdef DSC_HAVE_LLVM
   bool oom = false;
+  if (!(flags & RT_GEMM_NO_LIBRARY) && plan_dsc_sgemm(pl, &oom)) return pl;
+  if (oom) {
+    ir_error(e->ctx, ir_no_loc, "out of memory planning a GEMM");
+    rt_gemm_plan_free(pl);
+    return NULL;
+  }
+#ifdef DSC_HAVE_LLVM
   if (!(flags & RT_GEMM_NO_LIBRARY) && plan_sgemm(pl)) return pl;
   if (!(flags & RT_GEMM_NO_LIBRARY) && !build_dnnl(pl, &oom) && oom) {
     ir_error(e->ctx, ir_no_loc, "out of memory planning a GEMM");
@@ -437,6 +479,10 @@ void rt_gemm_plan_free(rt_gemm_plan *p) {
 const char *rt_gemm_plan_impl(const rt_gemm_plan *p) { return p->impl; }
 
 bool rt_gemm_run(rt_gemm_plan *p, const void *a, const void *b, void *c, char *err, size_t errlen) {
+  if (p->dsc_sgemm) {
+    rt_sgemm(p->e->pool, &p->g, a, b, c, p->e->sg_scratch, p->e->sg_per_thread);
+    return true;
+  }
 #ifdef DSC_HAVE_LLVM
   if (p->sgemm) return run_sgemm(p, a, b, c, err, errlen);
   if (p->prim) {

@@ -233,7 +233,8 @@ int rt_pool_chunks(const rt_pool *p, int64_t n, int64_t min_chunk);
  * slices and broadcast batches are strides; alpha is an output scale, beta
  * a sum post-op); shapes oneDNN refuses, and builds without oneDNN, use a
  * blocked C loop on the pool. Debian's oneDNN 2.6 threads with OpenMP:
- * each run sets the calling thread's OpenMP thread count to the pool's. */
+ * each run sets the calling thread's OpenMP thread count to the pool's.
+ * f32 GEMMs on AVX-512 hosts take runtime/sgemm.c instead (any build). */
 typedef struct rt_gemm_engine rt_gemm_engine;
 typedef struct rt_gemm_plan rt_gemm_plan;
 /* One per executor (oneDNN engine and stream); pool must outlive it. */
@@ -249,11 +250,26 @@ void rt_gemm_plan_free(rt_gemm_plan *p);
  * cg_matrix offset). False (with err) only if the library fails at run. */
 bool rt_gemm_run(rt_gemm_plan *p, const void *a, const void *b, void *c, char *err,
                  size_t errlen);
-/* "onednn:<implementation>" or "loop" (tests, profiles). */
+/* "dsc:sgemm-avx512", "onednn:<implementation>" or "loop" (tests, profiles). */
 const char *rt_gemm_plan_impl(const rt_gemm_plan *p);
 /* One past the largest element index operand `which` (0 A, 1 B, 2 C)
  * reaches, offset included (for bounds checks against the buffer). */
 int64_t rt_gemm_extent(const cg_gemm *g, int which);
+
+/* ======================= runtime/sgemm.c =======================
+ * dsc's packed f32 GEMM (AVX-512 microkernel) for any strided cg_gemm,
+ * threaded on the pool by whole micro-panels or batches, never by K: the
+ * result is bitwise identical for any thread count. gemm_cpu.c's plans use
+ * it for f32 where rt_sgemm_supported(). */
+bool rt_sgemm_supported(void);
+/* Floats of packing scratch one thread needs for g (a multiple of 16). */
+int64_t rt_sgemm_scratch_floats(const cg_gemm *g);
+/* C = alpha * A . B + beta * C over g's batches (a, b, c: buffer bases, g's
+ * offsets added). scratch: 64-byte aligned, rt_pool_threads(pool) slots of
+ * per_thread >= rt_sgemm_scratch_floats(g) floats (per_thread a multiple
+ * of 16). Only where rt_sgemm_supported(). */
+void rt_sgemm(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, float *c,
+              float *scratch, int64_t per_thread);
 
 /* ======================= runtime/exec_cpu.c =======================
  * Executes lowered programs (codegen/codegen.h cg_program) on the CPU:

@@ -1,0 +1,290 @@
+/* gemm_shapes: dsc's f32 GEMM plan (runtime/gemm_cpu.c, dsc:sgemm-avx512 on
+ * AVX-512 hosts) against oneDNN's dnnl_sgemm on the GEMMs of a GPT-2 124M
+ * train step (B=4, T=64), side by side in one run, with the f32 FMA peak
+ * measured in the same run (bench/fma_peak.c's probe: 16 register-only FMA
+ * chains per thread).
+ *
+ *   gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time]
+ *
+ * --cpu-time (with --threads 1) times with the process's CPU clock, for
+ * comparing variants on a loaded machine (preemption does not count).
+ *
+ * The two implementations' repetitions are interleaved (dsc, oneDNN, dsc,
+ * ...) and medians reported, so that load from other processes affects both
+ * alike. Layouts are the step's (A^T / B^T: the operand is a transposed
+ * view, unit row stride). Prints one line per shape and a JSON summary. */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/runtime.h"
+
+#ifdef DSC_HAVE_LLVM
+#include <dnnl.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#endif
+
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(clock_id, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* ---- the FMA peak (bench/fma_peak.c's probe, AVX-512 only) ---- */
+
+#define CHAINS 16
+
+__attribute__((target("avx512f"))) static float fma_chains(int64_t iters, float seed) {
+  __m512 acc[CHAINS];
+  for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (int64_t i = 0; i < iters; i++) {
+#pragma GCC unroll 16
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 s = acc[0];
+  for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+  return _mm512_reduce_add_ps(s);
+}
+
+typedef struct {
+  pthread_barrier_t *start, *stop;
+  int64_t iters;
+  int trials;
+  float result;
+} peak_worker;
+
+static void *peak_main(void *p) {
+  peak_worker *w = p;
+  for (int t = 0; t < w->trials; t++) {
+    pthread_barrier_wait(w->start);
+    w->result += fma_chains(w->iters, (float)t);
+    pthread_barrier_wait(w->stop);
+  }
+  return NULL;
+}
+
+/* Best of 5 trials of ~ms each, all threads timed together. */
+static double fma_peak(int threads, double ms) {
+  int64_t iters = 1 << 16;
+  for (;;) {
+    double t0 = now_s();
+    volatile float sink = fma_chains(iters, 1);
+    (void)sink;
+    double dt = now_s() - t0;
+    if (dt > ms * 1e-3 / 4 || iters > ((int64_t)1 << 40)) {
+      iters = (int64_t)((double)iters * (ms * 1e-3) / (dt > 0 ? dt : 1e-9));
+      break;
+    }
+    iters *= 4;
+  }
+  if (iters < 1) iters = 1;
+  enum { TRIALS = 5 };
+  pthread_barrier_t start, stop;
+  pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
+  pthread_barrier_init(&stop, NULL, (unsigned)threads + 1);
+  peak_worker ws[64];
+  pthread_t tids[64];
+  for (int i = 0; i < threads; i++) {
+    ws[i] = (peak_worker){&start, &stop, iters, TRIALS, 0};
+    pthread_create(&tids[i], NULL, peak_main, &ws[i]);
+  }
+  double best = 0;
+  for (int t = 0; t < TRIALS; t++) {
+    pthread_barrier_wait(&start);
+    double t0 = now_s();
+    pthread_barrier_wait(&stop);
+    double gf = CHAINS * 32.0 * (double)iters * threads / (now_s() - t0) * 1e-9;
+    if (gf > best) best = gf;
+  }
+  for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
+  pthread_barrier_destroy(&start);
+  pthread_barrier_destroy(&stop);
+  return best;
+}
+
+/* ---- the shapes ---- */
+
+typedef struct {
+  const char *what;
+  int64_t m, n, k;
+  bool ta, tb; /* A stored [k, m] / B stored [n, k] (transposed views) */
+  int64_t batch;
+} shape;
+
+static const shape shapes[] = {
+    {"lm_head fwd", 256, 50304, 768, false, true, 1},
+    {"lm_head dx", 256, 768, 50304, false, false, 1},
+    {"lm_head dW", 50304, 768, 256, true, false, 1},
+    {"fc fwd", 256, 3072, 768, false, false, 1},
+    {"proj fwd", 256, 768, 3072, false, false, 1},
+    {"proj dW", 3072, 768, 256, true, false, 1},
+    {"fc dW", 768, 3072, 256, true, false, 1},
+    {"qkv fwd", 256, 2304, 768, false, false, 1},
+    {"qkv dW", 768, 2304, 256, true, false, 1},
+    {"attn proj fwd", 256, 768, 768, false, false, 1},
+    {"attn proj dW", 768, 768, 256, true, false, 1},
+    {"qkv dx", 256, 768, 2304, false, true, 1},
+    {"fc dx", 256, 768, 3072, false, true, 1},
+    {"attn q.k^T", 64, 64, 64, false, true, 48},
+    {"attn p.v", 64, 64, 64, false, false, 48},
+};
+
+/* One shape as a cg_gemm over contiguous row-major storage of each operand
+ * (batched ones: one matrix per batch, B=4 x heads=12). */
+static cg_gemm make_gemm(const shape *s) {
+  cg_gemm g;
+  memset(&g, 0, sizeof g);
+  g.batch[0] = s->batch > 1 ? 4 : 1;
+  g.batch[1] = s->batch > 1 ? s->batch / 4 : 1;
+  g.m = s->m;
+  g.n = s->n;
+  g.k = s->k;
+  g.a.row_stride = s->ta ? 1 : s->k;
+  g.a.col_stride = s->ta ? s->m : 1;
+  g.b.row_stride = s->tb ? 1 : s->n;
+  g.b.col_stride = s->tb ? s->k : 1;
+  g.c.row_stride = s->n;
+  g.c.col_stride = 1;
+  g.a.batch_stride[1] = s->m * s->k;
+  g.a.batch_stride[0] = g.a.batch_stride[1] * g.batch[1];
+  g.b.batch_stride[1] = s->k * s->n;
+  g.b.batch_stride[0] = g.b.batch_stride[1] * g.batch[1];
+  g.c.batch_stride[1] = s->m * s->n;
+  g.c.batch_stride[0] = g.c.batch_stride[1] * g.batch[1];
+  g.alpha = 1;
+  g.beta = 0;
+  return g;
+}
+
+static int usage(void) {
+  fputs("usage: gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time]\n",
+        stderr);
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  int threads = 2, reps = 9;
+  double ms = 200;
+  const char *only = NULL; /* run the shapes whose name contains it */
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--cpu-time") == 0) {
+      clock_id = CLOCK_PROCESS_CPUTIME_ID;
+      continue;
+    }
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) return usage();
+    if (strcmp(argv[i], "--threads") == 0)
+      threads = atoi(v);
+    else if (strcmp(argv[i], "--reps") == 0)
+      reps = atoi(v);
+    else if (strcmp(argv[i], "--ms") == 0)
+      ms = atof(v);
+    else if (strcmp(argv[i], "--only") == 0)
+      only = v;
+    else
+      return usage();
+    i++;
+  }
+  if (clock_id != CLOCK_MONOTONIC && threads != 1)
+    return fputs("gemm_shapes: --cpu-time needs --threads 1\n", stderr), 2;
+  if (threads < 1 || threads > 64 || reps < 1 || reps > 1000 || !(ms > 0 && ms < 60000))
+    return usage();
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512f"))
+    return fputs("gemm_shapes: needs AVX-512 (the FMA probe and dsc's sgemm)\n", stderr), 1;
+
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  rt_pool *pool = ctx ? rt_pool_new(ctx, threads) : NULL;
+  rt_gemm_engine *eng = pool ? rt_gemm_engine_new(ctx, pool) : NULL;
+  if (!eng) return fputs("gemm_shapes: cannot create the pool or GEMM engine\n", stderr), 1;
+#if defined(DSC_HAVE_LLVM) && defined(_OPENMP)
+  omp_set_num_threads(threads);
+#endif
+  double peak = fma_peak(threads, ms);
+  printf("f32 FMA peak, %d threads: %.1f GFLOP/s\n", threads, peak);
+  printf("%-14s %-22s %-6s %9s %6s %9s %6s %6s\n", "gemm", "m x n x k (batch)", "layout",
+         "dsc GF/s", "%peak", "dnnl GF/s", "%peak", "ratio");
+  double tot_flop = 0, tot_dsc = 0, tot_dnnl = 0;
+  int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+  for (int si = 0; si < n_shapes; si++) {
+    const shape *s = &shapes[si];
+    if (only && !strstr(s->what, only)) continue;
+    cg_gemm g = make_gemm(s);
+    int64_t nb = g.batch[0] * g.batch[1];
+    size_t na = (size_t)(nb * s->m * s->k), nbb = (size_t)(nb * s->k * s->n);
+    size_t nc = (size_t)(nb * s->m * s->n);
+    float *a = malloc(na * 4), *b = malloc(nbb * 4), *c = malloc(nc * 4);
+    if (!a || !b || !c) return fputs("gemm_shapes: out of memory\n", stderr), 1;
+    for (size_t i = 0; i < na; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+    for (size_t i = 0; i < nbb; i++) b[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+    rt_gemm_plan *pl = rt_gemm_plan_new(eng, &g, DSC_F32, DSC_F32, 0);
+    if (!pl) return fputs("gemm_shapes: planning failed\n", stderr), 1;
+    double flop = 2.0 * (double)nb * (double)s->m * (double)s->n * (double)s->k;
+    /* each timed repetition lasts >= ~20 ms: inner loops of the call */
+    int inner = (int)(4e9 / flop) + 1;
+    double *td = malloc(sizeof(double) * (size_t)reps), *tn = malloc(sizeof(double) * (size_t)reps);
+    char err[256];
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+      double t0 = now_s();
+      for (int it = 0; it < inner; it++) rt_gemm_run(pl, a, b, c, err, sizeof err);
+      double t1 = now_s();
+#ifdef DSC_HAVE_LLVM
+      for (int it = 0; it < inner; it++)
+        for (int64_t bb = 0; bb < nb; bb++)
+          dnnl_sgemm('N' + (s->ta ? 6 : 0), 'N' + (s->tb ? 6 : 0), s->m, s->n, s->k, 1.0f,
+                     a + bb * s->m * s->k, s->ta ? s->m : s->k, b + bb * s->k * s->n,
+                     s->tb ? s->k : s->n, 0.0f, c + bb * s->m * s->n, s->n);
+#endif
+      double t2 = now_s();
+      if (r >= 0) {
+        td[r] = (t1 - t0) / inner;
+        tn[r] = (t2 - t1) / inner;
+      }
+    }
+    qsort(td, (size_t)reps, sizeof(double), cmp_double);
+    qsort(tn, (size_t)reps, sizeof(double), cmp_double);
+    double d = td[reps / 2], n = tn[reps / 2];
+#ifndef DSC_HAVE_LLVM
+    n = d; /* no oneDNN in this build: its columns repeat dsc's */
+#endif
+    char dims[64];
+    snprintf(dims, sizeof dims, "%" PRId64 "x%" PRId64 "x%" PRId64 " (%" PRId64 ")", s->m, s->n,
+             s->k, nb);
+    printf("%-14s %-22s %-6s %9.1f %5.1f%% %9.1f %5.1f%% %5.2fx  [%s]\n", s->what, dims,
+           s->ta   ? "AtB"
+           : s->tb ? "ABt"
+                   : "AB",
+           flop / d * 1e-9, 100 * flop / d * 1e-9 / peak, flop / n * 1e-9,
+           100 * flop / n * 1e-9 / peak, n / d, rt_gemm_plan_impl(pl));
+    tot_flop += flop;
+    tot_dsc += d;
+    tot_dnnl += n;
+    rt_gemm_plan_free(pl);
+    free(a), free(b), free(c), free(td), free(tn);
+  }
+  printf(
+      "{\"impl\":\"gemm_shapes\",\"threads\":%d,\"peak_gflops\":%.1f,\"dsc_gflops\":%.1f,"
+      "\"dnnl_gflops\":%.1f,\"dsc_pct_peak\":%.1f,\"dnnl_pct_peak\":%.1f}\n",
+      threads, peak, tot_flop / tot_dsc * 1e-9, tot_flop / tot_dnnl * 1e-9,
+      100 * tot_flop / tot_dsc * 1e-9 / peak, 100 * tot_flop / tot_dnnl * 1e-9 / peak);
+  rt_gemm_engine_free(eng);
+  rt_pool_free(pool);
+  dsc_context_free(ctx);
+  return 0;
+}

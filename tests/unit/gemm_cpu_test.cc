@@ -1,0 +1,374 @@
+// dsc's packed f32 GEMM (runtime/sgemm.c) through the CPU GEMM plans
+// (runtime/gemm_cpu.c): every layout of cg_gemm against a double-precision
+// reference, beta == 0 never reading C, and results bitwise independent of
+// the thread count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace {
+
+struct Ctx {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  ~Ctx() { dsc_context_free(ctx); }
+  std::string diags() const {
+    std::string s;
+    for (int i = 0; i < dsc_diag_count(ctx); i++)
+      s += dsc_diag_get(ctx, i)->message + std::string("\n");
+    return s;
+  }
+};
+
+// How one operand is laid out: row-major, transposed (unit row stride) or
+// fully strided (no unit stride: every element `gap` apart), with padding
+// between rows/matrices, an offset, and batch dims it broadcasts over.
+enum class Kind { Rows, Cols, Strided };
+struct Layout {
+  Kind kind = Kind::Rows;
+  int64_t offset = 0, pad = 0, gap = 2;
+  bool bcast[2] = {false, false};
+};
+
+struct Operand {
+  cg_matrix m{};
+  std::vector<float> data;
+};
+
+Operand make(std::mt19937 &rng, int64_t b0, int64_t b1, int64_t rows, int64_t cols, const Layout &l,
+             float fill_nan = 0) {
+  Operand o;
+  int64_t mat;
+  switch (l.kind) {
+    case Kind::Rows:
+      o.m.col_stride = 1;
+      o.m.row_stride = cols + l.pad;
+      mat = rows * o.m.row_stride;
+      break;
+    case Kind::Cols:
+      o.m.row_stride = 1;
+      o.m.col_stride = rows + l.pad;
+      mat = cols * o.m.col_stride;
+      break;
+    default:
+      o.m.col_stride = l.gap;
+      o.m.row_stride = cols * l.gap + l.pad;
+      mat = rows * o.m.row_stride;
+      break;
+  }
+  o.m.offset = l.offset;
+  o.m.batch_stride[1] = l.bcast[1] ? 0 : mat;
+  o.m.batch_stride[0] = l.bcast[0] ? 0 : mat * (l.bcast[1] ? 1 : b1);
+  o.data.resize(l.offset + mat * b0 * b1 + 5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (auto &x : o.data) x = fill_nan != 0 ? std::numeric_limits<float>::quiet_NaN() : u(rng);
+  return o;
+}
+
+double at(const Operand &o, int64_t b0, int64_t b1, int64_t r, int64_t c) {
+  const cg_matrix &m = o.m;
+  return o.data[m.offset + b0 * m.batch_stride[0] + b1 * m.batch_stride[1] + r * m.row_stride +
+                c * m.col_stride];
+}
+
+struct Case {
+  std::string name;
+  int64_t b0 = 1, b1 = 1, m, n, k;
+  Layout la, lb, lc;
+  double alpha = 1, beta = 0;
+  bool nan_c = false;  // C starts as NaN (only with beta == 0)
+};
+
+struct Prepared {
+  Case cs;
+  Operand a, b, c, c0;
+  cg_gemm g{};
+  rt_gemm_plan *plan = nullptr;
+};
+
+void prepare(Prepared &p, rt_gemm_engine *e, Ctx &c) {
+  const Case &cs = p.cs;
+  std::mt19937 rng(99 + (unsigned)(cs.m * 131 + cs.n * 17 + cs.k));
+  p.a = make(rng, cs.b0, cs.b1, cs.m, cs.k, cs.la);
+  p.b = make(rng, cs.b0, cs.b1, cs.k, cs.n, cs.lb);
+  p.c = make(rng, cs.b0, cs.b1, cs.m, cs.n, cs.lc, cs.nan_c ? 1.f : 0.f);
+  p.c0 = p.c;
+  p.g.batch[0] = cs.b0;
+  p.g.batch[1] = cs.b1;
+  p.g.m = cs.m;
+  p.g.n = cs.n;
+  p.g.k = cs.k;
+  p.g.a = p.a.m;
+  p.g.b = p.b.m;
+  p.g.c = p.c.m;
+  p.g.alpha = cs.alpha;
+  p.g.beta = cs.beta;
+  ASSERT_LE(rt_gemm_extent(&p.g, 0), (int64_t)p.a.data.size());
+  ASSERT_LE(rt_gemm_extent(&p.g, 1), (int64_t)p.b.data.size());
+  ASSERT_LE(rt_gemm_extent(&p.g, 2), (int64_t)p.c.data.size());
+  p.plan = rt_gemm_plan_new(e, &p.g, DSC_F32, DSC_F32, 0);
+  ASSERT_NE(p.plan, nullptr) << c.diags();
+  EXPECT_STREQ(rt_gemm_plan_impl(p.plan), "dsc:sgemm-avx512");
+}
+
+// Every element against a double reference. Tolerance: the classic bound
+// for a length-k f32 dot product plus the alpha/beta update,
+// |err| <= (k + 4) * 2^-23 * (|alpha| sum_p |a_ip b_pj| + |beta c_ij|),
+// i.e. proportional to the magnitudes involved, never absolute.
+void check(const Prepared &p) {
+  const Case &cs = p.cs;
+  double worst = 0;
+  for (int64_t i0 = 0; i0 < cs.b0; i0++)
+    for (int64_t i1 = 0; i1 < cs.b1; i1++)
+      for (int64_t i = 0; i < cs.m; i++)
+        for (int64_t j = 0; j < cs.n; j++) {
+          double s = 0, mag = 0;
+          for (int64_t q = 0; q < cs.k; q++) {
+            double x = at(p.a, i0, i1, i, q) * at(p.b, i0, i1, q, j);
+            s += x;
+            mag += std::fabs(x);
+          }
+          double ref = cs.alpha * s, bound = std::fabs(cs.alpha) * mag;
+          if (cs.beta != 0) {
+            ref += cs.beta * at(p.c0, i0, i1, i, j);
+            bound += std::fabs(cs.beta * at(p.c0, i0, i1, i, j));
+          }
+          double got = at(p.c, i0, i1, i, j);
+          ASSERT_TRUE(std::isfinite(got)) << cs.name << " at " << i << "," << j;
+          double tol = (double)(cs.k + 4) * std::ldexp(1.0, -23) * bound;
+          ASSERT_LE(std::fabs(got - ref), tol)
+              << cs.name << " at (" << i0 << "," << i1 << "," << i << "," << j << ")";
+          if (bound > 0) worst = std::max(worst, std::fabs(got - ref) / bound);
+        }
+  // Elements outside the view (padding, gaps, offsets) are untouched.
+  std::vector<bool> in_view(p.c.data.size(), false);
+  for (int64_t i0 = 0; i0 < cs.b0; i0++)
+    for (int64_t i1 = 0; i1 < cs.b1; i1++)
+      for (int64_t i = 0; i < cs.m; i++)
+        for (int64_t j = 0; j < cs.n; j++)
+          in_view[p.c.m.offset + i0 * p.c.m.batch_stride[0] + i1 * p.c.m.batch_stride[1] +
+                  i * p.c.m.row_stride + j * p.c.m.col_stride] = true;
+  for (size_t i = 0; i < p.c.data.size(); i++)
+    if (!in_view[i]) {
+      float x = p.c.data[i], y = p.c0.data[i];
+      ASSERT_EQ(std::memcmp(&x, &y, sizeof x), 0) << cs.name << " wrote outside C at " << i;
+    }
+}
+
+bool supported() { return rt_sgemm_supported(); }
+
+std::vector<Case> layout_cases() {
+  std::vector<Case> v;
+  struct Size {
+    int64_t m, n, k;
+  };
+  // 1x1x1; odd sizes off MR (8), NR (48), the 16-wide transposes; 9x49x769
+  // crosses the depth block KC = 768, 20x700x30 the column block NB = 336.
+  const Size sizes[] = {{1, 1, 1}, {17, 33, 65}, {9, 49, 769}, {20, 700, 30}};
+  const Kind kinds[] = {Kind::Rows, Kind::Cols, Kind::Strided};
+  const char *names[] = {"N", "T", "S"};
+  for (const Size &s : sizes)
+    for (int ka = 0; ka < 3; ka++)
+      for (int kb = 0; kb < 3; kb++)
+        for (int kc = 0; kc < 3; kc++) {
+          Case cs;
+          cs.m = s.m;
+          cs.n = s.n;
+          cs.k = s.k;
+          cs.la.kind = kinds[ka];
+          cs.lb.kind = kinds[kb];
+          cs.lc.kind = kinds[kc];
+          cs.la.offset = 3;
+          cs.lb.pad = 5;
+          cs.lc.offset = 7;
+          cs.lc.pad = 2;
+          cs.name = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) +
+                    " A" + names[ka] + " B" + names[kb] + " C" + names[kc];
+          v.push_back(cs);
+        }
+  return v;
+}
+
+void run_cases(std::vector<Case> cases, int threads) {
+  Ctx c;
+  rt_pool *pool = rt_pool_new(c.ctx, threads);
+  ASSERT_NE(pool, nullptr);
+  rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
+  ASSERT_NE(e, nullptr) << c.diags();
+  // Plan every case first: the engine's shared scratch grows as larger
+  // GEMMs are planned, and the earlier, smaller plans must still work.
+  std::vector<Prepared> ps(cases.size());
+  for (size_t i = 0; i < cases.size(); i++) {
+    ps[i].cs = cases[i];
+    prepare(ps[i], e, c);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  char err[256] = "";
+  for (Prepared &p : ps) {
+    ASSERT_TRUE(
+        rt_gemm_run(p.plan, p.a.data.data(), p.b.data.data(), p.c.data.data(), err, sizeof err))
+        << err;
+    check(p);
+    rt_gemm_plan_free(p.plan);
+  }
+  rt_gemm_engine_free(e);
+  rt_pool_free(pool);
+}
+
+TEST(Sgemm, EveryTranspositionAndStrideMatchesDoubleReference) {
+  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+  run_cases(layout_cases(), 2);
+}
+
+TEST(Sgemm, LargeOddShapeAcrossRowBlocks) {
+  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+  std::vector<Case> v;
+  Case big;
+  big.name = "300x70x1000";
+  big.m = 300, big.n = 70, big.k = 1000;
+  v.push_back(big);
+  Case tall;  // crosses the row block MB = 1024, B transposed
+  tall.name = "1030x50x20 B^T";
+  tall.m = 1030, tall.n = 50, tall.k = 20;
+  tall.lb.kind = Kind::Cols;
+  v.push_back(tall);
+  run_cases(v, 2);
+}
+
+TEST(Sgemm, AlphaBetaAndNaNFilledCWithBetaZero) {
+  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+  std::vector<Case> v;
+  for (Kind kc : {Kind::Rows, Kind::Cols, Kind::Strided}) {
+    Case ab;
+    ab.name = "alpha -0.75 beta 1.5";
+    ab.m = 23, ab.n = 97, ab.k = 800;  // two depth blocks: beta applies once
+    ab.alpha = -0.75, ab.beta = 1.5;
+    ab.lc.kind = kc;
+    v.push_back(ab);
+    Case nan = ab;
+    nan.name = "beta 0, C all NaN";
+    nan.alpha = 2, nan.beta = 0, nan.nan_c = true;
+    v.push_back(nan);
+  }
+  run_cases(v, 2);
+}
+
+TEST(Sgemm, BatchedWithBroadcastOperands) {
+  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+  std::vector<Case> v;
+  Case bc;
+  bc.name = "2x3 batches, A broadcast over dim 1";
+  bc.b0 = 2, bc.b1 = 3, bc.m = 19, bc.n = 50, bc.k = 33;
+  bc.la.bcast[1] = true;
+  bc.alpha = 0.5, bc.beta = -1;
+  v.push_back(bc);
+  Case bb = bc;
+  bb.name = "2x3 batches, B^T broadcast over both dims";
+  bb.la.bcast[1] = false;
+  bb.lb.bcast[0] = bb.lb.bcast[1] = true;
+  bb.lb.kind = Kind::Cols;
+  v.push_back(bb);
+  Case heads;  // many batches: split over threads by whole batches
+  heads.name = "4x12 heads 64x64x64 q.k^T";
+  heads.b0 = 4, heads.b1 = 12, heads.m = 64, heads.n = 64, heads.k = 64;
+  heads.lb.kind = Kind::Cols;
+  v.push_back(heads);
+  Case few = bc;  // 3 batches on 2 threads: each batch split over threads
+  few.name = "1x3 batches 40x200x64";
+  few.b0 = 1, few.m = 40, few.n = 200, few.k = 64;
+  v.push_back(few);
+  run_cases(v, 2);
+}
+
+// The same GEMM on 1, 2 and 3 threads (and on the pthread team as well as
+// the default one) gives the same bits: threads split M or N (or batches),
+// never K.
+TEST(Sgemm, BitwiseIdenticalForAnyThreadCount) {
+  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+  std::vector<Case> v;
+  Case wide;
+  wide.name = "wide 64x900x800 (split N)";
+  wide.m = 64, wide.n = 900, wide.k = 800;
+  wide.lb.kind = Kind::Cols;
+  v.push_back(wide);
+  Case tall;
+  tall.name = "tall 500x96x300 (split M), C^T";
+  tall.m = 500, tall.n = 96, tall.k = 300;
+  tall.la.kind = Kind::Cols;
+  tall.lc.kind = Kind::Cols;
+  tall.beta = 0.5;
+  v.push_back(tall);
+  Case heads;
+  heads.name = "batched 2x6 of 40x64x64";
+  heads.b0 = 2, heads.b1 = 6, heads.m = 40, heads.n = 64, heads.k = 64;
+  v.push_back(heads);
+  Case three = heads;
+  three.name = "1x3 batches of 200x200x100";
+  three.b0 = 1, three.b1 = 3, three.m = 200, three.n = 200, three.k = 100;
+  v.push_back(three);
+  for (const Case &cs : v) {
+    std::vector<float> first;
+    for (int team : {1, 2, 3, -2}) {  // negative: a pthread team of -team
+      int threads = team < 0 ? -team : team;
+      Ctx c;
+      rt_pool *pool = team < 0 ? rt_pool_new_pthreads(c.ctx, threads) : rt_pool_new(c.ctx, threads);
+      rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
+      ASSERT_NE(e, nullptr) << c.diags();
+      Prepared p;
+      p.cs = cs;
+      prepare(p, e, c);
+      if (::testing::Test::HasFatalFailure()) return;
+      char err[256] = "";
+      for (int rep = 0; rep < 2; rep++) {  // and the same bits run after run
+        p.c.data = p.c0.data;
+        ASSERT_TRUE(
+            rt_gemm_run(p.plan, p.a.data.data(), p.b.data.data(), p.c.data.data(), err, sizeof err))
+            << err;
+        if (first.empty()) {
+          check(p);
+          first = p.c.data;
+        } else {
+          ASSERT_EQ(std::memcmp(first.data(), p.c.data.data(), first.size() * sizeof(float)), 0)
+              << cs.name << ": " << threads << " threads, run " << rep;
+        }
+      }
+      rt_gemm_plan_free(p.plan);
+      rt_gemm_engine_free(e);
+      rt_pool_free(pool);
+    }
+  }
+}
+
+// Other dtypes and the NO_LIBRARY flag keep their paths.
+TEST(Sgemm, OnlyF32PlansUseIt) {
+  Ctx c;
+  rt_pool *pool = rt_pool_new(c.ctx, 1);
+  rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
+  ASSERT_NE(e, nullptr) << c.diags();
+  cg_gemm g{};
+  g.batch[0] = g.batch[1] = 1;
+  g.m = g.n = g.k = 4;
+  g.a.row_stride = g.b.row_stride = g.c.row_stride = 4;
+  g.a.col_stride = g.b.col_stride = g.c.col_stride = 1;
+  g.alpha = 1;
+  rt_gemm_plan *f32 = rt_gemm_plan_new(e, &g, DSC_F32, DSC_F32, 0);
+  rt_gemm_plan *f64 = rt_gemm_plan_new(e, &g, DSC_F64, DSC_F64, 0);
+  rt_gemm_plan *loop = rt_gemm_plan_new(e, &g, DSC_F32, DSC_F32, RT_GEMM_NO_LIBRARY);
+  ASSERT_TRUE(f32 && f64 && loop) << c.diags();
+  EXPECT_EQ(std::string(rt_gemm_plan_impl(f32)) == "dsc:sgemm-avx512", rt_sgemm_supported());
+  EXPECT_STRNE(rt_gemm_plan_impl(f64), "dsc:sgemm-avx512");
+  EXPECT_STREQ(rt_gemm_plan_impl(loop), "loop");
+  rt_gemm_plan_free(f32);
+  rt_gemm_plan_free(f64);
+  rt_gemm_plan_free(loop);
+  rt_gemm_engine_free(e);
+  rt_pool_free(pool);
+}
+
+}  // namespace
