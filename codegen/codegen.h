@@ -200,7 +200,34 @@ typedef enum {
   CG_INS_GEMM,           /* see cg_gemm */
   CG_INS_EMBEDDING_GRAD, /* dst[rows, D] = 0; dst[ids[i], :] += src[i, :] */
   CG_INS_COPY,           /* dst = src, `numel` elements, same dtype, contiguous */
+  CG_INS_COLLECTIVE_START, /* starts collective `coll` (asynchronous): src -> dst */
+  CG_INS_COLLECTIVE_WAIT,  /* completes the collective `coll.id` started earlier */
 } cg_ins_kind;
+
+typedef enum {
+  CG_COLL_ALL_REDUCE,     /* dst[i] = sum over ranks of src[i], count elements */
+  CG_COLL_REDUCE_SCATTER, /* src: count elements; dst: chunk `rank` of the sum (count/world) */
+  CG_COLL_ALL_GATHER,     /* src: count elements; dst: world*count, rank r's at r*count */
+  CG_COLL_BROADCAST,      /* dst (count elements) = the root's dst; the lowering copies src
+                           * into dst before the start */
+} cg_coll_kind;
+
+/* A collective instruction (dsc_comm_* of include/dsc/comm.h). Buffers src
+ * and dst (contiguous, offset 0; cg_instr.src/.dst) belong to the
+ * collective from its START to its WAIT: their liveness covers both, and no
+ * instruction in between writes them. Every START has exactly one WAIT,
+ * later in the program (the lowering adds waits for starts the graph never
+ * waits, at the end). The WAIT repeats the START's fields. */
+typedef struct {
+  cg_coll_kind kind;
+  int id;          /* 0..cg_program.n_collectives-1, in start order */
+  dsc_dtype dtype; /* of src and dst */
+  int64_t count;   /* elements, as the dsc_comm_*_start count argument */
+  int op;          /* dsc_comm_op of a reduction (DSC_COMM_SUM) */
+  int root;        /* BROADCAST */
+  int64_t world;   /* the op's world attribute: must equal the communicator's */
+  int64_t tag;     /* the op's tag attribute (the step label in comm messages) */
+} cg_collective;
 
 /* A strided matrix operand: element (b0, b1, r, c) is at
  * offset + b0*batch_stride[0] + b1*batch_stride[1] + r*row_stride + c*col_stride
@@ -233,6 +260,8 @@ typedef struct {
   int64_t n_ids, rows, cols;
   /* COPY: src -> dst, numel elements (from src_offset to dst_offset, elements) */
   int64_t numel, src_offset, dst_offset;
+  /* COLLECTIVE_START / COLLECTIVE_WAIT (buffers: src, dst) */
+  cg_collective coll;
   const ir_node *node; /* the IR node it came from, for errors and traces (may be NULL) */
 } cg_instr;
 
@@ -263,6 +292,7 @@ typedef struct {
   int n_assigns;
   cg_assign *assigns;
   int64_t arena_bytes[2]; /* STATE, WORK */
+  int n_collectives;      /* COLLECTIVE_START instructions (ids 0..n-1) */
 } cg_program;
 
 /* ======================= codegen/lower.c =======================

@@ -18,12 +18,19 @@
  *   param's STATE buffer when no later instruction reads the param and the
  *   kernel reads the param only at the element it writes; STORE stages are
  *   ordered so that every stage reading a param runs before its in-place
- *   store. */
+ *   store.
+ * - Collectives (start/wait pairs) become COLLECTIVE_START / _WAIT
+ *   instructions over contiguous buffers: src (the input, copied or staged
+ *   when not contiguous) and a new dst. Both stay live, and unwritten, from
+ *   the start to the wait: their liveness covers the wait, and an in-place
+ *   assign never writes a buffer a later instruction (the wait) still
+ *   names. A start the graph never waits is waited at the end. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "dsc/comm.h"
 #include "passes/passes.h"
 
 typedef struct {
@@ -68,8 +75,22 @@ typedef struct {
   pass_affine *memo_pt; /* n * DSC_MAX_RANK */
   kir_expr **memo_expr;
   int stamp;
+  /* collectives: node -> collective id (starts), and one record per id */
+  int *coll_of;
+  int n_coll, cap_coll;
+  struct coll_rec *coll;
   dsc_status status;
 } L;
+
+/* A started collective: its buffers and whether the graph waited it. For a
+ * sum in bf16/f16 (the communicator sums f32, f64, i32, i64) the data
+ * travels as f32: `staged`, and the wait converts dst into a new buffer. */
+typedef struct coll_rec {
+  const ir_node *start;
+  int src, dst;
+  cg_collective c;
+  bool staged, waited;
+} coll_rec;
 
 static dsc_dtype ct(dsc_dtype t) { return t == DSC_BF16 || t == DSC_F16 ? DSC_F32 : t; }
 
@@ -786,6 +807,119 @@ static bool lower_concat(L *l, const ir_node *n) {
   return true;
 }
 
+/* ------------------------------------------------------------ collectives */
+
+/* dst = src converted to dst's dtype, both contiguous of shape t (staging
+ * of bf16/f16 sums through f32). */
+static bool convert_kernel(L *l, const ir_node *node, int src, int dst, const dsc_type *t) {
+  pass_fuse_domain d, saved_dom = l->dom;
+  int saved_group = l->cur_group;
+  dsc_type shape = *t;
+  pass_fuse_domain_make(&shape, 0, false, &d);
+  kb_reset(l, 0, &d);
+  pass_affine pt[DSC_MAX_RANK];
+  bool full;
+  memset(pt, 0, sizeof pt);
+  pass_fuse_natural_map(&d, &shape, pt, &full);
+  if (!kb_stage(l, KIR_STAGE_STORE)) return false;
+  view sv = contiguous_view(l->p, src, t), dv = contiguous_view(l->p, dst, t);
+  kir_expr *e = kir_load(l->a, ct(l->p->buffers[src].dtype), view_access(l, &sv, pt, false));
+  if (!e) return oom(l);
+  if (ct(l->p->buffers[src].dtype) != ct(l->p->buffers[dst].dtype))
+    e = kir_cast(l->a, ct(l->p->buffers[dst].dtype), e);
+  if (!e) return oom(l);
+  kir_stage *st = &l->stages[0];
+  st->over_inner = d.rank > d.n_outer;
+  st->expr = e;
+  st->dst = view_access(l, &dv, pt, true);
+  bool ok = kb_finish(l, node, "convert") >= 0;
+  l->cur_group = saved_group;
+  l->dom = saved_dom;
+  return ok;
+}
+
+static bool coll_kind(dsc_op op, cg_coll_kind *k) {
+  switch (op) {
+    case DSC_OP_ALL_REDUCE_START: *k = CG_COLL_ALL_REDUCE; return true;
+    case DSC_OP_REDUCE_SCATTER_START: *k = CG_COLL_REDUCE_SCATTER; return true;
+    case DSC_OP_ALL_GATHER_START: *k = CG_COLL_ALL_GATHER; return true;
+    case DSC_OP_BROADCAST_START: *k = CG_COLL_BROADCAST; return true;
+    default: return false;
+  }
+}
+
+static bool lower_collective_start(L *l, const ir_node *n) {
+  cg_collective c;
+  memset(&c, 0, sizeof c);
+  if (!coll_kind(n->op, &c.kind)) return fail(l, n, DSC_ERR_INTERNAL, "not a collective start%s", "");
+  const ir_node *x = n->in[0];
+  bool sum = c.kind == CG_COLL_ALL_REDUCE || c.kind == CG_COLL_REDUCE_SCATTER;
+  dsc_dtype dt = n->type.dtype;
+  bool staged = sum && (dt == DSC_BF16 || dt == DSC_F16);
+  if (sum && !staged && dt != DSC_F32 && dt != DSC_F64 && dt != DSC_I32 && dt != DSC_I64)
+    return fail(l, n, DSC_ERR_USER, "the communicator cannot sum %s", dsc_dtype_name(dt));
+  c.id = l->n_coll;
+  c.dtype = staged ? DSC_F32 : dt;
+  c.count = c.kind == CG_COLL_REDUCE_SCATTER || c.kind == CG_COLL_ALL_GATHER
+                ? dsc_type_numel(&x->type)
+                : dsc_type_numel(&n->type);
+  c.op = DSC_COMM_SUM; /* the ops sum (ops.def); a mean is a multiply in the graph */
+  c.world = ir_attr_int(n, "world");
+  c.tag = ir_attr_int(n, "tag");
+  c.root = c.kind == CG_COLL_BROADCAST ? (int)ir_attr_int(n, "root") : 0;
+  int src = contiguous_buffer(l, x, true);
+  if (src < 0) return false;
+  if (staged) {
+    int s32 = new_buffer(l, CG_BUF_TEMP, 0, DSC_F32, dsc_type_numel(&x->type));
+    if (s32 < 0 || !convert_kernel(l, n, src, s32, &x->type)) return false;
+    src = s32;
+  }
+  int dst = new_buffer(l, CG_BUF_TEMP, 0, c.dtype, dsc_type_numel(&n->type));
+  if (dst < 0) return false;
+  if (c.kind == CG_COLL_BROADCAST) { /* in place in dst: the root sends it, the others receive */
+    cg_instr *cp = new_instr(l, CG_INS_COPY, n);
+    if (!cp) return false;
+    cp->src = src, cp->dst = dst, cp->numel = c.count;
+  }
+  cg_instr *in = new_instr(l, CG_INS_COLLECTIVE_START, n);
+  if (!in) return false;
+  in->src = src, in->dst = dst, in->coll = c;
+  if (!ir_grow(l->a, (void **)&l->coll, &l->cap_coll, l->n_coll + 1, sizeof(coll_rec)))
+    return oom(l);
+  l->coll[l->n_coll] = (coll_rec){n, src, dst, c, staged, false};
+  l->coll_of[n->id] = l->n_coll++;
+  l->p->n_collectives = l->n_coll;
+  return true;
+}
+
+/* The wait of collective r; node is the wait op (the start for the waits
+ * added at the end). Sets the buffer of `value` (the wait op) if given. */
+static bool emit_wait(L *l, coll_rec *r, const ir_node *node, const ir_node *value) {
+  cg_instr *in = new_instr(l, CG_INS_COLLECTIVE_WAIT, node);
+  if (!in) return false;
+  in->src = r->src, in->dst = r->dst, in->coll = r->c;
+  r->waited = true;
+  if (!value) return true;
+  if (!r->staged) {
+    l->buf[value->id] = r->dst;
+    return true;
+  }
+  int b = new_buffer(l, CG_BUF_TEMP, 0, value->type.dtype, dsc_type_numel(&value->type));
+  if (b < 0 || !convert_kernel(l, value, r->dst, b, &value->type)) return false;
+  l->buf[value->id] = b;
+  return true;
+}
+
+static bool lower_collective_wait(L *l, const ir_node *n) {
+  int id = l->coll_of[n->in[0]->id];
+  if (id < 0)
+    return fail(l, n, DSC_ERR_INTERNAL, "the wait's input is not a lowered collective start%s", "");
+  if (l->coll[id].waited)
+    return fail(l, n, DSC_ERR_USER, "%s: its collective is already waited (one wait per start)",
+                dsc_op_name(n->op));
+  return emit_wait(l, &l->coll[id], n, n);
+}
+
 /* ------------------------------------------------------------ in-place assigns */
 
 /* Every distinct load of a kernel (iterative DAG walk). */
@@ -883,6 +1017,9 @@ static bool instr_reads(const cg_program *p, const cg_instr *in, int buffer) {
     case CG_INS_EMBEDDING_GRAD:
       return in->ids == buffer || in->src == buffer || in->dst == buffer;
     case CG_INS_COPY:
+      return in->src == buffer || in->dst == buffer;
+    case CG_INS_COLLECTIVE_START:
+    case CG_INS_COLLECTIVE_WAIT: /* both buffers belong to the collective until its wait */
       return in->src == buffer || in->dst == buffer;
   }
   return true;
@@ -1081,6 +1218,10 @@ static bool place_work(L *l) {
       }
     } else if (in->kind == CG_INS_GEMM) {
       bufs[nb++] = in->gemm.a.buffer, bufs[nb++] = in->gemm.b.buffer, bufs[nb++] = in->gemm.c.buffer;
+    } else if (in->kind == CG_INS_COLLECTIVE_START || in->kind == CG_INS_COLLECTIVE_WAIT) {
+      /* live from the start through the wait: the communicator reads src
+       * and writes dst in between */
+      bufs[nb++] = in->src, bufs[nb++] = in->dst;
     } else {
       if (in->ids >= 0) bufs[nb++] = in->ids;
       bufs[nb++] = in->src, bufs[nb++] = in->dst;
@@ -1290,10 +1431,11 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   l.memo_expr = ir_arena_alloc(a, sizeof(kir_expr *) * (size_t)(n ? n : 1));
   l.param_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(m->n_params + 1));
   l.input_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(g->n_inputs + 1));
+  l.coll_of = ir_arena_alloc(a, isz);
   int64_t *offsets = ir_arena_alloc(a, sizeof(int64_t) * (size_t)(m->n_params + 1));
   if (!p || !l.buf || !l.pure || !l.users || !l.user_list || !l.is_output || !l.store_instr ||
       !l.slot || !l.memo_stamp || !l.memo_pt || !l.memo_expr || !l.param_buf || !l.input_buf ||
-      !offsets) {
+      !offsets || !l.coll_of) {
     ir_error(l.ctx, ir_no_loc, "codegen: out of memory");
     return DSC_ERR_INTERNAL;
   }
@@ -1317,7 +1459,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
       ir_error(l.ctx, ir_no_loc, "codegen: graph '%s' has inconsistent node ids", g->name);
       return DSC_ERR_INTERNAL;
     }
-    l.buf[i] = l.store_instr[i] = -1;
+    l.buf[i] = l.store_instr[i] = l.coll_of[i] = -1;
     bool all = x->n_in > 0;
     for (int j = 0; j < x->n_in; j++) all = all && l.pure[x->in[j]->id];
     l.pure[i] = x->group == 0 && (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA ||
@@ -1350,6 +1492,17 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   const ir_node **assign_src = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n_assign + 1));
   if (!p->assigns || !p->outputs || !assign_src) return oom(&l), DSC_ERR_INTERNAL;
 
+  const ir_node *rd;
+  int rj, rk;
+  if (ir_find_in_flight_read(g, &rd, &rj, &rk)) { /* only a wait may read a start */
+    if (rk < 0)
+      ir_error(l.ctx, rd->loc, "codegen: %s reads %%%d, a %s whose data is in flight",
+               dsc_op_name(rd->op), rd->in[rj]->id, dsc_op_name(rd->in[rj]->op));
+    else
+      ir_error(l.ctx, ir_no_loc, "codegen: output %d of graph '%s' is a %s whose data is in flight",
+               rk, g->name, dsc_op_name(rd->op));
+    return DSC_ERR_USER;
+  }
   for (int i = 0; i < n && l.status == DSC_OK; i++) {
     ir_node *x = g->nodes[i];
     if (x->group > 0) {
@@ -1385,6 +1538,18 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
         assign_src[p->n_assigns++] = x->in[0];
         break;
       }
+      case DSC_OP_ALL_REDUCE_START:
+      case DSC_OP_REDUCE_SCATTER_START:
+      case DSC_OP_ALL_GATHER_START:
+      case DSC_OP_BROADCAST_START:
+        lower_collective_start(&l, x);
+        break;
+      case DSC_OP_ALL_REDUCE_WAIT:
+      case DSC_OP_REDUCE_SCATTER_WAIT:
+      case DSC_OP_ALL_GATHER_WAIT:
+      case DSC_OP_BROADCAST_WAIT:
+        lower_collective_wait(&l, x);
+        break;
       case DSC_OP_INPUT:
       case DSC_OP_PARAM:
         break;
@@ -1395,15 +1560,16 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
         if (ir_op(x->op)->cg == IR_CG_COMPOSITE)
           fail(&l, x, DSC_ERR_USER, "op %s has no code generation; run the decompose pass",
                dsc_op_name(x->op));
-        else if (ir_op(x->op)->cg == IR_CG_COLLECTIVE)
-          fail(&l, x, DSC_ERR_USER, "op %s has no code generation in a single-device program",
-               dsc_op_name(x->op));
         else
           fail(&l, x, DSC_ERR_USER, "op %s is not in a fusion group; run the fuse pass",
                dsc_op_name(x->op));
         break;
     }
   }
+  /* Starts the graph never waits are waited at the end (as the
+   * interpreter does), so their buffers stay theirs until then. */
+  for (int c = 0; c < l.n_coll && l.status == DSC_OK; c++)
+    if (!l.coll[c].waited) emit_wait(&l, &l.coll[c], l.coll[c].start, NULL);
   /* graph outputs: WORK buffers (copies of params and strided views) */
   for (int o = 0; o < g->n_outputs && l.status == DSC_OK; o++) {
     const ir_node *x = g->outputs[o];

@@ -101,6 +101,22 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
         sb_printf(&b, "copy b%d+%lld <- b%d+%lld (%lld)\n", in->dst, (long long)in->dst_offset,
                   in->src, (long long)in->src_offset, (long long)in->numel);
         break;
+      case CG_INS_COLLECTIVE_START:
+      case CG_INS_COLLECTIVE_WAIT: {
+        static const char *coll[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+        const cg_collective *c = &in->coll;
+        const char *name = (unsigned)c->kind < 4 ? coll[c->kind] : "?";
+        if (in->kind == CG_INS_COLLECTIVE_WAIT) {
+          sb_printf(&b, "%s_wait #%d b%d\n", name, c->id, in->dst);
+          break;
+        }
+        sb_printf(&b, "%s_start #%d b%d <- b%d %s count=%lld world=%lld tag=%lld", name, c->id,
+                  in->dst, in->src, dsc_dtype_name(c->dtype), (long long)c->count,
+                  (long long)c->world, (long long)c->tag);
+        if (c->kind == CG_COLL_BROADCAST) sb_printf(&b, " root=%d", c->root);
+        sb_printf(&b, "\n");
+        break;
+      }
     }
   }
   for (int i = 0; i < p->n_outputs; i++)

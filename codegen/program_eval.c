@@ -142,6 +142,25 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
                 (size_t)in->numel * es);
         break;
       }
+      case CG_INS_COLLECTIVE_START: {
+        /* One rank only: with world 1 every collective is a copy (a sum over
+         * one rank, its own chunk, its own gather, the root's data). More
+         * ranks need a communicator: the CPU executor's job. */
+        const cg_collective *c = &in->coll;
+        if (c->world != 1) {
+          snprintf(err, errlen,
+                   "instruction %d: a collective of world %lld needs a communicator (the "
+                   "reference evaluator runs one rank)",
+                   i, (long long)c->world);
+          return false;
+        }
+        if (in->src != in->dst && c->kind != CG_COLL_BROADCAST)
+          memmove(buffer_base(p, state, work, in->dst), buffer_base(p, state, work, in->src),
+                  (size_t)c->count * dsc_dtype_size(c->dtype));
+        break;
+      }
+      case CG_INS_COLLECTIVE_WAIT:
+        break;
     }
   }
   return true;

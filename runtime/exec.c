@@ -21,6 +21,7 @@ struct dsc_exec {
   dsc_module *m;
   dsc_backend backend;
   dsc_params *params; /* interp: the values themselves */
+  dsc_comm *comm;     /* collectives go through it (dsc_exec_set_comm); not owned */
 #ifdef DSC_HAVE_LLVM
   ir_arena arena; /* programs and kernels */
   int n_progs;
@@ -267,7 +268,10 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
              graph);
     return DSC_ERR_USER;
   }
-  if (e->backend == DSC_BACKEND_INTERP) return dsc_interp_run(g, e->params, inputs, n_inputs, outputs);
+  if (e->backend == DSC_BACKEND_INTERP) {
+    dsc_interp_options io = {e->comm};
+    return dsc_interp_run_with(g, e->params, inputs, n_inputs, outputs, &io);
+  }
 #ifdef DSC_HAVE_LLVM
   int gi = 0;
   while (dsc_module_graph(e->m, gi) != g) gi++;
@@ -337,6 +341,14 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
 #endif
 }
 
+dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm) {
+  e->comm = comm;
+#ifdef DSC_HAVE_LLVM
+  if (e->cpu) rt_cpu_exec_set_comm(e->cpu, comm);
+#endif
+  return DSC_OK;
+}
+
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt) {
   *compiled = *prebuilt = 0;
 #ifdef DSC_HAVE_LLVM
@@ -356,12 +368,15 @@ void dsc_exec_set_profiling(dsc_exec *e, bool on) {
 }
 
 #ifdef DSC_HAVE_LLVM
+#define N_INS_KINDS 6 /* cg_ins_kind values */
 static const char *instr_kind_name(cg_ins_kind kind) {
   switch (kind) {
     case CG_INS_LAUNCH: return "kernel";
     case CG_INS_GEMM: return "gemm";
     case CG_INS_EMBEDDING_GRAD: return "embedding_grad";
     case CG_INS_COPY: return "copy";
+    case CG_INS_COLLECTIVE_START: return "comm_start";
+    case CG_INS_COLLECTIVE_WAIT: return "comm_wait"; /* time here = exposed communication */
   }
   return "?";
 }
@@ -384,8 +399,8 @@ dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE 
     return DSC_OK;
   }
   const cg_program *p = e->progs[gi];
-  double total = 0, by_kind[4] = {0};
-  int count_kind[4] = {0};
+  double total = 0, by_kind[N_INS_KINDS] = {0};
+  int count_kind[N_INS_KINDS] = {0};
   for (int i = 0; i < n; i++) {
     total += (double)ns[i];
     by_kind[p->instrs[i].kind] += (double)ns[i];
@@ -393,7 +408,7 @@ dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE 
   }
   fprintf(out, "profile of %s: %.3f ms per run over %lld runs, %d instructions\n", graph,
           total / 1e6 / (double)runs, (long long)runs, n);
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k < N_INS_KINDS; k++)
     if (count_kind[k])
       fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%\n",
               instr_kind_name((cg_ins_kind)k), count_kind[k],
@@ -415,6 +430,12 @@ dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE 
       snprintf(what, sizeof what, "%lldx%lld [%lld x %lld x %lld]", (long long)in->gemm.batch[0],
                (long long)in->gemm.batch[1], (long long)in->gemm.m, (long long)in->gemm.n,
                (long long)in->gemm.k);
+    else if (in->kind == CG_INS_COLLECTIVE_START || in->kind == CG_INS_COLLECTIVE_WAIT) {
+      static const char *coll[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+      snprintf(what, sizeof what, "%s #%d %s[%lld] tag %lld",
+               (unsigned)in->coll.kind < 4 ? coll[in->coll.kind] : "?", in->coll.id,
+               dsc_dtype_name(in->coll.dtype), (long long)in->coll.count, (long long)in->coll.tag);
+    }
     fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, instr_kind_name(in->kind),
             (double)ns[best] / 1e6 / (double)runs, 100 * (double)ns[best] / (total > 0 ? total : 1),
             what, in->node ? "  from " : "", in->node ? dsc_op_name(in->node->op) : "");

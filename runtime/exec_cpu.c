@@ -6,6 +6,7 @@
  * argument pointers and builds the GEMM plans; a run then only copies the
  * inputs in and walks the instruction list. */
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -27,6 +28,7 @@ typedef struct {
   int n_assign_copies;
   int64_t *prof_ns;
   int64_t runs;
+  dsc_comm_request **reqs; /* per collective id: in flight (NULL once waited) */
 } rt_prog;
 
 struct rt_cpu_exec {
@@ -40,6 +42,7 @@ struct rt_cpu_exec {
   rt_prog *progs;
   int32_t *status; /* one per pool chunk */
   bool profiling;
+  dsc_comm *comm; /* collectives (rt_cpu_exec_set_comm); not owned */
 };
 
 /* ---- creation ---- */
@@ -153,6 +156,34 @@ static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
         return bad(e, p, i, "embedding gradient: sizes do not fit the buffers");
       return true;
     }
+    case CG_INS_COLLECTIVE_START:
+    case CG_INS_COLLECTIVE_WAIT: {
+      const cg_collective *c = &in->coll;
+      if (c->id < 0 || c->id >= p->n_collectives)
+        return bad(e, p, i, "collective %d does not exist (%d in the program)", c->id,
+                   p->n_collectives);
+      if (!buf_ok(p, in->src) || !buf_ok(p, in->dst))
+        return bad(e, p, i, "collective: a buffer does not exist");
+      if (p->buffers[in->src].dtype != c->dtype || p->buffers[in->dst].dtype != c->dtype)
+        return bad(e, p, i, "collective: the buffers are not %s", dsc_dtype_name(c->dtype));
+      if (c->world < 1 || c->world > INT32_MAX || c->count < 0 || (unsigned)c->kind > CG_COLL_BROADCAST ||
+          (c->kind == CG_COLL_BROADCAST && (c->root < 0 || c->root >= c->world)))
+        return bad(e, p, i, "collective: malformed (world, count, kind or root)");
+      int64_t send = c->kind == CG_COLL_BROADCAST ? 0 : c->count, recv = c->count;
+      if (c->kind == CG_COLL_REDUCE_SCATTER) {
+        if (c->count % c->world != 0)
+          return bad(e, p, i, "reduce_scatter: count %" PRId64 " is not divisible by world %" PRId64,
+                     c->count, c->world);
+        recv = c->count / c->world;
+      }
+      if (c->kind == CG_COLL_ALL_GATHER) {
+        if (c->count > INT64_MAX / c->world) return bad(e, p, i, "all_gather: count overflows");
+        recv = c->count * c->world;
+      }
+      if (send > buf_numel(p, in->src) || recv > buf_numel(p, in->dst))
+        return bad(e, p, i, "collective: count %" PRId64 " does not fit its buffers", c->count);
+      return true;
+    }
     case CG_INS_COPY: {
       if (!buf_ok(p, in->src) || !buf_ok(p, in->dst))
         return bad(e, p, i, "copy: a buffer does not exist");
@@ -186,6 +217,25 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   }
   for (int i = 0; i < p->n_instrs; i++)
     if (!plan_instr(e, rp, i)) return false;
+  /* Each collective: one start, then one wait (a run then never leaves a
+   * request behind, and the buffers' liveness covers start..wait). */
+  if (p->n_collectives < 0) return bad(e, p, -1, "negative collective count");
+  rp->reqs = ir_arena_alloc(&e->arena, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
+  char *seen = ir_arena_alloc(&e->arena, (size_t)p->n_collectives + 1);
+  if (!rp->reqs || !seen) return bad(e, p, -1, "out of memory");
+  memset(rp->reqs, 0, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
+  memset(seen, 0, (size_t)p->n_collectives + 1);
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    if (in->kind != CG_INS_COLLECTIVE_START && in->kind != CG_INS_COLLECTIVE_WAIT) continue;
+    int want = in->kind == CG_INS_COLLECTIVE_START ? 0 : 1;
+    if (seen[in->coll.id] != want)
+      return bad(e, p, i, "collective %d is %s", in->coll.id,
+                 want ? "waited before its start or twice" : "started twice");
+    seen[in->coll.id]++;
+  }
+  for (int c = 0; c < p->n_collectives; c++)
+    if (seen[c] != 2) return bad(e, p, -1, "collective %d has no %s", c, seen[c] ? "wait" : "start");
   for (int o = 0; o < p->n_outputs; o++) {
     const cg_output *out = &p->outputs[o];
     if (!buf_ok(p, out->buffer) || out->offset < 0 ||
@@ -277,6 +327,8 @@ void rt_cpu_exec_free(rt_cpu_exec *e) {
 }
 
 void *rt_cpu_exec_state(rt_cpu_exec *e) { return e->state; }
+
+void rt_cpu_exec_set_comm(rt_cpu_exec *e, dsc_comm *comm) { e->comm = comm; }
 
 void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on) {
   if (on && !e->profiling)
@@ -424,8 +476,98 @@ static const char *instr_op(const cg_instr *in) {
       return "embedding gradient";
     case CG_INS_COPY:
       return "copy";
+    case CG_INS_COLLECTIVE_START:
+      return "collective start";
+    case CG_INS_COLLECTIVE_WAIT:
+      return "collective wait";
   }
   return "?";
+}
+
+/* The communicator's message for a failed collective (its last diagnostic,
+ * on the rank's context), into err with the instruction. */
+static bool comm_fail(rt_cpu_exec *e, const cg_instr *in, int i, char *err, size_t errlen) {
+  dsc_context *cc = dsc_comm_context(e->comm);
+  int nd = dsc_diag_count(cc);
+  if (cc != e->ctx && nd > 0)
+    return ir_fail(err, errlen, "%s (instruction %d): %s", instr_op(in), i,
+                   dsc_diag_get(cc, nd - 1)->message);
+  return ir_fail(err, errlen, "%s (instruction %d): the collective failed%s", instr_op(in), i,
+                 nd > 0 ? " (see the previous message)" : "");
+}
+
+static bool run_collective(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errlen) {
+  const cg_instr *in = &rp->p->instrs[i];
+  const cg_collective *c = &in->coll;
+  dsc_comm_request **req = &rp->reqs[c->id];
+  if (in->kind == CG_INS_COLLECTIVE_WAIT) {
+    dsc_comm_request *r = *req;
+    *req = NULL;
+    if (r && dsc_comm_wait(r) != DSC_OK) return comm_fail(e, in, i, err, errlen);
+    return true;
+  }
+  const char *src = buf_ptr(e, rp, in->src);
+  char *dst = buf_ptr(e, rp, in->dst);
+  dsc_status st;
+  switch (c->kind) {
+    case CG_COLL_ALL_REDUCE:
+      st = dsc_comm_all_reduce_start(e->comm, src, dst, c->count, c->dtype, (dsc_comm_op)c->op,
+                                     c->tag, req);
+      break;
+    case CG_COLL_REDUCE_SCATTER:
+      st = dsc_comm_reduce_scatter_start(e->comm, src, dst, c->count, c->dtype,
+                                         (dsc_comm_op)c->op, c->tag, req);
+      break;
+    case CG_COLL_ALL_GATHER:
+      st = dsc_comm_all_gather_start(e->comm, src, dst, c->count, c->dtype, c->tag, req);
+      break;
+    case CG_COLL_BROADCAST:
+      st = dsc_comm_broadcast_start(e->comm, dst, c->count, c->dtype, c->root, c->tag, req);
+      break;
+    default:
+      return ir_fail(err, errlen, "instruction %d: unknown collective kind", i);
+  }
+  if (st != DSC_OK) {
+    *req = NULL;
+    return comm_fail(e, in, i, err, errlen);
+  }
+  return true;
+}
+
+/* Collectives need a communicator of each op's world; checked before
+ * anything starts (as the interpreter does). */
+static bool check_comm(rt_cpu_exec *e, const cg_program *p, char *err, size_t errlen) {
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    if (in->kind != CG_INS_COLLECTIVE_START) continue;
+    if (!e->comm)
+      return ir_fail(err, errlen,
+                     "the program has collective ops (%s at instruction %d); run it with a "
+                     "communicator (dsc_exec_set_comm)",
+                     instr_op(in), i);
+    if (in->coll.world != dsc_comm_world(e->comm))
+      return ir_fail(err, errlen,
+                     "%s (instruction %d) has world %" PRId64 " but the communicator's world is %d",
+                     instr_op(in), i, in->coll.world, dsc_comm_world(e->comm));
+  }
+  return true;
+}
+
+/* A run with collectives failed: the other ranks may wait for collectives
+ * this rank will never start, so give up on the job (they fail promptly;
+ * nothing to do when the communicator itself failed: it is broken), then
+ * complete what is in flight so that no buffer stays lent to it. */
+static void fail_collectives(rt_cpu_exec *e, rt_prog *rp, const char *graph, const char *why) {
+  if (!dsc_comm_broken(e->comm)) {
+    char reason[600];
+    snprintf(reason, sizeof reason, "graph '%s' failed: %s", graph, why);
+    dsc_comm_abort(e->comm, reason);
+  }
+  for (int c = 0; c < rp->p->n_collectives; c++)
+    if (rp->reqs[c]) {
+      dsc_comm_wait(rp->reqs[c]);
+      rp->reqs[c] = NULL;
+    }
 }
 
 static int64_t now_ns(void) {
@@ -487,6 +629,9 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
       rt_pool_parallel_for(e->pool, in->numel * (int64_t)es, 1 << 20, copy_range, &j);
       return true;
     }
+    case CG_INS_COLLECTIVE_START:
+    case CG_INS_COLLECTIVE_WAIT:
+      return run_collective(e, rp, i, err, errlen);
   }
   return ir_fail(err, errlen, "instruction %d: unknown kind", i);
 }
@@ -504,9 +649,13 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
       return ir_fail(err, errlen, "graph input %d is missing", cb->index);
     memcpy(buf_ptr(e, rp, b), inputs[cb->index], (size_t)cb->numel * dsc_dtype_size(cb->dtype));
   }
+  if (p->n_collectives > 0 && !check_comm(e, p, err, errlen)) return false;
   for (int i = 0; i < p->n_instrs; i++) {
     int64_t t0 = e->profiling ? now_ns() : 0;
-    if (!run_instr(e, rp, i, err, errlen)) return false;
+    if (!run_instr(e, rp, i, err, errlen)) {
+      if (p->n_collectives > 0) fail_collectives(e, rp, p->graph_name ? p->graph_name : "?", err);
+      return false;
+    }
     if (e->profiling) rp->prof_ns[i] += now_ns() - t0;
   }
   if (e->profiling) rp->runs++;

@@ -303,6 +303,12 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
  * the instruction count and *runs to the number of runs timed. */
 void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on);
 const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64_t *runs);
+/* The communicator collective instructions (CG_INS_COLLECTIVE_START/WAIT)
+ * run through (NULL: none; a program with collectives then fails naming the
+ * op). Not owned. On any error during a run with collectives the
+ * communicator is aborted (dsc_comm_abort) and every started collective is
+ * waited, so no rank hangs and no buffer stays lent to the comm. */
+void rt_cpu_exec_set_comm(rt_cpu_exec *e, dsc_comm *comm);
 /* The GEMM plan of instruction ins of program prog (NULL: not a GEMM). */
 const rt_gemm_plan *rt_cpu_exec_gemm_plan(const rt_cpu_exec *e, int prog, int ins);
 

@@ -73,6 +73,32 @@ dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p);
 dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
                         int n_inputs, dsc_tensor **outputs);
 
+/* The communicator the collective ops (all_reduce_start/wait, ...) of every
+ * later dsc_exec_run go through; NULL unsets it; returns DSC_OK. Every
+ * backend: interp passes it to dsc_interp_run_with; cpu runs each start as
+ * the matching asynchronous dsc_comm_*_start (compute continues until the
+ * wait) and each wait as dsc_comm_wait. The executor does not own comm: it
+ * must outlive the runs that use it (or be unset first).
+ * - A graph with collectives run without a communicator, or with one whose
+ *   world differs from an op's `world` attribute, fails with DSC_ERR_USER
+ *   naming the op before anything is started (as the interpreter does; the
+ *   communicator is not aborted).
+ * - The tag of each collective is its op's `tag` attribute, as in the
+ *   interpreter: there is no per-run step argument (a caller that wants the
+ *   training step in comm messages and in-process mismatch checks builds
+ *   the graph with the step as the tag).
+ * - Any error once the run started (a failed collective, a kernel's index
+ *   out of range): dsc_exec_run returns DSC_ERR_USER with the comm's
+ *   message on the executor's context; unless the communicator itself
+ *   failed it is aborted (dsc_comm_abort: "graph 'G' failed: ...") so that
+ *   no other rank hangs; every started collective is waited before the
+ *   return. Nothing is assigned then.
+ * - dtypes (cpu): sums of f32, f64, i32, i64 go to the communicator as is,
+ *   sums of bf16/f16 travel as f32 (widened before the start, summed in f32,
+ *   rounded to the dtype after the wait); gather and broadcast move any
+ *   dtype. */
+dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm);
+
 /* Kernels the executor compiled, and kernels it loaded prebuilt from a
  * program (cpu backend; the interpreter has none). */
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt);
