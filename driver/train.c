@@ -221,9 +221,11 @@ struct dsc_trainer {
   bool params_stale;        /* the step executor holds newer values than params */
   dsc_loader *train, *val;
   dsc_tensor *in_tok, *in_tgt, *in_lr, *v_tok, *v_tgt;
-  int32_t *buf_in, *buf_tgt; /* B*K*T each, context-allocated */
+  int32_t *buf_in, *buf_tgt; /* B*K*world*T each (the global batch), context-allocated */
   size_t buf_bytes;
   int64_t B, T, K, step, end, last_saved;
+  dsc_comm *comm; /* NULL: one rank */
+  int rank, world;
   int64_t eval_batches, eval_every, save_every;
   int keep_last;
   ir_rng rng; /* the run's generator: saved and restored with checkpoints */
@@ -471,7 +473,7 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
   po.train = cfg;
   /* The interpreter runs composite ops itself; compiled backends need the
    * codegen passes (decompose, fuse) too. */
-  if (backend == DSC_BACKEND_INTERP) po.stop_after = "optimizer";
+  if (backend == DSC_BACKEND_INTERP) po.stop_after = "zero";
   if ((st = dsc_run_pipeline(m, &po)) != DSC_OK) return st;
   if (want_fwd && backend != DSC_BACKEND_INTERP) st = dsc_run_codegen_passes(*fwd);
   return st;
@@ -545,10 +547,20 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   dsc_checkpoint *ck = NULL;
   dsc_status st = DSC_OK;
   int64_t B = o->batch, T = o->seq, K = o->grad_accum;
-  if (B < 0 || T < 0 || K < 0 || o->steps < 0 || o->eval_batches < 0 || o->stop_at < 0) {
+  if (B < 0 || T < 0 || K < 0 || o->steps < 0 || o->eval_batches < 0 || o->stop_at < 0 ||
+      o->global_batch < 0) {
     ir_error(ctx, ir_no_loc,
-             "trainer: batch, seq, grad_accum, steps, eval_batches and stop_at "
+             "trainer: batch, seq, grad_accum, global_batch, steps, eval_batches and stop_at "
              "must not be negative");
+    return DSC_ERR_USER;
+  }
+  t->comm = o->comm;
+  t->rank = o->comm ? dsc_comm_rank(o->comm) : 0;
+  t->world = o->comm ? dsc_comm_world(o->comm) : 1;
+  t->info.rank = t->rank, t->info.world = t->world;
+  if (o->has_zero_stage && (o->zero_stage < 0 || o->zero_stage > 3)) {
+    ir_error(ctx, ir_no_loc, "trainer: the ZeRO stage must be 0, 1, 2 or 3, got %d",
+             o->zero_stage);
     return DSC_ERR_USER;
   }
   const char *model_path = o->model_path, *prefix = o->data_prefix;
@@ -582,6 +594,15 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     goto done;
   }
   if (drv_is_program(model_path)) {
+    if (t->world > 1) {
+      /* Its step graph is one rank's, without the gradient all-reduce. */
+      ir_error(ctx, rt_loc(model_path),
+               "a .dsx program trains on one rank; data-parallel runs (%d ranks) need the model "
+               "file (.dsm)",
+               t->world);
+      st = DSC_ERR_USER;
+      goto done;
+    }
     if ((st = dsc_program_open(ctx, model_path, &t->prog)) != DSC_OK) goto done;
     t->info.program_path = t->info.model_path;
   }
@@ -676,13 +697,57 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     uint64_t s = 0;
     if (sscanf(ck_extra(ck, "seed"), "%" SCNu64, &s) == 1) cfg->seed = s;
   }
+  /* Data parallelism: the world, the stage, and grad_accum from a global
+   * batch (DeepSpeed's train_batch_size = micro x accum x world). */
+  cfg->world = t->world;
+  if (o->has_zero_stage) cfg->zero.stage = o->zero_stage;
+  if (o->global_batch > 0) cfg->global_batch = o->global_batch;
+  if (cfg->global_batch > 0) {
+    int64_t per = B * t->world, G = cfg->global_batch;
+    if (G % per != 0) {
+      ir_error(ctx, ir_no_loc,
+               "trainer: the global batch of %" PRId64
+               " sequences is not divisible by batch %" PRId64 " x world %d = %" PRId64
+               " (global batch = batch x grad_accum x world)",
+               G, B, t->world, per);
+      st = DSC_ERR_USER;
+      goto done;
+    }
+    if (K > 0 && K != G / per) {
+      ir_error(ctx, ir_no_loc,
+               "trainer: global batch %" PRId64 " is not batch %" PRId64 " x grad_accum %" PRId64
+               " x world %d = %" PRId64 "; give one of --grad-accum and --global-batch",
+               G, B, K, t->world, B * K * t->world);
+      st = DSC_ERR_USER;
+      goto done;
+    }
+    cfg->grad_accum = G / per;
+  }
+  if (ck) {
+    int64_t ck_world = 1;
+    const char *w = ck_extra(ck, "world");
+    if (w && (!parse_i64(w, &ck_world) || ck_world <= 0)) {
+      ir_error(ctx, rt_loc(ck->dir), "malformed checkpoint state: \"world\" is '%s'", w);
+      st = DSC_ERR_USER;
+      goto done;
+    }
+    if (ck_world != t->world) {
+      ir_error(ctx, rt_loc(ck->dir),
+               "the checkpoint was trained on %" PRId64 " rank(s), not %d (resuming at another "
+               "world size is not implemented yet)",
+               ck_world, t->world);
+      st = DSC_ERR_USER;
+      goto done;
+    }
+  }
   t->K = K = cfg->grad_accum;
   t->seed = cfg->seed;
   t->info.cfg = cfg;
+  t->info.global_batch = B * K * t->world;
   t->eval_batches = o->eval_batches > 0 ? o->eval_batches : 8;
   t->keep_last = o->keep_last;
-  if (B > INT64_MAX / K || B * K > INT64_MAX / T) {
-    ir_error(ctx, ir_no_loc, "trainer: batch * grad_accum * seq overflows");
+  if (B > INT64_MAX / K || B * K > INT64_MAX / t->world || B * K * t->world > INT64_MAX / T) {
+    ir_error(ctx, ir_no_loc, "trainer: batch * grad_accum * world * seq overflows");
     st = DSC_ERR_USER;
     goto done;
   }
@@ -704,6 +769,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
             "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation", T + 1);
     has_val = false;
   }
+  has_val = has_val && t->rank == 0; /* rank 0 alone evaluates */
   t->info.data_train = train_path;
   t->info.data_val = has_val ? val_path : NULL;
 
@@ -778,7 +844,9 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   t->last_saved = ck ? t->step : -1;
 
   /* Loaders: ids must be below the vocabulary. */
-  dsc_loader_options lo = {B * K, T, t->info.vocab, cfg->seed, DSC_LOADER_SHUFFLE};
+  /* Every rank draws the whole global batch (same seed, same order) and
+   * trains on its rows, so a step's sequences do not depend on the world. */
+  dsc_loader_options lo = {B * K * t->world, T, t->info.vocab, cfg->seed, DSC_LOADER_SHUFFLE};
   if ((st = dsc_loader_open(ctx, train_path, &lo, &t->train)) != DSC_OK) goto done;
   if (ck && (st = dsc_loader_seek(t->train, ck->state.loader)) != DSC_OK) {
     ir_error(ctx, rt_loc(ck->dir), "the checkpoint's loader position does not fit %s", train_path);
@@ -804,6 +872,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     goto done;
   dsc_exec_kernel_counts(t->step_x, &t->info.kernels_compiled, &t->info.kernels_prebuilt);
   if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) goto done;
+  if (t->comm && (st = dsc_exec_set_comm(t->step_x, t->comm)) != DSC_OK) goto done;
   if (o->profile) dsc_exec_set_profiling(t->step_x, true);
   if (t->fwd) {
     if ((st = dsc_exec_new_with_program(t->fwd, &xo, t->prog, "forward", &t->fwd_x)) != DSC_OK)
@@ -818,7 +887,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   }
 
   /* Buffers and input tensors. */
-  t->buf_bytes = sizeof(int32_t) * (size_t)(B * K * T);
+  t->buf_bytes = sizeof(int32_t) * (size_t)(B * K * t->world * T);
   t->buf_in = ir_alloc(ctx, t->buf_bytes);
   t->buf_tgt = ir_alloc(ctx, t->buf_bytes);
   t->in_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 0)));
@@ -836,8 +905,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
 
   /* Output: created and writable before the first step. A resumed run
    * writes next to the checkpoint it came from unless told otherwise. */
-  const char *out = o->out_dir;
-  if (!out && ck) {
+  const char *out = t->rank == 0 ? o->out_dir : NULL; /* rank 0 alone writes */
+  if (!out && ck && t->rank == 0) {
     char *p = rt_parent_dir(ctx, ck->dir);
     if (!p) {
       st = oom(ctx);
@@ -872,7 +941,9 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     if ((st = make_dirs(ctx, a, out)) != DSC_OK) goto done;
     if ((st = open_log(ctx, mpath, t->step, &t->metrics)) != DSC_OK) goto done;
   }
-  if (o->log_path && (st = open_log(ctx, o->log_path, t->step, &t->log)) != DSC_OK) goto done;
+  if (o->log_path && t->rank == 0 &&
+      (st = open_log(ctx, o->log_path, t->step, &t->log)) != DSC_OK)
+    goto done;
   t->end = cfg->steps;
   if (o->stop_at > 0 && o->stop_at < t->end) t->end = o->stop_at;
 
@@ -904,11 +975,13 @@ static void fill(dsc_tensor *dst, const int32_t *src, int64_t n) {
 dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   memset(p, 0, sizeof *p);
   double t0 = now_s();
-  int64_t n = t->B * t->K * t->T;
+  int64_t n = t->B * t->K * t->T; /* this rank's tokens: rows [rank*B*K, (rank+1)*B*K) */
   dsc_status st = dsc_loader_next(t->train, t->buf_in, t->buf_tgt);
   if (st != DSC_OK) return st;
-  fill(t->in_tok, t->buf_in, n);
-  fill(t->in_tgt, t->buf_tgt, n);
+  fill(t->in_tok, t->buf_in + t->rank * n, n);
+  fill(t->in_tgt, t->buf_tgt + t->rank * n, n);
+  /* Comm messages name the step ("(step 12)"). */
+  if (t->comm) dsc_graph_set_collective_tags(t->step_g, t->step + 1);
   double lr = dsc_lr_at(&t->cfg, t->step);
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
@@ -925,7 +998,7 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   p->steps = t->cfg.steps;
   p->lr = t->in_lr->data[0];
   p->ms = (now_s() - t0) * 1e3;
-  p->tokens_per_s = p->ms > 0 ? (double)n / (p->ms * 1e-3) : 0;
+  p->tokens_per_s = p->ms > 0 ? (double)(n * t->world) / (p->ms * 1e-3) : 0;
   p->val_loss = NAN;
   if (!isfinite(p->loss)) {
     /* The params already hold the step's update: nothing may be saved. */
@@ -979,7 +1052,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;
   }
-  char num[9][32];
+  char num[10][32];
   snprintf(num[0], sizeof num[0], "%" PRId64, t->B);
   snprintf(num[1], sizeof num[1], "%" PRId64, t->T);
   snprintf(num[2], sizeof num[2], "%" PRId64, t->K);
@@ -989,6 +1062,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   snprintf(num[6], sizeof num[6], "%.17g", t->cfg.opt.lr);
   snprintf(num[7], sizeof num[7], "%" PRId64, t->cfg.save_every);
   snprintf(num[8], sizeof num[8], "%" PRId64, t->cfg.eval_every);
+  snprintf(num[9], sizeof num[9], "%d", t->world);
   const dsc_kv extra[] = {
       {"model", t->info.model_path},
       {"model_name", t->info.model_name},
@@ -1003,6 +1077,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"precision", dsc_precision_name(t->cfg.precision)},
       {"save_every", num[7]},
       {"eval_every", num[8]},
+      {"world", num[9]},
   };
   dsc_checkpoint_state s;
   memset(&s, 0, sizeof s);
@@ -1042,14 +1117,25 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
   double start = now_s();
   int64_t tokens = 0, start_step = t->step;
   dsc_status st = DSC_OK;
+  bool cb_stop = false;
   while (t->step < t->end) {
-    if (stop && *stop) {
+    bool want_stop = cb_stop || (stop && *stop);
+    if (t->comm) {
+      /* Ranks stop together: a signal or a callback seen by one rank is
+       * agreed on before the step, or the others would wait for it. */
+      int32_t v = want_stop;
+      if ((st = dsc_comm_all_reduce(t->comm, &v, &v, 1, DSC_I32, DSC_COMM_SUM, t->step + 1)) !=
+          DSC_OK)
+        return st;
+      want_stop = v > 0;
+    }
+    if (want_stop) {
       sum->stopped = true;
       break;
     }
     dsc_train_progress p;
     if ((st = dsc_trainer_step(t, &p)) != DSC_OK) return st;
-    tokens += t->B * t->K * t->T;
+    tokens += t->B * t->K * t->T * t->world;
     sum->final_loss = p.loss;
     int64_t ev = t->cfg.eval_every;
     if (t->val && ev > 0 && (t->step % ev == 0 || t->step == t->cfg.steps)) {
@@ -1065,11 +1151,9 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
     }
     write_line(t->metrics, &p);
     write_line(t->log, &p);
-    if (cb && !cb(ud, &p)) {
-      sum->stopped = true;
-      break;
-    }
+    if (cb && !cb(ud, &p)) cb_stop = true; /* agreed on at the top of the loop */
   }
+  if (cb_stop) sum->stopped = true;
   if (sum->stopped && t->out_dir && t->last_saved != t->step &&
       (st = dsc_trainer_save(t)) != DSC_OK)
     return st;

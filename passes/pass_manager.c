@@ -1,5 +1,5 @@
 /* The pass manager: the default training pipeline as a table. Each row is
- * {name, description, run}; later passes (remat, zero, ...) are
+ * {name, description, run}; later passes (remat, schedule, ...) are
  * new rows. After each pass the module is verified (always in builds
  * without NDEBUG, else on request), so a pass that breaks the IR is named. */
 #include <string.h>
@@ -22,6 +22,10 @@ static dsc_status run_autodiff(ir_module *m, const dsc_pipeline_options *opts) {
 
 static dsc_status run_optimizer(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_optimizer_run(m, opts->train);
+}
+
+static dsc_status run_zero(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_zero_run(m, opts->train);
 }
 
 static dsc_status run_decompose(ir_module *m, const dsc_pipeline_options *opts) {
@@ -53,6 +57,10 @@ static const struct {
      "build graph 'train_step': micro-batches, gradient averaging and clipping, the optimizer "
      "update with its states",
      run_optimizer},
+    {"zero",
+     "data parallelism (dsc train --ranks, mpirun): ZeRO stage 0 averages the gradients and the "
+     "loss over the ranks with all_reduce start/wait pairs; nothing at world 1",
+     run_zero},
     {"decompose",
      "rewrite composite ops (softmax, norms, attention, cross_entropy) into primitive ops for "
      "code generation",

@@ -128,6 +128,14 @@ dsc_status pass_precision_run(ir_module *m, const dsc_train_config *cfg);
 /* Checks cfg->fp16's loss-scaling settings (a diagnostic when invalid). */
 bool pass_precision_check_fp16(ir_module *m, const dsc_train_config *cfg);
 
+/* ======================= passes/zero.c =======================
+ * Data parallelism (docs/training.md "Data parallel"): at cfg->world > 1 and
+ * zero.stage 0, rewrites graph "train_step" so that the averaged gradients
+ * (before norm and clipping) and the loss are means over the ranks, through
+ * all_reduce start/wait pairs. World <= 1 (or cfg NULL): nothing. Stages
+ * 1-3 at world > 1: a "not implemented yet" error. */
+dsc_status pass_zero_run(ir_module *m, const dsc_train_config *cfg);
+
 /* ======================= passes/pass_manager.c =======================
  * The default pipeline is a table of rows {name, description, run}; a new
  * pass is one row. dsc_run_pipeline (include/dsc/train.h) runs them in

@@ -265,12 +265,23 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
   return true;
 }
 
-/* Keys other passes read (zero, offload, remat): accepted here. */
+/* The ZeRO stage: train.zero.stage, or ds_config's spelling
+ * train.zero_optimization.stage. */
+static bool is_zero_stage(const char *key) {
+  return strcmp(key, "train.zero.stage") == 0 ||
+         strcmp(key, "train.zero_optimization.stage") == 0;
+}
+
+/* Keys other passes read (zero's other knobs, offload, remat): accepted
+ * here. */
 static bool handled_elsewhere(const char *key) {
   static const char *const keys[] = {"train.checkpoint_activations"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (strcmp(key, keys[i]) == 0) return true;
-  return strncmp(key, "train.zero.", 11) == 0 || strncmp(key, "train.offload.", 14) == 0;
+  if (is_zero_stage(key)) return false;
+  return strncmp(key, "train.zero.", 11) == 0 ||
+         strncmp(key, "train.zero_optimization.", 24) == 0 ||
+         strncmp(key, "train.offload.", 14) == 0;
 }
 
 static void set_defaults(dsc_train_config *cfg) {
@@ -291,6 +302,7 @@ static void set_defaults(dsc_train_config *cfg) {
   cfg->fp16.loss_scale_window = 1000;
   cfg->fp16.hysteresis = 2;
   cfg->fp16.min_loss_scale = 1;
+  cfg->world = 1;
 }
 
 const char *dsc_precision_name(dsc_precision p) {
@@ -366,6 +378,11 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
       r = set_optimizer(ctx, raw, v, cfg);
     } else if (strcmp(k, "schedule") == 0) {
       r = set_schedule(ctx, raw, v, cfg);
+    } else if (is_zero_stage(key)) {
+      r = get_int(ctx, key, raw, v, 0, &cfg->zero.stage);
+      if (r && cfg->zero.stage > 3) r = bad(ctx, key, raw, "0, 1, 2 or 3");
+    } else if (strcmp(k, "train_batch_size") == 0) {
+      r = get_int(ctx, key, raw, v, 1, &cfg->global_batch);
     } else if (strcmp(k, "precision") == 0) {
       r = v->kind == TV_NAME && dsc_precision_from_name(v->name, &cfg->precision) == 0;
       if (!r) bad(ctx, key, raw, "one of f32, bf16, fp16");

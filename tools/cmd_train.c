@@ -10,12 +10,23 @@
 
 #include "tools/cli.h"
 
+/* The environment of a process started by mpirun (Open MPI, or PMI). */
+static int64_t mpi_env_world(void) {
+  const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    int64_t n;
+    const char *v = getenv(vars[i]);
+    if (v && cli_parse_i64(v, &n) && n > 0) return n;
+  }
+  return 0;
+}
+
 static const char train_help[] =
     "usage: dsc train MODEL.dsm --data PREFIX [options]\n"
     "       dsc train --resume DIR [MODEL.dsm] [options]\n"
     "\n"
     "Trains a token model (forward(tokens, targets) -> loss): compiles MODEL.dsm,\n"
-    "runs the training pipeline (precision, autodiff, optimizer, decompose, cse, fuse)\n"
+    "runs the training pipeline (precision, autodiff, optimizer, zero, decompose, cse, fuse)\n"
     "and steps through PREFIX_train.bin (written by 'dsc data').\n"
     "MODEL may be a .dsx from 'dsc compile': its graphs and (same host) kernels are\n"
     "used as they are; --batch, --seq, --grad-accum and --precision must then match\n"
@@ -54,6 +65,16 @@ static const char train_help[] =
     "                    checkpoint's (batch, seq, grad-accum cannot change); new\n"
     "                    checkpoints go next to it unless --out is given.\n"
     "  --quiet           no progress lines or summary\n"
+    "\n"
+    "Data parallel (docs/training.md): every step trains on a global batch of\n"
+    "batch x grad-accum x ranks sequences, the same ones whatever the split;\n"
+    "gradients and loss are averaged over the ranks. Rank 0 prints, evaluates and\n"
+    "writes checkpoints. Under 'mpirun -np N dsc train ...' each process is a rank.\n"
+    "  --ranks N         N ranks as threads of this process (in-process backend)\n"
+    "  --global-batch G  sequences per step; grad-accum = G / (batch x ranks), which\n"
+    "                    must divide evenly (DeepSpeed's train_batch_size)\n"
+    "  --zero-stage S    ZeRO stage (train.zero.stage); 0: gradients all-reduced,\n"
+    "                    nothing sharded (stages 1-3 are not implemented yet)\n"
     "\n"
     "SIGINT (Ctrl-C) or SIGTERM stops after the current step, writes a checkpoint\n"
     "and exits with 130 (SIGINT) or 143 (SIGTERM), as shells report such stops.\n"
@@ -119,11 +140,100 @@ static bool want_str(int argc, char **argv, int *i, const char **out) {
   return true;
 }
 
+typedef struct {
+  dsc_trainer_options o;
+  bool quiet;
+  dsc_context *single_ctx; /* one rank without a communicator: its context */
+  int code;                /* rank 0's exit code once its training returned DSC_OK */
+} train_job;
+
+/* One rank's run: open, header, steps, summary. Rank 0 prints (progress on
+ * stdout, warnings on stderr); errors stay on the rank's context for the
+ * caller to print. */
+static dsc_status train_rank(dsc_comm *comm, train_job *j) {
+  dsc_context *ctx = comm ? dsc_comm_context(comm) : j->single_ctx;
+  bool lead = !comm || dsc_comm_rank(comm) == 0;
+  bool quiet = j->quiet || !lead;
+  dsc_trainer_options o = j->o;
+  o.comm = comm;
+  if (lead && !o.resume && !o.out_dir)
+    fputs("dsc train: note: no --out, so no checkpoint will be saved\n", stderr);
+  dsc_trainer *t = NULL;
+  dsc_status st = dsc_trainer_open(ctx, &o, &t);
+  if (st != DSC_OK) return st;
+  if (lead) dsc_diag_print(ctx, stderr);
+  dsc_diag_clear(ctx); /* the other ranks' warnings are rank 0's too */
+  const dsc_trainer_info *info = dsc_trainer_get_info(t);
+  const dsc_train_config *cfg = info->cfg;
+  if (!quiet) {
+    printf("model %s (%s): %" PRId64 " parameters, %" PRId64 " optimizer state values\n",
+           info->model_name, info->model_path, info->n_params, info->n_state);
+    printf("data: %" PRId64 " training tokens", info->train_tokens);
+    if (info->data_val) printf(", %" PRId64 " validation tokens", info->val_tokens);
+    printf(" (vocabulary %" PRId64 ")\n", info->vocab);
+    if (info->world > 1)
+      printf("batch %" PRId64 " x seq %" PRId64 " x grad_accum %" PRId64
+             " x %d ranks (%s) = %" PRId64 " tokens/step, ZeRO stage %" PRId64 ", %" PRId64
+             " steps, lr %g, seed %" PRIu64 "\n",
+             cfg->batch, cfg->seq, cfg->grad_accum, info->world, dsc_comm_backend(comm),
+             info->global_batch * cfg->seq, cfg->zero.stage, cfg->steps, cfg->opt.lr, cfg->seed);
+    else
+      printf("batch %" PRId64 " x seq %" PRId64 " x grad_accum %" PRId64 " = %" PRId64
+             " tokens/step, %" PRId64 " steps, lr %g, seed %" PRIu64 "\n",
+             cfg->batch, cfg->seq, cfg->grad_accum, cfg->batch * cfg->seq * cfg->grad_accum,
+             cfg->steps, cfg->opt.lr, cfg->seed);
+    if (info->program_path)
+      printf("program %s: %d kernels loaded, %d compiled\n", info->program_path,
+             info->kernels_prebuilt, info->kernels_compiled);
+    if (info->resumed_from)
+      printf("resumed from %s at step %" PRId64 "\n", info->resumed_from, info->start_step);
+    fflush(stdout);
+  }
+  progress pr = {isatty(STDOUT_FILENO) != 0, quiet, cfg->log_every > 0 ? cfg->log_every : 1,
+                 info->start_step,           0,     0};
+  dsc_train_summary sum;
+  st = dsc_trainer_run(t, &stop_signal, on_step, &pr, &sum);
+  if (st != DSC_OK) {
+    dsc_trainer_free(t);
+    return st;
+  }
+  if (lead) dsc_diag_print(ctx, stderr);
+  dsc_diag_clear(ctx);
+  int code = CLI_EXIT_OK;
+  if (!quiet) {
+    char took[32];
+    fmt_duration(took, sizeof took, sum.seconds);
+    printf("%s %" PRId64 " steps (%" PRId64 " this run) in %s, %.0f tok/s; final loss %.4f",
+           sum.stopped ? "stopped after" : "done:", sum.steps_done, sum.steps_run, took,
+           sum.tokens_per_s, sum.final_loss);
+    if (!isnan(sum.best_val_loss)) printf(", best val loss %.4f", sum.best_val_loss);
+    putchar('\n');
+    if (sum.last_checkpoint) printf("checkpoint: %s\n", sum.last_checkpoint);
+  }
+  if (sum.stopped && stop_signal) {
+    if (lead)
+      fprintf(stderr, "dsc train: stopped by %s at step %" PRId64 "%s%s\n",
+              stop_signal == SIGINT ? "SIGINT" : "SIGTERM", sum.steps_done,
+              sum.last_checkpoint ? "; checkpoint " : " (no --out: nothing saved)",
+              sum.last_checkpoint ? sum.last_checkpoint : "");
+    code = 128 + stop_signal;
+  }
+  if (lead && o.profile && dsc_trainer_print_profile(t, 25, stdout) != DSC_OK)
+    dsc_diag_print(ctx, stderr);
+  if (lead) j->code = code;
+  fflush(stdout);
+  dsc_trainer_free(t);
+  return DSC_OK;
+}
+
+static dsc_status train_rank_fn(dsc_comm *comm, void *ud) { return train_rank(comm, ud); }
+
 int cli_train(int argc, char **argv) {
   dsc_trainer_options o;
   memset(&o, 0, sizeof o);
   o.save_every = o.eval_every = -1;
   bool quiet = false;
+  int64_t ranks = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int64_t v;
@@ -189,6 +299,17 @@ int cli_train(int argc, char **argv) {
     } else if (strcmp(a, "--threads") == 0) {
       ok = want_i64(argc, argv, &i, 1, &v) && v <= 1024;
       o.threads = (int)v;
+    } else if (strcmp(a, "--ranks") == 0) {
+      ok = want_i64(argc, argv, &i, 1, &ranks) && ranks <= 1024;
+      if (!ok)
+        return cli_usage_error("train", "--ranks needs an integer in [1, 1024]"), CLI_EXIT_USER;
+    } else if (strcmp(a, "--global-batch") == 0) {
+      ok = want_i64(argc, argv, &i, 1, &o.global_batch);
+    } else if (strcmp(a, "--zero-stage") == 0) {
+      ok = want_i64(argc, argv, &i, 0, &v) && v <= 3;
+      if (!ok) return cli_usage_error("train", "--zero-stage needs 0, 1, 2 or 3"), CLI_EXIT_USER;
+      o.zero_stage = (int)v;
+      o.has_zero_stage = true;
     } else if (strcmp(a, "--profile") == 0) {
       o.profile = true;
     } else if (strcmp(a, "--quiet") == 0) {
@@ -208,72 +329,71 @@ int cli_train(int argc, char **argv) {
     return cli_usage_error("train", "missing --data PREFIX (token shards from 'dsc data')"),
            CLI_EXIT_USER;
 
-  if (!o.resume && !o.out_dir)
-    fputs("dsc train: note: no --out, so no checkpoint will be saved\n", stderr);
+  int64_t mpi_world = mpi_env_world();
+  if (mpi_world > 1 && ranks > 0)
+    return cli_usage_error("train",
+                           "--ranks runs in-process ranks; under mpirun (%" PRId64
+                           " processes) each process is a rank already",
+                           mpi_world),
+           CLI_EXIT_USER;
+  if (mpi_world > 1 && !dsc_comm_have_mpi()) {
+    fprintf(stderr,
+            "dsc train: error: started by mpirun with %" PRId64
+            " processes, but this dsc was built without MPI (rebuild with MPI, or use --ranks N)\n",
+            mpi_world);
+    return CLI_EXIT_USER;
+  }
 
-  dsc_context *ctx = dsc_context_new(NULL, NULL);
-  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
-  dsc_trainer *t = NULL;
-  dsc_status st = dsc_trainer_open(ctx, &o, &t);
-  dsc_diag_print(ctx, stderr);
-  dsc_diag_clear(ctx);
-  if (st != DSC_OK) {
-    dsc_context_free(ctx);
-    return cli_exit_code(st);
-  }
-  const dsc_trainer_info *info = dsc_trainer_get_info(t);
-  const dsc_train_config *cfg = info->cfg;
-  if (!quiet) {
-    printf("model %s (%s): %" PRId64 " parameters, %" PRId64 " optimizer state values\n",
-           info->model_name, info->model_path, info->n_params, info->n_state);
-    printf("data: %" PRId64 " training tokens", info->train_tokens);
-    if (info->data_val) printf(", %" PRId64 " validation tokens", info->val_tokens);
-    printf(" (vocabulary %" PRId64 ")\n", info->vocab);
-    printf("batch %" PRId64 " x seq %" PRId64 " x grad_accum %" PRId64 " = %" PRId64
-           " tokens/step, %" PRId64 " steps, lr %g, seed %" PRIu64 "\n",
-           cfg->batch, cfg->seq, cfg->grad_accum, cfg->batch * cfg->seq * cfg->grad_accum,
-           cfg->steps, cfg->opt.lr, cfg->seed);
-    if (info->program_path)
-      printf("program %s: %d kernels loaded, %d compiled\n", info->program_path,
-             info->kernels_prebuilt, info->kernels_compiled);
-    if (info->resumed_from)
-      printf("resumed from %s at step %" PRId64 "\n", info->resumed_from, info->start_step);
-    fflush(stdout);
-  }
+  train_job job = {o, quiet, NULL, CLI_EXIT_OK};
   struct sigaction sa, old_int, old_term;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  progress pr = {isatty(STDOUT_FILENO) != 0, quiet, cfg->log_every > 0 ? cfg->log_every : 1,
-                 info->start_step,           0,     0};
-  dsc_train_summary sum;
-  st = dsc_trainer_run(t, &stop_signal, on_step, &pr, &sum);
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
-  dsc_diag_print(ctx, stderr);
-  int code = cli_exit_code(st);
-  if (st == DSC_OK && !quiet) {
-    char took[32];
-    fmt_duration(took, sizeof took, sum.seconds);
-    printf("%s %" PRId64 " steps (%" PRId64 " this run) in %s, %.0f tok/s; final loss %.4f",
-           sum.stopped ? "stopped after" : "done:", sum.steps_done, sum.steps_run, took,
-           sum.tokens_per_s, sum.final_loss);
-    if (!isnan(sum.best_val_loss)) printf(", best val loss %.4f", sum.best_val_loss);
-    putchar('\n');
-    if (sum.last_checkpoint) printf("checkpoint: %s\n", sum.last_checkpoint);
-  }
-  if (st == DSC_OK && sum.stopped && stop_signal) {
-    fprintf(stderr, "dsc train: stopped by %s at step %" PRId64 "%s%s\n",
-            stop_signal == SIGINT ? "SIGINT" : "SIGTERM", sum.steps_done,
-            sum.last_checkpoint ? "; checkpoint " : " (no --out: nothing saved)",
-            sum.last_checkpoint ? sum.last_checkpoint : "");
-    code = 128 + stop_signal;
-  }
-  if (st == DSC_OK && o.profile && dsc_trainer_print_profile(t, 25, stdout) != DSC_OK)
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  int code;
+  if (mpi_world > 1) {
+    /* One rank per process: rank 0 reports; any failure ends the job. */
+    dsc_comm *comm = NULL;
+    dsc_status st = dsc_comm_mpi_new(ctx, &comm);
+    if (st != DSC_OK) {
+      dsc_diag_print(ctx, stderr);
+      dsc_context_free(ctx);
+      return cli_exit_code(st);
+    }
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    st = train_rank(comm, &job);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (st != DSC_OK) {
+      dsc_diag_print(ctx, stderr);
+      fflush(stderr);
+      char why[160];
+      snprintf(why, sizeof why, "dsc train failed on rank %d (exit %d)", dsc_comm_rank(comm),
+               cli_exit_code(st));
+      dsc_comm_abort(comm, why); /* ends every process of the job */
+    }
+    code = job.code;
+    dsc_comm_free(comm);
+  } else if (ranks > 1) {
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    dsc_status st = dsc_comm_inproc_run(ctx, (int)ranks, train_rank_fn, &job);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    dsc_diag_print(ctx, stderr); /* the first failed rank's errors */
+    code = st == DSC_OK ? job.code : cli_exit_code(st);
+  } else {
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    job.single_ctx = ctx;
+    dsc_status st = train_rank(NULL, &job);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     dsc_diag_print(ctx, stderr);
-  dsc_trainer_free(t);
+    code = st == DSC_OK ? job.code : cli_exit_code(st);
+  }
   dsc_context_free(ctx);
   return code;
 }

@@ -9,6 +9,8 @@
  *           computes the schedule with dsc_lr_at);
  *   outputs [loss: f32[] (mean over the micro-batches), grad_norm: f32[]
  *           (global L2 norm of the averaged gradients, before clipping)];
+ *           at cfg->world > 1 (pass "zero") the averaged gradients and the
+ *           loss are means over the ranks too (all_reduce start/wait pairs);
  *   state   optimizer states are module states named "opt.<what>.<param>"
  *           plus "opt.step" (f32[], steps taken); `assign` nodes write the
  *           new params and states, committed by the interpreter when the
@@ -78,6 +80,20 @@ typedef struct {
     int64_t hysteresis;          /* overflows tolerated before the scale halves (2) */
     double min_loss_scale;       /* the scale never goes below this (1) */
   } fp16;
+  /* Data parallelism (pass "zero", docs/training.md "Data parallel"): the
+   * step graph is one rank's program of `world` ranks (<= 1: one rank, the
+   * pass does nothing). */
+  int64_t world;
+  /* Global batch in sequences, DeepSpeed's train_batch_size (train.
+   * train_batch_size): batch x grad_accum x world; 0: not given. The trainer
+   * infers grad_accum from it. */
+  int64_t global_batch;
+  struct {
+    /* train.zero.stage (or train.zero_optimization.stage, as ds_config
+     * spells it): 0 all-reduces the averaged gradients; 1-3 (sharding) are
+     * not implemented yet: an error at world > 1. Default 0. */
+    int64_t stage;
+  } zero;
 } dsc_train_config;
 
 /* Defaults (documented in docs/training.md), then the module's train.*
@@ -89,6 +105,11 @@ const char *dsc_precision_name(dsc_precision p);
 int dsc_precision_from_name(const char *name, dsc_precision *out);
 /* The learning rate of optimizer step `step` (0-based). */
 double dsc_lr_at(const dsc_train_config *cfg, int64_t step);
+
+/* Sets the `tag` of every collective start of g (the trainer: the step
+ * number, so that a failed collective names its step). Backends that copy
+ * the tag when they compile (cpu) keep the value they were built with. */
+void dsc_graph_set_collective_tags(dsc_graph *g, int64_t tag);
 
 /* ---- the pass pipeline ---- */
 typedef struct {

@@ -50,6 +50,21 @@ typedef struct {
   const char *backend;   /* "interp", "cpu", "cuda" (include/dsc/exec.h); NULL: the default */
   int threads;           /* cpu backend worker threads; 0: one per core */
   bool profile;          /* time every instruction of the step (dsc_trainer_print_profile) */
+  /* Data parallelism (docs/training.md "Data parallel"): this trainer is
+   * rank dsc_comm_rank(comm) of dsc_comm_world(comm); NULL: a single rank.
+   * Every rank opens a trainer with the same options. Each step reads the
+   * global batch of batch x grad_accum x world sequences (the same ones
+   * whatever the world) and rank r trains on rows [r*B*K, (r+1)*B*K); the
+   * step graph averages gradients and loss over the ranks (pass "zero").
+   * Rank 0 alone writes out_dir (checkpoints, metrics.jsonl), log_path and
+   * runs validation; every rank's steps report the same (global) loss. */
+  dsc_comm *comm;
+  /* Sequences per step (DeepSpeed's train_batch_size; 0: the train
+   * section's, if any): grad_accum becomes global_batch / (batch x world),
+   * which must divide evenly (and agree with an explicit grad_accum). */
+  int64_t global_batch;
+  bool has_zero_stage; /* zero_stage overrides train.zero.stage */
+  int zero_stage;
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;
@@ -67,6 +82,8 @@ typedef struct {
   const char *program_path; /* the model is a .dsx program file (absolute), or NULL */
   int kernels_compiled;     /* kernels the executors compiled (cpu backend) */
   int kernels_prebuilt;     /* kernels loaded from the .dsx instead */
+  int rank, world;          /* data parallelism: this trainer's rank of world (0 of 1) */
+  int64_t global_batch;     /* sequences per step: batch x grad_accum x world */
 } dsc_trainer_info;
 
 /* One finished optimizer step. step counts completed steps (1..steps), as

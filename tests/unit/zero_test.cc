@@ -1,0 +1,425 @@
+// Data parallelism at ZeRO stage 0 (passes/zero.c, the trainer's ranks):
+// the pass's rewrite of train_step, its settings, and the equivalence of
+// training at world 1, 2 and 4 with the same global batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dsc/dsc.h"
+#include "runtime_test_util.h"
+
+namespace {
+
+const std::string kSrc = DSC_SOURCE_DIR;
+const std::string kTiny = kSrc + "/examples/gpt-tiny.dsm";
+const std::string kMlp = kSrc + "/examples/mlp.dsm";
+
+struct Ctx {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  ~Ctx() { dsc_context_free(ctx); }
+  std::string diags() const {
+    std::string s;
+    for (int i = 0; i < dsc_diag_count(ctx); i++)
+      s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
+    return s;
+  }
+};
+
+dsc_module *compile(dsc_context *ctx, const std::string &path, int64_t B) {
+  dsc_dim_binding dims[2] = {{"B", B}, {"T", 8}};
+  dsc_frontend_options fo = {dims, 2};
+  dsc_module *m = nullptr;
+  EXPECT_EQ(dsc_compile_file(ctx, path.c_str(), &fo, &m), DSC_OK);
+  return m;
+}
+
+int count_op(const dsc_graph *g, dsc_op op) {
+  int n = 0;
+  for (int i = 0; i < dsc_graph_node_count(g); i++) n += dsc_node_op(dsc_graph_node(g, i)) == op;
+  return n;
+}
+
+int trainable(const dsc_module *m) {
+  int n = 0;
+  for (int i = 0; i < dsc_module_param_count(m); i++) n += !dsc_module_param_is_state(m, i);
+  return n;
+}
+
+// The mlp example through the pipeline up to "zero" at world N, stage S.
+struct Piped {
+  Ctx c;
+  dsc_module *m = nullptr;
+  dsc_status st = DSC_ERR_INTERNAL;
+  Piped(int64_t world, int64_t stage, const char *stop = "zero",
+        dsc_precision prec = DSC_PRECISION_F32) {
+    m = compile(c.ctx, kMlp, 4);
+    if (!m) return;
+    dsc_train_config cfg;
+    EXPECT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << c.diags();
+    cfg.grad_accum = 2, cfg.clip = 1.0, cfg.world = world, cfg.zero.stage = stage;
+    cfg.precision = prec;
+    dsc_pipeline_options po;
+    memset(&po, 0, sizeof po);
+    po.train = &cfg;
+    po.stop_after = stop;
+    po.verify_each = true;
+    st = dsc_run_pipeline(m, &po);
+  }
+  ~Piped() { dsc_module_free(m); }
+  dsc_graph *step() { return dsc_module_find_graph(m, "train_step"); }
+};
+
+TEST(ZeroPass, IsARowOfThePipelineRightAfterOptimizer) {
+  int opt = -1, zero = -1;
+  for (int i = 0; i < dsc_pass_count(); i++) {
+    if (std::string(dsc_pass_name(i)) == "optimizer") opt = i;
+    if (std::string(dsc_pass_name(i)) == "zero") zero = i;
+  }
+  ASSERT_GE(opt, 0);
+  EXPECT_EQ(zero, opt + 1);
+}
+
+TEST(ZeroPass, WorldOneChangesNothing) {
+  Piped a(1, 0, "optimizer"), b(1, 0, "zero"), c(1, 3, "zero");  // any stage at world 1
+  ASSERT_EQ(a.st, DSC_OK) << a.c.diags();
+  ASSERT_EQ(b.st, DSC_OK) << b.c.diags();
+  ASSERT_EQ(c.st, DSC_OK) << c.c.diags();
+  EXPECT_EQ(dsc_graph_node_count(a.step()), dsc_graph_node_count(b.step()));
+  EXPECT_EQ(dsc_graph_node_count(a.step()), dsc_graph_node_count(c.step()));
+  EXPECT_EQ(count_op(b.step(), DSC_OP_ALL_REDUCE_START), 0);
+}
+
+TEST(ZeroPass, StageZeroAllReducesEachGradientBeforeTheNormAndTheLoss) {
+  Piped p(2, 0);
+  ASSERT_EQ(p.st, DSC_OK) << p.c.diags();
+  dsc_graph *g = p.step();
+  int n = trainable(p.m);
+  ASSERT_EQ(n, 6);
+  EXPECT_EQ(count_op(g, DSC_OP_ALL_REDUCE_START), n + 1);  // one per param + the loss
+  EXPECT_EQ(count_op(g, DSC_OP_ALL_REDUCE_WAIT), n + 1);
+  for (int i = 0; i < dsc_graph_node_count(g); i++) {
+    const dsc_node *nd = dsc_graph_node(g, i);
+    if (dsc_node_op(nd) != DSC_OP_ALL_REDUCE_START) continue;
+    EXPECT_EQ(dsc_node_attr(nd, "world")->u.i, 2);
+    EXPECT_EQ(dsc_node_attr(nd, "tag")->u.i, 0);
+  }
+  // loss = wait * 0.5
+  const dsc_node *loss = dsc_graph_output_at(g, 0);
+  ASSERT_EQ(dsc_node_op(loss), DSC_OP_MUL);
+  EXPECT_EQ(dsc_node_op(dsc_node_input(loss, 0)), DSC_OP_ALL_REDUCE_WAIT);
+  // grad_norm = sqrt(sum of sum(x * x)): every x is a mean over ranks
+  const dsc_node *s = dsc_node_input(dsc_graph_output_at(g, 1), 0);
+  int terms = 0;
+  for (;;) {
+    const dsc_node *t = s;
+    if (dsc_node_op(s) == DSC_OP_ADD) t = dsc_node_input(s, 1);
+    const dsc_node *sq = dsc_node_input(t, 0);  // sum(x * x)
+    ASSERT_EQ(dsc_node_op(sq), DSC_OP_MUL);
+    const dsc_node *x = dsc_node_input(sq, 0);
+    ASSERT_EQ(dsc_node_op(x), DSC_OP_MUL);
+    EXPECT_EQ(dsc_node_op(dsc_node_input(x, 0)), DSC_OP_ALL_REDUCE_WAIT);
+    terms++;
+    if (dsc_node_op(s) != DSC_OP_ADD) break;
+    s = dsc_node_input(s, 0);
+  }
+  EXPECT_EQ(terms, n);
+  // the rewritten graph prints and parses back byte for byte
+  char *text = nullptr;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  ASSERT_EQ(dsc_module_print(p.m, f), DSC_OK);
+  fclose(f);
+  dsc_module *back = nullptr;
+  ASSERT_EQ(dsc_module_parse(p.c.ctx, text, len, "zero.dsir", &back), DSC_OK) << p.c.diags();
+  char *text2 = nullptr;
+  size_t len2 = 0;
+  f = open_memstream(&text2, &len2);
+  ASSERT_EQ(dsc_module_print(back, f), DSC_OK);
+  fclose(f);
+  EXPECT_EQ(std::string(text, len), std::string(text2, len2));
+  free(text);
+  free(text2);
+  dsc_module_free(back);
+}
+
+TEST(ZeroPass, TheWholePipelineAndFp16KeepTheIRValid) {
+  Piped full(4, 0, nullptr);  // through decompose, cse, fuse
+  EXPECT_EQ(full.st, DSC_OK) << full.c.diags();
+  Piped fp16(2, 0, "zero", DSC_PRECISION_FP16);
+  ASSERT_EQ(fp16.st, DSC_OK) << fp16.c.diags();
+  EXPECT_EQ(count_op(fp16.step(), DSC_OP_ALL_REDUCE_START), trainable(fp16.m) + 1);
+}
+
+TEST(ZeroPass, StagesAboveZeroAreNotImplementedYet) {
+  for (int stage = 1; stage <= 3; stage++) {
+    Piped p(2, stage);
+    EXPECT_EQ(p.st, DSC_ERR_USER);
+    EXPECT_NE(p.c.diags().find("ZeRO stage " + std::to_string(stage) + " is not implemented yet"),
+              std::string::npos)
+        << p.c.diags();
+  }
+}
+
+TEST(ZeroPass, CollectiveTagsCanBeSetToTheStep) {
+  Piped p(2, 0);
+  ASSERT_EQ(p.st, DSC_OK) << p.c.diags();
+  dsc_graph_set_collective_tags(p.step(), 17);
+  for (int i = 0; i < dsc_graph_node_count(p.step()); i++) {
+    const dsc_node *nd = dsc_graph_node(p.step(), i);
+    if (dsc_node_op(nd) == DSC_OP_ALL_REDUCE_START) {
+      EXPECT_EQ(dsc_node_attr(nd, "tag")->u.i, 17);
+    }
+  }
+}
+
+TEST(ZeroConfig, StageAndGlobalBatchKeysMirrorDeepSpeed) {
+  Ctx c;
+  dsc_module *m = dsc_module_new(c.ctx, "m");
+  dsc_train_config cfg;
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK);
+  EXPECT_EQ(cfg.world, 1);
+  EXPECT_EQ(cfg.zero.stage, 0);
+  EXPECT_EQ(cfg.global_batch, 0);
+  ASSERT_EQ(dsc_module_set_meta(m, "train.zero.stage", "2"), DSC_OK);
+  ASSERT_EQ(dsc_module_set_meta(m, "train.zero.overlap", "true"), DSC_OK);  // a later pass's
+  ASSERT_EQ(dsc_module_set_meta(m, "train.train_batch_size", "32"), DSC_OK);
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << c.diags();
+  EXPECT_EQ(cfg.zero.stage, 2);
+  EXPECT_EQ(cfg.global_batch, 32);
+  dsc_module_free(m);
+
+  m = dsc_module_new(c.ctx, "m");
+  ASSERT_EQ(dsc_module_set_meta(m, "train.zero_optimization.stage", "1"), DSC_OK);
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << c.diags();
+  EXPECT_EQ(cfg.zero.stage, 1);
+  ASSERT_EQ(dsc_module_set_meta(m, "train.zero_optimization.stage", "4"), DSC_OK);
+  EXPECT_EQ(dsc_train_config_from_module(m, &cfg), DSC_ERR_USER);
+  EXPECT_NE(c.diags().find("'train.zero_optimization.stage' must be 0, 1, 2 or 3, got '4'"),
+            std::string::npos)
+      << c.diags();
+  dsc_module_free(m);
+}
+
+// ---- the trainer at several world sizes ----
+
+std::string write_shard(const rt_test::TempDir &d, const std::string &name, int64_t n) {
+  Ctx c;
+  std::vector<uint16_t> toks(n);
+  for (int64_t i = 0; i < n; i++) toks[i] = (uint16_t)((i * 7 + i / 13 + (i * i) % 11) % 256);
+  std::string path = d / name;
+  EXPECT_EQ(dsc_shard_write(c.ctx, path.c_str(), toks.data(), n), DSC_OK) << c.diags();
+  return path;
+}
+
+struct RankResult {
+  std::vector<double> loss, norm;
+  std::vector<std::string> names;           // params and their adam moments
+  std::vector<std::vector<double>> params;  // their values
+};
+
+// The trainable params of gpt-tiny, with their AdamW states.
+std::vector<std::string> tiny_param_names() {
+  Ctx c;
+  std::vector<std::string> names;
+  dsc_module *m = compile(c.ctx, kTiny, 2);
+  for (int i = 0; m && i < dsc_module_param_count(m); i++) {
+    std::string n = dsc_module_param_name(m, i);
+    names.insert(names.end(), {n, "opt.m." + n, "opt.v." + n});
+  }
+  dsc_module_free(m);
+  return names;
+}
+
+struct Job {
+  dsc_trainer_options o;
+  int steps = 0;
+  std::string bad_prefix;  // non-empty: rank 1 opens this data prefix instead
+  std::vector<RankResult> ranks;
+};
+
+dsc_status rank_fn(dsc_comm *comm, void *ud) {
+  Job *j = static_cast<Job *>(ud);
+  int r = dsc_comm_rank(comm);
+  dsc_trainer_options o = j->o;
+  o.comm = comm;
+  if (r == 1 && !j->bad_prefix.empty()) o.data_prefix = j->bad_prefix.c_str();
+  dsc_trainer *t = nullptr;
+  dsc_status st = dsc_trainer_open(dsc_comm_context(comm), &o, &t);
+  if (st != DSC_OK) return st;
+  RankResult &res = j->ranks[r];
+  for (int s = 0; s < j->steps && st == DSC_OK; s++) {
+    dsc_train_progress p;
+    st = dsc_trainer_step(t, &p);
+    res.loss.push_back(p.loss);
+    res.norm.push_back(p.grad_norm);
+  }
+  if (st == DSC_OK) {
+    const dsc_trainer_info *info = dsc_trainer_get_info(t);
+    EXPECT_EQ(info->world, dsc_comm_world(comm));
+    EXPECT_EQ(info->rank, r);
+    const dsc_params *ps = dsc_trainer_params(t);
+    res.names = tiny_param_names();
+    for (const std::string &name : res.names) {
+      const dsc_tensor *v = dsc_params_find(ps, name.c_str());
+      EXPECT_NE(v, nullptr) << name;
+      if (v) res.params.emplace_back(v->data, v->data + dsc_type_numel(&v->type));
+    }
+  }
+  dsc_trainer_free(t);
+  return st;
+}
+
+struct World {
+  rt_test::TempDir d;
+  std::string prefix;
+  World() {
+    write_shard(d, "z_train.bin", 3000);
+    write_shard(d, "z_val.bin", 200);
+    prefix = d / "z";
+  }
+  // Trains `steps` steps at `world` ranks with grad_accum K (global batch
+  // 2 x K x world sequences of 8 tokens); rank 0's result.
+  RankResult run(int world, int64_t K, int steps, const char *backend = "interp",
+                 std::string *err = nullptr, int64_t global = 0, int stage = -1,
+                 const std::string &bad = "") {
+    Ctx c;
+    Job j;
+    memset(&j.o, 0, sizeof j.o);
+    j.o.model_path = kTiny.c_str();
+    j.o.data_prefix = prefix.c_str();
+    j.o.batch = 2, j.o.seq = 8, j.o.grad_accum = K, j.o.steps = 100, j.o.global_batch = global;
+    j.o.save_every = -1, j.o.eval_every = 0;
+    j.o.backend = backend;
+    j.o.threads = 1;
+    if (stage >= 0) j.o.has_zero_stage = true, j.o.zero_stage = stage;
+    j.steps = steps;
+    j.bad_prefix = bad;
+    j.ranks.resize(world);
+    dsc_status st = dsc_comm_inproc_run(c.ctx, world, rank_fn, &j);
+    if (err) *err = c.diags();
+    if (!err) {
+      EXPECT_EQ(st, DSC_OK) << c.diags();
+    }
+    if (st != DSC_OK) return RankResult();
+    // every rank holds the same loss, norm and params, bit for bit
+    for (int r = 1; r < world; r++) {
+      EXPECT_EQ(j.ranks[r].loss, j.ranks[0].loss) << "rank " << r;
+      EXPECT_EQ(j.ranks[r].norm, j.ranks[0].norm) << "rank " << r;
+      EXPECT_TRUE(j.ranks[r].params == j.ranks[0].params) << "rank " << r;
+    }
+    return j.ranks[0];
+  }
+};
+
+// max |a - b| / max(|b|, floor): the floor keeps values near zero (biases
+// moved from 0 by a few steps) from dominating the relative error.
+double max_rel(const std::vector<double> &a, const std::vector<double> &b, double floor) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); i++)
+    m = std::fmax(m, std::fabs(a[i] - b[i]) / std::fmax(std::fabs(b[i]), floor));
+  return m;
+}
+
+// The absolute tolerance a needs to equal b within 1e-5 relative (as
+// numpy.allclose(a, b, rtol=1e-5, atol)): max |a - b| - 1e-5 |b| over the
+// params and their AdamW moments; separately (*k_bias) for the key part of
+// the attention biases (attn_b[d, 2d)): softmax ignores a shift of all
+// scores, so their gradient is zero in exact arithmetic and f32 rounding
+// noise in any summation order, which Adam turns into lr-sized steps.
+double needed_atol(const RankResult &a, const RankResult &b, double *k_bias) {
+  double m = 0;
+  *k_bias = 0;
+  EXPECT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size() && i < b.params.size(); i++) {
+    bool attn_b =
+        a.names[i].size() >= 6 && a.names[i].compare(a.names[i].size() - 6, 6, "attn_b") == 0;
+    size_t d = a.params[i].size() / 3;
+    for (size_t k = 0; k < a.params[i].size() && k < b.params[i].size(); k++) {
+      double e = std::fabs(a.params[i][k] - b.params[i][k]) - 1e-5 * std::fabs(b.params[i][k]);
+      if (attn_b && k >= d && k < 2 * d)
+        *k_bias = std::fmax(*k_bias, e);
+      else
+        m = std::fmax(m, e);
+    }
+  }
+  return m;
+}
+
+constexpr int kSteps = 5;
+
+// f32 in the interpreter: the world-N sums group the micro-batches
+// differently ((g0 + g1) / 2 + (g2 + g3) / 2 instead of g0 + g1 + g2 + g3),
+// so results agree to rounding. Bounds: loss and grad_norm 1e-5 relative
+// (measured 8.7e-8); params and Adam moments 1e-5 relative + 1e-7 absolute
+// (measured 1.8e-8), the attention key bias 2e-6 absolute (measured 2.3e-7).
+void expect_same_as_world_one(int world, int64_t K) {
+  World w;
+  RankResult w1 = w.run(1, 4, kSteps), wn = w.run(world, K, kSteps);
+  ASSERT_EQ(w1.loss.size(), (size_t)kSteps);
+  EXPECT_GT(w1.loss[0], 5.0);  // log(256) = 5.55 at init
+  EXPECT_LT(w1.loss.back(), w1.loss[0]);
+  double l = max_rel(wn.loss, w1.loss, 1e-3), n = max_rel(wn.norm, w1.norm, 1e-3);
+  double k, p = needed_atol(wn, w1, &k);
+  EXPECT_LT(l, 1e-5);
+  EXPECT_LT(n, 1e-5);
+  EXPECT_LT(p, 1e-7);  // f32 ulp of 0.02 (a typical weight) is 1.9e-9
+  EXPECT_LT(k, 2e-6);  // noise-driven steps: a fraction of the summed lr (9e-4)
+  std::printf("world %d vs 1: loss %.1e, grad_norm %.1e, params atol %.1e (key bias %.1e)\n", world,
+              l, n, p, k);
+}
+
+TEST(ZeroTrain, WorldTwoFollowsWorldOnesLossCurveAndWeights) { expect_same_as_world_one(2, 2); }
+TEST(ZeroTrain, WorldFourFollowsWorldOnesLossCurveAndWeights) { expect_same_as_world_one(4, 1); }
+
+TEST(ZeroTrain, ADifferentGlobalBatchIsADifferentRun) {
+  // the comparison above can fail: world 2 with grad_accum 4 trains on 16
+  // sequences per step, not 8
+  World w;
+  RankResult a = w.run(1, 4, 2), b = w.run(2, 4, 2);
+  ASSERT_EQ(a.loss.size(), 2u);
+  ASSERT_EQ(b.loss.size(), 2u);
+  EXPECT_GT(max_rel(b.loss, a.loss, 1e-3), 1e-4);
+}
+
+TEST(ZeroTrain, TheSameRunTwiceIsBitwiseIdentical) {
+  World w;
+  RankResult a = w.run(2, 2, 4), b = w.run(2, 2, 4);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_TRUE(a.params == b.params);
+}
+
+TEST(ZeroTrain, GlobalBatchGivesGradAccumAndMustDivide) {
+  World w;
+  RankResult a = w.run(2, 0, 2, "interp", nullptr, 8), b = w.run(2, 2, 2);
+  EXPECT_EQ(a.loss, b.loss);  // 8 = 2 x K x 2: K = 2
+  std::string err;
+  w.run(2, 0, 1, "interp", &err, 6);
+  EXPECT_NE(err.find("global batch of 6 sequences is not divisible by batch 2 x world 2 = 4"),
+            std::string::npos)
+      << err;
+  w.run(2, 3, 1, "interp", &err, 8);
+  EXPECT_NE(err.find("global batch 8 is not batch 2 x grad_accum 3 x world 2 = 12"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ZeroTrain, StageAboveZeroIsAClearError) {
+  World w;
+  std::string err;
+  w.run(2, 1, 1, "interp", &err, 0, 2);
+  EXPECT_NE(err.find("ZeRO stage 2 is not implemented yet"), std::string::npos) << err;
+}
+
+TEST(ZeroTrain, ARankThatFailsEndsEveryRankWithItsError) {
+  World w;
+  std::string err;
+  w.run(3, 1, 2, "interp", &err, 0, -1, w.d / "missing");
+  EXPECT_NE(err.find("missing_train.bin"), std::string::npos) << err;
+  EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
+}
+
+}  // namespace
