@@ -28,11 +28,19 @@
  * block and C's tiles fit L2; MB = 1020 bounds the packed A block (1.5 MiB) while
  * repacking B only M/1020 times. (Software prefetching of the next B and A
  * blocks and of the C tile, spread over the kernels' k loops, made no
- * measurable difference here, so it is not done.)
+ * measurable difference here, so it is not done; re-measured in wave 4 with
+ * an A/B harness: prefetching the next B block's source from the kernels
+ * costs 7%, prefetching rows ahead inside the packing, B in the kernel, or
+ * KC 256 / NB 480 change nothing. A transposed B with K <= 768 is one
+ * depth block: see kc_of.)
+ * Pages: on this KVM guest the GEMMs lose 20-60% to TLB misses (two-level
+ * page walks) when the operands are on 4 KiB pages: bench/gemm_shapes
+ * --huge shows the difference. The executor's arenas should be 2 MiB
+ * aligned and advised MADV_HUGEPAGE; this file cannot do it for them.
  *
  * Determinism: threads split the larger of M and N in whole micro-panels
  * (or whole batches) and NEVER split K. Every element of C is computed by
- * the same sequence of FMAs (depth blocks of KC from k = 0, each block's
+ * the same sequence of FMAs (depth blocks of kc_of(g) from k = 0, each block's
  * products in order of k, then C = alpha * acc + beta * C with beta = 1
  * after the first block) whatever tile, chunk or thread it lands in, so the
  * result is bitwise identical for any thread count and any run.
@@ -96,13 +104,31 @@ static cg_gemm canonical(const cg_gemm *g) {
   return t;
 }
 
+/* The depth block: KC, except that a transposed B (W^T with W row-major,
+ * the LM head's tied embedding) with K <= 2 KC is one block. Its packing
+ * then reads each row of W whole, once per column block, and C is written
+ * once instead of written and re-read: with 4 KiB pages on this KVM guest
+ * every page touched is a costly two-level TLB walk, and C (256 x 50304)
+ * and W (154 MB) are large. Measured on 256x50304x768: 18% less time with
+ * 4 KiB pages, 6% with huge pages; on row-major B (256x3072x768) one block
+ * of 768 was 7-13% slower, so it keeps KC. Depends on the shape only. */
+static int64_t kc_of(const cg_gemm *g) {
+  bool bt = g->b.row_stride == 1 && g->b.col_stride != 1;
+  return bt && g->k <= 2 * KC ? g->k : min64(g->k, KC);
+}
+/* The column block: the packed B block stays within KC x NB floats. */
+static int64_t nb_of(const cg_gemm *g) {
+  int64_t kc = kc_of(g);
+  return kc <= KC ? NB : (int64_t)KC * NB / kc / NR * NR;
+}
+
 /* Floats of packing scratch one thread needs (A block, B block, one C tile),
  * each part a multiple of 16 floats (64 bytes). */
 static int64_t a_floats(const cg_gemm *g) {
-  return round_up(min64(round_up(g->m, MR), MB) * min64(g->k, KC), 16);
+  return round_up(min64(round_up(g->m, MR), MB) * kc_of(g), 16);
 }
 static int64_t b_floats(const cg_gemm *g) {
-  return round_up(min64(round_up(g->n, NR), NB) * min64(g->k, KC), 16);
+  return round_up(min64(round_up(g->n, NR), nb_of(g)) * kc_of(g), 16);
 }
 
 int64_t rt_sgemm_scratch_floats(const cg_gemm *g) {
@@ -283,14 +309,15 @@ static void gemm_block(const cg_gemm *g, rt_view a, rt_view b, float *c, int64_t
   float *ap = scratch, *bp = scratch + a_floats(g), *tile = bp + b_floats(g);
   int64_t crs = g->c.row_stride, ccs = g->c.col_stride;
   float alpha = (float)g->alpha;
+  int64_t kcb = kc_of(g), ncb = nb_of(g);
   for (int64_t ib = i0; ib < i1; ib += MB) {
     int64_t mb = min64(MB, i1 - ib);
-    for (int64_t pb = 0; pb < g->k; pb += KC) {
-      int64_t kc = min64(KC, g->k - pb);
+    for (int64_t pb = 0; pb < g->k; pb += kcb) {
+      int64_t kc = min64(kcb, g->k - pb);
       float beta = pb == 0 ? (float)g->beta : 1.0f;
       pack_a(a, ib, mb, pb, kc, ap);
-      for (int64_t jb = j0; jb < j1; jb += NB) {
-        int64_t nb = min64(NB, j1 - jb);
+      for (int64_t jb = j0; jb < j1; jb += ncb) {
+        int64_t nb = min64(ncb, j1 - jb);
         pack_b(b, pb, kc, jb, nb, bp);
         for (int64_t ir = 0; ir < mb; ir += MR) {
           int mr = (int)min64(MR, mb - ir);

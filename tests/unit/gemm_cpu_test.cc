@@ -168,8 +168,8 @@ std::vector<Case> layout_cases() {
   struct Size {
     int64_t m, n, k;
   };
-  // 1x1x1; odd sizes off MR (8), NR (48), the 16-wide transposes; 9x49x769
-  // crosses the depth block KC = 768, 20x700x30 the column block NB = 336.
+  // 1x1x1; odd sizes off MR (12), NR (32), the 16-wide transposes; 9x49x769
+  // crosses the depth block KC = 384 twice, 20x700x30 the column block NB = 320.
   const Size sizes[] = {{1, 1, 1}, {17, 33, 65}, {9, 49, 769}, {20, 700, 30}};
   const Kind kinds[] = {Kind::Rows, Kind::Cols, Kind::Strided};
   const char *names[] = {"N", "T", "S"};
@@ -286,6 +286,33 @@ TEST(Sgemm, BatchedWithBroadcastOperands) {
   run_cases(v, 2);
 }
 
+// The transposed-B packing (16 x 16 register transposes of B^T's rows) at
+// its edges: a 16-column panel, a panel of 15, depths off 16 and across the
+// depth block, odd leading dimensions and offsets, C both ways.
+TEST(Sgemm, TransposedBPackingEdges) {
+  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+  struct Size {
+    int64_t m, n, k;
+  };
+  // 7x600x700: one depth block of 700 (kc_of) over several column blocks.
+  const Size sizes[] = {{13, 48, 400}, {5, 47, 33}, {25, 80, 16}, {3, 16, 399}, {7, 600, 700}};
+  std::vector<Case> v;
+  for (const Size &sz : sizes)
+    for (Kind kc : {Kind::Rows, Kind::Cols}) {
+      Case cs;
+      cs.m = sz.m, cs.n = sz.n, cs.k = sz.k;
+      cs.lb.kind = Kind::Cols;
+      cs.lb.offset = 11, cs.lb.pad = 3;
+      cs.la.offset = 1, cs.la.pad = 1;
+      cs.lc.kind = kc;
+      cs.alpha = 1.25, cs.beta = 0.5;
+      cs.name = std::to_string(sz.m) + "x" + std::to_string(sz.n) + "x" + std::to_string(sz.k) +
+                " B^T C" + (kc == Kind::Rows ? "N" : "T");
+      v.push_back(cs);
+    }
+  run_cases(v, 2);
+}
+
 // The same GEMM on 1, 2 and 3 threads (and on the pthread team as well as
 // the default one) gives the same bits: threads split M or N (or batches),
 // never K.
@@ -297,6 +324,11 @@ TEST(Sgemm, BitwiseIdenticalForAnyThreadCount) {
   wide.m = 64, wide.n = 900, wide.k = 800;
   wide.lb.kind = Kind::Cols;
   v.push_back(wide);
+  Case one = wide;  // B^T with K <= 768: a single depth block (kc_of)
+  one.name = "wide 64x900x700 B^T, one depth block";
+  one.k = 700;
+  one.beta = -1;
+  v.push_back(one);
   Case tall;
   tall.name = "tall 500x96x300 (split M), C^T";
   tall.m = 500, tall.n = 96, tall.k = 300;
