@@ -95,7 +95,7 @@ typedef struct coll_rec {
 static dsc_dtype ct(dsc_dtype t) { return t == DSC_BF16 || t == DSC_F16 ? DSC_F32 : t; }
 
 static bool fail(L *l, const ir_node *n, dsc_status st, const char *fmt, const char *a) {
-  char msg[256];
+  char msg[512]; /* room for the callers' messages (up to 400 bytes) */
   snprintf(msg, sizeof msg, fmt, a);
   if (n)
     ir_error(l->ctx, n->loc, "codegen: node %%%d (%s): %s", n->id, dsc_op_name(n->op), msg);

@@ -294,6 +294,7 @@ dsc_node *dsc_build(dsc_graph *g, dsc_op op, dsc_node *const *in, int n_in, cons
       return NULL;
     }
   dsc_attr ordered[4];
+  memset(ordered, 0, sizeof ordered); /* gcc -O3 cannot see order_attrs fill them */
   if (!order_attrs(g, op, attrs, n_attrs, ordered)) return NULL;
   dsc_type zero;
   memset(&zero, 0, sizeof zero);
