@@ -29,22 +29,6 @@ static uint64_t fnv1a64(const void *p, size_t n) {
   return h;
 }
 
-static void put32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static void put64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 static size_t entry_size(size_t name_len) { return 32 + name_len; }
 
@@ -64,18 +48,18 @@ dsc_status rt_dsx_write(dsc_context *ctx, const char *path, const rt_dsx_section
     return DSC_ERR_INTERNAL;
   }
   memcpy(h, DSX_MAGIC, 4);
-  put32(h + 4, DSX_VERSION);
-  put32(h + 8, (uint32_t)n);
-  put32(h + 12, 0);
+  rt_put_le32(h + 4, DSX_VERSION);
+  rt_put_le32(h + 8, (uint32_t)n);
+  rt_put_le32(h + 12, 0);
   uint64_t off = (header + 63) / 64 * 64;
   size_t pos = 16;
   for (int i = 0; i < n; i++) {
     size_t len = strlen(s[i].name);
-    put64(h + pos, off);
-    put64(h + pos + 8, s[i].size);
-    put64(h + pos + 16, fnv1a64(s[i].data, s[i].size));
-    put32(h + pos + 24, (uint32_t)len);
-    put32(h + pos + 28, 0);
+    rt_put_le64(h + pos, off);
+    rt_put_le64(h + pos + 8, s[i].size);
+    rt_put_le64(h + pos + 16, fnv1a64(s[i].data, s[i].size));
+    rt_put_le32(h + pos + 24, (uint32_t)len);
+    rt_put_le32(h + pos + 28, 0);
     memcpy(h + pos + 32, s[i].name, len);
     pos += entry_size(len);
     off = (off + s[i].size + 63) / 64 * 64;
@@ -136,13 +120,13 @@ dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
     st = corrupt(ctx, path, "no DSCX header (was it written by 'dsc compile'?)");
     goto done;
   }
-  if (get32(hdr + 4) != DSX_VERSION) {
+  if (rt_get_le32(hdr + 4) != DSX_VERSION) {
     ir_error(ctx, rt_loc(path), "format version %" PRIu32 ", this dsc reads version %u",
-             get32(hdr + 4), DSX_VERSION);
+             rt_get_le32(hdr + 4), DSX_VERSION);
     st = DSC_ERR_USER;
     goto done;
   }
-  uint32_t n = get32(hdr + 8);
+  uint32_t n = rt_get_le32(hdr + 8);
   if (n > DSX_MAX_SECTIONS) {
     st = corrupt(ctx, path, "too many sections");
     goto done;
@@ -176,8 +160,8 @@ dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
       st = corrupt(ctx, path, "truncated section table");
       goto done;
     }
-    uint64_t off = get64(table + pos), len = get64(table + pos + 8), sum = get64(table + pos + 16);
-    uint32_t nl = get32(table + pos + 24);
+    uint64_t off = rt_get_le64(table + pos), len = rt_get_le64(table + pos + 8), sum = rt_get_le64(table + pos + 16);
+    uint32_t nl = rt_get_le32(table + pos + 24);
     if (nl == 0 || nl > DSX_MAX_NAME || pos + 32 + nl > table_len) {
       st = corrupt(ctx, path, "bad section name");
       goto done;

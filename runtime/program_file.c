@@ -203,22 +203,6 @@ bool dsc_program_cpu_usable(const dsc_program *p, char *why, size_t n) {
 
 /* ---------------------------------------------------------------- packing */
 
-static void put32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static void put64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 /* "DSKO" u32 n, then per kernel: u64 kir_hash, u64 object length, u32 name
  * length, u32 0, the name, the object. */
@@ -229,14 +213,14 @@ void *rt_pack_kernel_objects(dsc_context *ctx, kir_kernel *const *k, int n, void
   unsigned char *b = ir_alloc(ctx, total);
   if (!b) return NULL;
   memcpy(b, "DSKO", 4);
-  put32(b + 4, (uint32_t)n);
+  rt_put_le32(b + 4, (uint32_t)n);
   size_t pos = 8;
   for (int i = 0; i < n; i++) {
     size_t nl = strlen(k[i]->name);
-    put64(b + pos, kir_hash(k[i]));
-    put64(b + pos + 8, lens[i]);
-    put32(b + pos + 16, (uint32_t)nl);
-    put32(b + pos + 20, 0);
+    rt_put_le64(b + pos, kir_hash(k[i]));
+    rt_put_le64(b + pos + 8, lens[i]);
+    rt_put_le32(b + pos + 16, (uint32_t)nl);
+    rt_put_le32(b + pos + 20, 0);
     memcpy(b + pos + 24, k[i]->name, nl);
     memcpy(b + pos + 24 + nl, objs[i], lens[i]);
     pos += 24 + nl + lens[i];
@@ -250,13 +234,13 @@ int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k
   const unsigned char *b = data;
   for (int i = 0; i < n; i++) objs[i] = NULL, lens[i] = 0;
   if (size < 8 || memcmp(b, "DSKO", 4) != 0) return -1;
-  uint32_t count = get32(b + 4);
+  uint32_t count = rt_get_le32(b + 4);
   size_t pos = 8;
   int found = 0;
   for (uint32_t i = 0; i < count; i++) {
     if (size - pos < 24) return -1;
-    uint64_t hash = get64(b + pos), len = get64(b + pos + 8);
-    uint32_t nl = get32(b + pos + 16);
+    uint64_t hash = rt_get_le64(b + pos), len = rt_get_le64(b + pos + 8);
+    uint32_t nl = rt_get_le32(b + pos + 16);
     if (nl > size - pos - 24 || len > size - pos - 24 - nl) return -1;
     const char *name = (const char *)b + pos + 24;
     /* Kernel i of the file serves kernel i of the lowering only if it is

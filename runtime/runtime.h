@@ -52,6 +52,23 @@ char *rt_strdup(dsc_context *ctx, const char *s); /* free: ir_free(ctx, s, strle
 /* ======================= runtime/dsx.c =======================
  * The .dsx container of compiled programs: named sections, each with a
  * checksum, written atomically; reading checks everything against the file. */
+/* Little-endian integers in file formats (.dsx and its sections). */
+static inline void rt_put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline void rt_put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline uint32_t rt_get_le32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static inline uint64_t rt_get_le64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
 typedef struct {
   char *name; /* writer: const text; reader: owned */
   void *data; /* reader: owned, NUL-terminated past size */
