@@ -134,7 +134,13 @@ struct dsc_node {
   dsc_loc loc;      /* source location of the expression that built it */
   ir_graph *graph;
   int group; /* fusion group set by passes/fuse.c (printed `group N`); 0 = none */
+  int role;  /* ir_role: what the value is, for memory accounting (not printed) */
 };
+
+/* Set by the passes that create such values: the optimizer pass marks each
+ * param's averaged gradient, the zero pass the reduced/sharded gradients the
+ * update reads. The memory plan counts these buffers as "grads". */
+typedef enum { IR_ROLE_NONE = 0, IR_ROLE_GRAD = 1 } ir_role;
 
 struct dsc_graph {
   const char *name;

@@ -315,6 +315,9 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
     if (!finite) return DSC_ERR_USER;
   }
 
+  for (int j = 1; j < n_out; j++)
+    if (acc[j]) acc[j]->role = IR_ROLE_GRAD; /* the memory plan's "grads" */
+
   /* 4. global norm and clipping */
   ir_node *sumsq = NULL;
   for (int j = 1; j < n_out; j++) {
