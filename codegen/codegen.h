@@ -260,6 +260,11 @@ typedef struct {
   int64_t n_ids, rows, cols;
   /* COPY: src -> dst, numel elements (from src_offset to dst_offset, elements) */
   int64_t numel, src_offset, dst_offset;
+  /* COPY of a local_shard: the source range starts at src_offset + rank *
+   * numel, rank of the communicator (whose world must be coll.world); the
+   * source has src_len elements from src_offset, past them dst gets zeros */
+  bool src_rank_chunk;
+  int64_t src_len;
   /* COLLECTIVE_START / COLLECTIVE_WAIT (buffers: src, dst) */
   cg_collective coll;
   const ir_node *node; /* the IR node it came from, for errors and traces (may be NULL) */
@@ -293,6 +298,7 @@ typedef struct {
   cg_assign *assigns;
   int64_t arena_bytes[2]; /* STATE, WORK */
   int n_collectives;      /* COLLECTIVE_START instructions (ids 0..n-1) */
+  bool needs_rank;        /* has rank-chunk copies (local_shard): needs a communicator */
 } cg_program;
 
 /* ======================= codegen/lower.c =======================

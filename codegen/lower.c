@@ -920,6 +920,22 @@ static bool lower_collective_wait(L *l, const ir_node *n) {
   return emit_wait(l, &l->coll[id], n, n);
 }
 
+/* local_shard: a copy of the rank's chunk, whose offset only the run knows. */
+static bool lower_local_shard(L *l, const ir_node *n) {
+  int src = contiguous_buffer(l, n->in[0], true);
+  if (src < 0) return false;
+  int dst = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+  cg_instr *in = dst < 0 ? NULL : new_instr(l, CG_INS_COPY, n);
+  if (!in) return false;
+  in->src = src, in->dst = dst, in->numel = dsc_type_numel(&n->type);
+  in->src_rank_chunk = true;
+  in->src_len = dsc_type_numel(&n->in[0]->type);
+  in->coll.world = ir_attr_int(n, "world");
+  l->p->needs_rank = true;
+  l->buf[n->id] = dst;
+  return true;
+}
+
 /* ------------------------------------------------------------ in-place assigns */
 
 /* Every distinct load of a kernel (iterative DAG walk). */
@@ -1549,6 +1565,9 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
       case DSC_OP_ALL_GATHER_WAIT:
       case DSC_OP_BROADCAST_WAIT:
         lower_collective_wait(&l, x);
+        break;
+      case DSC_OP_LOCAL_SHARD:
+        lower_local_shard(&l, x);
         break;
       case DSC_OP_INPUT:
       case DSC_OP_PARAM:

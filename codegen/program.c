@@ -98,8 +98,9 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
                   in->ids, (long long)in->n_ids, in->src, (long long)in->rows, (long long)in->cols);
         break;
       case CG_INS_COPY:
-        sb_printf(&b, "copy b%d+%lld <- b%d+%lld (%lld)\n", in->dst, (long long)in->dst_offset,
-                  in->src, (long long)in->src_offset, (long long)in->numel);
+        sb_printf(&b, "copy b%d+%lld <- b%d+%lld%s (%lld)\n", in->dst, (long long)in->dst_offset,
+                  in->src, (long long)in->src_offset, in->src_rank_chunk ? "+rank*numel" : "",
+                  (long long)in->numel);
         break;
       case CG_INS_COLLECTIVE_START:
       case CG_INS_COLLECTIVE_WAIT: {

@@ -136,6 +136,13 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
       }
       case CG_INS_COPY: {
         const cg_buffer *s = &p->buffers[in->src];
+        if (in->src_rank_chunk && in->coll.world != 1) { /* rank 0 of 1: its chunk is at 0 */
+          snprintf(err, errlen,
+                   "instruction %d: a local_shard of world %lld needs a communicator (the "
+                   "reference evaluator runs one rank)",
+                   i, (long long)in->coll.world);
+          return false;
+        }
         size_t es = dsc_dtype_size(s->dtype);
         memmove((char *)buffer_base(p, state, work, in->dst) + in->dst_offset * (int64_t)es,
                 (char *)buffer_base(p, state, work, in->src) + in->src_offset * (int64_t)es,

@@ -235,7 +235,14 @@ struct dsc_trainer {
   int n_model, n_opt;
   dsc_tensor_spec *model_spec, *opt_spec;
   const char **model_names, **opt_names;
-  dsc_tensor **model_t, **opt_t;
+  dsc_tensor **model_t, **opt_t; /* full values: checkpoints and validation read these */
+  /* ZeRO stages 1-3: per module param, the full tensor a sharded one is
+   * gathered into (NULL: not sharded, the param itself is full) */
+  dsc_tensor **full_t;
+  int64_t shard_world;
+  bool full_fresh;   /* full_t holds the current values (dsc_trainer_gather) */
+  bool saving;       /* some rank saves checkpoints (every rank gathers for it) */
+  bool val_any;      /* some rank evaluates (every rank gathers for it) */
 };
 
 const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t) { return &t->info; }
@@ -244,8 +251,58 @@ const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t) { return &t->
 static dsc_status sync_params(dsc_trainer *t) {
   if (!t->params_stale) return DSC_OK;
   dsc_status st = dsc_exec_get_params(t->step_x, t->params);
-  if (st == DSC_OK) t->params_stale = false;
+  if (st == DSC_OK) t->params_stale = false, t->full_fresh = false;
   return st;
+}
+
+dsc_status dsc_trainer_gather(dsc_trainer *t) {
+  dsc_status st = sync_params(t);
+  if (st != DSC_OK || !t->shard_world || t->full_fresh) return st;
+  const dsc_module *m = t->m;
+  for (int i = 0; st == DSC_OK && i < dsc_module_param_count(m); i++) {
+    dsc_tensor *full = t->full_t[i], *chunk = dsc_params_get(t->params, i);
+    if (!full) continue;
+    int64_t s = dsc_type_numel(&chunk->type), n = dsc_type_numel(&full->type);
+    size_t bytes = sizeof(double) * (size_t)(s * t->shard_world);
+    double *all = ir_alloc(t->ctx, bytes);
+    if (!all) return oom(t->ctx);
+    st = dsc_comm_all_gather(t->comm, chunk->data, all, s, DSC_F64, t->step);
+    if (st == DSC_OK) memcpy(full->data, all, sizeof(double) * (size_t)n);
+    ir_free(t->ctx, all, bytes);
+  }
+  if (st == DSC_OK) t->full_fresh = true;
+  return st;
+}
+
+const dsc_tensor *dsc_trainer_full_param(dsc_trainer *t, const char *name) {
+  int i = dsc_module_find_param(t->m, name);
+  if (i < 0 || t->params_stale || (t->shard_world && !t->full_fresh)) return NULL;
+  return t->full_t[i] ? t->full_t[i] : dsc_params_get(t->params, i);
+}
+
+/* The full values for validation and checkpoints: one rank alone cannot
+ * gather them (dsc_trainer_gather is collective). */
+static dsc_status full_values(dsc_trainer *t) {
+  dsc_status st = sync_params(t);
+  if (st != DSC_OK || !t->shard_world || t->full_fresh) return st;
+  ir_error(t->ctx, ir_no_loc,
+           "trainer: the params are sharded (ZeRO stage %s): every rank calls "
+           "dsc_trainer_gather first",
+           dsc_module_get_meta(t->m, "zero.stage"));
+  return DSC_ERR_USER;
+}
+
+/* After a restore into the full tensors: this rank's chunks. */
+static void scatter_full(dsc_trainer *t) {
+  for (int i = 0; t->shard_world && i < dsc_module_param_count(t->m); i++) {
+    dsc_tensor *full = t->full_t[i], *chunk = dsc_params_get(t->params, i);
+    if (!full) continue;
+    int64_t s = dsc_type_numel(&chunk->type), n = dsc_type_numel(&full->type);
+    int64_t first = (int64_t)t->rank * s, k = first >= n ? 0 : n - first < s ? n - first : s;
+    memset(chunk->data, 0, sizeof(double) * (size_t)s);
+    if (k > 0) memcpy(chunk->data, full->data + first, sizeof(double) * (size_t)k);
+  }
+  t->full_fresh = true;
 }
 
 dsc_status dsc_trainer_print_profile(dsc_trainer *t, int top, FILE *out) {
@@ -269,6 +326,8 @@ void dsc_trainer_free(dsc_trainer *t) {
   if (t->buf_tgt) ir_free(ctx, t->buf_tgt, t->buf_bytes);
   dsc_exec_free(t->step_x);
   dsc_exec_free(t->fwd_x);
+  for (int i = 0; t->full_t && i < dsc_module_param_count(t->m); i++)
+    dsc_tensor_free(ctx, t->full_t[i]);
   dsc_params_free(t->params);
   dsc_params_free(t->fwd_params);
   dsc_module_free(t->m);
@@ -400,11 +459,23 @@ static dsc_status build_specs(dsc_trainer *t) {
   t->opt_names = ir_arena_alloc(&t->arena, sizeof(char *) * (size_t)cap_o);
   t->model_t = ir_arena_alloc(&t->arena, sizeof(dsc_tensor *) * (size_t)cap_m);
   t->opt_t = ir_arena_alloc(&t->arena, sizeof(dsc_tensor *) * (size_t)cap_o);
+  t->full_t = ir_arena_alloc(&t->arena, sizeof(dsc_tensor *) * (size_t)(n + 1));
   if (t->arena.failed) return oom(t->ctx);
+  memset(t->full_t, 0, sizeof(dsc_tensor *) * (size_t)(n + 1));
   int km = 0, ko = 0;
   for (int i = 0; i < n; i++) {
     dsc_tensor_spec s = {dsc_module_param_name(m, i), dsc_module_param_type(m, i)};
     dsc_tensor *v = dsc_params_get(t->params, i);
+    int64_t w;
+    int sh = dsc_module_param_shard(m, i, &s.type, &w);
+    if (sh < 0 || (sh > 0 && w != t->world)) {
+      ir_error(t->ctx, ir_no_loc, "trainer: param '%s' has malformed shard metadata", s.name);
+      return DSC_ERR_INTERNAL;
+    }
+    if (sh > 0) { /* checkpoints hold full tensors, whatever the world */
+      if (!(v = t->full_t[i] = dsc_tensor_new(t->ctx, s.type))) return oom(t->ctx);
+      t->shard_world = w;
+    }
     if (dsc_module_param_is_state(m, i)) {
       t->opt_spec[ko] = s, t->opt_names[ko] = s.name, t->opt_t[ko++] = v;
       t->info.n_state += dsc_type_numel(&s.type);
@@ -723,19 +794,11 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     }
     cfg->grad_accum = G / per;
   }
-  if (ck) {
+  if (ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
     const char *w = ck_extra(ck, "world");
     if (w && (!parse_i64(w, &ck_world) || ck_world <= 0)) {
       ir_error(ctx, rt_loc(ck->dir), "malformed checkpoint state: \"world\" is '%s'", w);
-      st = DSC_ERR_USER;
-      goto done;
-    }
-    if (ck_world != t->world) {
-      ir_error(ctx, rt_loc(ck->dir),
-               "the checkpoint was trained on %" PRId64 " rank(s), not %d (resuming at another "
-               "world size is not implemented yet)",
-               ck_world, t->world);
       st = DSC_ERR_USER;
       goto done;
     }
@@ -769,6 +832,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
             "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation", T + 1);
     has_val = false;
   }
+  t->val_any = has_val;
   has_val = has_val && t->rank == 0; /* rank 0 alone evaluates */
   t->info.data_train = train_path;
   t->info.data_val = has_val ? val_path : NULL;
@@ -794,7 +858,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   if ((st = drv_check_step(ctx, t->m, B * K, T)) != DSC_OK) goto done;
   t->step_g = dsc_module_find_graph(t->m, "train_step");
 
-  if (!(t->params = dsc_params_init(t->m, cfg->seed))) {
+  if (!(t->params = dsc_params_init_rank(t->m, cfg->seed, t->rank))) {
     st = DSC_ERR_INTERNAL;
     goto done;
   }
@@ -803,7 +867,9 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     const char *name = dsc_module_param_name(t->fwd, i);
     int j = dsc_module_find_param(t->m, name);
     dsc_type a_t = dsc_module_param_type(t->fwd, i);
-    dsc_type b_t = j >= 0 ? dsc_module_param_type(t->m, j) : a_t;
+    dsc_type b_t = a_t;
+    int64_t w;
+    if (j >= 0 && dsc_module_param_shard(t->m, j, &b_t, &w) < 0) j = -1;
     if (j < 0 || !dsc_type_equal(&a_t, &b_t)) {
       ir_error(ctx, ir_no_loc,
                "trainer: the validation module's param '%s' is not in the step "
@@ -827,6 +893,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
       goto done;
     restore_set(ck->model, t->model_t, t->model_names, t->n_model);
     restore_set(ck->optimizer, t->opt_t, t->opt_names, t->n_opt);
+    scatter_full(t);
     t->step = t->info.start_step = ck->state.step;
     int64_t end = o->stop_at > 0 && o->stop_at < cfg->steps ? o->stop_at : cfg->steps;
     if (t->step >= end) {
@@ -931,6 +998,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
       goto done;
     }
   }
+  t->saving = o->out_dir || ck;
   if (out) {
     t->out_dir = ir_arena_strdup(a, out);
     const char *mpath = ir_arena_printf(a, "%s/metrics.jsonl", out);
@@ -1019,9 +1087,10 @@ dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
     return DSC_ERR_USER;
   }
   /* The validation module reads the step module's current params by name. */
-  dsc_status st = sync_params(t);
+  dsc_status st = full_values(t);
   for (int i = 0; st == DSC_OK && i < dsc_module_param_count(t->fwd); i++) {
-    const dsc_tensor *src = dsc_params_find(t->params, dsc_module_param_name(t->fwd, i));
+    int j = dsc_module_find_param(t->m, dsc_module_param_name(t->fwd, i));
+    const dsc_tensor *src = t->full_t[j] ? t->full_t[j] : dsc_params_get(t->params, j);
     dsc_tensor *dst = dsc_params_get(t->fwd_params, i);
     memcpy(dst->data, src->data, sizeof(double) * (size_t)dsc_type_numel(&dst->type));
   }
@@ -1046,7 +1115,7 @@ dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
 
 dsc_status dsc_trainer_save(dsc_trainer *t) {
   ir_arena *a = &t->arena;
-  dsc_status sst = sync_params(t);
+  dsc_status sst = full_values(t);
   if (sst != DSC_OK) return sst;
   if (!t->out_dir) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
@@ -1137,15 +1206,21 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
     if ((st = dsc_trainer_step(t, &p)) != DSC_OK) return st;
     tokens += t->B * t->K * t->T * t->world;
     sum->final_loss = p.loss;
-    int64_t ev = t->cfg.eval_every;
-    if (t->val && ev > 0 && (t->step % ev == 0 || t->step == t->cfg.steps)) {
+    int64_t ev = t->cfg.eval_every, se = t->cfg.save_every;
+    bool eval_now = ev > 0 && (t->step % ev == 0 || t->step == t->cfg.steps);
+    bool save_now = (se > 0 && t->step % se == 0) || t->step == t->end;
+    /* sharded params: every rank takes part in gathering them */
+    if (((t->val_any && eval_now) || (t->saving && save_now)) &&
+        (st = dsc_trainer_gather(t)) != DSC_OK)
+      return st;
+    if (t->val && eval_now) {
       if ((st = dsc_trainer_evaluate(t, &p.val_loss)) != DSC_OK) return st;
       p.has_val = true;
       if (isnan(sum->best_val_loss) || p.val_loss < sum->best_val_loss)
         sum->best_val_loss = p.val_loss;
     }
-    int64_t se = t->cfg.save_every;
-    if (t->out_dir && ((se > 0 && t->step % se == 0) || t->step == t->end)) {
+    if (t->saving && save_now) t->last_saved = t->step; /* on every rank: see the stop below */
+    if (t->out_dir && save_now) {
       if ((st = dsc_trainer_save(t)) != DSC_OK) return st;
       p.saved = true;
     }
@@ -1154,8 +1229,8 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
     if (cb && !cb(ud, &p)) cb_stop = true; /* agreed on at the top of the loop */
   }
   if (cb_stop) sum->stopped = true;
-  if (sum->stopped && t->out_dir && t->last_saved != t->step &&
-      (st = dsc_trainer_save(t)) != DSC_OK)
+  if (sum->stopped && t->saving && t->last_saved != t->step &&
+      ((st = dsc_trainer_gather(t)) != DSC_OK || (t->out_dir && (st = dsc_trainer_save(t)) != DSC_OK)))
     return st;
   sum->steps_done = t->step;
   sum->steps_run = t->step - start_step;

@@ -99,6 +99,14 @@ bool ir_shape_broadcast_start(const ir_node *n, dsc_type *out, char *err, size_t
   return true;
 }
 
+bool ir_shape_local_shard(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
+  if (!start_common(n, out, err, errlen)) return false;
+  int64_t world = ir_attr_int(n, "world");
+  if (out->rank != 1) return ir_fail(err, errlen, "the input must be a vector (rank 1), got rank %d", out->rank);
+  out->dims[0] = out->dims[0] / world + (out->dims[0] % world != 0);
+  return true;
+}
+
 bool ir_shape_collective_wait(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
   const ir_node *s = n->in[0];
   if (wait_of(s->op) != (int)n->op) {
@@ -116,6 +124,14 @@ bool interp_collective_start(const dsc_node *n, const dsc_tensor *const *in, dsc
                              char *err, size_t errlen) {
   IR_UNUSED(in), IR_UNUSED(out);
   return ir_fail(err, errlen, "%s needs the other ranks: run the graph with a communicator",
+                 dsc_op_name(n->op));
+}
+
+/* The run loop (ir/interp.c) copies the chunk: only it knows the rank. */
+bool interp_local_shard(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out,
+                        char *err, size_t errlen) {
+  IR_UNUSED(in), IR_UNUSED(out);
+  return ir_fail(err, errlen, "%s needs the rank: run the graph with a communicator",
                  dsc_op_name(n->op));
 }
 

@@ -138,6 +138,10 @@ struct dsc_params {
 };
 
 dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed) {
+  return dsc_params_init_rank(m, seed, 0);
+}
+
+dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank) {
   if (!m) return NULL;
   dsc_context *ctx = m->ctx;
   dsc_params *p = ir_alloc(ctx, sizeof *p);
@@ -176,7 +180,22 @@ dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed) {
     }
     p->t[i] = t;
     p->n = i + 1;
-    int64_t cnt = dsc_type_numel(&t->type);
+    /* A shard holds elements [first, first + cnt) of the full stream, the
+     * ones past the full tensor's end stay zero. */
+    dsc_type full;
+    int64_t world, first = 0, cnt = dsc_type_numel(&t->type);
+    int sh = dsc_module_param_shard(m, i, &full, &world);
+    if (sh < 0 || (sh > 0 && (rank < 0 || rank >= world))) {
+      ir_error(ctx, ir_no_loc, "parameter '%s': malformed shard metadata or rank %d out of range",
+               pa->name, rank);
+      dsc_params_free(p);
+      return NULL;
+    }
+    if (sh > 0) {
+      int64_t n = dsc_type_numel(&full);
+      first = (int64_t)rank * cnt;
+      cnt = first >= n ? 0 : n - first < cnt ? n - first : cnt;
+    }
     ir_rng rng;
     uint64_t x = seed ^ ir_fnv1a64(pa->name); /* the stream of docs/ir.md */
     ir_rng_seed(&rng, ir_splitmix64(&x));
@@ -191,9 +210,11 @@ dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed) {
         for (int64_t k = 0; k < cnt; k++) t->data[k] = a;
         break;
       case DSC_INIT_NORMAL:
+        for (int64_t k = 0; k < 2 * first; k++) ir_rng_uniform(&rng); /* a normal takes two */
         for (int64_t k = 0; k < cnt; k++) t->data[k] = b + a * ir_rng_normal(&rng);
         break;
       case DSC_INIT_UNIFORM:
+        for (int64_t k = 0; k < first; k++) ir_rng_uniform(&rng);
         for (int64_t k = 0; k < cnt; k++) t->data[k] = a + (b - a) * ir_rng_uniform(&rng);
         break;
       default:
@@ -307,7 +328,8 @@ static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
                g->name, ir_op(nd->op)->name, i);
       return DSC_ERR_USER;
     }
-    if (ir_is_collective_start(nd->op) && ir_attr_int(nd, "world") != dsc_comm_world(s->comm)) {
+    if ((ir_is_collective_start(nd->op) || nd->op == DSC_OP_LOCAL_SHARD) &&
+        ir_attr_int(nd, "world") != dsc_comm_world(s->comm)) {
       ir_error(ctx, nd->loc, "%s: node %%%d has world %lld but the communicator's world is %d",
                ir_op(nd->op)->name, i, (long long)ir_attr_int(nd, "world"),
                dsc_comm_world(s->comm));
@@ -576,7 +598,13 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
       continue; /* its input lives until the wait (see the lifetimes above) */
     }
     char err[512] = "";
-    if (!info->interp(nd, s.ins, out, err, sizeof err)) {
+    if (nd->op == DSC_OP_LOCAL_SHARD) { /* this rank's chunk: only the run knows the rank */
+      int64_t chunk = dsc_type_numel(&nd->type), len = dsc_type_numel(&s.ins[0]->type);
+      int64_t first = (int64_t)dsc_comm_rank(s.comm) * chunk;
+      int64_t n = first >= len ? 0 : len - first < chunk ? len - first : chunk;
+      if (n > 0) memcpy(out->data, s.ins[0]->data + first, sizeof(double) * (size_t)n);
+      memset(out->data + (n > 0 ? n : 0), 0, sizeof(double) * (size_t)(chunk - (n > 0 ? n : 0)));
+    } else if (!info->interp(nd, s.ins, out, err, sizeof err)) {
       ir_error(ctx, nd->loc, "runtime error in %s: %s", info->name, err);
       dsc_tensor_free(ctx, out);
       run_fail(&s, g, true);

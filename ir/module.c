@@ -1,5 +1,6 @@
 /* Modules, params, metadata, graphs, nodes and the builder API. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir/ir.h"
@@ -103,6 +104,34 @@ dsc_status dsc_module_set_meta(dsc_module *m, const char *key, const char *value
   if (!m->meta[m->n_meta].key) return oom(m), DSC_ERR_INTERNAL;
   m->meta[m->n_meta++].value = v;
   return DSC_OK;
+}
+
+int dsc_module_param_shard(const dsc_module *m, int i, dsc_type *full, int64_t *world) {
+  const ir_param *pa = &m->params[i];
+  *full = pa->type, *world = 1;
+  char key[300];
+  snprintf(key, sizeof key, "shard.%s", pa->name);
+  const char *v = dsc_module_get_meta(m, key);
+  if (!v) return 0;
+  char *end;
+  long long w = strtoll(v, &end, 10);
+  if (w < 1 || w > INT32_MAX || *end != ' ') return -1;
+  dsc_type t = dsc_type_make(pa->type.dtype, 0, NULL);
+  const char *s = end + 1;
+  if (strcmp(s, "scalar") != 0) {
+    for (;;) {
+      long long d = strtoll(s, &end, 10);
+      if (d < 1 || end == s || t.rank == DSC_MAX_RANK) return -1;
+      t.dims[t.rank++] = d;
+      if (*end == 0) break;
+      if (*end != 'x') return -1;
+      s = end + 1;
+    }
+  }
+  int64_t n = dsc_type_numel(&t), chunk = n / w + (n % w != 0);
+  if (pa->type.rank != 1 || pa->type.dims[0] != chunk) return -1;
+  *full = t, *world = w;
+  return 1;
 }
 
 const char *dsc_module_get_meta(const dsc_module *m, const char *key) {

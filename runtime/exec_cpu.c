@@ -208,8 +208,14 @@ static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
         return bad(e, p, i, "copy: a buffer does not exist");
       if (p->buffers[in->src].dtype != p->buffers[in->dst].dtype)
         return bad(e, p, i, "copy: dtypes differ");
+      if (in->src_rank_chunk &&
+          (in->coll.world < 1 || in->coll.world > INT32_MAX || in->numel < 0 || in->src_len < 0 ||
+           in->src_offset < 0 || in->src_len > buf_numel(p, in->src) - in->src_offset ||
+           in->numel < (in->src_len + in->coll.world - 1) / in->coll.world))
+        return bad(e, p, i, "copy: malformed rank chunk (world %" PRId64 ", %" PRId64 " of %" PRId64 ")",
+                   in->coll.world, in->numel, in->src_len);
       if (in->numel < 0 || in->src_offset < 0 || in->dst_offset < 0 ||
-          in->src_offset > buf_numel(p, in->src) - in->numel ||
+          (!in->src_rank_chunk && in->src_offset > buf_numel(p, in->src) - in->numel) ||
           in->dst_offset > buf_numel(p, in->dst) - in->numel)
         return bad(e, p, i, "copy: range outside the buffers");
       return true;
@@ -560,7 +566,8 @@ static bool run_collective(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t
 static bool check_comm(rt_cpu_exec *e, const cg_program *p, char *err, size_t errlen) {
   for (int i = 0; i < p->n_instrs; i++) {
     const cg_instr *in = &p->instrs[i];
-    if (in->kind != CG_INS_COLLECTIVE_START) continue;
+    if (in->kind != CG_INS_COLLECTIVE_START && !(in->kind == CG_INS_COPY && in->src_rank_chunk))
+      continue;
     if (!e->comm)
       return ir_fail(err, errlen,
                      "the program has collective ops (%s at instruction %d); run it with a "
@@ -645,9 +652,17 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
     }
     case CG_INS_COPY: {
       size_t es = dsc_dtype_size(p->buffers[in->src].dtype);
-      copy_job j = {buf_ptr(e, rp, in->src) + in->src_offset * (int64_t)es,
+      int64_t src_offset = in->src_offset, n = in->numel;
+      if (in->src_rank_chunk) { /* this rank's chunk, zeros past the source */
+        int64_t first = (int64_t)dsc_comm_rank(e->comm) * in->numel;
+        n = first >= in->src_len ? 0 : in->src_len - first < n ? in->src_len - first : n;
+        src_offset += first < in->src_len ? first : 0;
+        memset(buf_ptr(e, rp, in->dst) + (in->dst_offset + n) * (int64_t)es, 0,
+               (size_t)(in->numel - n) * es);
+      }
+      copy_job j = {buf_ptr(e, rp, in->src) + src_offset * (int64_t)es,
                     buf_ptr(e, rp, in->dst) + in->dst_offset * (int64_t)es};
-      rt_pool_parallel_for(e->pool, in->numel * (int64_t)es, 1 << 20, copy_range, &j);
+      rt_pool_parallel_for(e->pool, n * (int64_t)es, 1 << 20, copy_range, &j);
       return true;
     }
     case CG_INS_COLLECTIVE_START:
@@ -670,7 +685,7 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
       return ir_fail(err, errlen, "graph input %d is missing", cb->index);
     memcpy(buf_ptr(e, rp, b), inputs[cb->index], (size_t)cb->numel * dsc_dtype_size(cb->dtype));
   }
-  if (p->n_collectives > 0 && !check_comm(e, p, err, errlen)) return false;
+  if ((p->n_collectives > 0 || p->needs_rank) && !check_comm(e, p, err, errlen)) return false;
   for (int i = 0; i < p->n_instrs; i++) {
     int64_t t0 = e->profiling ? now_ns() : 0;
     if (!run_instr(e, rp, i, err, errlen)) {

@@ -36,6 +36,10 @@ typedef struct dsc_params dsc_params;
 /* Initialises every parameter from its initializer, deterministically from
  * seed (see docs/ir.md for the generator). */
 dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed);
+/* The same for rank `rank` of a sharded module (dsc_module_param_shard): a
+ * sharded param holds the rank's chunk of the full tensor's initial values
+ * (the same values at any world size), zeros past its end. */
+dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank);
 void dsc_params_free(dsc_params *p);
 int dsc_params_count(const dsc_params *p);
 dsc_tensor *dsc_params_get(const dsc_params *p, int i); /* module's i-th param */

@@ -99,6 +99,13 @@ dsc_status dsc_module_add_state(dsc_module *m, const char *name, dsc_type type, 
 int dsc_module_param_is_state(const dsc_module *m, int i);
 int64_t dsc_module_param_numel(const dsc_module *m); /* total elements */
 
+/* ZeRO sharding (passes/zero.c): param/state i holds, on each of `world`
+ * ranks, an [S] chunk of the flat tensor of type *full zero-padded to
+ * world*S elements (S = ceil(numel/world)); rank r holds [r*S, (r+1)*S).
+ * Returns 1 when i is sharded (meta "shard.<name>"), 0 when not (then *full
+ * is its type and *world 1), -1 when the metadata is malformed. */
+int dsc_module_param_shard(const dsc_module *m, int i, dsc_type *full, int64_t *world);
+
 /* Metadata: string keys ("train.batch") to a printed value ("8", "adamw",
  * "(0.9, 0.95)"). Setting a key again replaces it; order is insertion order. */
 dsc_status dsc_module_set_meta(dsc_module *m, const char *key, const char *value);

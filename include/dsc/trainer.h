@@ -125,6 +125,13 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p);
 dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss);
 /* Checkpoint of the current step into out_dir. */
 dsc_status dsc_trainer_save(dsc_trainer *t);
+/* ZeRO stages 1-3: gathers the full params and states from every rank's
+ * shards (a collective: every rank calls it); evaluate and save read them
+ * until the next step. Without sharding it only copies from the backend. */
+dsc_status dsc_trainer_gather(dsc_trainer *t);
+/* The full value of param/state `name` after dsc_trainer_gather (NULL if no
+ * such name or not gathered since the last step). */
+const dsc_tensor *dsc_trainer_full_param(dsc_trainer *t, const char *name);
 
 /* Called after each step; return false to stop (as *stop does). */
 typedef bool (*dsc_train_callback)(void *ud, const dsc_train_progress *p);
