@@ -629,12 +629,20 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   t->rank = o->comm ? dsc_comm_rank(o->comm) : 0;
   t->world = o->comm ? dsc_comm_world(o->comm) : 1;
   t->info.rank = t->rank, t->info.world = t->world;
+  if ((o->has_prefetch_bytes && o->prefetch_bytes < 0) ||
+      (o->has_bucket_bytes && o->bucket_bytes < 0) ||
+      (o->has_persist_threshold && o->persist_threshold < 0)) {
+    ir_error(ctx, ir_no_loc, "trainer: prefetch_bytes, bucket_bytes and persist_threshold must not "
+             "be negative");
+    return DSC_ERR_USER;
+  }
   if (o->has_zero_stage && (o->zero_stage < 0 || o->zero_stage > 3)) {
     ir_error(ctx, ir_no_loc, "trainer: the ZeRO stage must be 0, 1, 2 or 3, got %d",
              o->zero_stage);
     return DSC_ERR_USER;
   }
   const char *model_path = o->model_path, *prefix = o->data_prefix;
+  int64_t ck_global = 0, ck_stage = -1; /* a resume at another world keeps the global batch */
   if (o->resume) {
     st = dsc_checkpoint_load(ctx, o->resume, NULL, 0, NULL, 0, &ck);
     if (st != DSC_OK) return st;
@@ -645,6 +653,12 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
         (st = agree(ctx, ck, "seq", &T)) != DSC_OK ||
         (st = agree(ctx, ck, "grad_accum", &K)) != DSC_OK)
       goto done;
+    int64_t ck_w = 1;
+    if (ck_extra(ck, "world") && parse_i64(ck_extra(ck, "world"), &ck_w) && ck_w != t->world &&
+        o->grad_accum <= 0 && K > 0 && ck_w > 0 && B > 0 && K <= INT64_MAX / B / ck_w)
+      ck_global = B * K * ck_w, K = 0; /* grad_accum follows from the world below */
+    if (ck_extra(ck, "zero_stage") && !parse_i64(ck_extra(ck, "zero_stage"), &ck_stage))
+      ck_stage = -1;
     if (!model_path || !prefix) {
       ir_error(ctx, rt_loc(ck->dir), "the checkpoint does not record its %s; give it explicitly",
                !model_path ? "model file" : "data prefix");
@@ -771,7 +785,12 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   /* Data parallelism: the world, the stage, and grad_accum from a global
    * batch (DeepSpeed's train_batch_size = micro x accum x world). */
   cfg->world = t->world;
+  if (ck_stage >= 0 && ck_stage <= 3) cfg->zero.stage = ck_stage;
   if (o->has_zero_stage) cfg->zero.stage = o->zero_stage;
+  if (o->has_prefetch_bytes) cfg->zero.prefetch_bytes = o->prefetch_bytes;
+  if (o->has_bucket_bytes) cfg->zero.bucket_bytes = o->bucket_bytes;
+  if (o->has_persist_threshold) cfg->zero.persist_threshold = o->persist_threshold;
+  if (ck_global > 0) cfg->global_batch = ck_global;
   if (o->global_batch > 0) cfg->global_batch = o->global_batch;
   if (cfg->global_batch > 0) {
     int64_t per = B * t->world, G = cfg->global_batch;
@@ -1121,7 +1140,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;
   }
-  char num[10][32];
+  char num[11][32];
   snprintf(num[0], sizeof num[0], "%" PRId64, t->B);
   snprintf(num[1], sizeof num[1], "%" PRId64, t->T);
   snprintf(num[2], sizeof num[2], "%" PRId64, t->K);
@@ -1132,6 +1151,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   snprintf(num[7], sizeof num[7], "%" PRId64, t->cfg.save_every);
   snprintf(num[8], sizeof num[8], "%" PRId64, t->cfg.eval_every);
   snprintf(num[9], sizeof num[9], "%d", t->world);
+  snprintf(num[10], sizeof num[10], "%" PRId64, t->cfg.zero.stage);
   const dsc_kv extra[] = {
       {"model", t->info.model_path},
       {"model_name", t->info.model_name},
@@ -1147,6 +1167,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"save_every", num[7]},
       {"eval_every", num[8]},
       {"world", num[9]},
+      {"zero_stage", num[10]},
   };
   dsc_checkpoint_state s;
   memset(&s, 0, sizeof s);

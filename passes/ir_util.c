@@ -1,5 +1,5 @@
 /* Graph surgery shared by passes: inlining a graph into another, removing
- * a graph from a module. */
+ * a graph from a module, reordering after nodes were added. */
 #include <string.h>
 
 #include "passes/passes.h"
@@ -43,3 +43,118 @@ bool pass_remove_graph(ir_module *m, const char *name) {
     }
   return false;
 }
+
+dsc_status pass_reorder(ir_graph *g, int n_orig, const pass_fixed_key *fixed_keys, int n_fixed) {
+  ir_module *m = g->module;
+  ir_arena *ar = &m->arena;
+  int nn = g->n_nodes;
+  bool *live = ir_arena_alloc(ar, sizeof(bool) * (size_t)nn);
+  ir_node **stack = ir_arena_alloc(ar, sizeof(ir_node *) * (size_t)nn);
+  double *key = ir_arena_alloc(ar, sizeof(double) * (size_t)nn);
+  bool *fixed = ir_arena_alloc(ar, sizeof(bool) * (size_t)nn);
+  int *indeg = ir_arena_alloc(ar, sizeof(int) * (size_t)nn);
+  int *cstart = ir_arena_alloc(ar, sizeof(int) * (size_t)(nn + 1));
+  if (!live || !stack || !key || !fixed || !indeg || !cstart) return ir_error(m->ctx, ir_no_loc, "out of memory while ordering graph '%s'", g->name), DSC_ERR_INTERNAL;
+  memset(live, 0, sizeof(bool) * (size_t)nn);
+  memset(fixed, 0, sizeof(bool) * (size_t)nn);
+  int sp = 0;
+  for (int i = 0; i < nn; i++)
+    if (g->nodes[i]->op == DSC_OP_ASSIGN || g->nodes[i]->op == DSC_OP_INPUT)
+      live[i] = true, stack[sp++] = g->nodes[i];
+  for (int k = 0; k < g->n_outputs; k++)
+    if (!live[g->outputs[k]->id]) live[g->outputs[k]->id] = true, stack[sp++] = g->outputs[k];
+  while (sp > 0) {
+    ir_node *x = stack[--sp];
+    for (int q = 0; q < x->n_in; q++)
+      if (!live[x->in[q]->id]) live[x->in[q]->id] = true, stack[sp++] = x->in[q];
+  }
+  /* keys */
+  for (int i = 0; i < nn; i++) key[i] = i < n_orig ? (double)i : (double)nn;
+  for (int i = 0; i < n_orig; i++) fixed[i] = true;
+  for (int f = 0; f < n_fixed; f++) {
+    key[fixed_keys[f].node->id] = fixed_keys[f].key;
+    fixed[fixed_keys[f].node->id] = true;
+  }
+  for (int k = 0; k < g->n_outputs; k++) {
+    int o = g->outputs[k]->id;
+    if (!fixed[o]) key[o] = nn;
+  }
+  for (bool changed = true; changed;) { /* as late as possible: before the first reader */
+    changed = false;
+    for (int i = nn - 1; i >= 0; i--) {
+      ir_node *c = g->nodes[i];
+      if (!live[i]) continue;
+      for (int q = 0; q < c->n_in; q++) {
+        int x = c->in[q]->id;
+        if (!fixed[x] && key[i] - 1e-4 < key[x]) key[x] = key[i] - 1e-4, changed = true;
+      }
+    }
+  }
+  /* consumers (CSR) and in-degrees over live nodes */
+  memset(cstart, 0, sizeof(int) * (size_t)(nn + 1));
+  int edges = 0;
+  for (int i = 0; i < nn; i++) {
+    indeg[i] = 0;
+    if (!live[i]) continue;
+    ir_node *c = g->nodes[i];
+    for (int q = 0; q < c->n_in; q++) cstart[c->in[q]->id + 1]++, indeg[i]++, edges++;
+  }
+  for (int i = 0; i < nn; i++) cstart[i + 1] += cstart[i];
+  int *cons = ir_arena_alloc(ar, sizeof(int) * (size_t)(edges + 1));
+  int *fill = ir_arena_alloc(ar, sizeof(int) * (size_t)nn);
+  int *heap = ir_arena_alloc(ar, sizeof(int) * (size_t)nn);
+  ir_node **order = ir_arena_alloc(ar, sizeof(ir_node *) * (size_t)nn);
+  if (!cons || !fill || !heap || !order) return ir_error(m->ctx, ir_no_loc, "out of memory while ordering graph '%s'", g->name), DSC_ERR_INTERNAL;
+  memcpy(fill, cstart, sizeof(int) * (size_t)nn);
+  for (int i = 0; i < nn; i++) {
+    if (!live[i]) continue;
+    ir_node *c = g->nodes[i];
+    for (int q = 0; q < c->n_in; q++) cons[fill[c->in[q]->id]++] = i;
+  }
+#define ZLESS(a, b) (key[a] < key[b] || (key[a] == key[b] && (a) < (b)))
+  int hn = 0, k_out = 0;
+  for (int i = 0; i < nn; i++)
+    if (live[i] && indeg[i] == 0) {
+      int j = hn++;
+      heap[j] = i;
+      while (j > 0 && ZLESS(heap[j], heap[(j - 1) / 2])) {
+        int t = heap[j]; heap[j] = heap[(j - 1) / 2]; heap[(j - 1) / 2] = t; j = (j - 1) / 2;
+      }
+    }
+  while (hn > 0) {
+    int x = heap[0];
+    heap[0] = heap[--hn];
+    for (int j = 0;;) {
+      int l = 2 * j + 1, r = l + 1, s = j;
+      if (l < hn && ZLESS(heap[l], heap[s])) s = l;
+      if (r < hn && ZLESS(heap[r], heap[s])) s = r;
+      if (s == j) break;
+      int t = heap[j]; heap[j] = heap[s]; heap[s] = t; j = s;
+    }
+    order[k_out++] = g->nodes[x];
+    for (int e = cstart[x]; e < cstart[x + 1]; e++) {
+      int c = cons[e];
+      if (--indeg[c] == 0) {
+        int j = hn++;
+        heap[j] = c;
+        while (j > 0 && ZLESS(heap[j], heap[(j - 1) / 2])) {
+          int t = heap[j]; heap[j] = heap[(j - 1) / 2]; heap[(j - 1) / 2] = t; j = (j - 1) / 2;
+        }
+      }
+    }
+  }
+#undef ZLESS
+  int n_live = 0;
+  for (int i = 0; i < nn; i++) n_live += live[i];
+  if (k_out != n_live) {
+    ir_error(m->ctx, ir_no_loc, "internal: graph '%s' has a cycle after a pass moved nodes", g->name);
+    return DSC_ERR_INTERNAL;
+  }
+  for (int i = 0; i < k_out; i++) {
+    g->nodes[i] = order[i];
+    order[i]->id = i;
+  }
+  g->n_nodes = k_out;
+  return DSC_OK;
+}
+

@@ -28,6 +28,10 @@ static dsc_status run_zero(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_zero_run(m, opts->train);
 }
 
+static dsc_status run_schedule(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_schedule_run(m, opts->train);
+}
+
 static dsc_status run_decompose(ir_module *m, const dsc_pipeline_options *opts) {
   (void)opts;
   return pass_decompose_run(m);
@@ -59,8 +63,13 @@ static const struct {
      run_optimizer},
     {"zero",
      "data parallelism (dsc train --ranks, mpirun): ZeRO stage 0 averages the gradients and the "
-     "loss over the ranks with all_reduce start/wait pairs; nothing at world 1",
+     "loss over the ranks; 1 shards optimizer states, 2 also gradients (reduce_scatter), 3 also "
+     "params (all_gather before use); nothing at world 1",
      run_zero},
+    {"schedule",
+     "overlap: reduce_scatters merged into buckets (--bucket-bytes), all_gathers started ahead "
+     "of their use within --prefetch-bytes; nothing at world 1",
+     run_schedule},
     {"decompose",
      "rewrite composite ops (softmax, norms, attention, cross_entropy) into primitive ops for "
      "code generation",

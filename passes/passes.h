@@ -58,6 +58,17 @@ bool pass_inline_graph(ir_graph *dst, const ir_graph *src, ir_node *const *input
  * Returns false when there is no such graph. */
 bool pass_remove_graph(ir_module *m, const char *name);
 
+/* Removes the nodes that neither an output nor an assign needs, then orders
+ * graph g by a priority topological sort: nodes with id < n_orig keep their
+ * position as key, `fixed` nodes get the given key (e.g. id + 0.5: right
+ * after node id), every other node goes right before its first reader (as
+ * late as possible). Ids are renumbered. */
+typedef struct {
+  ir_node *node;
+  double key;
+} pass_fixed_key;
+dsc_status pass_reorder(ir_graph *g, int n_orig, const pass_fixed_key *fixed, int n_fixed);
+
 /* ======================= passes/fuse.c =======================
  * Fusion: sets node->group so that each group becomes one kernel (the rules
  * are the comment at the top of fuse.c). The helpers below describe a
@@ -124,6 +135,9 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg);
  * their types. fp16 also creates state opt.loss_scale and scales the loss
  * by it. f32 (or cfg NULL): nothing changes. On error "forward" is
  * unchanged. */
+/* passes/schedule.c: buckets reduce_scatters and prefetches all_gathers of
+ * graph train_step (cfg->zero.bucket_bytes, prefetch_bytes). */
+dsc_status pass_schedule_run(ir_module *m, const dsc_train_config *cfg);
 dsc_status pass_precision_run(ir_module *m, const dsc_train_config *cfg);
 /* Checks cfg->fp16's loss-scaling settings (a diagnostic when invalid). */
 bool pass_precision_check_fp16(ir_module *m, const dsc_train_config *cfg);

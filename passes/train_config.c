@@ -278,7 +278,11 @@ static bool handled_elsewhere(const char *key) {
   static const char *const keys[] = {"train.checkpoint_activations"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (strcmp(key, keys[i]) == 0) return true;
-  if (is_zero_stage(key)) return false;
+  if (is_zero_stage(key) || strcmp(key, "train.zero.prefetch_bytes") == 0 ||
+      strcmp(key, "train.zero.bucket_bytes") == 0 ||
+      strcmp(key, "train.zero.persist_threshold") == 0 ||
+      strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0)
+    return false;
   return strncmp(key, "train.zero.", 11) == 0 ||
          strncmp(key, "train.zero_optimization.", 24) == 0 ||
          strncmp(key, "train.offload.", 14) == 0;
@@ -288,6 +292,8 @@ static void set_defaults(dsc_train_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->grad_accum = 1;
   cfg->steps = 1000;
+  cfg->zero.prefetch_bytes = 64 << 20;
+  cfg->zero.bucket_bytes = 25 << 20;
   cfg->seed = 1337;
   cfg->log_every = 1;
   cfg->opt.kind = DSC_OPT_ADAMW;
@@ -381,6 +387,13 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
     } else if (is_zero_stage(key)) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.stage);
       if (r && cfg->zero.stage > 3) r = bad(ctx, key, raw, "0, 1, 2 or 3");
+    } else if (strcmp(key, "train.zero.prefetch_bytes") == 0) {
+      r = get_int(ctx, key, raw, v, 0, &cfg->zero.prefetch_bytes);
+    } else if (strcmp(key, "train.zero.bucket_bytes") == 0) {
+      r = get_int(ctx, key, raw, v, 0, &cfg->zero.bucket_bytes);
+    } else if (strcmp(key, "train.zero.persist_threshold") == 0 ||
+               strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0) {
+      r = get_int(ctx, key, raw, v, 0, &cfg->zero.persist_threshold);
     } else if (strcmp(k, "train_batch_size") == 0) {
       r = get_int(ctx, key, raw, v, 1, &cfg->global_batch);
     } else if (strcmp(k, "precision") == 0) {

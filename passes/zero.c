@@ -197,6 +197,9 @@ static dsc_status stage0(ir_module *m, ir_graph *g, int64_t world) {
  * an update that is not elementwise (Muon's matmuls) still computes the
  * right thing on gathered values.
  *
+ * Stage 3 keeps params of at most cfg->zero.persist_threshold elements whole
+ * (as stage 2 does), as DeepSpeed's stage3_param_persistence_threshold.
+ *
  * Stage 1: gradients are all-reduced as at stage 0; the update reads their
  * chunk. Stage 2: each gradient is reduce-scattered (x 1/N) right after it
  * is computed. Stage 1-2: the updated param chunk is all-gathered into the
@@ -213,11 +216,6 @@ static dsc_status stage0(ir_module *m, ir_graph *g, int64_t world) {
 typedef enum { ZK_FULL = 0, ZK_SHARD, ZK_PARTIAL } zero_kind;
 
 typedef struct {
-  ir_node *node;
-  double key;
-} zero_fixed;
-
-typedef struct {
   ir_module *m;
   ir_graph *g;
   int64_t world;
@@ -232,7 +230,7 @@ typedef struct {
   ir_node **shard;    /* memo: to_shard of a FULL node */
   bool *sharded;      /* per module param: its type is now [S] */
   dsc_type *full_type; /* per module param: its type before sharding */
-  zero_fixed *fixed;
+  pass_fixed_key *fixed;
   int n_fixed, cap_fixed;
   bool failed;
 } zs;
@@ -250,9 +248,9 @@ static ir_node *zs_oom(zs *z) {
 /* Remembers that x goes right after node `after` (as soon as possible). */
 static ir_node *asap(zs *z, ir_node *x, const ir_node *after) {
   if (!x) return z->failed = true, NULL;
-  if (!ir_grow(&z->m->arena, (void **)&z->fixed, &z->cap_fixed, z->n_fixed + 1, sizeof(zero_fixed)))
+  if (!ir_grow(&z->m->arena, (void **)&z->fixed, &z->cap_fixed, z->n_fixed + 1, sizeof(pass_fixed_key)))
     return zs_oom(z);
-  z->fixed[z->n_fixed++] = (zero_fixed){x, after->id + 0.5 + 1e-6 * z->n_fixed};
+  z->fixed[z->n_fixed++] = (pass_fixed_key){x, after->id + 0.5 + 1e-6 * z->n_fixed};
   return x;
 }
 
@@ -511,131 +509,6 @@ static bool gather_params(zs *z, ir_node *loss) {
   return !z->failed;
 }
 
-/* Removes nodes that neither an output nor an assign needs, then orders the
- * graph: original nodes by position, `fixed` ones as given, the other new
- * nodes right before their first reader; a priority topological sort. */
-static dsc_status order_graph(zs *z) {
-  ir_module *m = z->m;
-  ir_graph *g = z->g;
-  ir_arena *ar = &m->arena;
-  int nn = g->n_nodes;
-  bool *live = ir_arena_alloc(ar, sizeof(bool) * (size_t)nn);
-  ir_node **stack = ir_arena_alloc(ar, sizeof(ir_node *) * (size_t)nn);
-  double *key = ir_arena_alloc(ar, sizeof(double) * (size_t)nn);
-  bool *fixed = ir_arena_alloc(ar, sizeof(bool) * (size_t)nn);
-  int *indeg = ir_arena_alloc(ar, sizeof(int) * (size_t)nn);
-  int *cstart = ir_arena_alloc(ar, sizeof(int) * (size_t)(nn + 1));
-  if (!live || !stack || !key || !fixed || !indeg || !cstart) return zs_oom(z), DSC_ERR_INTERNAL;
-  memset(live, 0, sizeof(bool) * (size_t)nn);
-  memset(fixed, 0, sizeof(bool) * (size_t)nn);
-  int sp = 0;
-  for (int i = 0; i < nn; i++)
-    if (g->nodes[i]->op == DSC_OP_ASSIGN || g->nodes[i]->op == DSC_OP_INPUT)
-      live[i] = true, stack[sp++] = g->nodes[i];
-  for (int k = 0; k < g->n_outputs; k++)
-    if (!live[g->outputs[k]->id]) live[g->outputs[k]->id] = true, stack[sp++] = g->outputs[k];
-  while (sp > 0) {
-    ir_node *x = stack[--sp];
-    for (int q = 0; q < x->n_in; q++)
-      if (!live[x->in[q]->id]) live[x->in[q]->id] = true, stack[sp++] = x->in[q];
-  }
-  /* keys */
-  for (int i = 0; i < nn; i++) key[i] = i < z->n_orig ? (double)i : (double)nn;
-  for (int i = 0; i < z->n_orig; i++) fixed[i] = true;
-  for (int f = 0; f < z->n_fixed; f++) {
-    key[z->fixed[f].node->id] = z->fixed[f].key;
-    fixed[z->fixed[f].node->id] = true;
-  }
-  for (int k = 0; k < g->n_outputs; k++) {
-    int o = g->outputs[k]->id;
-    if (!fixed[o]) key[o] = nn;
-  }
-  for (bool changed = true; changed;) { /* as late as possible: before the first reader */
-    changed = false;
-    for (int i = nn - 1; i >= 0; i--) {
-      ir_node *c = g->nodes[i];
-      if (!live[i]) continue;
-      for (int q = 0; q < c->n_in; q++) {
-        int x = c->in[q]->id;
-        if (!fixed[x] && key[i] - 1e-4 < key[x]) key[x] = key[i] - 1e-4, changed = true;
-      }
-    }
-  }
-  /* consumers (CSR) and in-degrees over live nodes */
-  memset(cstart, 0, sizeof(int) * (size_t)(nn + 1));
-  int edges = 0;
-  for (int i = 0; i < nn; i++) {
-    indeg[i] = 0;
-    if (!live[i]) continue;
-    ir_node *c = g->nodes[i];
-    for (int q = 0; q < c->n_in; q++) cstart[c->in[q]->id + 1]++, indeg[i]++, edges++;
-  }
-  for (int i = 0; i < nn; i++) cstart[i + 1] += cstart[i];
-  int *cons = ir_arena_alloc(ar, sizeof(int) * (size_t)(edges + 1));
-  int *fill = ir_arena_alloc(ar, sizeof(int) * (size_t)nn);
-  int *heap = ir_arena_alloc(ar, sizeof(int) * (size_t)nn);
-  ir_node **order = ir_arena_alloc(ar, sizeof(ir_node *) * (size_t)nn);
-  if (!cons || !fill || !heap || !order) return zs_oom(z), DSC_ERR_INTERNAL;
-  memcpy(fill, cstart, sizeof(int) * (size_t)nn);
-  for (int i = 0; i < nn; i++) {
-    if (!live[i]) continue;
-    ir_node *c = g->nodes[i];
-    for (int q = 0; q < c->n_in; q++) cons[fill[c->in[q]->id]++] = i;
-  }
-#define ZLESS(a, b) (key[a] < key[b] || (key[a] == key[b] && (a) < (b)))
-  int hn = 0, k_out = 0;
-  for (int i = 0; i < nn; i++)
-    if (live[i] && indeg[i] == 0) {
-      int j = hn++;
-      heap[j] = i;
-      while (j > 0 && ZLESS(heap[j], heap[(j - 1) / 2])) {
-        int t = heap[j]; heap[j] = heap[(j - 1) / 2]; heap[(j - 1) / 2] = t; j = (j - 1) / 2;
-      }
-    }
-  while (hn > 0) {
-    int x = heap[0];
-    heap[0] = heap[--hn];
-    for (int j = 0;;) {
-      int l = 2 * j + 1, r = l + 1, s = j;
-      if (l < hn && ZLESS(heap[l], heap[s])) s = l;
-      if (r < hn && ZLESS(heap[r], heap[s])) s = r;
-      if (s == j) break;
-      int t = heap[j]; heap[j] = heap[s]; heap[s] = t; j = s;
-    }
-    order[k_out++] = g->nodes[x];
-    for (int e = cstart[x]; e < cstart[x + 1]; e++) {
-      int c = cons[e];
-      if (--indeg[c] == 0) {
-        int j = hn++;
-        heap[j] = c;
-        while (j > 0 && ZLESS(heap[j], heap[(j - 1) / 2])) {
-          int t = heap[j]; heap[j] = heap[(j - 1) / 2]; heap[(j - 1) / 2] = t; j = (j - 1) / 2;
-        }
-      }
-    }
-  }
-#undef ZLESS
-  int n_live = 0;
-  for (int i = 0; i < nn; i++) n_live += live[i];
-  if (k_out != n_live) {
-    if (getenv("DSC_ZERO_DEBUG"))
-      for (int i = 0; i < nn; i++)
-        if (live[i] && indeg[i] > 0) {
-          ir_node *x = g->nodes[i];
-          fprintf(stderr, "stuck %%%d %s indeg %d:", i, dsc_op_name(x->op), indeg[i]);
-          for (int q = 0; q < x->n_in; q++) fprintf(stderr, " %%%d", x->in[q]->id);
-          fprintf(stderr, "\n");
-        }
-    return internal(m, "a cycle after sharding");
-  }
-  for (int i = 0; i < k_out; i++) {
-    g->nodes[i] = order[i];
-    order[i]->id = i;
-  }
-  g->n_nodes = k_out;
-  return DSC_OK;
-}
-
 /* Shards param/state p: module type [S], meta "shard.<name>". */
 static bool shard_param(zs *z, int p) {
   ir_module *m = z->m;
@@ -659,7 +532,8 @@ static bool is_optimizer_state(const ir_param *pa) {
   return pa->state && strncmp(pa->name, "opt.", 4) == 0 && pa->type.rank >= 1;
 }
 
-static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int stage) {
+static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int stage,
+                               int64_t persist) {
   int n_train = 0;
   for (int p = 0; p < m->n_params; p++) n_train += !m->params[p].state;
   if (g->n_outputs < 2) return internal(m, "fewer than 2 outputs");
@@ -735,7 +609,8 @@ static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int sta
   memset(z.full, 0, sizeof(ir_node *) * (size_t)(nw + 1));
   memset(z.shard, 0, sizeof(ir_node *) * (size_t)(nw + 1));
   for (int p = 0; p < m->n_params; p++)
-    if (is_optimizer_state(&m->params[p]) || (stage == 3 && !m->params[p].state))
+    if (is_optimizer_state(&m->params[p]) ||
+        (stage == 3 && !m->params[p].state && dsc_type_numel(&m->params[p].type) > persist))
       if (!shard_param(&z, p)) return DSC_ERR_INTERNAL;
   if (stage >= 2)
     for (int j = 0; j < n_train; j++) set_kind(&z, grads[j], ZK_SHARD, rs[j], true);
@@ -795,7 +670,7 @@ static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int sta
   if (dsc_module_set_meta(m, "zero.stage", buf) != DSC_OK) return DSC_ERR_INTERNAL;
   snprintf(buf, sizeof buf, "%lld", (long long)world);
   if (dsc_module_set_meta(m, "zero.world", buf) != DSC_OK) return DSC_ERR_INTERNAL;
-  return order_graph(&z);
+  return pass_reorder(g, z.n_orig, z.fixed, z.n_fixed);
 }
 
 dsc_status pass_zero_run(ir_module *m, const dsc_train_config *cfg) {
@@ -824,7 +699,7 @@ dsc_status pass_zero_run(ir_module *m, const dsc_train_config *cfg) {
       return DSC_ERR_USER;
     }
   if (cfg->zero.stage == 0) return stage0(m, g, cfg->world);
-  return shard_stages(m, g, cfg->world, (int)cfg->zero.stage);
+  return shard_stages(m, g, cfg->world, (int)cfg->zero.stage, cfg->zero.persist_threshold);
 }
 
 void dsc_graph_set_collective_tags(dsc_graph *g, int64_t tag) {

@@ -74,7 +74,16 @@ static const char train_help[] =
     "  --global-batch G  sequences per step; grad-accum = G / (batch x ranks), which\n"
     "                    must divide evenly (DeepSpeed's train_batch_size)\n"
     "  --zero-stage S    ZeRO stage (train.zero.stage); 0: gradients all-reduced,\n"
-    "                    nothing sharded (stages 1-3 are not implemented yet)\n"
+    "                    nothing sharded; 1: optimizer states sharded; 2: also\n"
+    "                    gradients (reduce-scattered); 3: also params (gathered\n"
+    "                    before use). Checkpoints hold full tensors: resume at any\n"
+    "                    world size and stage keeps the global batch\n"
+    "  --bucket-bytes N  reduce_scatters merged into buckets of at most N bytes\n"
+    "                    (train.zero.bucket_bytes; default 25MiB; 0: one per gradient)\n"
+    "  --prefetch-bytes N  all_gathers started ahead of use, at most N bytes in\n"
+    "                    flight (train.zero.prefetch_bytes; default 64MiB)\n"
+    "  --persist-threshold N  stage 3 keeps params of at most N elements whole\n"
+    "                    (DeepSpeed's stage3_param_persistence_threshold; default 0)\n"
     "\n"
     "SIGINT (Ctrl-C) or SIGTERM stops after the current step, writes a checkpoint\n"
     "and exits with 130 (SIGINT) or 143 (SIGTERM), as shells report such stops.\n"
@@ -121,6 +130,26 @@ static bool on_step(void *ud, const dsc_train_progress *p) {
 }
 
 /* Flag value parsers; false with a usage message. */
+/* A byte count: digits with an optional K, M, G (powers of 1024; KB, MiB,
+ * ... spelled any of the usual ways). */
+static bool want_bytes(int argc, char **argv, int *i, int64_t *out) {
+  if (*i + 1 >= argc) return false;
+  const char *s = argv[++*i];
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || errno || !(v >= 0)) return false;
+  double unit = 1;
+  if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+  else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
+  else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
+  if (unit > 1 && *end == 'i') end++;
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end || v * unit > 9.0e15) return false;
+  *out = (int64_t)(v * unit);
+  return true;
+}
+
 static bool want_i64(int argc, char **argv, int *i, int64_t min, int64_t *out) {
   const char *flag = argv[*i];
   if (*i + 1 >= argc || !cli_parse_i64(argv[*i + 1], out) || *out < min) {
@@ -310,6 +339,19 @@ int cli_train(int argc, char **argv) {
       if (!ok) return cli_usage_error("train", "--zero-stage needs 0, 1, 2 or 3"), CLI_EXIT_USER;
       o.zero_stage = (int)v;
       o.has_zero_stage = true;
+    } else if (strcmp(a, "--prefetch-bytes") == 0 || strcmp(a, "--bucket-bytes") == 0) {
+      bool pre = a[2] == 'p';
+      ok = want_bytes(argc, argv, &i, pre ? &o.prefetch_bytes : &o.bucket_bytes);
+      if (!ok)
+        return cli_usage_error("train", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
+               CLI_EXIT_USER;
+      *(pre ? &o.has_prefetch_bytes : &o.has_bucket_bytes) = true;
+    } else if (strcmp(a, "--persist-threshold") == 0) {
+      ok = want_i64(argc, argv, &i, 0, &o.persist_threshold);
+      if (!ok)
+        return cli_usage_error("train", "--persist-threshold needs a number of elements (>= 0)"),
+               CLI_EXIT_USER;
+      o.has_persist_threshold = true;
     } else if (strcmp(a, "--profile") == 0) {
       o.profile = true;
     } else if (strcmp(a, "--quiet") == 0) {

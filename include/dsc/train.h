@@ -90,9 +90,23 @@ typedef struct {
   int64_t global_batch;
   struct {
     /* train.zero.stage (or train.zero_optimization.stage, as ds_config
-     * spells it): 0 all-reduces the averaged gradients; 1-3 (sharding) are
-     * not implemented yet: an error at world > 1. Default 0. */
+     * spells it): 0 all-reduces the averaged gradients; 1 shards the
+     * optimizer states, 2 also the gradients, 3 also the params (docs/zero.md).
+     * Default 0. */
     int64_t stage;
+    /* Pass "schedule": all_gathers in flight ahead of their use, at most
+     * this many bytes (train.zero.prefetch_bytes, --prefetch-bytes; default
+     * 64 MiB; 0: each gather starts right before its use). */
+    int64_t prefetch_bytes;
+    /* reduce_scatters merged into buckets of at most this many bytes
+     * (train.zero.bucket_bytes, --bucket-bytes; default 25 MiB; 0: one per
+     * gradient). */
+    int64_t bucket_bytes;
+    /* stage 3: params of at most this many elements stay whole on every
+     * rank, as DeepSpeed's stage3_param_persistence_threshold
+     * (train.zero.persist_threshold, --persist-threshold; default 0: every
+     * param is sharded, DeepSpeed's default is 100000). */
+    int64_t persist_threshold;
   } zero;
 } dsc_train_config;
 

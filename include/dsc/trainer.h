@@ -65,6 +65,10 @@ typedef struct {
   int64_t global_batch;
   bool has_zero_stage; /* zero_stage overrides train.zero.stage */
   int zero_stage;
+  /* overrides of train.zero.prefetch_bytes, bucket_bytes, persist_threshold
+   * (pass "schedule" and stage 3), each where its has_ flag is set */
+  bool has_prefetch_bytes, has_bucket_bytes, has_persist_threshold;
+  int64_t prefetch_bytes, bucket_bytes, persist_threshold;
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;

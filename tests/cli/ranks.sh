@@ -20,8 +20,6 @@ make_corpus "$TMP/corpus.txt"
 expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
 RUN=(--data "$TMP/c" --batch 2 --seq 16 --global-batch 8 --lr 3e-3 --backend interp)
 
-expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --zero-stage 1 &&
-  expect_grep 'ZeRO stage 1 is not implemented yet \(world 2\)' "$TMP/err"
 expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 3 &&
   expect_grep 'global batch of 8 sequences is not divisible by batch 2 x world 3 = 6' "$TMP/err"
 expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --grad-accum 4 &&
@@ -30,14 +28,24 @@ expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --grad-accum 4 &&
 expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/none" --ranks 2 &&
   expect_grep 'none_train.bin.*cannot open' "$TMP/err"
 
-# world 1, 2, 4: same global batch; rank 0 prints one line per step and saves
-for w in 1 2 4; do
-  expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks $w --steps 12 --out "$TMP/w$w" \
-    --eval-every 6 --eval-batches 2
-  [ "$(grep -c '^step ' "$TMP/out")" -eq 12 ] && pass || fail "world $w: not 12 progress lines"
+# world 1, 2, 4 and ZeRO stages 1-3: same global batch; rank 0 prints one
+# line per step and saves (full tensors, whatever the sharding)
+for ws in 1:0 2:0 4:0 2:1 4:2 2:3 4:3; do
+  w=${ws%:*} s=${ws#*:} dir=w${ws%:*}
+  [ "$s" = 0 ] || dir=w${w}s$s
+  expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks $w --zero-stage $s --steps 12 \
+    --out "$TMP/$dir" --eval-every 6 --eval-batches 2
+  [ "$(grep -c '^step ' "$TMP/out")" -eq 12 ] && pass || fail "$dir: not 12 progress lines"
+  [ "$w" = 1 ] || expect_grep "^batch 2 x seq 16 x grad_accum $((4 / w)) x $w ranks \\(inproc\\) = 128 tokens/step, ZeRO stage $s" "$TMP/out"
+  expect_grep '^step 12/12 \| loss [0-9.]+ .* \| val [0-9.]+ \| saved' "$TMP/out"
 done
-expect_grep '^batch 2 x seq 16 x grad_accum 1 x 4 ranks \(inproc\) = 128 tokens/step, ZeRO stage 0' "$TMP/out"
-expect_grep '^step 12/12 \| loss [0-9.]+ .* \| val [0-9.]+ \| saved' "$TMP/out"
+# ZeRO stage 3 saved at world 4 after 6 steps, resumed at world 2 stage 1:
+# the same curve as the uninterrupted run
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 4 --zero-stage 3 --steps 12 --stop-at 6 \
+  --out "$TMP/rs" --eval-every 6 --eval-batches 2 --quiet
+expect_exit 0 "$DSC" train --resume "$TMP/rs" --ranks 2 --zero-stage 1 --eval-batches 2 --quiet
+[ "$(wc -l <"$TMP/rs/metrics.jsonl")" -eq 12 ] && pass || fail "resumed run: not 12 metrics lines"
+ln -s "$TMP/rs" "$TMP/w2s9"
 python3 - "$TMP" <<'PY' && pass || fail "world 1, 2, 4 differ"
 import json, struct, sys
 root = sys.argv[1]
@@ -54,7 +62,7 @@ def tensors(path):
 import numpy as np
 base = metrics(1)
 assert len(base) == 12 and base[0]["loss"] > 5.0 and base[-1]["loss"] < base[0]["loss"], base
-for w in (2, 4):
+for w in (2, 4, "2s1", "4s2", "2s3", "4s3", "2s9"):  # 2s9: stage 3 at 4 ranks resumed at stage 1, 2 ranks
     m = metrics(w)
     for a, b in zip(m, base):
         for k in ("loss", "grad_norm", "lr"):
@@ -82,10 +90,15 @@ for f in model.safetensors optimizer.safetensors; do
   cmp -s "$TMP/w2/latest/$f" "$TMP/w2b/latest/$f" && pass || fail "world 2 twice: $f differs"
 done
 
-# resume keeps the world (another world size is not supported yet)
-expect_exit 1 "$DSC" train --resume "$TMP/w2b" --steps 14 --ranks 4 &&
-  expect_grep 'trained on 2 rank\(s\), not 4' "$TMP/err"
-expect_exit 0 "$DSC" train --resume "$TMP/w2b" --steps 14 --ranks 2 --quiet
+# the same ZeRO stage 3 run twice: bitwise identical checkpoints
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --zero-stage 3 --steps 12 \
+  --out "$TMP/w2s3b" --eval-every 6 --eval-batches 2 --quiet
+for f in model.safetensors optimizer.safetensors; do
+  cmp -s "$TMP/w2s3/latest/$f" "$TMP/w2s3b/latest/$f" && pass || fail "stage 3 twice: $f differs"
+done
+
+# resume at another world size (checkpoints hold full tensors)
+expect_exit 0 "$DSC" train --resume "$TMP/w2b" --steps 14 --ranks 4 --quiet
 
 # SIGTERM: every rank stops after the same step; rank 0 checkpoints it
 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --steps 100000 --out "$TMP/sig" --quiet \

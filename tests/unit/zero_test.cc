@@ -54,13 +54,15 @@ struct Piped {
   dsc_module *m = nullptr;
   dsc_status st = DSC_ERR_INTERNAL;
   Piped(int64_t world, int64_t stage, const char *stop = "zero",
-        dsc_precision prec = DSC_PRECISION_F32) {
+        dsc_precision prec = DSC_PRECISION_F32, int64_t bucket = -1, int64_t prefetch = -1) {
     m = compile(c.ctx, kMlp, 4);
     if (!m) return;
     dsc_train_config cfg;
     EXPECT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << c.diags();
     cfg.grad_accum = 2, cfg.clip = 1.0, cfg.world = world, cfg.zero.stage = stage;
     cfg.precision = prec;
+    if (bucket >= 0) cfg.zero.bucket_bytes = bucket;
+    if (prefetch >= 0) cfg.zero.prefetch_bytes = prefetch;
     dsc_pipeline_options po;
     memset(&po, 0, sizeof po);
     po.train = &cfg;
@@ -251,6 +253,48 @@ TEST(ZeroPass, StageThreeShardsParamsAndGathersThemForForwardAndBackward) {
       << p.c.diags();
   EXPECT_EQ(printed(back), text);
   dsc_module_free(back);
+}
+
+int first_pos(dsc_graph *g, dsc_op op, bool last = false) {
+  int r = -1;
+  for (int i = 0; i < dsc_graph_node_count(g); i++)
+    if (dsc_node_op(dsc_graph_node(g, i)) == op && (r < 0 || last)) r = i;
+  return r;
+}
+
+TEST(SchedulePass, BucketsMergeReduceScattersAndZeroBytesKeepsOnePerGradient) {
+  int n;
+  {
+    Piped one(2, 2, "schedule", DSC_PRECISION_F32, 0);
+    ASSERT_EQ(one.st, DSC_OK) << one.c.diags();
+    n = trainable(one.m);
+    EXPECT_EQ(count_op(one.step(), DSC_OP_REDUCE_SCATTER_START), n);
+  }
+  Piped all(2, 2, "schedule", DSC_PRECISION_F32, int64_t(1) << 30);
+  ASSERT_EQ(all.st, DSC_OK) << all.c.diags();
+  EXPECT_EQ(count_op(all.step(), DSC_OP_REDUCE_SCATTER_START), 1);
+  // a budget of one byte cannot merge anything; the whole pipeline still runs
+  Piped tiny(2, 3, nullptr, DSC_PRECISION_F32, 1);
+  ASSERT_EQ(tiny.st, DSC_OK) << tiny.c.diags();
+  EXPECT_EQ(count_op(tiny.step(), DSC_OP_REDUCE_SCATTER_START), n);
+}
+
+TEST(SchedulePass, PrefetchStartsGathersAheadWithinTheBudget) {
+  // no budget: every gather starts right before its wait
+  Piped late(2, 3, "schedule", DSC_PRECISION_F32, 0, 0);
+  ASSERT_EQ(late.st, DSC_OK) << late.c.diags();
+  dsc_graph *g = late.step();
+  for (int i = 0; i < dsc_graph_node_count(g); i++) {
+    const dsc_node *nd = dsc_graph_node(g, i);
+    if (dsc_node_op(nd) != DSC_OP_ALL_GATHER_WAIT) continue;
+    EXPECT_EQ(dsc_node_input(nd, 0), dsc_graph_node(g, i - 1));
+  }
+  // a budget for everything: every forward gather starts before the first
+  // wait (those of the update's gathered params excepted: stage 3 has none)
+  Piped early(2, 3, "schedule", DSC_PRECISION_F32, 0, int64_t(1) << 30);
+  ASSERT_EQ(early.st, DSC_OK) << early.c.diags();
+  g = early.step();
+  EXPECT_LT(first_pos(g, DSC_OP_ALL_GATHER_START, true), first_pos(g, DSC_OP_ALL_GATHER_WAIT));
 }
 
 TEST(ZeroPass, ShardedStagesSurviveTheWholePipelineAndFp16) {
