@@ -299,6 +299,11 @@ typedef struct {
   int64_t arena_bytes[2]; /* STATE, WORK */
   int n_collectives;      /* COLLECTIVE_START instructions (ids 0..n-1) */
   bool needs_rank;        /* has rank-chunk copies (local_shard): needs a communicator */
+  /* Per node id of the lowered graph: the buffer holding the node's value
+   * contiguously (offset 0), -1 for none (recomputed, a view, fused away).
+   * What the memory plan (memplan.c) classifies buffers by. */
+  int n_nodes;
+  const int *node_buffer;
 } cg_program;
 
 /* ======================= codegen/lower.c =======================
@@ -315,6 +320,62 @@ bool cg_state_layout(const ir_module *m, int64_t *offsets, int64_t *total);
 
 /* A readable listing of a program (instructions, buffers, kernels). */
 char *cg_program_print(ir_arena *a, const cg_program *p);
+
+/* ======================= codegen/memplan.c =======================
+ * The memory plan of one rank's step (dsc plan, the trainer's "memory:"
+ * line): the program's arenas split into categories at the instruction where
+ * the WORK arena's live bytes peak. The arenas are exactly what the runtime
+ * allocates (the same lowering); the file's top comment defines the
+ * categories. */
+typedef enum {
+  CG_MEM_PARAMS,      /* trainable params (STATE) */
+  CG_MEM_GRADS,       /* values with role IR_ROLE_GRAD live at the peak */
+  CG_MEM_OPTIMIZER,   /* every module state (STATE) */
+  CG_MEM_ACTIVATIONS, /* graph inputs and the loss's ancestors live at the peak */
+  CG_MEM_WORKSPACE,   /* other live temporaries, alignment, fragmentation, GEMM scratch */
+  CG_MEM_COMM,        /* collective src/dst live at the peak (not grads) */
+  CG_MEM_COUNT
+} cg_mem_kind;
+
+typedef struct {
+  int threads; /* CPU executor threads (the GEMM scratch is per thread); <= 0: 1 */
+  /* runtime/sgemm.c's rt_sgemm_scratch_floats where the runtime uses it (f32
+   * GEMMs on AVX-512 hosts: rt_sgemm_supported), else NULL (no scratch) */
+  int64_t (*gemm_scratch_floats)(const cg_gemm *g);
+} cg_memplan_options;
+
+typedef struct {
+  int64_t bytes[CG_MEM_COUNT]; /* they add up to peak */
+  int64_t peak;                /* state_arena + work_arena + gemm_scratch */
+  int64_t state_arena, work_arena, gemm_scratch;
+  int64_t work_live;   /* exact bytes of the WORK buffers live at peak_instr */
+  /* the most gradient bytes live at once (max over instructions, exact):
+   * the gradients the model holds, the ZeRO paper's "G Psi" (grads above is
+   * only what is live at the peak, often less: dsc frees nothing early, but a
+   * gradient exists only from its backward op to its update) */
+  int64_t grads_held;
+  int peak_instr;      /* where the WORK arena's live bytes peak (n_instrs: at the end) */
+  int n_instrs;
+  int64_t padding;     /* alignment gaps of both arenas + WORK fragmentation (in workspace) */
+  int64_t param_count; /* Psi: trainable elements of the whole model (unsharded) */
+  int64_t param_elems, state_elems; /* elements this rank holds */
+  bool sharded;        /* some param or state is a shard (meta "shard.<name>") */
+  int64_t world, stage; /* module meta zero.world, zero.stage (1, 0 when absent) */
+} cg_memplan;
+
+/* The plan of program p, lowered from graph g. */
+dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p,
+                              const cg_memplan_options *o, cg_memplan *out);
+/* Lowers g (cg_lower_graph, in arena a) and plans it; *prog (optional)
+ * receives the program. */
+dsc_status cg_memplan_graph(const ir_graph *g, ir_arena *a, const cg_memplan_options *o,
+                            cg_memplan *out, cg_program **prog);
+/* Bytes of zero padding rank `rank` holds in its shards of the trainable
+ * params (states false) or of the states (true): shard S of a tensor of n
+ * elements holds n - rank*S real ones, clamped to [0, S]. */
+int64_t cg_memplan_shard_padding(const ir_module *m, int64_t rank, bool states);
+/* "params", "grads", "optimizer", "activations", "workspace", "comm". */
+const char *cg_mem_kind_name(cg_mem_kind k);
 
 /* ======================= codegen/program_eval.c =======================
  * Runs a program with kir_eval and plain-loop GEMMs on host memory: the

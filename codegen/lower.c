@@ -1621,6 +1621,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
     if (p->instrs[i].kind == CG_INS_LAUNCH && !split_scalar_reduction(&l, i)) break;
   if (l.status == DSC_OK) place_work(&l);
   if (l.status != DSC_OK) return l.status;
+  p->n_nodes = n, p->node_buffer = l.buf; /* for the memory plan (memplan.c) */
   *out = p;
   return DSC_OK;
 }

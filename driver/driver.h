@@ -5,6 +5,7 @@
 #ifndef DSC_DRIVER_H
 #define DSC_DRIVER_H
 
+#include "codegen/codegen.h"
 #include "dsc/exec.h"
 #include "dsc/frontend.h"
 #include "dsc/trainer.h"
@@ -32,5 +33,12 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
                             dsc_module **fwd);
 /* train_step(tokens[rows, T], targets[rows, T], lr: f32[]) -> 2 or 3 outputs. */
 dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T);
+
+/* ======================= driver/plan.c =======================
+ * The memory plan of step module m's train_step (codegen/memplan.c) with
+ * the CPU runtime's GEMM scratch for `threads` (0: one per core, the
+ * executor's default: drv_default_threads). */
+int drv_default_threads(int threads);
+dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out);
 
 #endif

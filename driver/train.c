@@ -226,6 +226,7 @@ struct dsc_trainer {
   int64_t B, T, K, step, end, last_saved;
   dsc_comm *comm; /* NULL: one rank */
   int rank, world;
+  dsc_trace *trace; /* NULL: off (options.trace) */
   int64_t eval_batches, eval_every, save_every;
   int keep_last;
   ir_rng rng; /* the run's generator: saved and restored with checkpoints */
@@ -241,9 +242,22 @@ struct dsc_trainer {
   dsc_tensor **full_t;
   int64_t shard_world;
   bool full_fresh;   /* full_t holds the current values (dsc_trainer_gather) */
-  bool saving;       /* some rank saves checkpoints (every rank gathers for it) */
+  bool saving;       /* checkpoints are saved (by rank 0, and shards by every rank) */
+  const char *ckpt_dir; /* where, on every rank */
   bool val_any;      /* some rank evaluates (every rank gathers for it) */
+  int64_t rss_exec; /* RSS growth over creating the step executor; -1: unknown */
+  bool rss_stepped; /* the first step's growth is in info.mem_rss_growth */
 };
+
+/* The resident set of this process (bytes), -1 when /proc is not there. */
+static int64_t rss_now(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long long size = 0, resident = -1;
+  if (!f) return -1;
+  if (fscanf(f, "%lld %lld", &size, &resident) != 2) resident = -1;
+  fclose(f);
+  return resident < 0 ? -1 : resident * (int64_t)sysconf(_SC_PAGESIZE);
+}
 
 const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t) { return &t->info; }
 /* Copies the executor's params and states into the host copy when a step
@@ -954,8 +968,20 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   if (t->prog && backend == DSC_BACKEND_CPU && !dsc_program_cpu_usable(t->prog, why, sizeof why))
     ir_diag(ctx, DSC_DIAG_WARNING, rt_loc(dsc_program_path(t->prog)),
             "compiling the kernels from the IR: %s", why);
+  /* Memory: the plan of the step (the same lowering as the executor's),
+   * and the RSS growth over creating the executor (its arenas), completed
+   * by the first step's (dsc_trainer_step). */
+  cg_memplan mplan;
+  if (backend == DSC_BACKEND_CPU && (st = drv_plan_step(ctx, t->m, o->threads, &mplan)) != DSC_OK)
+    goto done;
+  int64_t rss0 = rss_now();
   if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK)
     goto done;
+  if (backend == DSC_BACKEND_CPU) {
+    int64_t rss1 = rss_now();
+    t->info.mem_planned = mplan.peak;
+    t->rss_exec = rss0 < 0 || rss1 < 0 ? -1 : rss1 - rss0;
+  }
   dsc_exec_kernel_counts(t->step_x, &t->info.kernels_compiled, &t->info.kernels_prebuilt);
   if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) goto done;
   if (t->comm && (st = dsc_exec_set_comm(t->step_x, t->comm)) != DSC_OK) goto done;
@@ -971,6 +997,12 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
       goto done;
     }
   }
+
+  /* Tracing: pid = rank. */
+  t->trace = o->trace;
+  if (t->trace && ((st = dsc_exec_set_trace(t->step_x, t->trace, t->rank)) != DSC_OK ||
+                   (t->fwd_x && (st = dsc_exec_set_trace(t->fwd_x, t->trace, t->rank)) != DSC_OK)))
+    goto done;
 
   /* Buffers and input tensors. */
   t->buf_bytes = sizeof(int32_t) * (size_t)(B * K * t->world * T);
@@ -991,8 +1023,10 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
 
   /* Output: created and writable before the first step. A resumed run
    * writes next to the checkpoint it came from unless told otherwise. */
-  const char *out = t->rank == 0 ? o->out_dir : NULL; /* rank 0 alone writes */
-  if (!out && ck && t->rank == 0) {
+  /* Rank 0 alone writes, except the shards of a ZeRO checkpoint, which
+   * every rank writes into the same step directory. */
+  const char *out = o->out_dir;
+  if (!out && ck) {
     char *p = rt_parent_dir(ctx, ck->dir);
     if (!p) {
       st = oom(ctx);
@@ -1001,6 +1035,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     out = ir_arena_strdup(a, p);
     ir_free(ctx, p, strlen(p) + 1);
   }
+  t->ckpt_dir = out;
+  if (t->rank != 0) out = NULL;
   if (out && !ck) {
     /* A fresh run must not mix with (and prune) another run's checkpoints. */
     char *latest = ir_arena_printf(a, "%s/latest", out);
@@ -1062,19 +1098,30 @@ static void fill(dsc_tensor *dst, const int32_t *src, int64_t n) {
 dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   memset(p, 0, sizeof *p);
   double t0 = now_s();
+  int64_t tr0 = t->trace ? dsc_trace_now_ns() : 0;
   int64_t n = t->B * t->K * t->T; /* this rank's tokens: rows [rank*B*K, (rank+1)*B*K) */
   dsc_status st = dsc_loader_next(t->train, t->buf_in, t->buf_tgt);
   if (st != DSC_OK) return st;
   fill(t->in_tok, t->buf_in + t->rank * n, n);
   fill(t->in_tgt, t->buf_tgt + t->rank * n, n);
+  if (t->trace)
+    dsc_trace_spanf(t->trace, t->rank, DSC_TRACE_COPY, tr0, dsc_trace_now_ns(),
+                    "load batch %" PRId64, t->step + 1);
   /* Comm messages name the step ("(step 12)"). */
   if (t->comm) dsc_graph_set_collective_tags(t->step_g, t->step + 1);
   double lr = dsc_lr_at(&t->cfg, t->step);
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
   dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
+  int64_t rss0 = t->rss_stepped || !t->info.mem_planned ? -1 : rss_now();
   st = dsc_exec_run(t->step_x, "train_step", ins, 3, outs);
   if (st != DSC_OK) return st;
+  if (!t->rss_stepped && t->info.mem_planned) {
+    int64_t rss1 = rss_now();
+    t->info.mem_rss_growth =
+        rss0 < 0 || rss1 < 0 || t->rss_exec < 0 ? -1 : t->rss_exec + rss1 - rss0;
+    t->rss_stepped = true;
+  }
   t->params_stale = true;
   p->loss = outs[0]->data[0];
   p->grad_norm = outs[1]->data[0];
@@ -1085,6 +1132,9 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   p->steps = t->cfg.steps;
   p->lr = t->in_lr->data[0];
   p->ms = (now_s() - t0) * 1e3;
+  if (t->trace)
+    dsc_trace_spanf(t->trace, t->rank, DSC_TRACE_STEP, tr0, dsc_trace_now_ns(), "step %" PRId64,
+                    t->step);
   p->tokens_per_s = p->ms > 0 ? (double)(n * t->world) / (p->ms * 1e-3) : 0;
   p->val_loss = NAN;
   if (!isfinite(p->loss)) {
@@ -1105,6 +1155,7 @@ dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
     ir_error(t->ctx, ir_no_loc, "trainer: no validation shard");
     return DSC_ERR_USER;
   }
+  int64_t tr0 = t->trace ? dsc_trace_now_ns() : 0;
   /* The validation module reads the step module's current params by name. */
   dsc_status st = full_values(t);
   for (int i = 0; st == DSC_OK && i < dsc_module_param_count(t->fwd); i++) {
@@ -1129,14 +1180,69 @@ dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss) {
     dsc_tensor_free(t->ctx, out);
   }
   if (st == DSC_OK) *val_loss = sum / (double)t->eval_batches;
+  if (t->trace)
+    dsc_trace_spanf(t->trace, t->rank, DSC_TRACE_STEP, tr0, dsc_trace_now_ns(),
+                    "validation (%" PRId64 " batches)", t->eval_batches);
+  return st;
+}
+
+/* A ZeRO checkpoint: every rank writes its chunks, rank 0 the rest (a
+ * collective; nothing is gathered). */
+static dsc_status save_sharded(dsc_trainer *t, dsc_checkpoint_state *s) {
+  const dsc_module *m = t->m;
+  int n = dsc_module_param_count(m);
+  ir_arena a;
+  ir_arena_init(&a, t->ctx);
+  const char **names[3];
+  dsc_tensor **ts[3];
+  int cnt[3] = {0, 0, 0};
+  for (int k = 0; k < 3; k++) {
+    names[k] = ir_arena_alloc(&a, sizeof(char *) * (size_t)(n + 1));
+    ts[k] = ir_arena_alloc(&a, sizeof(dsc_tensor *) * (size_t)(n + 1));
+  }
+  dsc_kv *meta = ir_arena_alloc(&a, sizeof(dsc_kv) * (size_t)(2 * n + 1));
+  dsc_kv *extra = ir_arena_alloc(&a, sizeof(dsc_kv) * (size_t)(s->n_extra + 1));
+  int n_meta = 0;
+  for (int i = 0; i < n && !a.failed; i++) {
+    const char *name = dsc_module_param_name(m, i);
+    bool state = dsc_module_param_is_state(m, i);
+    int k = t->full_t[i] ? 2 : state ? 1 : 0; /* model, optimizer, shards */
+    names[k][cnt[k]] = name;
+    ts[k][cnt[k]++] = dsc_params_get(t->params, i);
+    if (k != 2) continue;
+    const dsc_type *f = &t->full_t[i]->type;
+    char dims[400] = "scalar";
+    for (int d = 0, o = 0; d < f->rank && o < (int)sizeof dims - 24; d++)
+      o += snprintf(dims + o, sizeof dims - (size_t)o, "%s%lld", d ? "x" : "", (long long)f->dims[d]);
+    meta[n_meta++] = (dsc_kv){ir_arena_printf(&a, "full.%s", name), ir_arena_strdup(&a, dims)};
+    meta[n_meta++] = (dsc_kv){ir_arena_printf(&a, "set.%s", name), state ? "optimizer" : "model"};
+  }
+  dsc_status st;
+  if (a.failed) {
+    st = oom(t->ctx);
+  } else {
+    memcpy(extra, s->extra, sizeof(dsc_kv) * (size_t)s->n_extra);
+    char w[32];
+    snprintf(w, sizeof w, "%" PRId64, t->shard_world);
+    extra[s->n_extra] = (dsc_kv){"zero_world", w};
+    dsc_checkpoint_state s2 = *s;
+    s2.extra = extra, s2.n_extra = s->n_extra + 1;
+    dsc_tensor_set model = {cnt[0], names[0], ts[0], 0, NULL};
+    dsc_tensor_set opt = {cnt[1], names[1], ts[1], 0, NULL};
+    dsc_tensor_set shards = {cnt[2], names[2], ts[2], n_meta, meta};
+    st = dsc_checkpoint_save_sharded(t->ctx, t->comm, t->ckpt_dir, &model, &opt, &shards, &s2,
+                                     t->keep_last);
+  }
+  ir_arena_release(&a);
   return st;
 }
 
 dsc_status dsc_trainer_save(dsc_trainer *t) {
   ir_arena *a = &t->arena;
-  dsc_status sst = full_values(t);
+  int64_t tr0 = t->trace ? dsc_trace_now_ns() : 0;
+  dsc_status sst = t->shard_world ? sync_params(t) : full_values(t);
   if (sst != DSC_OK) return sst;
-  if (!t->out_dir) {
+  if (t->shard_world ? !t->ckpt_dir : !t->out_dir) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;
   }
@@ -1178,10 +1284,15 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   s.extra = extra;
   dsc_tensor_set model = {t->n_model, t->model_names, t->model_t, 0, NULL};
   dsc_tensor_set opt = {t->n_opt, t->opt_names, t->opt_t, 0, NULL};
-  dsc_status st = dsc_checkpoint_save(t->ctx, t->out_dir, &model, &opt, &s, t->keep_last);
+  dsc_status st = t->shard_world
+                      ? save_sharded(t, &s)
+                      : dsc_checkpoint_save(t->ctx, t->out_dir, &model, &opt, &s, t->keep_last);
   if (st != DSC_OK) return st;
   t->last_saved = t->step;
-  t->last_ckpt = ir_arena_printf(a, "%s/step-%06" PRId64, t->out_dir, t->step);
+  t->last_ckpt = ir_arena_printf(a, "%s/step-%06" PRId64, t->ckpt_dir, t->step);
+  if (t->trace)
+    dsc_trace_spanf(t->trace, t->rank, DSC_TRACE_COPY, tr0, dsc_trace_now_ns(),
+                    "checkpoint step %" PRId64, t->step);
   return DSC_OK;
 }
 
@@ -1214,9 +1325,14 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
       /* Ranks stop together: a signal or a callback seen by one rank is
        * agreed on before the step, or the others would wait for it. */
       int32_t v = want_stop;
+      int64_t tr0 = t->trace ? dsc_trace_now_ns() : 0;
       if ((st = dsc_comm_all_reduce(t->comm, &v, &v, 1, DSC_I32, DSC_COMM_SUM, t->step + 1)) !=
           DSC_OK)
         return st;
+      /* category "control": not part of the step's overlap figures */
+      if (t->trace)
+        dsc_trace_span(t->trace, t->rank, DSC_TRACE_COMM, "control", tr0, dsc_trace_now_ns(), NULL,
+                       "all_reduce 4 B (stop flag)");
       want_stop = v > 0;
     }
     if (want_stop) {
@@ -1231,9 +1347,7 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
     bool eval_now = ev > 0 && (t->step % ev == 0 || t->step == t->cfg.steps);
     bool save_now = (se > 0 && t->step % se == 0) || t->step == t->end;
     /* sharded params: every rank takes part in gathering them */
-    if (((t->val_any && eval_now) || (t->saving && save_now)) &&
-        (st = dsc_trainer_gather(t)) != DSC_OK)
-      return st;
+    if (t->val_any && eval_now && (st = dsc_trainer_gather(t)) != DSC_OK) return st;
     if (t->val && eval_now) {
       if ((st = dsc_trainer_evaluate(t, &p.val_loss)) != DSC_OK) return st;
       p.has_val = true;
@@ -1241,7 +1355,7 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
         sum->best_val_loss = p.val_loss;
     }
     if (t->saving && save_now) t->last_saved = t->step; /* on every rank: see the stop below */
-    if (t->out_dir && save_now) {
+    if (save_now && (t->out_dir || (t->saving && t->shard_world))) { /* sharded: every rank */
       if ((st = dsc_trainer_save(t)) != DSC_OK) return st;
       p.saved = true;
     }
@@ -1251,7 +1365,7 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
   }
   if (cb_stop) sum->stopped = true;
   if (sum->stopped && t->saving && t->last_saved != t->step &&
-      ((st = dsc_trainer_gather(t)) != DSC_OK || (t->out_dir && (st = dsc_trainer_save(t)) != DSC_OK)))
+      (t->out_dir || t->shard_world) && (st = dsc_trainer_save(t)) != DSC_OK)
     return st;
   sum->steps_done = t->step;
   sum->steps_run = t->step - start_step;

@@ -88,6 +88,7 @@ static bool merge_bucket(ir_module *m, ir_graph *g, sched_pair *p, int k, pass_f
   dsc_attr a[2] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0)};
   ir_node *st = flat ? dsc_build(g, DSC_OP_REDUCE_SCATTER_START, &flat, 1, a, 2) : NULL;
   ir_node *wt = st ? dsc_build(g, DSC_OP_REDUCE_SCATTER_WAIT, &st, 1, NULL, 0) : NULL;
+  if (wt) wt->role = IR_ROLE_GRAD; /* the rank's chunks of the bucket's gradients */
   if (!add_fixed(m, fx, nfx, capfx, cat, after) || !add_fixed(m, fx, nfx, capfx, flat, after) ||
       !add_fixed(m, fx, nfx, capfx, st, after) || !wt)
     return false;

@@ -134,7 +134,9 @@ static dsc_status stage0(ir_module *m, ir_graph *g, int64_t world) {
 
   /* Rewire the optimizer's readers (no gradient depends on them) to the
    * means; the local gradients become what the collectives send. */
-  for (int k = 0; k < n_red - 1; k++) reds[k].x->role = IR_ROLE_NONE, reds[k].mean->role = IR_ROLE_GRAD;
+  /* the memory plan counts the reduced sums (the collectives' results) as
+   * gradients, the local ones as what the collectives send */
+  for (int k = 0; k < n_red - 1; k++) reds[k].x->role = IR_ROLE_NONE, reds[k].wait->role = IR_ROLE_GRAD;
   for (int i = 0; i < n0; i++) {
     if (anc[i]) continue;
     ir_node *nd = g->nodes[i];
@@ -348,7 +350,6 @@ static ir_node *to_shard(zs *z, ir_node *x, bool *zp) {
   } else {
     r = local_shard(z, x);
   }
-  if (r && x->role == IR_ROLE_GRAD && z->stage >= 2) r->role = IR_ROLE_GRAD;
   if (old) z->shard[x->id] = r;
   *zp = true; /* local_shard pads with zeros; the ops above keep them */
   return r;
@@ -588,7 +589,7 @@ static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int sta
       ir_node *inv = w ? dsc_const(g, 1.0 / (double)world, dsc_type_make(x->type.dtype, 0, NULL)) : NULL;
       rs[j] = inv ? dsc_binary(g, DSC_OP_MUL, w, inv) : NULL;
       if (!rs[j]) return DSC_ERR_INTERNAL;
-      rs[j]->role = IR_ROLE_GRAD;
+      w->role = IR_ROLE_GRAD; /* the rank's summed chunk: the memory plan's "grads" */
       x->role = IR_ROLE_NONE;
     }
   }

@@ -6,7 +6,15 @@
  * A save builds the step directory under a temporary name (every file
  * fsync'ed), renames it into place, fsyncs OUT, then points `latest` at it
  * through a temporary symlink renamed over the old one. A crash or failure at
- * any point leaves the previous checkpoint and `latest` as they were. */
+ * any point leaves the previous checkpoint and `latest` as they were.
+ *
+ * Under ZeRO (dsc_checkpoint_save_sharded) every rank also writes its chunks
+ * of the sharded params and states:
+ *   OUT/step-000123/shard-00002-of-00004.safetensors
+ * (tensors named as the params, [S] each; metadata "full.<name>" = the full
+ * shape "d0xd1...", "set.<name>" = model | optimizer), and state.json
+ * records "zero_world". Loading assembles the full tensors from every
+ * shard, so a checkpoint resumes at any world size and stage. */
 #define _GNU_SOURCE /* renameat2 (atomic exchange when a step is saved again) */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -181,10 +189,10 @@ static void prune(dsc_context *ctx, const char *out_dir, const char *keep_name, 
   if (list) ir_free(ctx, list, sizeof *list * (size_t)cap);
 }
 
-static dsc_status write_step_dir(dsc_context *ctx, const char *tmp, const dsc_tensor_set *model,
-                                 const dsc_tensor_set *optimizer,
-                                 const dsc_checkpoint_state *state) {
-  if (mkdir(tmp, 0777) != 0) return rt_io_error(ctx, tmp, "cannot create directory");
+static dsc_status write_step_dir_files(dsc_context *ctx, const char *tmp,
+                                       const dsc_tensor_set *model,
+                                       const dsc_tensor_set *optimizer,
+                                       const dsc_checkpoint_state *state) {
   dsc_tensor_set empty = {0, NULL, NULL, 0, NULL};
   const char *files[3] = {"model.safetensors", "optimizer.safetensors", "state.json"};
   dsc_status st = DSC_OK;
@@ -199,9 +207,8 @@ static dsc_status write_step_dir(dsc_context *ctx, const char *tmp, const dsc_te
   return st;
 }
 
-dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_tensor_set *model,
-                               const dsc_tensor_set *optimizer, const dsc_checkpoint_state *state,
-                               int keep_last) {
+static dsc_status check_save(dsc_context *ctx, const char *out_dir, const dsc_tensor_set *model,
+                             const dsc_checkpoint_state *state) {
   dsc_loc loc = rt_loc(out_dir);
   if (!model || !state) {
     ir_error(ctx, loc, "checkpoint: model and state are required");
@@ -219,25 +226,43 @@ dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_
       ir_error(ctx, loc, "checkpoint: extra entry %d has no key or value", i);
       return DSC_ERR_USER;
     }
-  dsc_status st = make_dirs(ctx, out_dir);
-  if (st != DSC_OK) return st;
+  return make_dirs(ctx, out_dir);
+}
 
-  char name[40], tmp_name[80], link_tmp_name[80];
-  snprintf(name, sizeof name, "step-%06" PRId64, state->step);
-  snprintf(tmp_name, sizeof tmp_name, ".%s.tmp-%ld", name, (long)getpid());
-  snprintf(link_tmp_name, sizeof link_tmp_name, ".latest.tmp-%ld", (long)getpid());
-  char *final = join(ctx, out_dir, name), *tmp = join(ctx, out_dir, tmp_name);
-  char *latest = join(ctx, out_dir, "latest"), *link_tmp = join(ctx, out_dir, link_tmp_name);
-  if (!final || !tmp || !latest || !link_tmp) {
-    st = oom(ctx, out_dir);
-    goto done;
-  }
-  remove_step_dir(ctx, tmp); /* a leftover of a crashed save by a process with our pid */
-  st = write_step_dir(ctx, tmp, model, optimizer, state);
-  if (st == DSC_OK) st = rt_fsync_dir(ctx, tmp);
+/* The names of a save by process `pid`: the step directory, its temporary
+ * name, `latest` and latest's temporary name (context-allocated). */
+typedef struct {
+  char name[40];
+  char *final, *tmp, *latest, *link_tmp;
+} save_paths;
+
+static dsc_status make_paths(dsc_context *ctx, const char *out_dir, int64_t step, long pid,
+                             save_paths *p) {
+  char tmp_name[80], link_tmp_name[80];
+  snprintf(p->name, sizeof p->name, "step-%06" PRId64, step);
+  snprintf(tmp_name, sizeof tmp_name, ".%s.tmp-%ld", p->name, pid);
+  snprintf(link_tmp_name, sizeof link_tmp_name, ".latest.tmp-%ld", pid);
+  p->final = join(ctx, out_dir, p->name), p->tmp = join(ctx, out_dir, tmp_name);
+  p->latest = join(ctx, out_dir, "latest"), p->link_tmp = join(ctx, out_dir, link_tmp_name);
+  return p->final && p->tmp && p->latest && p->link_tmp ? DSC_OK : oom(ctx, out_dir);
+}
+
+static void free_paths(dsc_context *ctx, save_paths *p) {
+  free_path(ctx, p->final);
+  free_path(ctx, p->tmp);
+  free_path(ctx, p->latest);
+  free_path(ctx, p->link_tmp);
+}
+
+/* The written temporary directory becomes the step directory and `latest`
+ * points at it; then older steps are pruned. */
+static dsc_status publish(dsc_context *ctx, const char *out_dir, save_paths *p, int keep_last) {
+  const char *name = p->name, *tmp = p->tmp, *final = p->final;
+  const char *latest = p->latest, *link_tmp = p->link_tmp;
+  dsc_status st = rt_fsync_dir(ctx, tmp);
   if (st != DSC_OK) {
     remove_step_dir(ctx, tmp);
-    goto done;
+    return st;
   }
   if (rename(tmp, final) != 0) {
     if (errno != EEXIST && errno != ENOTEMPTY) {
@@ -270,11 +295,97 @@ dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_
   st = rt_fsync_dir(ctx, out_dir);
   if (st == DSC_OK && keep_last > 0) prune(ctx, out_dir, name, keep_last);
 done:
-  free_path(ctx, final);
-  free_path(ctx, tmp);
-  free_path(ctx, latest);
-  free_path(ctx, link_tmp);
   return st;
+}
+
+static dsc_status write_step_dir(dsc_context *ctx, const char *tmp, const dsc_tensor_set *model,
+                                 const dsc_tensor_set *optimizer,
+                                 const dsc_checkpoint_state *state) {
+  if (mkdir(tmp, 0777) != 0) return rt_io_error(ctx, tmp, "cannot create directory");
+  return write_step_dir_files(ctx, tmp, model, optimizer, state);
+}
+
+dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_tensor_set *model,
+                               const dsc_tensor_set *optimizer, const dsc_checkpoint_state *state,
+                               int keep_last) {
+  dsc_status st = check_save(ctx, out_dir, model, state);
+  if (st != DSC_OK) return st;
+  save_paths p;
+  memset(&p, 0, sizeof p);
+  st = make_paths(ctx, out_dir, state->step, (long)getpid(), &p);
+  if (st == DSC_OK) {
+    remove_step_dir(ctx, p.tmp); /* a leftover of a crashed save by a process with our pid */
+    st = write_step_dir(ctx, p.tmp, model, optimizer, state);
+    if (st != DSC_OK) remove_step_dir(ctx, p.tmp);
+  }
+  if (st == DSC_OK) st = publish(ctx, out_dir, &p, keep_last);
+  free_paths(ctx, &p);
+  return st;
+}
+
+/* Every rank's failure count, summed (a collective). */
+static bool all_ok(dsc_comm *comm, bool ok, int64_t tag, dsc_status *st) {
+  int32_t bad = !ok;
+  if (dsc_comm_all_reduce(comm, &bad, &bad, 1, DSC_I32, DSC_COMM_SUM, tag) != DSC_OK) {
+    *st = DSC_ERR_USER;
+    return false;
+  }
+  return bad == 0;
+}
+
+dsc_status dsc_checkpoint_save_sharded(dsc_context *ctx, dsc_comm *comm, const char *out_dir,
+                                       const dsc_tensor_set *model,
+                                       const dsc_tensor_set *optimizer,
+                                       const dsc_tensor_set *shards,
+                                       const dsc_checkpoint_state *state, int keep_last) {
+  int rank = dsc_comm_rank(comm), world = dsc_comm_world(comm);
+  int64_t tag = state ? state->step : 0;
+  /* rank 0 prepares the temporary directory under its pid's name */
+  dsc_status st = DSC_OK, cst = DSC_OK;
+  int64_t pid = (int64_t)getpid();
+  save_paths p;
+  memset(&p, 0, sizeof p);
+  if (rank == 0) {
+    st = check_save(ctx, out_dir, model, state);
+    if (st == DSC_OK) st = make_paths(ctx, out_dir, state->step, (long)pid, &p);
+    if (st == DSC_OK) {
+      remove_step_dir(ctx, p.tmp);
+      if (mkdir(p.tmp, 0777) != 0) st = rt_io_error(ctx, p.tmp, "cannot create directory");
+    }
+  }
+  if (!all_ok(comm, st == DSC_OK, tag, &cst)) {
+    if (rank != 0 && cst == DSC_OK)
+      ir_error(ctx, rt_loc(out_dir), "checkpoint: rank 0 could not prepare the step directory");
+    free_paths(ctx, &p);
+    return st != DSC_OK ? st : DSC_ERR_USER;
+  }
+  if (dsc_comm_broadcast(comm, &pid, 1, DSC_I64, 0, tag) != DSC_OK) {
+    free_paths(ctx, &p);
+    return DSC_ERR_USER;
+  }
+  if (rank != 0) st = make_paths(ctx, out_dir, state->step, (long)pid, &p);
+  /* every rank writes its chunks */
+  char file[64];
+  snprintf(file, sizeof file, "shard-%05d-of-%05d.safetensors", rank, world);
+  char *path = st == DSC_OK ? join(ctx, p.tmp, file) : NULL;
+  if (st == DSC_OK && !path) st = oom(ctx, p.tmp);
+  if (st == DSC_OK) st = dsc_safetensors_write(ctx, path, shards);
+  free_path(ctx, path);
+  bool written = all_ok(comm, st == DSC_OK, tag, &cst);
+  if (written && rank == 0) st = write_step_dir_files(ctx, p.tmp, model, optimizer, state);
+  if (written && rank == 0 && st == DSC_OK) st = publish(ctx, out_dir, &p, keep_last);
+  if (!written && rank == 0) remove_step_dir(ctx, p.tmp);
+  if (!written && st == DSC_OK && cst == DSC_OK) {
+    ir_error(ctx, rt_loc(out_dir), "checkpoint: another rank could not write its shard");
+    st = DSC_ERR_USER;
+  }
+  /* the others learn whether rank 0 published it */
+  if (written && !all_ok(comm, st == DSC_OK, tag, &cst) && st == DSC_OK) {
+    ir_error(ctx, rt_loc(out_dir), "checkpoint: rank 0 could not complete the step directory");
+    st = DSC_ERR_USER;
+  }
+  free_paths(ctx, &p);
+  return st != DSC_OK ? st : cst;
 }
 
 /* ------------------------------------------------------------------ load */
@@ -417,6 +528,112 @@ void dsc_checkpoint_free(dsc_context *ctx, dsc_checkpoint *pub) {
   ir_free(ctx, c, sizeof *c);
 }
 
+static const char *state_extra(const dsc_checkpoint_state *s, const char *key) {
+  for (int i = 0; i < s->n_extra; i++)
+    if (strcmp(s->extra[i].key, key) == 0) return s->extra[i].value;
+  return NULL;
+}
+
+/* Parses "d0xd1x..." (or "scalar") into t's dims. */
+static bool parse_dims(const char *s, dsc_type *t) {
+  t->rank = 0;
+  if (strcmp(s, "scalar") == 0) return true;
+  for (;;) {
+    char *end;
+    long long d = strtoll(s, &end, 10);
+    if (end == s || d < 1 || t->rank == DSC_MAX_RANK) return false;
+    t->dims[t->rank++] = d;
+    if (!*end) return true;
+    if (*end != 'x') return false;
+    s = end + 1;
+  }
+}
+
+/* ZeRO checkpoints: the full tensors from every rank's shard file, added to
+ * the model or optimizer set. */
+static dsc_status assemble_shards(dsc_context *ctx, dsc_checkpoint *c) {
+  const char *w = state_extra(&c->state, "zero_world");
+  if (!w) return DSC_OK;
+  char *end;
+  long long world = strtoll(w, &end, 10);
+  if (*end || world < 1 || world > 100000) {
+    ir_error(ctx, rt_loc(c->dir), "malformed checkpoint state: \"zero_world\" is '%s'", w);
+    return DSC_ERR_USER;
+  }
+  dsc_tensor_set **sh = ir_alloc(ctx, sizeof(dsc_tensor_set *) * (size_t)world);
+  if (!sh) return oom(ctx, c->dir);
+  memset(sh, 0, sizeof(dsc_tensor_set *) * (size_t)world);
+  dsc_status st = DSC_OK;
+  char *first = NULL;
+  for (long long r = 0; r < world && st == DSC_OK; r++) {
+    char file[64];
+    snprintf(file, sizeof file, "shard-%05lld-of-%05lld.safetensors", r, world);
+    char *p = join(ctx, c->dir, file);
+    if (!p) {
+      st = oom(ctx, c->dir);
+      break;
+    }
+    struct stat sb;
+    if (stat(p, &sb) != 0) {
+      ir_error(ctx, rt_loc(p), "checkpoint file is missing (the checkpoint has %lld shards)", world);
+      st = DSC_ERR_USER;
+    } else {
+      st = dsc_safetensors_read(ctx, p, &sh[r]);
+    }
+    if (r == 0) first = p;
+    else free_path(ctx, p);
+  }
+  for (int i = 0; st == DSC_OK && i < sh[0]->n; i++) {
+    const char *name = sh[0]->names[i];
+    char key[300];
+    snprintf(key, sizeof key, "full.%s", name);
+    const char *dims = dsc_tensor_set_meta(sh[0], key);
+    snprintf(key, sizeof key, "set.%s", name);
+    const char *set = dsc_tensor_set_meta(sh[0], key);
+    dsc_type full = sh[0]->tensors[i]->type;
+    int64_t s = dsc_type_numel(&full);
+    if (!dims || !set || !parse_dims(dims, &full) || sh[0]->tensors[i]->type.rank != 1 ||
+        (strcmp(set, "model") != 0 && strcmp(set, "optimizer") != 0) ||
+        dsc_type_numel(&full) > s * world || dsc_type_numel(&full) <= s * (world - 1)) {
+      ir_error(ctx, rt_loc(first), "malformed shard '%s': its full shape or set is missing or "
+               "does not fit %lld chunks", name, world);
+      st = DSC_ERR_USER;
+      break;
+    }
+    dsc_tensor *t = dsc_tensor_new(ctx, full);
+    if (!t) {
+      st = oom(ctx, c->dir);
+      break;
+    }
+    int64_t n = dsc_type_numel(&full);
+    for (long long r = 0; r < world && st == DSC_OK; r++) {
+      const dsc_tensor *chunk = dsc_tensor_set_find(sh[r], name);
+      if (!chunk || chunk->type.rank != 1 || chunk->type.dims[0] != s ||
+          chunk->type.dtype != full.dtype) {
+        ir_error(ctx, rt_loc(c->dir), "shard %lld of %lld lacks '%s' as %s[%lld]", r, world, name,
+                 dsc_dtype_name(full.dtype), (long long)s);
+        st = DSC_ERR_USER;
+        break;
+      }
+      int64_t off = r * s, k = off >= n ? 0 : n - off < s ? n - off : s;
+      if (k > 0) memcpy(t->data + off, chunk->data, sizeof(double) * (size_t)k);
+    }
+    dsc_tensor_set *dst = strcmp(set, "model") == 0 ? c->model : c->optimizer;
+    if (st != DSC_OK || dsc_tensor_set_find(dst, name) || !rt_tensor_set_append(dst, name, t)) {
+      if (st == DSC_OK) {
+        ir_error(ctx, rt_loc(c->dir), "checkpoint: '%s' is both whole and sharded, or out of memory",
+                 name);
+        st = DSC_ERR_USER;
+      }
+      dsc_tensor_free(ctx, t);
+    }
+  }
+  for (long long r = 0; r < world; r++) dsc_tensor_set_free(ctx, sh[r]);
+  free_path(ctx, first);
+  ir_free(ctx, sh, sizeof(dsc_tensor_set *) * (size_t)world);
+  return st;
+}
+
 dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
                                const dsc_tensor_spec *model_spec, int n_model,
                                const dsc_tensor_spec *optimizer_spec, int n_optimizer,
@@ -445,9 +662,10 @@ dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
   }
   if (st == DSC_OK) st = read_state(ctx, files[2], c);
   if (st == DSC_OK) st = dsc_safetensors_read(ctx, files[0], &c->pub.model);
+  if (st == DSC_OK) st = dsc_safetensors_read(ctx, files[1], &c->pub.optimizer);
+  if (st == DSC_OK) st = assemble_shards(ctx, &c->pub);
   if (st == DSC_OK && model_spec)
     st = dsc_tensor_set_check(ctx, files[0], c->pub.model, model_spec, n_model);
-  if (st == DSC_OK) st = dsc_safetensors_read(ctx, files[1], &c->pub.optimizer);
   if (st == DSC_OK && optimizer_spec)
     st = dsc_tensor_set_check(ctx, files[1], c->pub.optimizer, optimizer_spec, n_optimizer);
   for (int i = 0; i < 3; i++) free_path(ctx, files[i]);

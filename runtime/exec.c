@@ -22,6 +22,8 @@ struct dsc_exec {
   dsc_backend backend;
   dsc_params *params; /* interp: the values themselves */
   dsc_comm *comm;     /* collectives go through it (dsc_exec_set_comm); not owned */
+  dsc_trace *trace;   /* dsc_exec_set_trace; not owned */
+  int trace_pid;
 #ifdef DSC_HAVE_LLVM
   ir_arena arena; /* programs and kernels */
   int n_progs;
@@ -270,7 +272,12 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
   }
   if (e->backend == DSC_BACKEND_INTERP) {
     dsc_interp_options io = {e->comm};
-    return dsc_interp_run_with(g, e->params, inputs, n_inputs, outputs, &io);
+    int64_t t0 = e->trace ? dsc_trace_now_ns() : 0;
+    dsc_status st = dsc_interp_run_with(g, e->params, inputs, n_inputs, outputs, &io);
+    if (e->trace)
+      dsc_trace_spanf(e->trace, e->trace_pid, DSC_TRACE_COMPUTE, t0, dsc_trace_now_ns(),
+                      "%s (interpreter)", graph);
+    return st;
   }
 #ifdef DSC_HAVE_LLVM
   int gi = 0;
@@ -346,6 +353,15 @@ dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm) {
 #ifdef DSC_HAVE_LLVM
   if (e->cpu) rt_cpu_exec_set_comm(e->cpu, comm);
 #endif
+  return DSC_OK;
+}
+
+dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid) {
+#ifdef DSC_HAVE_LLVM
+  if (e->cpu && !rt_cpu_exec_set_trace(e->cpu, trace, pid)) return DSC_ERR_INTERNAL;
+#endif
+  e->trace = trace;
+  e->trace_pid = pid;
   return DSC_OK;
 }
 

@@ -29,7 +29,8 @@ typedef struct {
   int n_assign_copies;
   int64_t *prof_ns;
   int64_t runs;
-  dsc_comm_request **reqs; /* per collective id: in flight (NULL once waited) */
+  dsc_comm_request **reqs;    /* per collective id: in flight (NULL once waited) */
+  int64_t *coll_t0, *coll_t1; /* tracing: per collective id, its start and its wait's end */
 } rt_prog;
 
 struct rt_cpu_exec {
@@ -43,7 +44,9 @@ struct rt_cpu_exec {
   rt_prog *progs;
   int32_t *status; /* one per pool chunk */
   bool profiling;
-  dsc_comm *comm; /* collectives (rt_cpu_exec_set_comm); not owned */
+  dsc_comm *comm;   /* collectives (rt_cpu_exec_set_comm); not owned */
+  dsc_trace *trace; /* rt_cpu_exec_set_trace; not owned */
+  int trace_pid;
 };
 
 /* ---- creation ---- */
@@ -356,6 +359,24 @@ void rt_cpu_exec_free(rt_cpu_exec *e) {
 void *rt_cpu_exec_state(rt_cpu_exec *e) { return e->state; }
 
 void rt_cpu_exec_set_comm(rt_cpu_exec *e, dsc_comm *comm) { e->comm = comm; }
+
+bool rt_cpu_exec_set_trace(rt_cpu_exec *e, dsc_trace *trace, int pid) {
+  for (int i = 0; trace && i < e->n_progs; i++) {
+    rt_prog *rp = &e->progs[i];
+    int n = rp->p->n_collectives;
+    if (rp->coll_t0 || n <= 0) continue;
+    rp->coll_t0 = ir_arena_alloc(&e->arena, sizeof(int64_t) * (size_t)n);
+    rp->coll_t1 = ir_arena_alloc(&e->arena, sizeof(int64_t) * (size_t)n);
+    if (!rp->coll_t0 || !rp->coll_t1) {
+      rp->coll_t0 = rp->coll_t1 = NULL;
+      ir_error(e->ctx, ir_no_loc, "out of memory setting up the trace");
+      return false;
+    }
+  }
+  e->trace = trace;
+  e->trace_pid = pid;
+  return true;
+}
 
 void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on) {
   if (on && !e->profiling)
@@ -672,6 +693,108 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
   return ir_fail(err, errlen, "instruction %d: unknown kind", i);
 }
 
+static const char *coll_name(cg_coll_kind k) {
+  switch (k) {
+    case CG_COLL_ALL_REDUCE:
+      return "all_reduce";
+    case CG_COLL_REDUCE_SCATTER:
+      return "reduce_scatter";
+    case CG_COLL_ALL_GATHER:
+      return "all_gather";
+    case CG_COLL_BROADCAST:
+      return "broadcast";
+  }
+  return "collective";
+}
+
+/* Instruction i ran from t0 to t1: its trace event(s). A collective's span
+ * runs from its start to the return of its wait, the latest it can have
+ * completed (the comm API has no completion time of its own). */
+static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t t1) {
+  const cg_program *p = rp->p;
+  const cg_instr *in = &p->instrs[i];
+  dsc_trace *tr = e->trace;
+  int pid = e->trace_pid;
+  char name[200], args[160], size[32];
+  switch (in->kind) {
+    case CG_INS_LAUNCH:
+      snprintf(args, sizeof args, "{\"instr\":%d}", i);
+      dsc_trace_span(tr, pid, DSC_TRACE_COMPUTE, "kernel", t0, t1, args,
+                     p->kernels[in->kernel]->name);
+      return;
+    case CG_INS_GEMM: {
+      const cg_gemm *g = &in->gemm;
+      int64_t b = g->batch[0] * g->batch[1];
+      if (b > 1)
+        snprintf(name, sizeof name, "%s %" PRId64 "x[%" PRId64 "x%" PRId64 "x%" PRId64 "]",
+                 instr_op(in), b, g->m, g->n, g->k);
+      else
+        snprintf(name, sizeof name, "%s %" PRId64 "x%" PRId64 "x%" PRId64, instr_op(in), g->m, g->n,
+                 g->k);
+      snprintf(args, sizeof args, "{\"instr\":%d,\"flop\":%" PRId64 "}", i,
+               2 * b * g->m * g->n * g->k);
+      dsc_trace_span(tr, pid, DSC_TRACE_COMPUTE, "gemm", t0, t1, args, name);
+      return;
+    }
+    case CG_INS_EMBEDDING_GRAD:
+      snprintf(args, sizeof args, "{\"instr\":%d}", i);
+      dsc_trace_span(tr, pid, DSC_TRACE_COMPUTE, "kernel", t0, t1, args, instr_op(in));
+      return;
+    case CG_INS_COPY:
+      dsc_trace_format_bytes(size, sizeof size,
+                             in->numel * (int64_t)dsc_dtype_size(p->buffers[in->src].dtype));
+      snprintf(name, sizeof name, "copy %s", size);
+      snprintf(args, sizeof args, "{\"instr\":%d}", i);
+      dsc_trace_span(tr, pid, DSC_TRACE_COPY, "copy", t0, t1, args, name);
+      return;
+    case CG_INS_COLLECTIVE_START:
+      rp->coll_t0[in->coll.id] = t0;
+      rp->coll_t1[in->coll.id] = t1;
+      return;
+    case CG_INS_COLLECTIVE_WAIT: {
+      const cg_collective *c = &in->coll;
+      int64_t bytes = c->count * (int64_t)dsc_dtype_size(c->dtype);
+      if (c->kind == CG_COLL_ALL_GATHER) bytes *= c->world; /* what every rank ends up with */
+      dsc_trace_format_bytes(size, sizeof size, bytes);
+      snprintf(args, sizeof args,
+               "{\"bytes\":%" PRId64 ",\"id\":%d,\"tag\":%" PRId64 ",\"instr\":%d}", bytes, c->id,
+               c->tag, i);
+      snprintf(name, sizeof name, "wait %s %s", coll_name(c->kind), size);
+      dsc_trace_span(tr, pid, DSC_TRACE_WAIT, "collective", t0, t1, args, name);
+      snprintf(name, sizeof name, "%s %s", coll_name(c->kind), size);
+      dsc_trace_span(tr, pid, DSC_TRACE_COMM, "collective", rp->coll_t0[c->id], t1, args, name);
+      rp->coll_t1[c->id] = t1;
+      return;
+    }
+  }
+}
+
+/* A traced run's overlap figures: the union of its collectives' spans and
+ * the time blocked in their waits (waits never overlap: one executor thread). */
+static void trace_overlap(rt_cpu_exec *e, rt_prog *rp, int64_t wait_ns) {
+  int n = rp->p->n_collectives;
+  if (n <= 0) return;
+  /* insertion sort by start: a run has few collectives */
+  for (int a = 1; a < n; a++)
+    for (int b = a; b > 0 && rp->coll_t0[b - 1] > rp->coll_t0[b]; b--) {
+      int64_t s = rp->coll_t0[b], f = rp->coll_t1[b];
+      rp->coll_t0[b] = rp->coll_t0[b - 1], rp->coll_t1[b] = rp->coll_t1[b - 1];
+      rp->coll_t0[b - 1] = s, rp->coll_t1[b - 1] = f;
+    }
+  int64_t total = 0, lo = rp->coll_t0[0], hi = rp->coll_t1[0];
+  for (int c = 1; c < n; c++) {
+    if (rp->coll_t0[c] > hi) {
+      total += hi - lo;
+      lo = rp->coll_t0[c];
+      hi = rp->coll_t1[c];
+    } else if (rp->coll_t1[c] > hi) {
+      hi = rp->coll_t1[c];
+    }
+  }
+  total += hi - lo;
+  dsc_trace_add_overlap(e->trace, e->trace_pid, total, wait_ns, n);
+}
+
 bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outputs_out, char *err,
                      size_t errlen) {
   if (prog < 0 || prog >= e->n_progs)
@@ -686,15 +809,25 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
     memcpy(buf_ptr(e, rp, b), inputs[cb->index], (size_t)cb->numel * dsc_dtype_size(cb->dtype));
   }
   if ((p->n_collectives > 0 || p->needs_rank) && !check_comm(e, p, err, errlen)) return false;
+  bool timed = e->profiling || e->trace;
+  int64_t wait_ns = 0;
   for (int i = 0; i < p->n_instrs; i++) {
-    int64_t t0 = e->profiling ? now_ns() : 0;
+    int64_t t0 = timed ? now_ns() : 0;
     if (!run_instr(e, rp, i, err, errlen)) {
       if (p->n_collectives > 0) fail_collectives(e, rp, p->graph_name ? p->graph_name : "?", err);
       return false;
     }
-    if (e->profiling) rp->prof_ns[i] += now_ns() - t0;
+    if (timed) {
+      int64_t t1 = now_ns();
+      if (e->profiling) rp->prof_ns[i] += t1 - t0;
+      if (e->trace) {
+        trace_instr(e, rp, i, t0, t1);
+        if (p->instrs[i].kind == CG_INS_COLLECTIVE_WAIT) wait_ns += t1 - t0;
+      }
+    }
   }
   if (e->profiling) rp->runs++;
+  if (e->trace) trace_overlap(e, rp, wait_ns);
   for (int a = 0; a < rp->n_assign_copies; a++)
     memcpy(rp->assigns[a].dst, rp->assigns[a].src, rp->assigns[a].bytes);
   for (int o = 0; o < p->n_outputs; o++) {

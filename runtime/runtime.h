@@ -11,6 +11,7 @@
 #include "dsc/comm.h"
 #include "dsc/exec.h"
 #include "dsc/runtime.h"
+#include "dsc/trace.h"
 #include "ir/ir.h"
 
 #ifdef __cplusplus
@@ -127,6 +128,9 @@ typedef struct {
   ir_arena arena; /* names, arrays, metadata strings */
 } rt_tensor_set;
 rt_tensor_set *rt_tensor_set_new(dsc_context *ctx, int n, int n_meta);
+/* Adds t (owned by the set from now on) under a copy of name to a set from
+ * rt_tensor_set_new or a reader. False when out of memory. */
+bool rt_tensor_set_append(dsc_tensor_set *s, const char *name, dsc_tensor *t);
 
 /* ======================= runtime/checkpoint.c ======================= */
 typedef struct {
@@ -326,6 +330,13 @@ const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64
  * communicator is aborted (dsc_comm_abort) and every started collective is
  * waited, so no rank hangs and no buffer stays lent to the comm. */
 void rt_cpu_exec_set_comm(rt_cpu_exec *e, dsc_comm *comm);
+/* Chrome trace of every later run (include/dsc/trace.h) as rank pid:
+ * kernels, GEMMs and embedding gradients on the compute track, copies on
+ * the copy track, each collective on the comm track (start to the return of
+ * its wait) and each wait on the wait track, plus the run's overlap figures.
+ * NULL: off (the run loop then only tests the pointer). False when out of
+ * memory (a diagnostic). Not owned. */
+bool rt_cpu_exec_set_trace(rt_cpu_exec *e, dsc_trace *trace, int pid);
 /* The GEMM plan of instruction ins of program prog (NULL: not a GEMM). */
 const rt_gemm_plan *rt_cpu_exec_gemm_plan(const rt_cpu_exec *e, int prog, int ins);
 

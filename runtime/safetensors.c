@@ -65,6 +65,21 @@ rt_tensor_set *rt_tensor_set_new(dsc_context *ctx, int n, int n_meta) {
   return s;
 }
 
+bool rt_tensor_set_append(dsc_tensor_set *pub, const char *name, dsc_tensor *t) {
+  rt_tensor_set *s = (rt_tensor_set *)pub;
+  const char **names = ir_arena_alloc(&s->arena, sizeof(char *) * (size_t)(pub->n + 1));
+  dsc_tensor **ts = ir_arena_alloc(&s->arena, sizeof(dsc_tensor *) * (size_t)(pub->n + 1));
+  const char *copy = ir_arena_strdup(&s->arena, name);
+  if (!names || !ts || !copy) return false;
+  if (pub->n) {
+    memcpy(names, pub->names, sizeof(char *) * (size_t)pub->n);
+    memcpy(ts, pub->tensors, sizeof(dsc_tensor *) * (size_t)pub->n);
+  }
+  names[pub->n] = copy, ts[pub->n] = t;
+  pub->names = names, pub->tensors = ts, pub->n++;
+  return true;
+}
+
 void dsc_tensor_set_free(dsc_context *ctx, dsc_tensor_set *pub) {
   if (!pub) return;
   rt_tensor_set *s = (rt_tensor_set *)pub;

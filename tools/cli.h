@@ -20,6 +20,9 @@ typedef struct {
 void cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_exit_code(dsc_status st);
 bool cli_parse_i64(const char *s, int64_t *out);
+/* A byte count: a number with an optional K, M or G (powers of 1024; KB, KiB,
+ * MB, MiB, ... all accepted), e.g. 0, 4096, 25MB, 1.5GiB. */
+bool cli_parse_bytes(const char *s, int64_t *out);
 char *cli_read_file(const char *path, size_t *len);
 dsc_status cli_load_module(dsc_context *ctx, const char *path, const cli_dims *dims,
                            dsc_module **out);
@@ -33,5 +36,8 @@ int cli_data(int argc, char **argv);
 int cli_train(int argc, char **argv);
 int cli_sample(int argc, char **argv);
 int cli_compile(int argc, char **argv);
+int cli_plan(int argc, char **argv);
+int cli_launch(int argc, char **argv);
+int cli_export(int argc, char **argv);
 
 #endif

@@ -6,7 +6,8 @@
 static const char dump_help[] =
     "usage: dsc dump FILE [--dot] [-o OUT] [--batch B] [--seq T] [--dim NAME=V]\n"
     "                [--after PASS | --print-after-all] [--grad-accum K] [--verify]\n"
-    "                [--precision f32|bf16|fp16]\n"
+    "                [--precision f32|bf16|fp16] [--world N] [--zero-stage S]\n"
+    "                [--bucket-bytes N] [--prefetch-bytes N] [--persist-threshold N]\n"
     "       dsc dump --list-passes\n"
     "\n"
     "Prints the IR of FILE: a model file (.dsm) is compiled first; a text IR file\n"
@@ -18,14 +19,20 @@ static const char dump_help[] =
     "(--after optimizer: the whole training step); --print-after-all prints it\n"
     "after every pass. The train settings come from the model's train section;\n"
     "--grad-accum overrides its grad_accum, --precision its precision (mixed\n"
-    "precision: bf16 or fp16 compute with f32 master weights). --verify checks the\n"
+    "precision: bf16 or fp16 compute with f32 master weights). --world and\n"
+    "--zero-stage give one rank's program of N ranks at that ZeRO stage (see\n"
+    "dsc train --help for the other three). --verify checks the\n"
     "IR after each pass. --list-passes lists the passes in pipeline order.\n";
 
 /* Runs the pipeline as the flags ask; the train settings come from the
  * model's train section, with --batch/--seq/--grad-accum on top. */
+typedef struct {
+  int64_t world, stage, bucket, prefetch, persist; /* -1: the model's */
+} dump_zero;
+
 static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_accum,
-                             const char *precision, const char *after, bool print_all, bool verify,
-                             FILE *out) {
+                             const char *precision, const dump_zero *z, const char *after,
+                             bool print_all, bool verify, FILE *out) {
   dsc_train_config cfg;
   dsc_status st = dsc_train_config_from_module(m, &cfg);
   if (st != DSC_OK) return st;
@@ -35,6 +42,11 @@ static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_a
   }
   if (grad_accum > 0) cfg.grad_accum = grad_accum;
   if (precision) dsc_precision_from_name(precision, &cfg.precision); /* checked by the caller */
+  if (z->world > 0) cfg.world = z->world;
+  if (z->stage >= 0) cfg.zero.stage = z->stage;
+  if (z->bucket >= 0) cfg.zero.bucket_bytes = z->bucket;
+  if (z->prefetch >= 0) cfg.zero.prefetch_bytes = z->prefetch;
+  if (z->persist >= 0) cfg.zero.persist_threshold = z->persist;
   dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
   return dsc_run_pipeline(m, &po);
 }
@@ -45,6 +57,7 @@ int cli_dump(int argc, char **argv) {
   dsc_precision prec;
   bool dot = false, print_all = false, verify = false;
   int64_t grad_accum = 0;
+  dump_zero z = {-1, -1, -1, -1, -1};
   cli_dims dims = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -80,6 +93,23 @@ int cli_dump(int argc, char **argv) {
                                i + 1 < argc ? argv[i + 1] : ""),
                CLI_EXIT_USER;
       precision = argv[++i];
+    } else if (strcmp(argv[i], "--world") == 0 || strcmp(argv[i], "--zero-stage") == 0 ||
+               strcmp(argv[i], "--persist-threshold") == 0) {
+      const char *a = argv[i];
+      int64_t v = -1, max = a[2] == 'w' ? 1 << 20 : a[2] == 'z' ? 3 : INT64_MAX;
+      if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &v) || v < (a[2] == 'w') || v > max)
+        return cli_usage_error("dump", "%s: '%s' is out of range", a, i + 1 < argc ? argv[i + 1] : ""),
+               CLI_EXIT_USER;
+      *(a[2] == 'w' ? &z.world : a[2] == 'z' ? &z.stage : &z.persist) = v;
+      i++;
+    } else if (strcmp(argv[i], "--bucket-bytes") == 0 || strcmp(argv[i], "--prefetch-bytes") == 0) {
+      const char *a = argv[i];
+      int64_t v;
+      if (i + 1 >= argc || !cli_parse_bytes(argv[i + 1], &v))
+        return cli_usage_error("dump", "%s needs a byte count such as 0, 4096 or 25MB", a),
+               CLI_EXIT_USER;
+      *(a[2] == 'b' ? &z.bucket : &z.prefetch) = v;
+      i++;
     } else if (strcmp(argv[i], "-o") == 0) {
       if (i + 1 >= argc) return cli_usage_error("dump", "-o needs a file"), CLI_EXIT_USER;
       out_path = argv[++i];
@@ -108,7 +138,7 @@ int cli_dump(int argc, char **argv) {
       st = DSC_ERR_USER;
     } else {
       if (after || print_all || verify)
-        st = run_passes(m, &dims, grad_accum, precision, after, print_all, verify, out);
+        st = run_passes(m, &dims, grad_accum, precision, &z, after, print_all, verify, out);
       if (st == DSC_OK && !print_all)
         st = dot ? dsc_module_print_dot(m, out) : dsc_module_print(m, out);
       if (fflush(out) != 0 || ferror(out)) {

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "tools/cli.h"
@@ -19,6 +20,33 @@ static int64_t mpi_env_world(void) {
     if (v && cli_parse_i64(v, &n) && n > 0) return n;
   }
   return 0;
+}
+
+/* This process's rank under mpirun (0 when not started by one). */
+static int64_t mpi_env_rank(void) {
+  const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    int64_t r;
+    const char *v = getenv(vars[i]);
+    if (v && cli_parse_i64(v, &r) && r >= 0) return r;
+  }
+  return 0;
+}
+
+/* The one line a traced run ends with: the share of communication hidden
+ * behind compute (include/dsc/trace.h; bench/trace_overlap.py). */
+static void print_trace_line(const char *path, int64_t mpi_world, const dsc_trace_overlap *o) {
+  printf("trace: %s", path);
+  if (mpi_world == 2) printf(" (+ %s.rank1)", path);
+  if (mpi_world > 2) printf(" (+ %s.rank1 .. %s.rank%" PRId64 ")", path, path, mpi_world - 1);
+  double h = dsc_trace_hidden_share(o);
+  if (h < 0)
+    printf(": no collectives traced (one rank, or the interp backend)\n");
+  else
+    printf(": communication hidden behind compute %.1f%% (blocked %.3f ms of %.3f ms in %" PRId64
+           " collectives, summed over %d ranks)\n",
+           100 * h, o->wait_s * 1e3, o->comm_s * 1e3, o->collectives, o->ranks);
+  fflush(stdout);
 }
 
 static const char train_help[] =
@@ -46,6 +74,10 @@ static const char train_help[] =
     "                    oneDNN GEMMs; the default where built) or cuda\n"
     "  --threads N       cpu backend threads (default: one per core)\n"
     "  --profile         time every instruction of the step; print the slowest at the end\n"
+    "  --trace FILE      write a Chrome trace (Perfetto, chrome://tracing) of the run:\n"
+    "                    tracks step, compute, comm, wait and copy per rank (pid = rank);\n"
+    "                    ends with the share of communication hidden behind compute.\n"
+    "                    Under mpirun rank R > 0 writes FILE.rankR (docs/training.md)\n"
     "  --out DIR         checkpoints DIR/step-NNNNNN (newest: DIR/latest) and\n"
     "                    DIR/metrics.jsonl (the run's JSON lines)\n"
     "  --save-every N    checkpoint every N steps (and always at the end; 0: end only)\n"
@@ -129,25 +161,29 @@ static bool on_step(void *ud, const dsc_train_progress *p) {
   return true;
 }
 
+/* Planned against measured memory (cpu backend; tests/cli/plan.sh checks
+ * them). The RSS growth is the process's: with --ranks N every rank's
+ * executor is in it. */
+static void print_memory(const dsc_trainer_info *info) {
+  if (info->mem_planned <= 0 || info->mem_rss_growth == 0) return;
+  const double mib = 1024.0 * 1024.0;
+  printf("memory: planned %.1f MiB (dsc plan: arenas + GEMM scratch per rank), measured ",
+         (double)info->mem_planned / mib);
+  if (info->mem_rss_growth < 0)
+    printf("n/a");
+  else
+    printf("%.1f MiB (RSS growth over executor creation and first step%s)",
+           (double)info->mem_rss_growth / mib, info->world > 1 ? ", this process" : "");
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    printf(", peak RSS %.1f MiB", (double)ru.ru_maxrss / 1024.0);
+  putchar('\n');
+}
+
 /* Flag value parsers; false with a usage message. */
-/* A byte count: digits with an optional K, M, G (powers of 1024; KB, MiB,
- * ... spelled any of the usual ways). */
+/* A byte count (cli_parse_bytes) as the next argument. */
 static bool want_bytes(int argc, char **argv, int *i, int64_t *out) {
-  if (*i + 1 >= argc) return false;
-  const char *s = argv[++*i];
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (end == s || errno || !(v >= 0)) return false;
-  double unit = 1;
-  if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
-  else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
-  else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
-  if (unit > 1 && *end == 'i') end++;
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end || v * unit > 9.0e15) return false;
-  *out = (int64_t)(v * unit);
-  return true;
+  return *i + 1 < argc && cli_parse_bytes(argv[++*i], out);
 }
 
 static bool want_i64(int argc, char **argv, int *i, int64_t min, int64_t *out) {
@@ -238,6 +274,7 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
     if (!isnan(sum.best_val_loss)) printf(", best val loss %.4f", sum.best_val_loss);
     putchar('\n');
     if (sum.last_checkpoint) printf("checkpoint: %s\n", sum.last_checkpoint);
+    print_memory(info);
   }
   if (sum.stopped && stop_signal) {
     if (lead)
@@ -263,6 +300,7 @@ int cli_train(int argc, char **argv) {
   o.save_every = o.eval_every = -1;
   bool quiet = false;
   int64_t ranks = 0;
+  const char *trace_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int64_t v;
@@ -352,6 +390,8 @@ int cli_train(int argc, char **argv) {
         return cli_usage_error("train", "--persist-threshold needs a number of elements (>= 0)"),
                CLI_EXIT_USER;
       o.has_persist_threshold = true;
+    } else if (strcmp(a, "--trace") == 0) {
+      ok = want_str(argc, argv, &i, &trace_path);
     } else if (strcmp(a, "--profile") == 0) {
       o.profile = true;
     } else if (strcmp(a, "--quiet") == 0) {
@@ -386,20 +426,42 @@ int cli_train(int argc, char **argv) {
     return CLI_EXIT_USER;
   }
 
+  /* The trace file exists and is writable before anything is compiled:
+   * rank 0's is FILE, rank R's under mpirun FILE.rankR. */
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  dsc_trace *trace = NULL;
+  if (trace_path) {
+    int64_t r = mpi_world > 1 ? mpi_env_rank() : 0;
+    char *p = malloc(strlen(trace_path) + 32);
+    if (!p) return dsc_context_free(ctx), fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+    if (r > 0)
+      sprintf(p, "%s.rank%" PRId64, trace_path, r);
+    else
+      strcpy(p, trace_path);
+    dsc_status tst = dsc_trace_open(ctx, p, &trace);
+    free(p);
+    if (tst != DSC_OK) {
+      dsc_diag_print(ctx, stderr);
+      dsc_context_free(ctx);
+      return cli_exit_code(tst);
+    }
+    o.trace = trace;
+  }
   train_job job = {o, quiet, NULL, CLI_EXIT_OK};
   struct sigaction sa, old_int, old_term;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  dsc_context *ctx = dsc_context_new(NULL, NULL);
-  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   int code;
+  dsc_trace_overlap ov;
   if (mpi_world > 1) {
     /* One rank per process: rank 0 reports; any failure ends the job. */
     dsc_comm *comm = NULL;
     dsc_status st = dsc_comm_mpi_new(ctx, &comm);
     if (st != DSC_OK) {
       dsc_diag_print(ctx, stderr);
+      dsc_trace_close(trace);
       dsc_context_free(ctx);
       return cli_exit_code(st);
     }
@@ -411,12 +473,26 @@ int cli_train(int argc, char **argv) {
     if (st != DSC_OK) {
       dsc_diag_print(ctx, stderr);
       fflush(stderr);
+      dsc_trace_close(trace); /* a valid file before MPI_Abort ends the process */
+      trace = NULL;
       char why[160];
       snprintf(why, sizeof why, "dsc train failed on rank %d (exit %d)", dsc_comm_rank(comm),
                cli_exit_code(st));
       dsc_comm_abort(comm, why); /* ends every process of the job */
     }
     code = job.code;
+    if (trace) {
+      /* every rank traced its own file: rank 0 prints the sums */
+      dsc_trace_get_overlap(trace, &ov);
+      double v[3] = {ov.comm_s, ov.wait_s, (double)ov.collectives};
+      if (dsc_comm_all_reduce(comm, v, v, 3, DSC_F64, DSC_COMM_SUM, 0) == DSC_OK) {
+        ov.comm_s = v[0], ov.wait_s = v[1], ov.collectives = (int64_t)v[2];
+        ov.ranks = dsc_comm_world(comm);
+        if (dsc_comm_rank(comm) == 0 && !quiet) print_trace_line(trace_path, mpi_world, &ov);
+      } else {
+        dsc_diag_print(ctx, stderr);
+      }
+    }
     dsc_comm_free(comm);
   } else if (ranks > 1) {
     sigaction(SIGINT, &sa, &old_int);
@@ -426,6 +502,8 @@ int cli_train(int argc, char **argv) {
     sigaction(SIGTERM, &old_term, NULL);
     dsc_diag_print(ctx, stderr); /* the first failed rank's errors */
     code = st == DSC_OK ? job.code : cli_exit_code(st);
+    dsc_trace_get_overlap(trace, &ov);
+    if (trace && st == DSC_OK && !quiet) print_trace_line(trace_path, 0, &ov);
   } else {
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
@@ -435,6 +513,12 @@ int cli_train(int argc, char **argv) {
     sigaction(SIGTERM, &old_term, NULL);
     dsc_diag_print(ctx, stderr);
     code = st == DSC_OK ? job.code : cli_exit_code(st);
+    dsc_trace_get_overlap(trace, &ov);
+    if (trace && st == DSC_OK && !quiet) print_trace_line(trace_path, 0, &ov);
+  }
+  if (dsc_trace_close(trace) != DSC_OK) {
+    dsc_diag_print(ctx, stderr);
+    if (code == CLI_EXIT_OK) code = CLI_EXIT_USER;
   }
   dsc_context_free(ctx);
   return code;

@@ -13,6 +13,22 @@
 
 /* ---------------------------------------------------------------- common */
 
+bool cli_parse_bytes(const char *s, int64_t *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || errno || !(v >= 0)) return false;
+  double unit = 1;
+  if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+  else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
+  else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
+  if (unit > 1 && *end == 'i') end++;
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end || v * unit > 9.0e15) return false;
+  *out = (int64_t)(v * unit);
+  return true;
+}
+
 void cli_usage_error(const char *cmd, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -156,9 +172,12 @@ static const cli_command commands[] = {
     {"dump", cli_dump, "print the IR of a model file or a .dsir file (text or --dot)"},
     {"run", cli_run, "run the forward pass on random inputs (model or .dsx, any backend)"},
     {"data", cli_data, "tokenize a text file (bytes) into train/val token shards"},
+    {"plan", cli_plan, "print the memory one rank needs, by category, for ZeRO stages 0-3"},
     {"train", cli_train, "train a model on token shards, with checkpoints and resume"},
     {"compile", cli_compile, "compile a model's training step and kernels into a .dsx program"},
     {"sample", cli_sample, "generate text from a trained checkpoint"},
+    {"export", cli_export, "write a checkpoint's params (ZeRO shards consolidated) to one safetensors file"},
+    {"launch", cli_launch, "run 'dsc train' on N MPI ranks (mpirun -np N dsc train ...)"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

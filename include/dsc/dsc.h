@@ -8,6 +8,7 @@
 #include "dsc/interp.h"
 #include "dsc/ir.h"
 #include "dsc/runtime.h"
+#include "dsc/trace.h"
 #include "dsc/passes.h"
 #include "dsc/train.h"
 #include "dsc/trainer.h"

@@ -99,6 +99,14 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
  *   dtype. */
 dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm);
 
+/* Chrome trace of every later run (include/dsc/trace.h), as rank pid: the
+ * cpu backend traces each instruction (kernels, GEMMs, copies, each
+ * collective and its wait); the interpreter one compute event per graph
+ * run. NULL: off. Not owned: it must outlive the runs (or be unset).
+ * DSC_ERR_INTERNAL when out of memory. */
+typedef struct dsc_trace dsc_trace;
+dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid);
+
 /* Kernels the executor compiled, and kernels it loaded prebuilt from a
  * program (cpu backend; the interpreter has none). */
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt);

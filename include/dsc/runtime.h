@@ -14,6 +14,7 @@
 
 #include "dsc/core.h"
 #include "dsc/interp.h"
+#include "dsc/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -122,6 +123,20 @@ typedef struct {
 dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_tensor_set *model,
                                const dsc_tensor_set *optimizer, const dsc_checkpoint_state *state,
                                int keep_last);
+
+/* ZeRO: a collective over comm (every rank calls it with its own shards).
+ * Rank r writes shard-<r>-of-<N>.safetensors from `shards` (its chunks, [S]
+ * each, named as the params, with metadata "full.<name>" = "d0xd1..." and
+ * "set.<name>" = "model" | "optimizer"); rank 0 also writes model and
+ * optimizer (the tensors that are not sharded) and state (which must carry
+ * "zero_world" = N), then publishes the step as dsc_checkpoint_save does.
+ * Every rank returns the outcome. dsc_checkpoint_load assembles the full
+ * tensors, so nothing downstream sees the shards. */
+dsc_status dsc_checkpoint_save_sharded(dsc_context *ctx, dsc_comm *comm, const char *out_dir,
+                                       const dsc_tensor_set *model,
+                                       const dsc_tensor_set *optimizer,
+                                       const dsc_tensor_set *shards,
+                                       const dsc_checkpoint_state *state, int keep_last);
 
 typedef struct {
   const char *dir; /* the step directory that was read */

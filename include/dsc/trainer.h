@@ -22,6 +22,7 @@
 #include "dsc/interp.h"
 #include "dsc/ir.h"
 #include "dsc/train.h"
+#include "dsc/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +70,12 @@ typedef struct {
    * (pass "schedule" and stage 3), each where its has_ flag is set */
   bool has_prefetch_bytes, has_bucket_bytes, has_persist_threshold;
   int64_t prefetch_bytes, bucket_bytes, persist_threshold;
+  /* Chrome trace (include/dsc/trace.h) of this rank (pid = rank): the
+   * executors' events plus a span per step (step track), data loading and
+   * checkpoint writes (copy track), validation (step track) and the
+   * trainer's own stop-flag all-reduce (comm track, category "control").
+   * NULL: off. Not owned; it must outlive the trainer. */
+  dsc_trace *trace;
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;
@@ -88,6 +95,11 @@ typedef struct {
   int kernels_prebuilt;     /* kernels loaded from the .dsx instead */
   int rank, world;          /* data parallelism: this trainer's rank of world (0 of 1) */
   int64_t global_batch;     /* sequences per step: batch x grad_accum x world */
+  /* Memory (cpu backend; 0 otherwise): the plan's peak (dsc plan: STATE +
+   * WORK arenas + GEMM scratch of the step) and the process's RSS growth
+   * over creating the step executor plus its first step (-1: unknown), the
+   * part the plan predicts; set once the first step has run. */
+  int64_t mem_planned, mem_rss_growth;
 } dsc_trainer_info;
 
 /* One finished optimizer step. step counts completed steps (1..steps), as
@@ -127,7 +139,9 @@ const dsc_params *dsc_trainer_params(dsc_trainer *t);
 dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p);
 /* Mean loss over the first eval_batches batches of the validation shard. */
 dsc_status dsc_trainer_evaluate(dsc_trainer *t, double *val_loss);
-/* Checkpoint of the current step into out_dir. */
+/* Checkpoint of the current step into out_dir. With ZeRO sharding (stages
+ * 1-3 at world > 1) a collective: every rank calls it and writes its shards
+ * (dsc_checkpoint_save_sharded). */
 dsc_status dsc_trainer_save(dsc_trainer *t);
 /* ZeRO stages 1-3: gathers the full params and states from every rank's
  * shards (a collective: every rank calls it); evaluate and save read them

@@ -38,6 +38,11 @@ for ws in 1:0 2:0 4:0 2:1 4:2 2:3 4:3; do
   [ "$(grep -c '^step ' "$TMP/out")" -eq 12 ] && pass || fail "$dir: not 12 progress lines"
   [ "$w" = 1 ] || expect_grep "^batch 2 x seq 16 x grad_accum $((4 / w)) x $w ranks \\(inproc\\) = 128 tokens/step, ZeRO stage $s" "$TMP/out"
   expect_grep '^step 12/12 \| loss [0-9.]+ .* \| val [0-9.]+ \| saved' "$TMP/out"
+  if [ "$s" != 0 ]; then # each rank wrote its shards; export consolidates them
+    [ "$(ls "$TMP/$dir/latest" | grep -c '^shard-0000[0-3]-of-0000'"$w"'.safetensors$')" -eq "$w" ] &&
+      pass || fail "$dir: not $w shard files"
+    expect_exit 0 "$DSC" export "$TMP/$dir" -o "$TMP/$dir/export.safetensors"
+  fi
 done
 # ZeRO stage 3 saved at world 4 after 6 steps, resumed at world 2 stage 1:
 # the same curve as the uninterrupted run
@@ -46,6 +51,15 @@ expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 4 --zero-stage 3 --steps
 expect_exit 0 "$DSC" train --resume "$TMP/rs" --ranks 2 --zero-stage 1 --eval-batches 2 --quiet
 [ "$(wc -l <"$TMP/rs/metrics.jsonl")" -eq 12 ] && pass || fail "resumed run: not 12 metrics lines"
 ln -s "$TMP/rs" "$TMP/w2s9"
+expect_exit 0 "$DSC" export "$TMP/rs" -o "$TMP/rs/export.safetensors"
+# a ZeRO checkpoint with a shard missing or damaged is refused by name
+cp -r "$TMP/w2s3/step-000012" "$TMP/bad1" && rm "$TMP/bad1/shard-00001-of-00002.safetensors"
+expect_exit 1 "$DSC" export "$TMP/bad1" -o "$TMP/x.safetensors" &&
+  expect_grep 'shard-00001-of-00002.safetensors: error: checkpoint file is missing \(the checkpoint has 2 shards\)' "$TMP/err"
+cp -r "$TMP/w2s3/step-000012" "$TMP/bad2" && truncate -s 100 "$TMP/bad2/shard-00000-of-00002.safetensors"
+expect_exit 1 "$DSC" train --resume "$TMP/bad2" --ranks 2 --steps 14 &&
+  expect_grep 'shard-00000-of-00002.safetensors' "$TMP/err"
+[ ! -e "$TMP/x.safetensors" ] && pass || fail "export wrote a file from a damaged checkpoint"
 python3 - "$TMP" <<'PY' && pass || fail "world 1, 2, 4 differ"
 import json, struct, sys
 root = sys.argv[1]
@@ -70,7 +84,9 @@ for w in (2, 4, "2s1", "4s2", "2s3", "4s3", "2s9"):  # 2s9: stage 3 at 4 ranks r
         assert ("val_loss" in a) == ("val_loss" in b)
         if "val_loss" in a:
             assert abs(a["val_loss"] - b["val_loss"]) <= 1e-5 * abs(b["val_loss"]), (w, a, b)
-    ta = tensors(f"{root}/w{w}/latest/model.safetensors")
+    exported = f"{root}/w{w}/export.safetensors"  # ZeRO checkpoints: consolidated by dsc export
+    import os
+    ta = tensors(exported if os.path.exists(exported) else f"{root}/w{w}/latest/model.safetensors")
     tb = tensors(f"{root}/w1/latest/model.safetensors")
     assert ta.keys() == tb.keys()
     for k in tb:

@@ -1,0 +1,137 @@
+/* dsc_plan_memory (include/dsc/memplan.h): the modules `dsc train` builds
+ * (driver/train.c's drv_compile_step and drv_build_graphs, the same
+ * settings), lowered and read by codegen/memplan.c. Nothing is allocated for
+ * the model's values and nothing runs, so a plan for 64 ranks of GPT-2 takes
+ * the time of one compile on any machine. */
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "driver/driver.h"
+#include "dsc/memplan.h"
+
+static int64_t sgemm_scratch(const cg_gemm *g) { return rt_sgemm_scratch_floats(g); }
+
+int drv_default_threads(int threads) {
+  if (threads > 0) return threads;
+  long n = sysconf(_SC_NPROCESSORS_ONLN); /* runtime/exec.c's default */
+  return n < 1 ? 1 : (int)n;
+}
+
+dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out) {
+  const dsc_graph *g = dsc_module_find_graph(m, "train_step");
+  if (!g) {
+    ir_error(ctx, ir_no_loc, "memory plan: the module has no graph 'train_step'");
+    return DSC_ERR_INTERNAL;
+  }
+  ir_arena a;
+  ir_arena_init(&a, ctx);
+  cg_memplan_options o = {drv_default_threads(threads), NULL};
+#ifdef DSC_HAVE_LLVM
+  if (rt_sgemm_supported()) o.gemm_scratch_floats = sgemm_scratch; /* runtime/gemm_cpu.c */
+#else
+  (void)sgemm_scratch;
+#endif
+  dsc_status st = cg_memplan_graph(g, &a, &o, out, NULL);
+  ir_arena_release(&a);
+  return st;
+}
+
+static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_module **m,
+                             dsc_memory_plan *out) {
+  if (!o->model_path) {
+    ir_error(ctx, ir_no_loc, "plan: a model file is required");
+    return DSC_ERR_USER;
+  }
+  if (drv_is_program(o->model_path)) {
+    ir_error(ctx, rt_loc(o->model_path),
+             "is a compiled program (.dsx); dsc plan takes the model file (.dsm)");
+    return DSC_ERR_USER;
+  }
+  int64_t world = o->world > 1 ? o->world : 1;
+  if (o->batch < 0 || o->seq < 0 || o->grad_accum < 0 || o->global_batch < 0 || world > INT32_MAX) {
+    ir_error(ctx, ir_no_loc,
+             "plan: batch, seq, grad_accum and global_batch must not be negative, "
+             "world at most 2^31-1");
+    return DSC_ERR_USER;
+  }
+  if (o->has_zero_stage && (o->zero_stage < 0 || o->zero_stage > 3)) {
+    ir_error(ctx, ir_no_loc, "plan: the ZeRO stage must be 0, 1, 2 or 3, got %d", o->zero_stage);
+    return DSC_ERR_USER;
+  }
+  drv_model_facts f;
+  dsc_status st = drv_compile_step(ctx, o->model_path, o->batch, o->seq, m, &f);
+  if (st != DSC_OK) return st;
+  dsc_train_config cfg;
+  if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;
+  cfg.batch = f.B, cfg.seq = f.T;
+  if (o->grad_accum > 0) cfg.grad_accum = o->grad_accum;
+  if (o->precision && dsc_precision_from_name(o->precision, &cfg.precision) != 0) {
+    ir_error(ctx, ir_no_loc, "plan: precision '%s' is not one of f32, bf16, fp16", o->precision);
+    return DSC_ERR_USER;
+  }
+  /* as the trainer (driver/train.c): the world, the stage, grad_accum from
+   * a global batch */
+  cfg.world = world;
+  if (o->has_zero_stage) cfg.zero.stage = o->zero_stage;
+  if (o->global_batch > 0) cfg.global_batch = o->global_batch;
+  if (cfg.global_batch > 0) {
+    int64_t per = f.B * world;
+    if (cfg.global_batch % per != 0 ||
+        (o->grad_accum > 0 && o->grad_accum != cfg.global_batch / per)) {
+      ir_error(ctx, ir_no_loc,
+               "plan: the global batch of %" PRId64 " sequences is not batch %" PRId64
+               " x grad_accum x world %" PRId64 " (give one of --grad-accum and --global-batch)",
+               cfg.global_batch, f.B, world);
+      return DSC_ERR_USER;
+    }
+    cfg.grad_accum = cfg.global_batch / per;
+  }
+  if (f.B > INT64_MAX / cfg.grad_accum) {
+    ir_error(ctx, ir_no_loc, "plan: batch * grad_accum overflows");
+    return DSC_ERR_USER;
+  }
+  if ((st = drv_build_graphs(ctx, o->model_path, *m, &cfg, DSC_BACKEND_CPU, false, NULL)) !=
+          DSC_OK ||
+      (st = drv_check_step(ctx, *m, f.B * cfg.grad_accum, f.T)) != DSC_OK)
+    return st;
+  cg_memplan p;
+  if ((st = drv_plan_step(ctx, *m, o->threads, &p)) != DSC_OK) return st;
+  out->rank = (dsc_plan_figures){p.bytes[CG_MEM_PARAMS],
+                                 p.bytes[CG_MEM_GRADS],
+                                 p.bytes[CG_MEM_OPTIMIZER],
+                                 p.bytes[CG_MEM_ACTIVATIONS],
+                                 p.bytes[CG_MEM_WORKSPACE],
+                                 p.bytes[CG_MEM_COMM],
+                                 p.peak};
+  out->param_count = p.param_count;
+  out->grads_held = p.grads_held;
+  out->world = world;
+  out->stage = cfg.zero.stage;
+  out->precision = cfg.precision;
+  out->optimizer = cfg.opt.kind;
+  out->k_bytes = cfg.opt.kind == DSC_OPT_ADAMW ? 8
+                 : cfg.opt.kind == DSC_OPT_SGD ? (cfg.opt.momentum > 0 ? 4 : 0)
+                                               : -1;
+  out->batch = cfg.batch, out->seq = cfg.seq, out->grad_accum = cfg.grad_accum;
+  out->state_arena = p.state_arena, out->work_arena = p.work_arena;
+  out->gemm_scratch = p.gemm_scratch, out->padding = p.padding;
+  out->threads = drv_default_threads(o->threads);
+  out->peak_instr = p.peak_instr, out->n_instrs = p.n_instrs;
+  out->sharded = p.sharded;
+  int64_t ranks[2] = {0, world - 1};
+  for (int i = 0; i < 2; i++) {
+    out->pad_params[i] = cg_memplan_shard_padding(*m, ranks[i], false);
+    out->pad_states[i] = cg_memplan_shard_padding(*m, ranks[i], true);
+  }
+  return DSC_OK;
+}
+
+dsc_status dsc_plan_memory(dsc_context *ctx, const dsc_plan_options *o, dsc_memory_plan *out) {
+  memset(out, 0, sizeof *out);
+  dsc_module *m = NULL;
+  dsc_status st = plan_inner(ctx, o, &m, out);
+  dsc_module_free(m);
+  return st;
+}

@@ -1,0 +1,66 @@
+/* dsc public API: the memory plan of a training run (dsc plan).
+ *
+ * dsc_plan_memory builds the step graph exactly as `dsc train` would (the
+ * frontend, the training pipeline for the given world and ZeRO stage, the
+ * lowering) and reads the lowered program's arenas: the bytes one rank
+ * needs, by category, without allocating or running the model. The arenas
+ * are the ones the CPU runtime allocates (codegen/memplan.c says how, and
+ * defines the categories; docs/zero.md "Memory plan"). */
+#ifndef DSC_MEMPLAN_H
+#define DSC_MEMPLAN_H
+
+#include "dsc/core.h"
+#include "dsc/train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const char *model_path;         /* .dsm */
+  int64_t batch, seq, grad_accum; /* 0: the model's */
+  int64_t global_batch;           /* 0: not given (as dsc train --global-batch) */
+  const char *precision;          /* "f32" "bf16" "fp16"; NULL: the model's */
+  int64_t world;                  /* ranks; <= 1: one */
+  bool has_zero_stage;            /* zero_stage overrides train.zero.stage */
+  int zero_stage;
+  int threads; /* CPU threads (GEMM scratch); 0: one per core */
+} dsc_plan_options;
+
+/* One rank's bytes; params + grads + optimizer + activations + workspace +
+ * comm == peak. */
+typedef struct {
+  int64_t params, grads, optimizer, activations, workspace, comm, peak;
+} dsc_plan_figures;
+
+typedef struct {
+  dsc_plan_figures rank; /* every rank runs the same program (SPMD): the same bytes */
+  int64_t param_count;   /* Psi: trainable elements of the whole model */
+  /* the most gradient bytes live at once during the step (rank.grads is
+   * what is live at the peak): the paper's gradient term */
+  int64_t grads_held;
+  int64_t world, stage; /* as configured (at world 1 every stage runs as stage 0) */
+  dsc_precision precision;
+  dsc_optimizer_kind optimizer;
+  int k_bytes; /* the ZeRO paper's K in f32: optimizer state bytes per param (adamw 8,
+                * sgd 4 with momentum else 0); -1 when not one number (muon) */
+  int64_t batch, seq, grad_accum;
+  /* the allocations: peak = state_arena + work_arena + gemm_scratch */
+  int64_t state_arena, work_arena, gemm_scratch;
+  int64_t padding;          /* arena alignment and WORK fragmentation (inside workspace) */
+  int threads;              /* the GEMM scratch's thread count */
+  int peak_instr, n_instrs; /* where the WORK arena's live bytes peak */
+  /* sharded params/states: bytes of zero padding in rank 0's and the last
+   * rank's shards (inside params and optimizer) */
+  bool sharded;
+  int64_t pad_params[2], pad_states[2];
+} dsc_memory_plan;
+
+/* Every problem (no file, bad model, a stage the pipeline refuses) is a
+ * diagnostic on ctx. */
+dsc_status dsc_plan_memory(dsc_context *ctx, const dsc_plan_options *o, dsc_memory_plan *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

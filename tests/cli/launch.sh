@@ -1,0 +1,78 @@
+# dsc launch -n N -- train ARGS: runs mpirun -np N <this dsc> train ARGS with
+# mpirun's exit status; bad arguments and a missing mpirun are clear errors;
+# with Open MPI it trains exactly as mpirun -np 2 dsc train does.
+source "$(dirname "$0")/lib/common.bash"
+source "$(dirname "$0")/lib/corpus.bash"
+MODEL="$SRC/examples/gpt-tiny.dsm"
+export DSC_CACHE_DIR="$TMP/kernel-cache"
+
+expect_exit 0 "$DSC" launch --help && expect_grep '^usage: dsc launch -n N ' "$TMP/out"
+expect_exit 0 "$DSC" --help && expect_grep '^  launch ' "$TMP/out"
+for bad in "-n 0 -- train" "-n x -- train" "-n 2000 -- train" "-n" "-- train" "-n 2" "-n 2 --" \
+  "-n 2 -- run m.dsm" "-n 2 --bogus -- train" "-n 2 --mpirun" "-n 2 -- train m.dsm --ranks 2"; do
+  # shellcheck disable=SC2086
+  expect_exit 1 "$DSC" launch $bad && expect_grep '^dsc launch: ' "$TMP/err"
+done
+expect_grep 'each process is a rank already' "$TMP/err"
+
+if "$DSC" launch -n 2 --dry-run -- train x 2>&1 | grep -q 'built without MPI'; then
+  expect_exit 1 "$DSC" launch -n 2 -- train x && expect_grep 'built without MPI' "$TMP/err"
+  echo "dsc built without MPI: skipped the launches"
+  finish
+  exit $?
+fi
+
+# a missing mpirun: a message, exit 1
+expect_exit 1 env PATH=/nonexistent "$DSC" launch -n 2 -- train x &&
+  expect_grep 'mpirun not found in PATH' "$TMP/err"
+expect_exit 1 "$DSC" launch -n 2 --mpirun "$TMP/nope" -- train x &&
+  expect_grep "mpirun $TMP/nope: not an executable file" "$TMP/err"
+
+# the command it runs, and the exit status passed through (a stand-in mpirun)
+cat >"$TMP/fake-mpirun" <<'SH'
+#!/bin/sh
+printf '%s\n' "$@" >"$FAKE_ARGS"
+exit "${FAKE_CODE:-0}"
+SH
+chmod +x "$TMP/fake-mpirun"
+for code in 0 3 143; do
+  FAKE_ARGS="$TMP/args" FAKE_CODE=$code "$DSC" launch -n 3 --mpirun "$TMP/fake-mpirun" -- \
+    train "$MODEL" --steps 'a b' >"$TMP/out" 2>"$TMP/err"
+  got=$?
+  [ $got -eq $code ] && pass || fail "fake mpirun exited $code, dsc launch $got"
+done
+dsc_abs=$(readlink -f "$DSC")
+printf -- '-np\n3\n%s\ntrain\n%s\n--steps\na b\n' "$dsc_abs" "$MODEL" >"$TMP/want"
+cmp -s "$TMP/want" "$TMP/args" && pass || { fail "mpirun arguments differ:"; diff "$TMP/want" "$TMP/args"; }
+# the '--' is optional; --dry-run prints the command
+expect_exit 0 "$DSC" launch -n 2 --mpirun "$TMP/fake-mpirun" --dry-run train a &&
+  expect_grep "^$TMP/fake-mpirun -np 2 $dsc_abs train a\$" "$TMP/out"
+
+if command -v mpirun >/dev/null 2>&1; then
+  export ASAN_OPTIONS=detect_leaks=0 # Open MPI's own allocations are not dsc's leaks
+  make_corpus "$TMP/corpus.txt"
+  expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
+  RUN=(--data "$TMP/c" --batch 2 --seq 16 --global-batch 8 --lr 3e-3 --steps 6)
+  expect_exit 0 "$DSC" launch -n 2 -- train "$MODEL" "${RUN[@]}" --log "$TMP/launch.jsonl" &&
+    expect_grep '^batch 2 x seq 16 x grad_accum 2 x 2 ranks \(mpi\)' "$TMP/out"
+  [ "$(grep -c '^step ' "$TMP/out")" -eq 6 ] && pass || fail "dsc launch: not 6 progress lines"
+  expect_exit 0 mpirun -np 2 --oversubscribe --allow-run-as-root "$DSC" train "$MODEL" "${RUN[@]}" \
+    --log "$TMP/mpirun.jsonl"
+  python3 - "$TMP/launch.jsonl" "$TMP/mpirun.jsonl" <<'PY' && pass || fail "dsc launch differs from mpirun"
+import json, sys
+a, b = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+assert len(a) == len(b) == 6
+for x, y in zip(a, b):
+    assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"], (x, y)
+PY
+  # a failing job's status comes back (every rank: a usage error, exit 1)
+  expect_exit 1 "$DSC" launch -n 2 -- train "$MODEL" "${RUN[@]}" --zero-stage 7 &&
+    expect_grep 'zero-stage needs 0, 1, 2 or 3' "$TMP/err"
+  # a rank failing at run time ends the job non-zero with its error
+  "$DSC" launch -n 2 -- train "$MODEL" --data "$TMP/none" >"$TMP/out" 2>"$TMP/err"
+  [ $? -ne 0 ] && pass || fail "dsc launch with missing data exited 0"
+  expect_grep 'none_train.bin: error: cannot open' "$TMP/err"
+else
+  echo "no mpirun: skipped the real launches"
+fi
+finish

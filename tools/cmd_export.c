@@ -1,0 +1,106 @@
+/* dsc export: a checkpoint's params as one safetensors file (the shards of
+ * a ZeRO checkpoint consolidated), for PyTorch, Hugging Face or llm.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+static const char export_help[] =
+    "usage: dsc export DIR -o FILE.safetensors [--dtype f32|bf16|f16] [--optimizer FILE]\n"
+    "\n"
+    "Writes the trainable params of checkpoint DIR (a step directory, or an output\n"
+    "directory: its 'latest') to one safetensors file, full tensors under the\n"
+    "model's names. A ZeRO checkpoint (stages 1-3 at several ranks: each rank\n"
+    "wrote its shards) is consolidated from every shard-*-of-*.safetensors.\n"
+    "  -o FILE           the output file (written atomically: a temporary file, then\n"
+    "                    renamed)\n"
+    "  --dtype D         store the params as f32 (default), bf16 or f16\n"
+    "  --optimizer FILE  also write the optimizer states (f32) to FILE\n";
+
+/* A copy of set s with every float tensor converted to dtype dt (values
+ * are rounded by the writer). */
+static dsc_status write_as(dsc_context *ctx, const char *path, const dsc_tensor_set *s,
+                           dsc_dtype dt, const dsc_kv *meta, int n_meta) {
+  dsc_tensor **ts = calloc((size_t)(s->n + 1), sizeof *ts);
+  if (!ts) return DSC_ERR_INTERNAL;
+  dsc_status st = DSC_OK;
+  for (int i = 0; i < s->n && st == DSC_OK; i++) {
+    dsc_type t = s->tensors[i]->type;
+    if (dsc_dtype_is_float(t.dtype)) t.dtype = dt;
+    if (!(ts[i] = dsc_tensor_new(ctx, t))) {
+      st = DSC_ERR_INTERNAL;
+      break;
+    }
+    memcpy(ts[i]->data, s->tensors[i]->data, sizeof(double) * (size_t)dsc_type_numel(&t));
+  }
+  dsc_tensor_set out = {s->n, s->names, ts, n_meta, (dsc_kv *)meta};
+  if (st == DSC_OK) st = dsc_safetensors_write(ctx, path, &out);
+  for (int i = 0; i < s->n; i++) dsc_tensor_free(ctx, ts[i]);
+  free(ts);
+  return st;
+}
+
+int cli_export(int argc, char **argv) {
+  const char *dir = NULL, *out = NULL, *opt_out = NULL, *dtype = "f32";
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    bool has_val = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(export_help, stdout);
+      return CLI_EXIT_OK;
+    } else if (strcmp(a, "-o") == 0) {
+      if (!has_val) return cli_usage_error("export", "-o needs a file"), CLI_EXIT_USER;
+      out = argv[++i];
+    } else if (strcmp(a, "--optimizer") == 0) {
+      if (!has_val) return cli_usage_error("export", "--optimizer needs a file"), CLI_EXIT_USER;
+      opt_out = argv[++i];
+    } else if (strcmp(a, "--dtype") == 0) {
+      if (!has_val) return cli_usage_error("export", "--dtype needs f32, bf16 or f16"), CLI_EXIT_USER;
+      dtype = argv[++i];
+    } else if (a[0] == '-' && a[1]) {
+      return cli_usage_error("export", "unknown option '%s'", a), CLI_EXIT_USER;
+    } else if (dir) {
+      return cli_usage_error("export", "one checkpoint at a time"), CLI_EXIT_USER;
+    } else {
+      dir = a;
+    }
+  }
+  if (!dir) return cli_usage_error("export", "missing checkpoint DIR"), CLI_EXIT_USER;
+  if (!out) return cli_usage_error("export", "missing -o FILE"), CLI_EXIT_USER;
+  dsc_dtype dt;
+  if (strcmp(dtype, "f32") == 0)
+    dt = DSC_F32;
+  else if (strcmp(dtype, "bf16") == 0)
+    dt = DSC_BF16;
+  else if (strcmp(dtype, "f16") == 0)
+    dt = DSC_F16;
+  else
+    return cli_usage_error("export", "--dtype needs f32, bf16 or f16, got '%s'", dtype),
+           CLI_EXIT_USER;
+
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  dsc_checkpoint *ck = NULL;
+  dsc_status st = dsc_checkpoint_load(ctx, dir, NULL, 0, NULL, 0, &ck);
+  if (st == DSC_OK) {
+    char step[32];
+    snprintf(step, sizeof step, "%lld", (long long)ck->state.step);
+    const char *name = NULL;
+    for (int i = 0; i < ck->state.n_extra; i++)
+      if (strcmp(ck->state.extra[i].key, "model_name") == 0) name = ck->state.extra[i].value;
+    dsc_kv meta[3] = {{"format", "pt"}, {"step", step}, {"model", name ? name : "?"}};
+    st = write_as(ctx, out, ck->model, dt, meta, 3);
+    if (st == DSC_OK && opt_out) st = write_as(ctx, opt_out, ck->optimizer, DSC_F32, meta, 3);
+    if (st == DSC_OK) {
+      int64_t n = 0;
+      for (int i = 0; i < ck->model->n; i++) n += dsc_type_numel(&ck->model->tensors[i]->type);
+      printf("%s: %d tensors, %lld params (%s) from %s (step %s)\n", out, ck->model->n,
+             (long long)n, dtype, ck->dir, step);
+    }
+  }
+  dsc_checkpoint_free(ctx, ck);
+  dsc_diag_print(ctx, stderr);
+  dsc_context_free(ctx);
+  return cli_exit_code(st);
+}

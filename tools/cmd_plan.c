@@ -1,0 +1,305 @@
+/* dsc plan: the memory one rank needs, before launching (include/dsc/memplan.h).
+ * A table of the categories for ZeRO stages 0-3 side by side with the ZeRO
+ * paper's model-state formulas, or (--json) one object for one stage. */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dsc/memplan.h"
+#include "tools/cli.h"
+
+static const char plan_help[] =
+    "usage: dsc plan MODEL.dsm [--world N] [--zero-stage S] [--json | --bytes] [options]\n"
+    "\n"
+    "Prints the memory one rank needs to train MODEL on N ranks, by category, before\n"
+    "anything runs: the step graph is built exactly as 'dsc train' builds it (same\n"
+    "pipeline and settings) and lowered; its arenas are the ones the CPU runtime\n"
+    "allocates. Nothing of the model is allocated, so any model and world plans here.\n"
+    "  params       trainable params as the rank holds them (shards when sharded)\n"
+    "  grads        the gradients the optimizer update reads, live at the peak\n"
+    "  optimizer    every optimizer state (Adam's m and v, step counters)\n"
+    "  activations  inputs and forward values kept for the backward pass, at the peak\n"
+    "  workspace    other temporaries at the peak, arena alignment and fragmentation,\n"
+    "               the GEMM packing scratch\n"
+    "  comm         collective buffers (all-reduce results, gathered params) at the peak\n"
+    "  peak         their sum: STATE arena + WORK arena + GEMM scratch\n"
+    "Without --zero-stage: a table for stages 0, 1, 2 and 3 with the ZeRO paper's\n"
+    "formulas next to the model states (params + grads + optimizer).\n"
+    "  --world N         ranks (default 1)\n"
+    "  --zero-stage S    one stage (0-3); with --json the stage of the object\n"
+    "                    (default: the model's train.zero.stage)\n"
+    "  --json            one JSON object: {\"param_count\", \"world\", \"stage\",\n"
+    "                    \"precision\", \"ranks\": [{\"rank\", \"params\", \"grads\",\n"
+    "                    \"optimizer\", \"activations\", \"workspace\", \"comm\", \"peak\"}]}\n"
+    "                    (bytes)\n"
+    "  --batch B, --seq T, --grad-accum K, --global-batch G, --precision P\n"
+    "                    as dsc train (the model's train section otherwise)\n"
+    "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"
+    "  --bytes           the table in bytes instead of KiB/MiB/GiB\n"
+    "Exit codes: 0 success, 1 bad input (model, flags), 2 internal error.\n";
+
+static bool exact_bytes; /* --bytes */
+
+static void human(char *buf, size_t n, int64_t b) {
+  const char *unit[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (b < 1024 || exact_bytes) {
+    snprintf(buf, n, "%" PRId64 " B", b);
+    return;
+  }
+  double v = (double)b / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 3) v /= 1024, u++;
+  snprintf(buf, n, "%.2f %s", v, unit[u]);
+}
+
+/* The first error of ctx, without location (a table cell's note). */
+static const char *first_error(const dsc_context *ctx) {
+  for (int i = 0; i < dsc_diag_count(ctx); i++) {
+    const dsc_diag *d = dsc_diag_get(ctx, i);
+    if (d->severity == DSC_DIAG_ERROR) return d->message;
+  }
+  return "failed";
+}
+
+/* The ZeRO paper's model-state bytes per rank at a stage: params P,
+ * grads G, optimizer K bytes per parameter in f32 (Rajbhandari et al.,
+ * section 5: Pos = (P+G)Psi + K Psi/N, Pos+g = P Psi + (G+K) Psi/N,
+ * Pos+g+p = (P+G+K) Psi/N). */
+static double zero_formula(int stage, double psi, double n, int k) {
+  double P = 4, G = 4, K = k;
+  switch (stage) {
+    case 0:
+      return (P + G + K) * psi;
+    case 1:
+      return (P + G) * psi + K * psi / n;
+    case 2:
+      return P * psi + (G + K) * psi / n;
+    default:
+      return (P + G + K) * psi / n;
+  }
+}
+
+static const char *formula_text(int stage) {
+  static const char *t[4] = {"(4+4+K)Psi", "(4+4)Psi+K*Psi/N", "4Psi+(4+K)Psi/N", "(4+4+K)Psi/N"};
+  return t[stage];
+}
+
+static void print_json(const dsc_memory_plan *p) {
+  printf("{\"param_count\": %" PRId64 ", \"world\": %" PRId64 ", \"stage\": %" PRId64
+         ", \"precision\": \"%s\", \"ranks\": [",
+         p->param_count, p->world, p->stage, dsc_precision_name(p->precision));
+  const dsc_plan_figures *f = &p->rank;
+  for (int64_t r = 0; r < p->world; r++)
+    printf("%s{\"rank\": %" PRId64 ", \"params\": %" PRId64 ", \"grads\": %" PRId64
+           ", \"optimizer\": %" PRId64 ", \"activations\": %" PRId64 ", \"workspace\": %" PRId64
+           ", \"comm\": %" PRId64 ", \"peak\": %" PRId64 "}",
+           r ? ", " : "", r, f->params, f->grads, f->optimizer, f->activations, f->workspace,
+           f->comm, f->peak);
+  printf("]}\n");
+}
+
+static void print_table(const char *model, const dsc_memory_plan *plans, const bool *ok,
+                        char errs[4][600]) {
+  const dsc_memory_plan *p0 = &plans[0];
+  char b[64];
+  printf("memory plan of %s: %" PRId64 " trainable params (Psi), world N = %" PRId64
+         ", %s, batch %" PRId64 " x seq %" PRId64 " x grad_accum %" PRId64 " per rank\n",
+         model, p0->param_count, p0->world, dsc_precision_name(p0->precision), p0->batch, p0->seq,
+         p0->grad_accum);
+  printf("bytes per rank (rank 0; every rank runs the same program and holds the same bytes%s)\n",
+         p0->world > 1 ? ", shards padded to a multiple of N" : "");
+  printf("\n%-16s", "");
+  for (int s = 0; s < 4; s++)
+    printf("%18s", s == 0 ? "stage 0" : s == 1 ? "stage 1" : s == 2 ? "stage 2" : "stage 3");
+  printf("\n");
+  struct {
+    const char *name;
+    size_t off;
+  } rows[] = {
+      {"params", offsetof(dsc_memory_plan, rank.params)},
+      {"grads", offsetof(dsc_memory_plan, rank.grads)},
+      {"optimizer", offsetof(dsc_memory_plan, rank.optimizer)},
+      {"activations", offsetof(dsc_memory_plan, rank.activations)},
+      {"workspace", offsetof(dsc_memory_plan, rank.workspace)},
+      {"comm", offsetof(dsc_memory_plan, rank.comm)},
+      {"peak", offsetof(dsc_memory_plan, rank.peak)},
+      {"  STATE arena", offsetof(dsc_memory_plan, state_arena)},
+      {"  WORK arena", offsetof(dsc_memory_plan, work_arena)},
+      {"  GEMM scratch", offsetof(dsc_memory_plan, gemm_scratch)},
+      {"grads held", offsetof(dsc_memory_plan, grads_held)},
+  };
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    printf("%-16s", rows[r].name);
+    for (int s = 0; s < 4; s++) {
+      if (!ok[s]) {
+        printf("%18s", "-");
+        continue;
+      }
+      human(b, sizeof b, *(const int64_t *)((const char *)&plans[s] + rows[r].off));
+      printf("%18s", b);
+    }
+    printf("\n");
+  }
+  /* model states against the formulas */
+  printf("%-16s", "model states");
+  for (int s = 0; s < 4; s++) {
+    if (!ok[s]) {
+      printf("%18s", "-");
+      continue;
+    }
+    const dsc_plan_figures *f = &plans[s].rank;
+    human(b, sizeof b, f->params + plans[s].grads_held + f->optimizer);
+    printf("%18s", b);
+  }
+  printf("\n");
+  int k = p0->k_bytes;
+  if (k >= 0) {
+    printf("%-16s", "  ZeRO formula");
+    for (int s = 0; s < 4; s++) printf("%18s", formula_text(s));
+    printf("\n%-16s", "");
+    for (int s = 0; s < 4; s++) {
+      human(b, sizeof b,
+            (int64_t)(zero_formula(s, (double)p0->param_count, (double)p0->world, k) + 0.5));
+      printf("%18s", b);
+    }
+    printf("\n");
+    printf("\nK = %d (optimizer state bytes per param, f32). ", k);
+    if (p0->precision != DSC_PRECISION_F32)
+      printf(
+          "In %s the paper counts (2+2+K)Psi with K = 12 (f32 master params, m, v):\n"
+          "dsc's f32 params are the master weights and its gradients are f32, so the same\n"
+          "16 bytes per param appear as (4+4+8)Psi; the %s param copies are transient\n"
+          "(activations/workspace). ",
+          dsc_precision_name(p0->precision), dsc_precision_name(p0->precision));
+    printf(
+        "grads: the gradient bytes live at the peak\n"
+        "instruction; grads held: the most live at once (all of them at the update). Model\n"
+        "states = params + grads held + optimizer; optimizer also holds the scalar states\n"
+        "(opt.step: 4 bytes).\n");
+  } else {
+    printf("\n(no ZeRO formula for this optimizer: its state bytes per param differ by param)\n");
+  }
+  for (int s = 0; s < 4; s++)
+    if (ok[s] && plans[s].sharded)
+      printf("stage %d: shard padding: rank 0 holds %" PRId64 " B of params and %" PRId64
+             " B of optimizer states as zeros, rank %" PRId64 " %" PRId64 " B and %" PRId64 " B\n",
+             s, plans[s].pad_params[0], plans[s].pad_states[0], plans[s].world - 1,
+             plans[s].pad_params[1], plans[s].pad_states[1]);
+  if (p0->gemm_scratch > 0)
+    printf("GEMM scratch: the f32 GEMMs' packing buffers for %d threads (--threads)\n",
+           p0->threads);
+  for (int s = 0; s < 4; s++)
+    if (!ok[s]) printf("stage %d: %s\n", s, errs[s]);
+  if (p0->world == 1) printf("at world 1 every stage runs as stage 0 (nothing to shard)\n");
+}
+
+int cli_plan(int argc, char **argv) {
+  dsc_plan_options o;
+  memset(&o, 0, sizeof o);
+  o.world = 1;
+  bool json = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int64_t v = 0;
+    bool has_val = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(plan_help, stdout);
+      return CLI_EXIT_OK;
+    } else if (strcmp(a, "--json") == 0) {
+      json = true;
+    } else if (strcmp(a, "--bytes") == 0) {
+      exact_bytes = true;
+    } else if (strcmp(a, "--precision") == 0) {
+      dsc_precision pr;
+      if (!has_val || dsc_precision_from_name(argv[i + 1], &pr) != 0)
+        return cli_usage_error("plan", "--precision needs one of f32, bf16, fp16"), CLI_EXIT_USER;
+      o.precision = argv[++i];
+    } else if (strcmp(a, "--world") == 0 || strcmp(a, "--zero-stage") == 0 ||
+               strcmp(a, "--batch") == 0 || strcmp(a, "--seq") == 0 ||
+               strcmp(a, "--grad-accum") == 0 || strcmp(a, "--global-batch") == 0 ||
+               strcmp(a, "--threads") == 0) {
+      bool stage = strcmp(a, "--zero-stage") == 0;
+      int64_t lo = stage ? 0 : 1;
+      int64_t hi = stage                         ? 3
+                   : strcmp(a, "--world") == 0   ? 65536
+                   : strcmp(a, "--threads") == 0 ? 1024
+                                                 : ((int64_t)1 << 40);
+      if (!has_val || !cli_parse_i64(argv[i + 1], &v) || v < lo || v > hi)
+        return cli_usage_error("plan",
+                               "%s needs an integer in [%" PRId64 ", %" PRId64 "], got '%s'", a, lo,
+                               hi, has_val ? argv[i + 1] : ""),
+               CLI_EXIT_USER;
+      i++;
+      if (strcmp(a, "--world") == 0)
+        o.world = v;
+      else if (stage)
+        o.zero_stage = (int)v, o.has_zero_stage = true;
+      else if (strcmp(a, "--batch") == 0)
+        o.batch = v;
+      else if (strcmp(a, "--seq") == 0)
+        o.seq = v;
+      else if (strcmp(a, "--grad-accum") == 0)
+        o.grad_accum = v;
+      else if (strcmp(a, "--global-batch") == 0)
+        o.global_batch = v;
+      else
+        o.threads = (int)v;
+    } else if (a[0] == '-' && a[1]) {
+      return cli_usage_error("plan", "unknown option '%s'", a), CLI_EXIT_USER;
+    } else if (o.model_path) {
+      return cli_usage_error("plan", "one model file at a time"), CLI_EXIT_USER;
+    } else {
+      o.model_path = a;
+    }
+  }
+  if (!o.model_path) return cli_usage_error("plan", "missing model file"), CLI_EXIT_USER;
+
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  int code = CLI_EXIT_OK;
+  if (json || o.has_zero_stage) {
+    dsc_memory_plan p;
+    dsc_status st = dsc_plan_memory(ctx, &o, &p);
+    dsc_diag_print(ctx, stderr);
+    if (st != DSC_OK) {
+      code = cli_exit_code(st);
+    } else if (json) {
+      print_json(&p);
+    } else {
+      /* one stage: its column alone */
+      dsc_memory_plan plans[4];
+      bool ok[4] = {false, false, false, false};
+      char errs[4][600];
+      for (int s = 0; s < 4; s++) {
+        plans[s] = p;
+        snprintf(errs[s], sizeof errs[s], "not planned (--zero-stage %d)", o.zero_stage);
+      }
+      ok[o.zero_stage] = true;
+      if (o.zero_stage != 0) plans[0] = p; /* the header's facts */
+      print_table(o.model_path, plans, ok, errs);
+    }
+  } else {
+    dsc_memory_plan plans[4];
+    bool ok[4];
+    char errs[4][600];
+    for (int s = 0; s < 4 && code == CLI_EXIT_OK; s++) {
+      dsc_plan_options so = o;
+      so.has_zero_stage = true, so.zero_stage = s;
+      dsc_diag_clear(ctx);
+      dsc_status st = dsc_plan_memory(ctx, &so, &plans[s]);
+      ok[s] = st == DSC_OK;
+      errs[s][0] = 0;
+      if (ok[s]) continue;
+      if (s == 0) { /* the model itself is at fault: say so and stop */
+        dsc_diag_print(ctx, stderr);
+        code = cli_exit_code(st);
+      } else {
+        snprintf(errs[s], sizeof errs[s], "%s", first_error(ctx));
+      }
+    }
+    if (code == CLI_EXIT_OK) print_table(o.model_path, plans, ok, errs);
+  }
+  dsc_context_free(ctx);
+  return code;
+}
