@@ -9,6 +9,8 @@
  *   of the bucket is its chunk of every member, and it starts when its last
  *   member's gradient is computed. The sums are the same element by
  *   element, so results do not change.
+ * - completes each gradient reduction while the backward goes on: its wait
+ *   right after the next reduction's start, which frees the sent gradient;
  * - starts all_gathers early (prefetch): walking the graph, the next
  *   gathers (in the order of their waits) start as soon as they fit in
  *   cfg->zero.prefetch_bytes of gathers in flight; so while one layer
@@ -129,6 +131,33 @@ static dsc_status bucket_reduce_scatters(ir_module *m, ir_graph *g, int64_t buck
   return nfx ? pass_reorder(g, n_orig, fx, nfx) : DSC_OK;
 }
 
+/* Gradient reductions complete while the backward goes on: the wait of
+ * each all_reduce / reduce_scatter moves up to right after the next one's
+ * start (one in flight while the next is issued), instead of staying right
+ * before the update. A collective's buffers belong to it until its wait, so
+ * this frees each sent (full, local) gradient early: without it every
+ * gradient would be held twice until the update. */
+static dsc_status drain_reductions(ir_module *m, ir_graph *g) {
+  sched_pair *ar, *rs;
+  int nar = find_pairs(m, g, DSC_OP_ALL_REDUCE_START, DSC_OP_ALL_REDUCE_WAIT, &ar);
+  int nrs = find_pairs(m, g, DSC_OP_REDUCE_SCATTER_START, DSC_OP_REDUCE_SCATTER_WAIT, &rs);
+  if (nar < 0 || nrs < 0) return oom(m);
+  /* all of them in start order (positions are ids) */
+  sched_pair *all = ir_arena_alloc(&m->arena, sizeof(sched_pair) * (size_t)(nar + nrs + 1));
+  pass_fixed_key *fx = ir_arena_alloc(&m->arena, sizeof(pass_fixed_key) * (size_t)(nar + nrs + 1));
+  if (!all || !fx) return oom(m);
+  int n = 0, i = 0, j = 0, nfx = 0;
+  while (i < nar || j < nrs)
+    all[n++] = j >= nrs || (i < nar && ar[i].start->id < rs[j].start->id) ? ar[i++] : rs[j++];
+  for (int k = 0; k + 1 < n; k++) {
+    sched_pair *p = &all[k];
+    int next = all[k + 1].start->id;
+    if (p->wait && p->wait->id > next + 1 && p->start->type.rank > 0) /* not the scalar loss */
+      fx[nfx++] = (pass_fixed_key){p->wait, next + 0.5 + 1e-6 * nfx};
+  }
+  return nfx ? pass_reorder(g, g->n_nodes, fx, nfx) : DSC_OK;
+}
+
 /* Each all_gather starts as soon as it fits in the prefetch budget (in the
  * order of the waits), never later than right before its wait. */
 static dsc_status prefetch_gathers(ir_module *m, ir_graph *g, int64_t budget) {
@@ -178,6 +207,7 @@ dsc_status pass_schedule_run(ir_module *m, const dsc_train_config *cfg) {
     return DSC_ERR_USER;
   }
   dsc_status st = bucket_reduce_scatters(m, g, cfg->zero.bucket_bytes);
+  if (st == DSC_OK) st = drain_reductions(m, g);
   if (st == DSC_OK) st = prefetch_gathers(m, g, cfg->zero.prefetch_bytes);
   return st;
 }
