@@ -1108,7 +1108,10 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
     dsc_trace_spanf(t->trace, t->rank, DSC_TRACE_COPY, tr0, dsc_trace_now_ns(),
                     "load batch %" PRId64, t->step + 1);
   /* Comm messages name the step ("(step 12)"). */
-  if (t->comm) dsc_graph_set_collective_tags(t->step_g, t->step + 1);
+  if (t->comm) { /* a failed collective names its step */
+    dsc_graph_set_collective_tags(t->step_g, t->step + 1);
+    dsc_exec_set_collective_tag(t->step_x, t->step + 1);
+  }
   double lr = dsc_lr_at(&t->cfg, t->step);
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};

@@ -356,6 +356,13 @@ dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm) {
   return DSC_OK;
 }
 
+void dsc_exec_set_collective_tag(dsc_exec *e, int64_t tag) {
+#ifdef DSC_HAVE_LLVM
+  if (e->cpu) rt_cpu_exec_set_tag(e->cpu, tag);
+#endif
+  (void)e, (void)tag;
+}
+
 dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid) {
 #ifdef DSC_HAVE_LLVM
   if (e->cpu && !rt_cpu_exec_set_trace(e->cpu, trace, pid)) return DSC_ERR_INTERNAL;

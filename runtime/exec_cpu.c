@@ -45,11 +45,20 @@ struct rt_cpu_exec {
   int32_t *status; /* one per pool chunk */
   bool profiling;
   dsc_comm *comm;   /* collectives (rt_cpu_exec_set_comm); not owned */
+  int64_t tag;      /* >= 0: every collective's tag (rt_cpu_exec_set_tag), else its own */
   dsc_trace *trace; /* rt_cpu_exec_set_trace; not owned */
   int trace_pid;
 };
 
 /* ---- creation ---- */
+
+/* The tag a collective travels with: the step (rt_cpu_exec_set_tag), so
+ * that a failure names it, else the one compiled into the program. */
+static int64_t coll_tag(const rt_cpu_exec *e, const cg_collective *c) {
+  return e->tag >= 0 ? e->tag : c->tag;
+}
+
+void rt_cpu_exec_set_tag(rt_cpu_exec *e, int64_t tag) { e->tag = tag; }
 
 /* Arenas of at least one huge page are aligned to 2 MiB and advised to the
  * kernel as huge-page memory (before the first touch). Why: on the KVM
@@ -304,6 +313,7 @@ rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, i
     return NULL;
   }
   memset(e, 0, sizeof *e);
+  e->tag = -1;
   e->ctx = ctx;
   ir_arena_init(&e->arena, ctx);
   e->state_bytes = state_bytes;
@@ -560,17 +570,17 @@ static bool run_collective(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t
   switch (c->kind) {
     case CG_COLL_ALL_REDUCE:
       st = dsc_comm_all_reduce_start(e->comm, src, dst, c->count, c->dtype, (dsc_comm_op)c->op,
-                                     c->tag, req);
+                                     coll_tag(e, c), req);
       break;
     case CG_COLL_REDUCE_SCATTER:
       st = dsc_comm_reduce_scatter_start(e->comm, src, dst, c->count, c->dtype,
-                                         (dsc_comm_op)c->op, c->tag, req);
+                                         (dsc_comm_op)c->op, coll_tag(e, c), req);
       break;
     case CG_COLL_ALL_GATHER:
-      st = dsc_comm_all_gather_start(e->comm, src, dst, c->count, c->dtype, c->tag, req);
+      st = dsc_comm_all_gather_start(e->comm, src, dst, c->count, c->dtype, coll_tag(e, c), req);
       break;
     case CG_COLL_BROADCAST:
-      st = dsc_comm_broadcast_start(e->comm, dst, c->count, c->dtype, c->root, c->tag, req);
+      st = dsc_comm_broadcast_start(e->comm, dst, c->count, c->dtype, c->root, coll_tag(e, c), req);
       break;
     default:
       return ir_fail(err, errlen, "instruction %d: unknown collective kind", i);
@@ -758,7 +768,7 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
       dsc_trace_format_bytes(size, sizeof size, bytes);
       snprintf(args, sizeof args,
                "{\"bytes\":%" PRId64 ",\"id\":%d,\"tag\":%" PRId64 ",\"instr\":%d}", bytes, c->id,
-               c->tag, i);
+               coll_tag(e, c), i);
       snprintf(name, sizeof name, "wait %s %s", coll_name(c->kind), size);
       dsc_trace_span(tr, pid, DSC_TRACE_WAIT, "collective", t0, t1, args, name);
       snprintf(name, sizeof name, "%s %s", coll_name(c->kind), size);

@@ -330,6 +330,8 @@ const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64
  * communicator is aborted (dsc_comm_abort) and every started collective is
  * waited, so no rank hangs and no buffer stays lent to the comm. */
 void rt_cpu_exec_set_comm(rt_cpu_exec *e, dsc_comm *comm);
+/* Every collective's tag from now on (>= 0; -1: the compiled ones). */
+void rt_cpu_exec_set_tag(rt_cpu_exec *e, int64_t tag);
 /* Chrome trace of every later run (include/dsc/trace.h) as rank pid:
  * kernels, GEMMs and embedding gradients on the compute track, copies on
  * the copy track, each collective on the comm track (start to the return of

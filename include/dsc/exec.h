@@ -98,6 +98,10 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
  *   rounded to the dtype after the wait); gather and broadcast move any
  *   dtype. */
 dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm);
+/* The tag (the step) every collective of a compiled backend carries from
+ * now on, so that a failed collective names its step; the interpreter reads
+ * the graph's tags (dsc_graph_set_collective_tags). */
+void dsc_exec_set_collective_tag(dsc_exec *e, int64_t tag);
 
 /* Chrome trace of every later run (include/dsc/trace.h), as rank pid: the
  * cpu backend traces each instruction (kernels, GEMMs, copies, each

@@ -482,6 +482,41 @@ TEST(ExecCollective, CommFailureCarriesTheCommMessage) {
   }
 }
 
+// The tag a compiled program's collectives carry is set at run time (the
+// trainer sets the step): different tags on two ranks are a mismatch, equal
+// ones run, whatever tag the program was compiled with.
+TEST(ExecCollective, CollectiveTagIsSetAtRunTime) {
+  if (!dsc_backend_available(DSC_BACKEND_CPU)) GTEST_SKIP() << "no cpu backend in this build";
+  const int world = 2;
+  for (int same = 0; same <= 1; same++) {
+    std::vector<Rank> ranks(world);
+    for (int r = 0; r < world; r++) {
+      ranks[r].m = main_module(ranks[r].ctx, world, 0);
+      ASSERT_NE(ranks[r].m, nullptr) << all_diags(ranks[r].ctx);
+      ASSERT_TRUE(make_execs(ranks[r], r, 3)) << all_diags(ranks[r].ctx);
+    }
+    std::vector<dsc_status> sts(world, DSC_OK);
+    Ctx outer;
+    run_ranks(outer.ctx, world, [&](dsc_comm *c) -> dsc_status {
+      int r = dsc_comm_rank(c);
+      dsc_comm_set_timeout(c, 30);
+      dsc_exec_set_comm(ranks[r].cpu, c);
+      dsc_exec_set_collective_tag(ranks[r].cpu, same ? 9 : 5 + r);
+      Values o;
+      return sts[r] = run(ranks[r].cpu, ranks[r], &o);
+    });
+    for (int r = 0; r < world; r++) {
+      std::string d = all_diags(ranks[r].ctx);
+      if (same) {
+        EXPECT_EQ(sts[r], DSC_OK) << d;
+      } else {
+        EXPECT_EQ(sts[r], DSC_ERR_USER);
+        EXPECT_NE(d.find("does not match across ranks"), std::string::npos) << d;
+      }
+    }
+  }
+}
+
 // Rank 1 hits an index out of range in a kernel between a start and its
 // wait: it reports that, aborts the communicator, and the other ranks fail
 // promptly naming rank 1 (no hang: the timeout is far longer than the test).
