@@ -75,6 +75,10 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
    * a global batch */
   cfg.world = world;
   if (o->has_zero_stage) cfg.zero.stage = o->zero_stage;
+  if (o->has_bucket_bytes) cfg.zero.bucket_bytes = o->bucket_bytes;
+  if (o->has_prefetch_bytes) cfg.zero.prefetch_bytes = o->prefetch_bytes;
+  if (o->has_persist_threshold) cfg.zero.persist_threshold = o->persist_threshold;
+  if (o->has_unshard_bytes) cfg.zero.unshard_bytes = o->unshard_bytes;
   if (o->global_batch > 0) cfg.global_batch = o->global_batch;
   if (cfg.global_batch > 0) {
     int64_t per = f.B * world;

@@ -645,9 +645,10 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   t->info.rank = t->rank, t->info.world = t->world;
   if ((o->has_prefetch_bytes && o->prefetch_bytes < 0) ||
       (o->has_bucket_bytes && o->bucket_bytes < 0) ||
-      (o->has_persist_threshold && o->persist_threshold < 0)) {
-    ir_error(ctx, ir_no_loc, "trainer: prefetch_bytes, bucket_bytes and persist_threshold must not "
-             "be negative");
+      (o->has_persist_threshold && o->persist_threshold < 0) ||
+      (o->has_unshard_bytes && o->unshard_bytes < 0)) {
+    ir_error(ctx, ir_no_loc, "trainer: prefetch_bytes, bucket_bytes, persist_threshold and "
+             "unshard_bytes must not be negative");
     return DSC_ERR_USER;
   }
   if (o->has_zero_stage && (o->zero_stage < 0 || o->zero_stage > 3)) {
@@ -804,6 +805,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   if (o->has_prefetch_bytes) cfg->zero.prefetch_bytes = o->prefetch_bytes;
   if (o->has_bucket_bytes) cfg->zero.bucket_bytes = o->bucket_bytes;
   if (o->has_persist_threshold) cfg->zero.persist_threshold = o->persist_threshold;
+  if (o->has_unshard_bytes) cfg->zero.unshard_bytes = o->unshard_bytes;
   if (ck_global > 0) cfg->global_batch = ck_global;
   if (o->global_batch > 0) cfg->global_batch = o->global_batch;
   if (cfg->global_batch > 0) {

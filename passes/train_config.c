@@ -279,7 +279,7 @@ static bool handled_elsewhere(const char *key) {
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (strcmp(key, keys[i]) == 0) return true;
   if (is_zero_stage(key) || strcmp(key, "train.zero.prefetch_bytes") == 0 ||
-      strcmp(key, "train.zero.bucket_bytes") == 0 ||
+      strcmp(key, "train.zero.bucket_bytes") == 0 || strcmp(key, "train.zero.unshard_bytes") == 0 ||
       strcmp(key, "train.zero.persist_threshold") == 0 ||
       strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0)
     return false;
@@ -389,6 +389,8 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
       if (r && cfg->zero.stage > 3) r = bad(ctx, key, raw, "0, 1, 2 or 3");
     } else if (strcmp(key, "train.zero.prefetch_bytes") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.prefetch_bytes);
+    } else if (strcmp(key, "train.zero.unshard_bytes") == 0) {
+      r = get_int(ctx, key, raw, v, 0, &cfg->zero.unshard_bytes);
     } else if (strcmp(key, "train.zero.bucket_bytes") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.bucket_bytes);
     } else if (strcmp(key, "train.zero.persist_threshold") == 0 ||

@@ -200,7 +200,10 @@ static dsc_status stage0(ir_module *m, ir_graph *g, int64_t world) {
  * right thing on gathered values.
  *
  * Stage 3 keeps params of at most cfg->zero.persist_threshold elements whole
- * (as stage 2 does), as DeepSpeed's stage3_param_persistence_threshold.
+ * (as stage 2 does), as DeepSpeed's stage3_param_persistence_threshold, and
+ * (selective unsharding, as DeepCompile) lets params whose full bytes fit
+ * in cfg->zero.unshard_bytes, smallest first, keep their forward gather for
+ * the backward: one gather per micro-batch instead of two.
  *
  * Stage 1: gradients are all-reduced as at stage 0; the update reads their
  * chunk. Stage 2: each gradient is reduce-scattered (x 1/N) right after it
@@ -471,34 +474,62 @@ static int cmp_int(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* Selective unsharding (DeepCompile): which sharded params keep their
+ * forward gather for the backward (one gather per micro-batch instead of
+ * two), smallest first while their full bytes fit in `budget`: the most
+ * collectives saved per byte held. */
+static bool *kept_gathered(zs *z, int64_t budget) {
+  ir_module *m = z->m;
+  bool *keep = ir_arena_alloc(&m->arena, sizeof(bool) * (size_t)(m->n_params + 1));
+  if (!keep) return NULL;
+  memset(keep, 0, sizeof(bool) * (size_t)(m->n_params + 1));
+  for (int64_t used = 0;;) {
+    int best = -1;
+    int64_t best_bytes = 0;
+    for (int p = 0; p < m->n_params; p++) {
+      if (!z->sharded[p] || m->params[p].state || keep[p]) continue;
+      int64_t b = dsc_type_numel(&z->full_type[p]) * (int64_t)dsc_dtype_size(z->full_type[p].dtype);
+      if (best < 0 || b < best_bytes) best = p, best_bytes = b;
+    }
+    if (best < 0 || used + best_bytes > budget) return keep;
+    keep[best] = true, used += best_bytes;
+  }
+}
+
 /* Stage 3: every read of a sharded param by the forward and backward
  * passes reads an all_gather, one per param and segment. */
-static bool gather_params(zs *z, ir_node *loss) {
+static bool gather_params(zs *z, ir_node *loss, int64_t unshard_bytes) {
   ir_module *m = z->m;
   ir_graph *g = z->g;
-  int cap = g->n_nodes + 1, nb = 0;
+  int cap = g->n_nodes + 1, nb = 0, nmb = 0;
   int *bounds = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)cap);
+  int *mb_bounds = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)cap);
   int *last_seg = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(m->n_params + 1));
   ir_node **last_val = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(m->n_params + 1));
-  if (!bounds || !last_seg || !last_val) return zs_oom(z), false;
+  bool *keep = kept_gathered(z, unshard_bytes);
+  if (!bounds || !mb_bounds || !last_seg || !last_val || !keep) return zs_oom(z), false;
   nb = micro_losses(loss, bounds, 0, cap);
   for (int i = 0; i < z->n_walk && nb < cap; i++) {
     ir_node *x = g->nodes[i];
     if (x->op == DSC_OP_SLICE && x->in[0]->op == DSC_OP_INPUT && ir_attr_int(x, "start") > 0)
-      bounds[nb++] = i;
+      bounds[nb++] = i, mb_bounds[nmb++] = i;
   }
   qsort(bounds, (size_t)nb, sizeof(int), cmp_int);
   for (int p = 0; p < m->n_params; p++) last_seg[p] = -1, last_val[p] = NULL;
-  int seg = 0;
+  /* segments: every param's end at each boundary; a kept one's only where
+   * the next micro-batch starts */
+  int seg_all = 0, seg_mb = 0;
   for (int i = 0; i < z->n_walk && !z->failed; i++) {
     ir_node *nd = g->nodes[i];
-    while (seg < nb && bounds[seg] < i) seg++;
+    while (seg_all < nb && bounds[seg_all] < i) seg_all++;
+    while (seg_mb < nmb && mb_bounds[seg_mb] < i) seg_mb++;
     if (!z->anc[i]) continue;
     for (int q = 0; q < nd->n_in; q++) {
       ir_node *r = nd->in[q];
       if (r->op != DSC_OP_PARAM) continue;
       int p = dsc_module_find_param(m, ir_attr_str(r, "name"));
       if (p < 0 || !z->sharded[p] || m->params[p].state) continue;
+      int seg = keep[p] ? seg_mb : seg_all;
       if (last_seg[p] != seg || !last_val[p]) {
         last_seg[p] = seg;
         last_val[p] = gather(z, dsc_param_ref(g, m->params[p].name), &z->full_type[p]);
@@ -534,7 +565,7 @@ static bool is_optimizer_state(const ir_param *pa) {
 }
 
 static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int stage,
-                               int64_t persist) {
+                               int64_t persist, int64_t unshard) {
   int n_train = 0;
   for (int p = 0; p < m->n_params; p++) n_train += !m->params[p].state;
   if (g->n_outputs < 2) return internal(m, "fewer than 2 outputs");
@@ -622,7 +653,7 @@ static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int sta
     if (p >= 0 && z.sharded[p]) set_kind(&z, x, ZK_SHARD, dsc_param_ref(g, m->params[p].name), true);
   }
   if (z.failed) return DSC_ERR_INTERNAL;
-  if (stage == 3 && !gather_params(&z, loss)) return DSC_ERR_INTERNAL;
+  if (stage == 3 && !gather_params(&z, loss, unshard)) return DSC_ERR_INTERNAL;
 
   /* the optimizer's part */
   for (int i = 0; i < nw && !z.failed; i++) {
@@ -700,7 +731,8 @@ dsc_status pass_zero_run(ir_module *m, const dsc_train_config *cfg) {
       return DSC_ERR_USER;
     }
   if (cfg->zero.stage == 0) return stage0(m, g, cfg->world);
-  return shard_stages(m, g, cfg->world, (int)cfg->zero.stage, cfg->zero.persist_threshold);
+  return shard_stages(m, g, cfg->world, (int)cfg->zero.stage, cfg->zero.persist_threshold,
+                      cfg->zero.unshard_bytes);
 }
 
 void dsc_graph_set_collective_tags(dsc_graph *g, int64_t tag) {

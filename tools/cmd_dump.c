@@ -8,6 +8,7 @@ static const char dump_help[] =
     "                [--after PASS | --print-after-all] [--grad-accum K] [--verify]\n"
     "                [--precision f32|bf16|fp16] [--world N] [--zero-stage S]\n"
     "                [--bucket-bytes N] [--prefetch-bytes N] [--persist-threshold N]\n"
+    "                [--unshard-bytes N]\n"
     "       dsc dump --list-passes\n"
     "\n"
     "Prints the IR of FILE: a model file (.dsm) is compiled first; a text IR file\n"
@@ -21,13 +22,13 @@ static const char dump_help[] =
     "--grad-accum overrides its grad_accum, --precision its precision (mixed\n"
     "precision: bf16 or fp16 compute with f32 master weights). --world and\n"
     "--zero-stage give one rank's program of N ranks at that ZeRO stage (see\n"
-    "dsc train --help for the other three). --verify checks the\n"
+    "dsc train --help for the other four). --verify checks the\n"
     "IR after each pass. --list-passes lists the passes in pipeline order.\n";
 
 /* Runs the pipeline as the flags ask; the train settings come from the
  * model's train section, with --batch/--seq/--grad-accum on top. */
 typedef struct {
-  int64_t world, stage, bucket, prefetch, persist; /* -1: the model's */
+  int64_t world, stage, bucket, prefetch, persist, unshard; /* -1: the model's */
 } dump_zero;
 
 static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_accum,
@@ -47,6 +48,7 @@ static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_a
   if (z->bucket >= 0) cfg.zero.bucket_bytes = z->bucket;
   if (z->prefetch >= 0) cfg.zero.prefetch_bytes = z->prefetch;
   if (z->persist >= 0) cfg.zero.persist_threshold = z->persist;
+  if (z->unshard >= 0) cfg.zero.unshard_bytes = z->unshard;
   dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
   return dsc_run_pipeline(m, &po);
 }
@@ -57,7 +59,7 @@ int cli_dump(int argc, char **argv) {
   dsc_precision prec;
   bool dot = false, print_all = false, verify = false;
   int64_t grad_accum = 0;
-  dump_zero z = {-1, -1, -1, -1, -1};
+  dump_zero z = {-1, -1, -1, -1, -1, -1};
   cli_dims dims = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -102,13 +104,14 @@ int cli_dump(int argc, char **argv) {
                CLI_EXIT_USER;
       *(a[2] == 'w' ? &z.world : a[2] == 'z' ? &z.stage : &z.persist) = v;
       i++;
-    } else if (strcmp(argv[i], "--bucket-bytes") == 0 || strcmp(argv[i], "--prefetch-bytes") == 0) {
+    } else if (strcmp(argv[i], "--bucket-bytes") == 0 || strcmp(argv[i], "--prefetch-bytes") == 0 ||
+               strcmp(argv[i], "--unshard-bytes") == 0) {
       const char *a = argv[i];
       int64_t v;
       if (i + 1 >= argc || !cli_parse_bytes(argv[i + 1], &v))
         return cli_usage_error("dump", "%s needs a byte count such as 0, 4096 or 25MB", a),
                CLI_EXIT_USER;
-      *(a[2] == 'b' ? &z.bucket : &z.prefetch) = v;
+      *(a[2] == 'b' ? &z.bucket : a[2] == 'p' ? &z.prefetch : &z.unshard) = v;
       i++;
     } else if (strcmp(argv[i], "-o") == 0) {
       if (i + 1 >= argc) return cli_usage_error("dump", "-o needs a file"), CLI_EXIT_USER;

@@ -35,6 +35,8 @@ static const char plan_help[] =
     "                    (bytes)\n"
     "  --batch B, --seq T, --grad-accum K, --global-batch G, --precision P\n"
     "                    as dsc train (the model's train section otherwise)\n"
+    "  --bucket-bytes N, --prefetch-bytes N, --persist-threshold N, --unshard-bytes N\n"
+    "                    the ZeRO schedule, as dsc train (they change what is live)\n"
     "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"
     "  --bytes           the table in bytes instead of KiB/MiB/GiB\n"
     "Exit codes: 0 success, 1 bad input (model, flags), 2 internal error.\n";
@@ -245,6 +247,20 @@ int cli_plan(int argc, char **argv) {
         o.global_batch = v;
       else
         o.threads = (int)v;
+    } else if (strcmp(a, "--bucket-bytes") == 0 || strcmp(a, "--prefetch-bytes") == 0 ||
+               strcmp(a, "--unshard-bytes") == 0) {
+      int64_t *dst = a[2] == 'b' ? &o.bucket_bytes : a[2] == 'p' ? &o.prefetch_bytes : &o.unshard_bytes;
+      if (!has_val || !cli_parse_bytes(argv[i + 1], dst))
+        return cli_usage_error("plan", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
+               CLI_EXIT_USER;
+      *(a[2] == 'b' ? &o.has_bucket_bytes : a[2] == 'p' ? &o.has_prefetch_bytes : &o.has_unshard_bytes) = true;
+      i++;
+    } else if (strcmp(a, "--persist-threshold") == 0) {
+      if (!has_val || !cli_parse_i64(argv[i + 1], &o.persist_threshold) || o.persist_threshold < 0)
+        return cli_usage_error("plan", "--persist-threshold needs a number of elements (>= 0)"),
+               CLI_EXIT_USER;
+      o.has_persist_threshold = true;
+      i++;
     } else if (a[0] == '-' && a[1]) {
       return cli_usage_error("plan", "unknown option '%s'", a), CLI_EXIT_USER;
     } else if (o.model_path) {

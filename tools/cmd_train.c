@@ -116,6 +116,9 @@ static const char train_help[] =
     "                    flight (train.zero.prefetch_bytes; default 64MiB)\n"
     "  --persist-threshold N  stage 3 keeps params of at most N elements whole\n"
     "                    (DeepSpeed's stage3_param_persistence_threshold; default 0)\n"
+    "  --unshard-bytes N stage 3 keeps params gathered from forward to backward\n"
+    "                    (smallest first) while their bytes fit in N (DeepCompile's\n"
+    "                    selective unsharding; train.zero.unshard_bytes; default 0)\n"
     "\n"
     "SIGINT (Ctrl-C) or SIGTERM stops after the current step, writes a checkpoint\n"
     "and exits with 130 (SIGINT) or 143 (SIGTERM), as shells report such stops.\n"
@@ -377,13 +380,14 @@ int cli_train(int argc, char **argv) {
       if (!ok) return cli_usage_error("train", "--zero-stage needs 0, 1, 2 or 3"), CLI_EXIT_USER;
       o.zero_stage = (int)v;
       o.has_zero_stage = true;
-    } else if (strcmp(a, "--prefetch-bytes") == 0 || strcmp(a, "--bucket-bytes") == 0) {
-      bool pre = a[2] == 'p';
-      ok = want_bytes(argc, argv, &i, pre ? &o.prefetch_bytes : &o.bucket_bytes);
+    } else if (strcmp(a, "--prefetch-bytes") == 0 || strcmp(a, "--bucket-bytes") == 0 ||
+               strcmp(a, "--unshard-bytes") == 0) {
+      int64_t *dst = a[2] == 'p' ? &o.prefetch_bytes : a[2] == 'b' ? &o.bucket_bytes : &o.unshard_bytes;
+      ok = want_bytes(argc, argv, &i, dst);
       if (!ok)
         return cli_usage_error("train", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
                CLI_EXIT_USER;
-      *(pre ? &o.has_prefetch_bytes : &o.has_bucket_bytes) = true;
+      *(a[2] == 'p' ? &o.has_prefetch_bytes : a[2] == 'b' ? &o.has_bucket_bytes : &o.has_unshard_bytes) = true;
     } else if (strcmp(a, "--persist-threshold") == 0) {
       ok = want_i64(argc, argv, &i, 0, &o.persist_threshold);
       if (!ok)

@@ -107,6 +107,11 @@ typedef struct {
      * (train.zero.persist_threshold, --persist-threshold; default 0: every
      * param is sharded, DeepSpeed's default is 100000). */
     int64_t persist_threshold;
+    /* stage 3, selective unsharding (DeepCompile): params whose full bytes
+     * fit in this budget, smallest first, are gathered once per micro-batch
+     * and kept for the backward instead of gathered again
+     * (train.zero.unshard_bytes, --unshard-bytes; default 0). */
+    int64_t unshard_bytes;
   } zero;
 } dsc_train_config;
 

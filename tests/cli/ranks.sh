@@ -44,6 +44,10 @@ for ws in 1:0 2:0 4:0 2:1 4:2 2:3 4:3; do
     expect_exit 0 "$DSC" export "$TMP/$dir" -o "$TMP/$dir/export.safetensors"
   fi
 done
+# selective unsharding (every param kept from forward to backward): same curve
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --zero-stage 3 --unshard-bytes 1GiB \
+  --steps 12 --out "$TMP/w2s3u" --eval-every 6 --eval-batches 2 --quiet
+expect_exit 0 "$DSC" export "$TMP/w2s3u" -o "$TMP/w2s3u/export.safetensors"
 # ZeRO stage 3 saved at world 4 after 6 steps, resumed at world 2 stage 1:
 # the same curve as the uninterrupted run
 expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 4 --zero-stage 3 --steps 12 --stop-at 6 \
@@ -76,7 +80,7 @@ def tensors(path):
 import numpy as np
 base = metrics(1)
 assert len(base) == 12 and base[0]["loss"] > 5.0 and base[-1]["loss"] < base[0]["loss"], base
-for w in (2, 4, "2s1", "4s2", "2s3", "4s3", "2s9"):  # 2s9: stage 3 at 4 ranks resumed at stage 1, 2 ranks
+for w in (2, 4, "2s1", "4s2", "2s3", "4s3", "2s9", "2s3u"):  # 2s9: stage 3 at 4 ranks resumed at stage 1, 2 ranks
     m = metrics(w)
     for a, b in zip(m, base):
         for k in ("loss", "grad_norm", "lr"):

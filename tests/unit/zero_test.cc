@@ -54,7 +54,8 @@ struct Piped {
   dsc_module *m = nullptr;
   dsc_status st = DSC_ERR_INTERNAL;
   Piped(int64_t world, int64_t stage, const char *stop = "zero",
-        dsc_precision prec = DSC_PRECISION_F32, int64_t bucket = -1, int64_t prefetch = -1) {
+        dsc_precision prec = DSC_PRECISION_F32, int64_t bucket = -1, int64_t prefetch = -1,
+        int64_t unshard = -1) {
     m = compile(c.ctx, kMlp, 4);
     if (!m) return;
     dsc_train_config cfg;
@@ -63,6 +64,7 @@ struct Piped {
     cfg.precision = prec;
     if (bucket >= 0) cfg.zero.bucket_bytes = bucket;
     if (prefetch >= 0) cfg.zero.prefetch_bytes = prefetch;
+    if (unshard >= 0) cfg.zero.unshard_bytes = unshard;
     dsc_pipeline_options po;
     memset(&po, 0, sizeof po);
     po.train = &cfg;
@@ -295,6 +297,23 @@ TEST(SchedulePass, PrefetchStartsGathersAheadWithinTheBudget) {
   ASSERT_EQ(early.st, DSC_OK) << early.c.diags();
   g = early.step();
   EXPECT_LT(first_pos(g, DSC_OP_ALL_GATHER_START, true), first_pos(g, DSC_OP_ALL_GATHER_WAIT));
+}
+
+TEST(ZeroPass, SelectiveUnshardingGathersOncePerMicroBatchWithinTheBudget) {
+  Piped twice(2, 3, "zero", DSC_PRECISION_F32, -1, -1, 0);
+  ASSERT_EQ(twice.st, DSC_OK) << twice.c.diags();
+  int n = trainable(twice.m), base = count_op(twice.step(), DSC_OP_ALL_GATHER_START);
+  // all kept: one gather per param and micro-batch (grad_accum 2)
+  Piped all(2, 3, "zero", DSC_PRECISION_F32, -1, -1, int64_t(1) << 30);
+  ASSERT_EQ(all.st, DSC_OK) << all.c.diags();
+  EXPECT_EQ(count_op(all.step(), DSC_OP_ALL_GATHER_START), 2 * n);
+  EXPECT_GT(base, 2 * n);
+  // smallest first: a budget for the biases (10 + 64 + 64 floats, which the
+  // backward does not read) and w3 (64 x 10) saves w3's backward gather in
+  // each of the 2 micro-batches; w1 and w2 are gathered again
+  Piped some(2, 3, "zero", DSC_PRECISION_F32, -1, -1, (10 + 64 + 64 + 640) * 4);
+  ASSERT_EQ(some.st, DSC_OK) << some.c.diags();
+  EXPECT_EQ(count_op(some.step(), DSC_OP_ALL_GATHER_START), base - 2);
 }
 
 TEST(ZeroPass, ShardedStagesSurviveTheWholePipelineAndFp16) {
