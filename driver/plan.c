@@ -79,6 +79,12 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   if (o->has_prefetch_bytes) cfg.zero.prefetch_bytes = o->prefetch_bytes;
   if (o->has_persist_threshold) cfg.zero.persist_threshold = o->persist_threshold;
   if (o->has_unshard_bytes) cfg.zero.unshard_bytes = o->unshard_bytes;
+  if (o->checkpoint_activations &&
+      dsc_remat_from_name(o->checkpoint_activations, &cfg.remat) != 0) {
+    ir_error(ctx, ir_no_loc, "plan: checkpoint_activations '%s' is not none or selective",
+             o->checkpoint_activations);
+    return DSC_ERR_USER;
+  }
   if (o->global_batch > 0) cfg.global_batch = o->global_batch;
   if (cfg.global_batch > 0) {
     int64_t per = f.B * world;

@@ -806,6 +806,13 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   if (o->has_bucket_bytes) cfg->zero.bucket_bytes = o->bucket_bytes;
   if (o->has_persist_threshold) cfg->zero.persist_threshold = o->persist_threshold;
   if (o->has_unshard_bytes) cfg->zero.unshard_bytes = o->unshard_bytes;
+  if (o->checkpoint_activations &&
+      dsc_remat_from_name(o->checkpoint_activations, &cfg->remat) != 0) {
+    ir_error(ctx, ir_no_loc, "trainer: checkpoint_activations '%s' is not none or selective",
+             o->checkpoint_activations);
+    st = DSC_ERR_USER;
+    goto done;
+  }
   if (ck_global > 0) cfg->global_batch = ck_global;
   if (o->global_batch > 0) cfg->global_batch = o->global_batch;
   if (cfg->global_batch > 0) {

@@ -20,6 +20,10 @@ static dsc_status run_autodiff(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_autodiff_run(m, f);
 }
 
+static dsc_status run_remat(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_remat_run(m, opts->train);
+}
+
 static dsc_status run_optimizer(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_optimizer_run(m, opts->train);
 }
@@ -57,6 +61,10 @@ static const struct {
      run_precision},
     {"autodiff", "append the backward pass to graph 'forward' (outputs: loss, gradients)",
      run_autodiff},
+    {"remat",
+     "activation checkpointing (--checkpoint-activations selective): the backward recomputes "
+     "cheap forward values (elementwise, views, norms, softmax) instead of keeping them",
+     run_remat},
     {"optimizer",
      "build graph 'train_step': micro-batches, gradient averaging and clipping, the optimizer "
      "update with its states",

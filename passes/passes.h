@@ -135,6 +135,9 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg);
  * their types. fp16 also creates state opt.loss_scale and scales the loss
  * by it. f32 (or cfg NULL): nothing changes. On error "forward" is
  * unchanged. */
+/* passes/remat.c: activation checkpointing of graph 'forward' after autodiff
+ * (cfg->remat). */
+dsc_status pass_remat_run(ir_module *m, const dsc_train_config *cfg);
 /* passes/schedule.c: buckets reduce_scatters and prefetches all_gathers of
  * graph train_step (cfg->zero.bucket_bytes, prefetch_bytes). */
 dsc_status pass_schedule_run(ir_module *m, const dsc_train_config *cfg);

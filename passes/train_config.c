@@ -275,9 +275,6 @@ static bool is_zero_stage(const char *key) {
 /* Keys other passes read (zero's other knobs, offload, remat): accepted
  * here. */
 static bool handled_elsewhere(const char *key) {
-  static const char *const keys[] = {"train.checkpoint_activations"};
-  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-    if (strcmp(key, keys[i]) == 0) return true;
   if (is_zero_stage(key) || strcmp(key, "train.zero.prefetch_bytes") == 0 ||
       strcmp(key, "train.zero.bucket_bytes") == 0 || strcmp(key, "train.zero.unshard_bytes") == 0 ||
       strcmp(key, "train.zero.persist_threshold") == 0 ||
@@ -286,6 +283,16 @@ static bool handled_elsewhere(const char *key) {
   return strncmp(key, "train.zero.", 11) == 0 ||
          strncmp(key, "train.zero_optimization.", 24) == 0 ||
          strncmp(key, "train.offload.", 14) == 0;
+}
+
+int dsc_remat_from_name(const char *name, dsc_remat_policy *out) {
+  if (strcmp(name, "none") == 0) return *out = DSC_REMAT_NONE, 0;
+  if (strcmp(name, "selective") == 0) return *out = DSC_REMAT_SELECTIVE, 0;
+  return -1;
+}
+
+const char *dsc_remat_name(dsc_remat_policy p) {
+  return p == DSC_REMAT_SELECTIVE ? "selective" : "none";
 }
 
 static void set_defaults(dsc_train_config *cfg) {
@@ -389,6 +396,9 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
       if (r && cfg->zero.stage > 3) r = bad(ctx, key, raw, "0, 1, 2 or 3");
     } else if (strcmp(key, "train.zero.prefetch_bytes") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.prefetch_bytes);
+    } else if (strcmp(k, "checkpoint_activations") == 0) {
+      r = v->kind == TV_NAME && dsc_remat_from_name(v->name, &cfg->remat) == 0;
+      if (!r) bad(ctx, key, raw, "none or selective");
     } else if (strcmp(key, "train.zero.unshard_bytes") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.unshard_bytes);
     } else if (strcmp(key, "train.zero.bucket_bytes") == 0) {

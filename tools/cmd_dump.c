@@ -8,7 +8,7 @@ static const char dump_help[] =
     "                [--after PASS | --print-after-all] [--grad-accum K] [--verify]\n"
     "                [--precision f32|bf16|fp16] [--world N] [--zero-stage S]\n"
     "                [--bucket-bytes N] [--prefetch-bytes N] [--persist-threshold N]\n"
-    "                [--unshard-bytes N]\n"
+    "                [--unshard-bytes N] [--checkpoint-activations none|selective]\n"
     "       dsc dump --list-passes\n"
     "\n"
     "Prints the IR of FILE: a model file (.dsm) is compiled first; a text IR file\n"
@@ -29,6 +29,7 @@ static const char dump_help[] =
  * model's train section, with --batch/--seq/--grad-accum on top. */
 typedef struct {
   int64_t world, stage, bucket, prefetch, persist, unshard; /* -1: the model's */
+  const char *remat;                                        /* NULL: the model's */
 } dump_zero;
 
 static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_accum,
@@ -49,6 +50,7 @@ static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_a
   if (z->prefetch >= 0) cfg.zero.prefetch_bytes = z->prefetch;
   if (z->persist >= 0) cfg.zero.persist_threshold = z->persist;
   if (z->unshard >= 0) cfg.zero.unshard_bytes = z->unshard;
+  if (z->remat) dsc_remat_from_name(z->remat, &cfg.remat); /* checked by the caller */
   dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
   return dsc_run_pipeline(m, &po);
 }
@@ -59,7 +61,7 @@ int cli_dump(int argc, char **argv) {
   dsc_precision prec;
   bool dot = false, print_all = false, verify = false;
   int64_t grad_accum = 0;
-  dump_zero z = {-1, -1, -1, -1, -1, -1};
+  dump_zero z = {-1, -1, -1, -1, -1, -1, NULL};
   cli_dims dims = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -113,6 +115,12 @@ int cli_dump(int argc, char **argv) {
                CLI_EXIT_USER;
       *(a[2] == 'b' ? &z.bucket : a[2] == 'p' ? &z.prefetch : &z.unshard) = v;
       i++;
+    } else if (strcmp(argv[i], "--checkpoint-activations") == 0) {
+      dsc_remat_policy pol;
+      if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
+        return cli_usage_error("dump", "--checkpoint-activations needs none or selective"),
+               CLI_EXIT_USER;
+      z.remat = argv[++i];
     } else if (strcmp(argv[i], "-o") == 0) {
       if (i + 1 >= argc) return cli_usage_error("dump", "-o needs a file"), CLI_EXIT_USER;
       out_path = argv[++i];

@@ -37,6 +37,7 @@ static const char plan_help[] =
     "                    as dsc train (the model's train section otherwise)\n"
     "  --bucket-bytes N, --prefetch-bytes N, --persist-threshold N, --unshard-bytes N\n"
     "                    the ZeRO schedule, as dsc train (they change what is live)\n"
+    "  --checkpoint-activations P  none or selective, as dsc train\n"
     "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"
     "  --bytes           the table in bytes instead of KiB/MiB/GiB\n"
     "Exit codes: 0 success, 1 bad input (model, flags), 2 internal error.\n";
@@ -255,6 +256,12 @@ int cli_plan(int argc, char **argv) {
                CLI_EXIT_USER;
       *(a[2] == 'b' ? &o.has_bucket_bytes : a[2] == 'p' ? &o.has_prefetch_bytes : &o.has_unshard_bytes) = true;
       i++;
+    } else if (strcmp(a, "--checkpoint-activations") == 0) {
+      dsc_remat_policy pol;
+      if (!has_val || dsc_remat_from_name(argv[i + 1], &pol) != 0)
+        return cli_usage_error("plan", "--checkpoint-activations needs none or selective"),
+               CLI_EXIT_USER;
+      o.checkpoint_activations = argv[++i];
     } else if (strcmp(a, "--persist-threshold") == 0) {
       if (!has_val || !cli_parse_i64(argv[i + 1], &o.persist_threshold) || o.persist_threshold < 0)
         return cli_usage_error("plan", "--persist-threshold needs a number of elements (>= 0)"),

@@ -116,6 +116,9 @@ static const char train_help[] =
     "                    flight (train.zero.prefetch_bytes; default 64MiB)\n"
     "  --persist-threshold N  stage 3 keeps params of at most N elements whole\n"
     "                    (DeepSpeed's stage3_param_persistence_threshold; default 0)\n"
+    "  --checkpoint-activations P  none, or selective: the backward recomputes\n"
+    "                    elementwise ops, norms and softmaxes instead of keeping them\n"
+    "                    (train.checkpoint_activations; default none)\n"
     "  --unshard-bytes N stage 3 keeps params gathered from forward to backward\n"
     "                    (smallest first) while their bytes fit in N (DeepCompile's\n"
     "                    selective unsharding; train.zero.unshard_bytes; default 0)\n"
@@ -388,6 +391,12 @@ int cli_train(int argc, char **argv) {
         return cli_usage_error("train", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
                CLI_EXIT_USER;
       *(a[2] == 'p' ? &o.has_prefetch_bytes : a[2] == 'b' ? &o.has_bucket_bytes : &o.has_unshard_bytes) = true;
+    } else if (strcmp(a, "--checkpoint-activations") == 0) {
+      dsc_remat_policy pol;
+      if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
+        return cli_usage_error("train", "--checkpoint-activations needs none or selective"),
+               CLI_EXIT_USER;
+      o.checkpoint_activations = argv[++i];
     } else if (strcmp(a, "--persist-threshold") == 0) {
       ok = want_i64(argc, argv, &i, 0, &o.persist_threshold);
       if (!ok)

@@ -27,6 +27,7 @@ typedef struct {
   /* overrides of the model's train.zero.* where the has_ flag is set (as
    * dsc train's flags of these names) */
   bool has_bucket_bytes, has_prefetch_bytes, has_persist_threshold, has_unshard_bytes;
+  const char *checkpoint_activations; /* "none" | "selective"; NULL: the model's */
   int64_t bucket_bytes, prefetch_bytes, persist_threshold, unshard_bytes;
   int threads; /* CPU threads (GEMM scratch); 0: one per core */
 } dsc_plan_options;

@@ -47,6 +47,11 @@ typedef enum {
   DSC_PRECISION_FP16, /* f16 compute, f32 master weights, dynamic loss scaling */
 } dsc_precision;
 
+typedef enum { DSC_REMAT_NONE = 0, DSC_REMAT_SELECTIVE = 1 } dsc_remat_policy;
+/* "none" / "selective" -> policy; 0 on success, -1 for another name. */
+int dsc_remat_from_name(const char *name, dsc_remat_policy *out);
+const char *dsc_remat_name(dsc_remat_policy p);
+
 typedef struct {
   int64_t batch, seq;   /* micro-batch size B and sequence length T */
   int64_t grad_accum;   /* micro-batches per optimizer step */
@@ -113,6 +118,11 @@ typedef struct {
      * (train.zero.unshard_bytes, --unshard-bytes; default 0). */
     int64_t unshard_bytes;
   } zero;
+  /* Activation checkpointing (pass "remat", train.checkpoint_activations,
+   * --checkpoint-activations): none, or selective (the backward recomputes
+   * elementwise ops, views, norms and softmaxes; matmul and attention
+   * outputs stay). Default none. */
+  dsc_remat_policy remat;
 } dsc_train_config;
 
 /* Defaults (documented in docs/training.md), then the module's train.*

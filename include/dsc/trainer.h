@@ -68,6 +68,7 @@ typedef struct {
   int zero_stage;
   /* overrides of train.zero.prefetch_bytes, bucket_bytes, persist_threshold
    * (pass "schedule" and stage 3), each where its has_ flag is set */
+  const char *checkpoint_activations; /* "none" | "selective"; NULL: the model's */
   bool has_prefetch_bytes, has_bucket_bytes, has_persist_threshold, has_unshard_bytes;
   int64_t prefetch_bytes, bucket_bytes, persist_threshold, unshard_bytes;
   /* Chrome trace (include/dsc/trace.h) of this rank (pid = rank): the

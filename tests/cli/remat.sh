@@ -1,0 +1,55 @@
+# dsc train --checkpoint-activations selective (pass "remat"): the backward
+# recomputes cheap forward values instead of keeping them. The values are the
+# same ops on the same inputs, so the interpreter's loss curve is bit for bit
+# the one without it (the cpu backend's within 1e-6: its fusion groups
+# differ); the memory plan's activations drop; the train section's key and
+# bad values.
+source "$(dirname "$0")/lib/common.bash"
+source "$(dirname "$0")/lib/corpus.bash"
+MODEL="$SRC/examples/gpt-tiny.dsm"
+export DSC_CACHE_DIR="$TMP/kernel-cache"
+
+make_corpus "$TMP/corpus.txt"
+expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
+expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/c" --checkpoint-activations all &&
+  expect_grep "needs none or selective" "$TMP/err"
+expect_exit 0 "$DSC" train --help && expect_grep '--checkpoint-activations P' "$TMP/out"
+RUN=(--data "$TMP/c" --batch 2 --seq 16 --steps 6 --lr 3e-3 --quiet)
+backends=(interp)
+"$DSC" run "$MODEL" --backend cpu --quiet >/dev/null 2>&1 && backends+=(cpu)
+for b in "${backends[@]}"; do
+  for c in none selective; do
+    expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --backend "$b" --checkpoint-activations $c \
+      --log "$TMP/$b-$c.jsonl"
+  done
+  python3 - "$TMP/$b-none.jsonl" "$TMP/$b-selective.jsonl" "$b" <<'PY' && pass || fail "$b: selective remat changed the curve"
+import json, sys
+a, b = [[json.loads(l) for l in open(p)] for p in sys.argv[1:3]]
+assert len(a) == len(b) == 6
+exact = sys.argv[3] == "interp"
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        assert (x[k] == y[k]) if exact else abs(x[k] - y[k]) <= 1e-6 * abs(x[k]), (k, x, y)
+PY
+done
+
+# the pass clones norms for the backward: more layernorms after it
+n0=$("$DSC" dump "$MODEL" --after autodiff | grep -c '= layernorm(')
+n1=$("$DSC" dump "$MODEL" --after remat --checkpoint-activations selective | grep -c '= layernorm(')
+[ "$n1" -gt "$n0" ] && pass || fail "dump --after remat: $n1 layernorms, not more than $n0"
+# the plan's activations drop (batch 8 x seq 64)
+act() { "$DSC" plan "$MODEL" --zero-stage 0 --bytes --checkpoint-activations "$1" |
+  awk '/^activations/ { print $2 }'; }
+a0=$(act none) a1=$(act selective)
+[ "$a1" -lt "$a0" ] && pass || fail "plan: activations $a1 with selective, not below $a0"
+# the train section's key (the copy imports lib/ next to it)
+cp -r "$SRC/examples/lib" "$TMP/lib"
+sed 's/^train {/train {\n  checkpoint_activations = selective/' "$MODEL" >"$TMP/m.dsm"
+grep -q 'checkpoint_activations = selective' "$TMP/m.dsm" || fail "no train section to edit"
+expect_exit 0 "$DSC" train "$TMP/m.dsm" "${RUN[@]}" --backend interp --log "$TMP/key.jsonl"
+cmp -s <(cut -d, -f1-3 "$TMP/key.jsonl") <(cut -d, -f1-3 "$TMP/interp-selective.jsonl") && pass ||
+  fail "train section key: a different curve"
+sed 's/^train {/train {\n  checkpoint_activations = every/' "$MODEL" >"$TMP/bad.dsm"
+expect_exit 1 "$DSC" train "$TMP/bad.dsm" "${RUN[@]}" &&
+  expect_grep "checkpoint_activations.*none or selective" "$TMP/err"
+finish
