@@ -397,23 +397,27 @@ static void merge(fuse_state *s, int ra, int rb) {
   if (s->minpos[rb] < s->minpos[ra]) s->minpos[ra] = s->minpos[rb];
 }
 
-/* A min-heap of unit keys (original positions), for the reordering. */
-static void heap_push(int *h, int *n, int v) {
+/* A min-heap of units by (key, unit), for the reordering. */
+static bool unit_less(const int *key, int a, int b) {
+  return key[a] < key[b] || (key[a] == key[b] && a < b);
+}
+
+static void heap_push(const int *key, int *h, int *n, int v) {
   int i = (*n)++;
   h[i] = v;
-  while (i > 0 && h[(i - 1) / 2] > h[i]) {
+  while (i > 0 && unit_less(key, h[i], h[(i - 1) / 2])) {
     int p = (i - 1) / 2, t = h[p];
     h[p] = h[i], h[i] = t, i = p;
   }
 }
 
-static int heap_pop(int *h, int *n) {
+static int heap_pop(const int *key, int *h, int *n) {
   int top = h[0];
   h[0] = h[--(*n)];
   for (int i = 0;;) {
     int l = 2 * i + 1, r = l + 1, m = i;
-    if (l < *n && h[l] < h[m]) m = l;
-    if (r < *n && h[r] < h[m]) m = r;
+    if (l < *n && unit_less(key, h[l], h[m])) m = l;
+    if (r < *n && unit_less(key, h[r], h[m])) m = r;
     if (m == i) break;
     int t = h[m];
     h[m] = h[i], h[i] = t, i = m;
@@ -423,13 +427,17 @@ static int heap_pop(int *h, int *n) {
 
 /* Reorders g->nodes so that each group is contiguous: Kahn's algorithm over
  * units (a group, or one ungrouped node), keyed by the unit's first
- * original position. unit[id] = the key node id of the node's unit. */
+ * original position; an ungrouped node without inputs (a constant, a param
+ * read) by its first reader's, so that a constant placed late (e.g. a
+ * backward norm's eps, merged into a forward group) does not hold its group
+ * back while everything else that is ready, such as later all_gathers,
+ * goes first. unit[id] = the key node id of the node's unit. */
 static bool reorder(fuse_state *s, const int *unit) {
   ir_graph *g = s->g;
   int n = s->n;
   size_t isz = sizeof(int) * (size_t)(n ? n : 1);
   ir_arena *a = &g->module->arena;
-  int *indeg = ir_arena_alloc(a, isz), *heap = ir_arena_alloc(a, isz);
+  int *indeg = ir_arena_alloc(a, isz), *heap = ir_arena_alloc(a, isz), *key = ir_arena_alloc(a, isz);
   int *uhead = ir_arena_alloc(a, isz), *unxt = ir_arena_alloc(a, isz);
   ir_node **order = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n ? n : 1));
   /* consumer lists as (unit -> consumer node) edges via per-node lists */
@@ -437,9 +445,16 @@ static bool reorder(fuse_state *s, const int *unit) {
   for (int i = 0; i < n; i++) n_edges += g->nodes[i]->n_in;
   int *ehead = ir_arena_alloc(a, isz), *enext = ir_arena_alloc(a, sizeof(int) * (size_t)(n_edges + 1));
   int *edst = ir_arena_alloc(a, sizeof(int) * (size_t)(n_edges + 1));
-  if (!indeg || !heap || !uhead || !unxt || !order || !ehead ||
-      !enext || !edst)
+  if (!indeg || !heap || !key || !uhead || !unxt || !order || !ehead || !enext || !edst)
     return false;
+  for (int i = 0; i < n; i++) key[i] = i;
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    for (int j = 0; j < x->n_in; j++) {
+      int src = x->in[j]->id;
+      if (g->nodes[src]->n_in == 0 && unit[src] == src && unit[i] < key[src]) key[src] = unit[i];
+    }
+  }
   for (int i = 0; i < n; i++) ehead[i] = uhead[i] = -1;
   /* members of each unit in original order */
   for (int i = n - 1; i >= 0; i--) {
@@ -461,12 +476,12 @@ static bool reorder(fuse_state *s, const int *unit) {
   }
   int hn = 0, k = 0;
   for (int i = 0; i < n; i++)
-    if (unit[i] == i && indeg[i] == 0) heap_push(heap, &hn, i);
+    if (unit[i] == i && indeg[i] == 0) heap_push(key, heap, &hn, i);
   while (hn > 0) {
-    int u = heap_pop(heap, &hn);
+    int u = heap_pop(key, heap, &hn);
     for (int m = uhead[u]; m >= 0; m = unxt[m]) order[k++] = g->nodes[m];
     for (int x = ehead[u]; x >= 0; x = enext[x])
-      if (--indeg[edst[x]] == 0) heap_push(heap, &hn, edst[x]);
+      if (--indeg[edst[x]] == 0) heap_push(key, heap, &hn, edst[x]);
   }
   if (k != n) return false; /* a cycle: a bug in the convexity check */
   for (int i = 0; i < n; i++) {

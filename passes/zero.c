@@ -496,18 +496,59 @@ static bool *kept_gathered(zs *z, int64_t budget) {
   }
 }
 
+/* The sharded trainable param that x is, or reads through a chain of
+ * casts, reshapes and permutes (mixed precision's bf16 copy, a transposed
+ * view); -1 for anything else. */
+static int chain_param(const zs *z, const ir_node *x) {
+  while (x->op == DSC_OP_CAST || x->op == DSC_OP_RESHAPE || x->op == DSC_OP_PERMUTE) x = x->in[0];
+  if (x->op != DSC_OP_PARAM) return -1;
+  int p = dsc_module_find_param(z->m, ir_attr_str(x, "name"));
+  return p >= 0 && z->sharded[p] && !z->m->params[p].state ? p : -1;
+}
+
+typedef struct {
+  int *seg;        /* per node (< n_walk) or per param: the segment of val */
+  ir_node **val;
+} gather_memo;
+
+/* The value of chain x (chain_param(x) = p) in segment seg: the param's
+ * gather of that segment, then a copy of the chain's ops, so that a bf16
+ * copy of a param is made again from the backward's gather instead of kept
+ * from the forward. */
+static ir_node *chain_value(zs *z, ir_node *x, int p, int seg, gather_memo *by_param,
+                            gather_memo *by_node) {
+  if (x->op == DSC_OP_PARAM) {
+    if (by_param->seg[p] != seg || !by_param->val[p]) {
+      by_param->seg[p] = seg;
+      by_param->val[p] = gather(z, dsc_param_ref(z->g, z->m->params[p].name), &z->full_type[p]);
+    }
+    return by_param->val[p];
+  }
+  if (by_node->seg[x->id] == seg && by_node->val[x->id]) return by_node->val[x->id];
+  ir_node *in = chain_value(z, x->in[0], p, seg, by_param, by_node);
+  ir_node *v = in ? dsc_build(z->g, x->op, &in, 1, x->attrs, x->n_attrs) : NULL;
+  if (!v) z->failed = true;
+  by_node->seg[x->id] = seg;
+  return by_node->val[x->id] = v;
+}
+
 /* Stage 3: every read of a sharded param by the forward and backward
- * passes reads an all_gather, one per param and segment. */
+ * passes (directly or through casts and views) reads an all_gather, one per
+ * param and segment. */
 static bool gather_params(zs *z, ir_node *loss, int64_t unshard_bytes) {
   ir_module *m = z->m;
   ir_graph *g = z->g;
   int cap = g->n_nodes + 1, nb = 0, nmb = 0;
   int *bounds = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)cap);
   int *mb_bounds = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)cap);
-  int *last_seg = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(m->n_params + 1));
-  ir_node **last_val = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(m->n_params + 1));
+  gather_memo bp = {ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(m->n_params + 1)),
+                    ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(m->n_params + 1))};
+  gather_memo bn = {ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(z->n_walk + 1)),
+                    ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(z->n_walk + 1))};
   bool *keep = kept_gathered(z, unshard_bytes);
-  if (!bounds || !mb_bounds || !last_seg || !last_val || !keep) return zs_oom(z), false;
+  if (!bounds || !mb_bounds || !bp.seg || !bp.val || !bn.seg || !bn.val || !keep)
+    return zs_oom(z), false;
+  for (int i = 0; i <= z->n_walk; i++) bn.seg[i] = -1, bn.val[i] = NULL;
   nb = micro_losses(loss, bounds, 0, cap);
   for (int i = 0; i < z->n_walk && nb < cap; i++) {
     ir_node *x = g->nodes[i];
@@ -515,7 +556,7 @@ static bool gather_params(zs *z, ir_node *loss, int64_t unshard_bytes) {
       bounds[nb++] = i, mb_bounds[nmb++] = i;
   }
   qsort(bounds, (size_t)nb, sizeof(int), cmp_int);
-  for (int p = 0; p < m->n_params; p++) last_seg[p] = -1, last_val[p] = NULL;
+  for (int p = 0; p < m->n_params; p++) bp.seg[p] = -1, bp.val[p] = NULL;
   /* segments: every param's end at each boundary; a kept one's only where
    * the next micro-batch starts */
   int seg_all = 0, seg_mb = 0;
@@ -523,19 +564,16 @@ static bool gather_params(zs *z, ir_node *loss, int64_t unshard_bytes) {
     ir_node *nd = g->nodes[i];
     while (seg_all < nb && bounds[seg_all] < i) seg_all++;
     while (seg_mb < nmb && mb_bounds[seg_mb] < i) seg_mb++;
-    if (!z->anc[i]) continue;
+    /* a chain's own nodes stay as they are (dead once their readers read
+     * copies), so that later readers still find the param behind them */
+    if (!z->anc[i] || nd->op == DSC_OP_PARAM || chain_param(z, nd) >= 0) continue;
     for (int q = 0; q < nd->n_in; q++) {
       ir_node *r = nd->in[q];
-      if (r->op != DSC_OP_PARAM) continue;
-      int p = dsc_module_find_param(m, ir_attr_str(r, "name"));
-      if (p < 0 || !z->sharded[p] || m->params[p].state) continue;
-      int seg = keep[p] ? seg_mb : seg_all;
-      if (last_seg[p] != seg || !last_val[p]) {
-        last_seg[p] = seg;
-        last_val[p] = gather(z, dsc_param_ref(g, m->params[p].name), &z->full_type[p]);
-        if (!last_val[p]) return false;
-      }
-      nd->in[q] = last_val[p];
+      int p = r->id < z->n_walk ? chain_param(z, r) : -1;
+      if (p < 0) continue;
+      ir_node *v = chain_value(z, r, p, keep[p] ? seg_mb : seg_all, &bp, &bn);
+      if (!v) return false;
+      nd->in[q] = v;
     }
   }
   return !z->failed;
