@@ -31,8 +31,9 @@ static const char plan_help[] =
     "                    (default: the model's train.zero.stage)\n"
     "  --json            one JSON object: {\"param_count\", \"world\", \"stage\",\n"
     "                    \"precision\", \"ranks\": [{\"rank\", \"params\", \"grads\",\n"
-    "                    \"optimizer\", \"activations\", \"workspace\", \"comm\", \"peak\"}]}\n"
-    "                    (bytes)\n"
+    "                    \"optimizer\", \"activations\", \"workspace\", \"comm\", \"peak\",\n"
+    "                    \"grads_held\", \"model_states\"}]} (bytes; model_states =\n"
+    "                    params + grads_held + optimizer, the table's rows)\n"
     "  --batch B, --seq T, --grad-accum K, --global-batch G, --precision P\n"
     "                    as dsc train (the model's train section otherwise)\n"
     "  --bucket-bytes N, --prefetch-bytes N, --persist-threshold N, --unshard-bytes N\n"
@@ -96,9 +97,10 @@ static void print_json(const dsc_memory_plan *p) {
   for (int64_t r = 0; r < p->world; r++)
     printf("%s{\"rank\": %" PRId64 ", \"params\": %" PRId64 ", \"grads\": %" PRId64
            ", \"optimizer\": %" PRId64 ", \"activations\": %" PRId64 ", \"workspace\": %" PRId64
-           ", \"comm\": %" PRId64 ", \"peak\": %" PRId64 "}",
+           ", \"comm\": %" PRId64 ", \"peak\": %" PRId64 ", \"grads_held\": %" PRId64
+           ", \"model_states\": %" PRId64 "}",
            r ? ", " : "", r, f->params, f->grads, f->optimizer, f->activations, f->workspace,
-           f->comm, f->peak);
+           f->comm, f->peak, p->grads_held, f->params + p->grads_held + f->optimizer);
   printf("]}\n");
 }
 

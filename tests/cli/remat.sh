@@ -33,6 +33,22 @@ for x, y in zip(a, b):
 PY
 done
 
+# bf16 compute on the cpu backend (the fuse pass's groups over the clones)
+if [ "${#backends[@]}" -gt 1 ]; then
+  for c in none selective; do
+    expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --backend cpu --precision bf16 \
+      --checkpoint-activations $c --log "$TMP/bf16-$c.jsonl"
+  done
+  python3 - "$TMP/bf16-none.jsonl" "$TMP/bf16-selective.jsonl" <<'PY' && pass || fail "bf16: selective remat changed the curve"
+import json, sys
+a, b = [[json.loads(l) for l in open(p)] for p in sys.argv[1:3]]
+assert len(a) == len(b) == 6
+for x, y in zip(a, b):
+    assert abs(x["loss"] - y["loss"]) <= 1e-2 * abs(x["loss"]), (x, y)
+PY
+fi
+expect_exit 0 "$DSC" plan "$SRC/examples/gpt2.dsm" --world 8 --zero-stage 3 --batch 1 --seq 64 \
+  --grad-accum 1 --checkpoint-activations selective --json
 # the pass clones norms for the backward: more layernorms after it
 n0=$("$DSC" dump "$MODEL" --after autodiff | grep -c '= layernorm(')
 n1=$("$DSC" dump "$MODEL" --after remat --checkpoint-activations selective | grep -c '= layernorm(')
