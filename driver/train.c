@@ -626,6 +626,30 @@ static dsc_status program_modules(dsc_trainer *t, int64_t *B, int64_t *T, int64_
   return dsc_program_module(t->prog, "step", &t->m);
 }
 
+/* --memory-budget: the step's arenas (the plan) must fit, or nothing is
+ * allocated and the message says what the step holds. */
+static dsc_status check_budget(dsc_trainer *t, dsc_backend backend, const cg_memplan *p,
+                               int64_t budget) {
+  if (backend != DSC_BACKEND_CPU) {
+    ir_error(t->ctx, ir_no_loc,
+             "a memory budget needs the cpu backend (its arenas are planned; the "
+             "interpreter allocates as it goes)");
+    return DSC_ERR_USER;
+  }
+  if (p->peak <= budget) return DSC_OK;
+  const double mib = 1024.0 * 1024.0;
+  ir_error(t->ctx, ir_no_loc,
+           "the training step needs %.1f MiB per rank, over the memory budget of %.1f MiB by "
+           "%.1f MiB: params %.1f, grads %.1f, optimizer %.1f, activations %.1f, workspace "
+           "%.1f, comm %.1f MiB (dsc plan shows them for every ZeRO stage; a higher stage, "
+           "more ranks, --checkpoint-activations selective or a smaller batch need less)",
+           (double)p->peak / mib, (double)budget / mib, (double)(p->peak - budget) / mib,
+           (double)p->bytes[CG_MEM_PARAMS] / mib, (double)p->bytes[CG_MEM_GRADS] / mib,
+           (double)p->bytes[CG_MEM_OPTIMIZER] / mib, (double)p->bytes[CG_MEM_ACTIVATIONS] / mib,
+           (double)p->bytes[CG_MEM_WORKSPACE] / mib, (double)p->bytes[CG_MEM_COMM] / mib);
+  return DSC_ERR_USER;
+}
+
 static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   dsc_context *ctx = t->ctx;
   ir_arena *a = &t->arena;
@@ -982,6 +1006,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
    * by the first step's (dsc_trainer_step). */
   cg_memplan mplan;
   if (backend == DSC_BACKEND_CPU && (st = drv_plan_step(ctx, t->m, o->threads, &mplan)) != DSC_OK)
+    goto done;
+  if (o->memory_budget > 0 && (st = check_budget(t, backend, &mplan, o->memory_budget)) != DSC_OK)
     goto done;
   int64_t rss0 = rss_now();
   if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK)

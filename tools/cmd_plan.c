@@ -39,11 +39,14 @@ static const char plan_help[] =
     "  --bucket-bytes N, --prefetch-bytes N, --persist-threshold N, --unshard-bytes N\n"
     "                    the ZeRO schedule, as dsc train (they change what is live)\n"
     "  --checkpoint-activations P  none or selective, as dsc train\n"
+    "  --memory-budget B bytes one rank may use (e.g. 16GiB): says which stages fit;\n"
+    "                    exit 1 when none of those planned does\n"
     "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"
     "  --bytes           the table in bytes instead of KiB/MiB/GiB\n"
     "Exit codes: 0 success, 1 bad input (model, flags), 2 internal error.\n";
 
 static bool exact_bytes; /* --bytes */
+static int64_t budget;   /* --memory-budget; 0: none */
 
 static void human(char *buf, size_t n, int64_t b) {
   const char *unit[] = {"KiB", "MiB", "GiB", "TiB"};
@@ -55,6 +58,31 @@ static void human(char *buf, size_t n, int64_t b) {
   int u = 0;
   while (v >= 1024 && u < 3) v /= 1024, u++;
   snprintf(buf, n, "%.2f %s", v, unit[u]);
+}
+
+/* Which of the n plans fit the memory budget, and by how much each misses
+ * it, with the categories of what does not fit. */
+static void budget_verdict(const dsc_memory_plan *p, int n, FILE *out) {
+  char b[32], peak[32], over[32];
+  human(b, sizeof b, budget);
+  fprintf(out, "\nmemory budget %s per rank:\n", b);
+  for (int i = 0; i < n; i++) {
+    const dsc_plan_figures *r = &p[i].rank;
+    human(peak, sizeof peak, r->peak);
+    if (r->peak <= budget) {
+      human(over, sizeof over, budget - r->peak);
+      fprintf(out, "  stage %" PRId64 ": fits (peak %s, %s to spare)\n", p[i].stage, peak, over);
+      continue;
+    }
+    human(over, sizeof over, r->peak - budget);
+    fprintf(out, "  stage %" PRId64 ": does not fit: peak %s is %s over;", p[i].stage, peak, over);
+    const char *name[6] = {"params", "grads", "optimizer", "activations", "workspace", "comm"};
+    int64_t v[6] = {r->params, r->grads, r->optimizer, r->activations, r->workspace, r->comm};
+    for (int k = 0; k < 6; k++) {
+      human(b, sizeof b, v[k]);
+      fprintf(out, " %s %s%s", name[k], b, k < 5 ? "," : "\n");
+    }
+  }
 }
 
 /* The first error of ctx, without location (a table cell's note). */
@@ -264,6 +292,11 @@ int cli_plan(int argc, char **argv) {
         return cli_usage_error("plan", "--checkpoint-activations needs none or selective"),
                CLI_EXIT_USER;
       o.checkpoint_activations = argv[++i];
+    } else if (strcmp(a, "--memory-budget") == 0) {
+      if (!has_val || !cli_parse_bytes(argv[i + 1], &budget) || budget <= 0)
+        return cli_usage_error("plan", "--memory-budget needs a byte count such as 16GiB"),
+               CLI_EXIT_USER;
+      i++;
     } else if (strcmp(a, "--persist-threshold") == 0) {
       if (!has_val || !cli_parse_i64(argv[i + 1], &o.persist_threshold) || o.persist_threshold < 0)
         return cli_usage_error("plan", "--persist-threshold needs a number of elements (>= 0)"),
@@ -283,6 +316,7 @@ int cli_plan(int argc, char **argv) {
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   int code = CLI_EXIT_OK;
+  bool fits_any = false;
   if (json || o.has_zero_stage) {
     dsc_memory_plan p;
     dsc_status st = dsc_plan_memory(ctx, &o, &p);
@@ -291,7 +325,10 @@ int cli_plan(int argc, char **argv) {
       code = cli_exit_code(st);
     } else if (json) {
       print_json(&p);
+      fits_any = p.rank.peak <= budget;
+      if (budget > 0 && !fits_any) budget_verdict(&p, 1, stderr);
     } else {
+      fits_any = p.rank.peak <= budget;
       /* one stage: its column alone */
       dsc_memory_plan plans[4];
       bool ok[4] = {false, false, false, false};
@@ -303,6 +340,7 @@ int cli_plan(int argc, char **argv) {
       ok[o.zero_stage] = true;
       if (o.zero_stage != 0) plans[0] = p; /* the header's facts */
       print_table(o.model_path, plans, ok, errs);
+      if (budget > 0) budget_verdict(&p, 1, stdout);
     }
   } else {
     dsc_memory_plan plans[4];
@@ -324,7 +362,14 @@ int cli_plan(int argc, char **argv) {
       }
     }
     if (code == CLI_EXIT_OK) print_table(o.model_path, plans, ok, errs);
+    if (code == CLI_EXIT_OK && budget > 0) {
+      int n = 0;
+      for (int s = 0; s < 4; s++)
+        if (ok[s]) plans[n++] = plans[s], fits_any |= plans[s].rank.peak <= budget;
+      budget_verdict(plans, n, stdout);
+    }
   }
+  if (code == CLI_EXIT_OK && budget > 0 && !fits_any) code = CLI_EXIT_USER;
   dsc_context_free(ctx);
   return code;
 }

@@ -116,6 +116,8 @@ static const char train_help[] =
     "                    flight (train.zero.prefetch_bytes; default 64MiB)\n"
     "  --persist-threshold N  stage 3 keeps params of at most N elements whole\n"
     "                    (DeepSpeed's stage3_param_persistence_threshold; default 0)\n"
+    "  --memory-budget B bytes one rank's step may allocate (cpu backend; e.g. 4GiB):\n"
+    "                    a step that needs more is refused before anything runs\n"
     "  --checkpoint-activations P  none, or selective: the backward recomputes\n"
     "                    elementwise ops, norms and softmaxes instead of keeping them\n"
     "                    (train.checkpoint_activations; default none)\n"
@@ -391,6 +393,10 @@ int cli_train(int argc, char **argv) {
         return cli_usage_error("train", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
                CLI_EXIT_USER;
       *(a[2] == 'p' ? &o.has_prefetch_bytes : a[2] == 'b' ? &o.has_bucket_bytes : &o.has_unshard_bytes) = true;
+    } else if (strcmp(a, "--memory-budget") == 0) {
+      if (!want_bytes(argc, argv, &i, &o.memory_budget) || o.memory_budget <= 0)
+        return cli_usage_error("train", "--memory-budget needs a byte count such as 16GiB"),
+               CLI_EXIT_USER;
     } else if (strcmp(a, "--checkpoint-activations") == 0) {
       dsc_remat_policy pol;
       if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)

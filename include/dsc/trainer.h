@@ -69,6 +69,10 @@ typedef struct {
   /* overrides of train.zero.prefetch_bytes, bucket_bytes, persist_threshold
    * (pass "schedule" and stage 3), each where its has_ flag is set */
   const char *checkpoint_activations; /* "none" | "selective"; NULL: the model's */
+  /* > 0: bytes one rank's training step may allocate (cpu backend: its
+   * arenas, as dsc plan computes them); a step that needs more is refused
+   * before anything is allocated, with what does not fit */
+  int64_t memory_budget;
   bool has_prefetch_bytes, has_bucket_bytes, has_persist_threshold, has_unshard_bytes;
   int64_t prefetch_bytes, bucket_bytes, persist_threshold, unshard_bytes;
   /* Chrome trace (include/dsc/trace.h) of this rank (pid = rank): the

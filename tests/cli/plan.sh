@@ -139,4 +139,21 @@ for b in 8 64; do
   awk -v p="$planned" -v m="$measured" 'BEGIN { exit !(m >= p - 1 && m <= 1.10 * p + 16) }' && pass ||
     fail "batch $b: measured $measured MiB is not within [planned - 1, 1.10 x planned + 16] of planned $planned MiB"
 done
+
+# --memory-budget: dsc plan says which stages fit (exit 1 when none does);
+# dsc train refuses a step over it before allocating, naming the categories
+expect_exit 0 "$DSC" plan "$MODEL" --world 4 --memory-budget 8000KiB &&
+  expect_grep '^  stage 0: does not fit: peak .* over; params' "$TMP/out" &&
+  expect_grep '^  stage 3: fits \(peak' "$TMP/out"
+expect_exit 1 "$DSC" plan "$MODEL" --world 4 --memory-budget 1MiB &&
+  expect_grep '^  stage 3: does not fit' "$TMP/out"
+expect_exit 1 "$DSC" plan "$MODEL" --memory-budget x
+if "$DSC" run "$MODEL" --backend cpu --quiet >/dev/null 2>&1; then
+  expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/c" --batch 8 --seq 64 --steps 1 --memory-budget 4MiB &&
+    expect_grep 'needs [0-9.]+ MiB per rank, over the memory budget of 4.0 MiB by .*: params' "$TMP/err"
+  expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --batch 8 --seq 64 --steps 1 \
+    --memory-budget 64MiB --quiet
+fi
+expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/c" --steps 1 --memory-budget 64MiB --backend interp &&
+  expect_grep 'a memory budget needs the cpu backend' "$TMP/err"
 finish
