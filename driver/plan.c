@@ -80,8 +80,8 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   if (o->has_persist_threshold) cfg.zero.persist_threshold = o->persist_threshold;
   if (o->has_unshard_bytes) cfg.zero.unshard_bytes = o->unshard_bytes;
   if (o->checkpoint_activations &&
-      dsc_remat_from_name(o->checkpoint_activations, &cfg.remat) != 0) {
-    ir_error(ctx, ir_no_loc, "plan: checkpoint_activations '%s' is not none or selective",
+      dsc_remat_parse(o->checkpoint_activations, &cfg.remat, &cfg.remat_every) != 0) {
+    ir_error(ctx, ir_no_loc, "plan: checkpoint_activations '%s' is not none, selective, block or blocks:K",
              o->checkpoint_activations);
     return DSC_ERR_USER;
   }

@@ -831,8 +831,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   if (o->has_persist_threshold) cfg->zero.persist_threshold = o->persist_threshold;
   if (o->has_unshard_bytes) cfg->zero.unshard_bytes = o->unshard_bytes;
   if (o->checkpoint_activations &&
-      dsc_remat_from_name(o->checkpoint_activations, &cfg->remat) != 0) {
-    ir_error(ctx, ir_no_loc, "trainer: checkpoint_activations '%s' is not none or selective",
+      dsc_remat_parse(o->checkpoint_activations, &cfg->remat, &cfg->remat_every) != 0) {
+    ir_error(ctx, ir_no_loc, "trainer: checkpoint_activations '%s' is not none, selective, block or blocks:K",
              o->checkpoint_activations);
     st = DSC_ERR_USER;
     goto done;

@@ -1882,6 +1882,7 @@ static const struct {
     {"", "save_every", TK_POS_INT},
     {"", "log_every", TK_POS_INT},
     {"", "checkpoint_activations", TK_CKPT},
+    {"", "checkpoint_every", TK_POS_INT},
     {"", "zero", TK_SECTION},
     {"", "offload", TK_SECTION},
     {"zero", "stage", TK_STAGE},
@@ -1890,6 +1891,8 @@ static const struct {
     {"zero", "bucket", TK_SIZE},
     {"zero", "persist_threshold", TK_SIZE},
     {"zero", "prefetch_bytes", TK_SIZE},
+    {"zero", "bucket_bytes", TK_SIZE},
+    {"zero", "unshard_bytes", TK_SIZE},
     {"offload", "optimizer", TK_DEVICE},
     {"offload", "param", TK_DEVICE},
 };

@@ -1,16 +1,26 @@
 /* The activation checkpointing pass (rematerialisation), on the
  * differentiated graph "forward" (after autodiff, before the optimizer
- * inlines it). Policy "selective" (cfg->remat, --checkpoint-activations
- * selective, as Megatron's selective recomputation and PyTorch's
- * selective activation checkpointing): the backward pass recomputes the
- * cheap forward values it reads (elementwise ops, layout ops, norms and
- * softmaxes) from the expensive ones, which stay (matmul and attention
- * outputs, reductions, gathers, inputs and params). A recomputed value is a
- * clone of its op placed right before its first backward reader, so the
- * forward's copy dies after its last forward use instead of living until
- * the backward. The values are the same bit for bit (the same ops on the
- * same inputs), so training is unchanged; the memory plan shows the drop.
+ * inlines it). The backward pass recomputes some of the forward values it
+ * reads instead of keeping them: a recomputed value is a clone of its op
+ * (over clones of its recomputed inputs) placed right before its first
+ * backward reader, so the forward's copy dies after its last forward use
+ * instead of living until the backward. The values are the same bit for
+ * bit (the same ops on the same inputs), so training is unchanged; the
+ * memory plan shows the drop. Policies (cfg->remat,
+ * --checkpoint-activations):
+ * - selective (Megatron's selective recomputation): the cheap values
+ *   (elementwise ops, views, norms and softmaxes) are recomputed from the
+ *   expensive ones, which stay (matmul and attention outputs, reductions,
+ *   gathers, inputs and params);
+ * - block, blocks:K (torch.utils.checkpoint around every K-th block): only
+ *   each such block's input stays, and the backward recomputes everything
+ *   in the blocks from it, matmuls included. A value's block is the
+ *   highest instance index of the block params it depends on ("h.3.fc_w":
+ *   3); a block's input is a value of a lower block that it reads. What
+ *   follows the last read of a block param (the output layer, the loss)
+ *   stays.
  * Policy "none" does nothing. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "passes/passes.h"
@@ -37,7 +47,8 @@ static bool recomputable(const ir_node *n) {
 typedef struct {
   ir_graph *g;
   const bool *fwd;
-  ir_node **clone; /* per forward node: its recomputation, built on demand */
+  const bool *redo; /* per node: the backward recomputes it */
+  ir_node **clone;  /* per forward node: its recomputation, built on demand */
 } remat_state;
 
 /* The backward's copy of forward value x: a clone of x over clones of its
@@ -50,7 +61,7 @@ static ir_node *recompute(remat_state *s, ir_node *x) {
     return NULL;
   for (int q = 0; q < x->n_in; q++) {
     ir_node *y = x->in[q];
-    in[q] = s->fwd[y->id] && recomputable(y) ? recompute(s, y) : y;
+    in[q] = s->redo[y->id] ? recompute(s, y) : y;
     if (!in[q]) return NULL;
   }
   dsc_loc saved = s->g->cur_loc;
@@ -60,14 +71,52 @@ static ir_node *recompute(remat_state *s, ir_node *x) {
   return s->clone[x->id] = c;
 }
 
-static dsc_status selective(ir_module *m, ir_graph *g) {
+/* "h.3.fc_w" -> 3: the instance of a block array a param belongs to; -1. */
+static int param_block(const char *name) {
+  const char *dot = strchr(name, '.');
+  if (!dot) return -1;
+  char *end;
+  long v = strtol(dot + 1, &end, 10);
+  return end != dot + 1 && *end == '.' && v >= 0 && v < (1L << 30) ? (int)v : -1;
+}
+
+/* Policy block / blocks:K: redo[i] for the forward values inside blocks
+ * that are not a kept block input. */
+static void block_policy(ir_graph *g, const bool *fwd, int64_t every, bool *redo, int *blk) {
+  int n = g->n_nodes, last_read = -1;
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    blk[i] = x->op == DSC_OP_PARAM ? param_block(ir_attr_str(x, "name")) : -1;
+    for (int q = 0; q < x->n_in; q++) {
+      int b = blk[x->in[q]->id];
+      if (b > blk[i]) blk[i] = b;
+      if (fwd[i] && x->in[q]->op == DSC_OP_PARAM && b >= 0) last_read = i;
+    }
+  }
+  for (int i = 0; i <= last_read; i++)
+    redo[i] = fwd[i] && g->nodes[i]->n_in > 0 && blk[i] >= 0;
+  /* kept: the values a checkpointed block (every `every`-th) reads from an
+   * earlier block or from before the blocks */
+  for (int i = 0; i <= last_read; i++) {
+    ir_node *y = g->nodes[i];
+    if (!fwd[i] || blk[i] < 0 || blk[i] % every != 0) continue;
+    for (int q = 0; q < y->n_in; q++) {
+      int x = y->in[q]->id;
+      if (blk[x] < blk[i]) redo[x] = false;
+    }
+  }
+}
+
+static dsc_status run_policy(ir_module *m, ir_graph *g, const dsc_train_config *cfg) {
   if (g->n_outputs < 1) return DSC_OK;
   int n = g->n_nodes;
   ir_arena *a = &m->arena;
   bool *fwd = ir_arena_alloc(a, sizeof(bool) * (size_t)n);
+  bool *redo = ir_arena_alloc(a, sizeof(bool) * (size_t)n);
+  int *blk = ir_arena_alloc(a, sizeof(int) * (size_t)n);
   ir_node **stack = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)n);
   ir_node **clone = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)n);
-  if (!fwd || !stack || !clone) {
+  if (!fwd || !redo || !blk || !stack || !clone) {
     ir_error(m->ctx, ir_no_loc, "remat: out of memory");
     return DSC_ERR_INTERNAL;
   }
@@ -81,13 +130,18 @@ static dsc_status selective(ir_module *m, ir_graph *g) {
     for (int q = 0; q < x->n_in; q++)
       if (!fwd[x->in[q]->id]) fwd[x->in[q]->id] = true, stack[sp++] = x->in[q];
   }
-  remat_state s = {g, fwd, clone};
+  memset(redo, 0, sizeof(bool) * (size_t)n);
+  if (cfg->remat == DSC_REMAT_BLOCKS)
+    block_policy(g, fwd, cfg->remat_every > 0 ? cfg->remat_every : 1, redo, blk);
+  else
+    for (int i = 0; i < n; i++) redo[i] = fwd[i] && recomputable(g->nodes[i]);
+  remat_state s = {g, fwd, redo, clone};
   for (int i = 0; i < n; i++) {
     ir_node *b = g->nodes[i];
     if (fwd[i]) continue; /* a backward node */
     for (int q = 0; q < b->n_in; q++) {
       ir_node *x = b->in[q];
-      if (!fwd[x->id] || !recomputable(x)) continue;
+      if (!redo[x->id]) continue;
       if (!(b->in[q] = recompute(&s, x))) {
         ir_error(m->ctx, ir_no_loc, "remat: out of memory");
         return DSC_ERR_INTERNAL;
@@ -110,5 +164,5 @@ dsc_status pass_remat_run(ir_module *m, const dsc_train_config *cfg) {
              "remat: graph 'forward' has no backward pass (run autodiff first)");
     return DSC_ERR_USER;
   }
-  return selective(m, g);
+  return run_policy(m, g, cfg);
 }

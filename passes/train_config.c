@@ -277,6 +277,7 @@ static bool is_zero_stage(const char *key) {
 static bool handled_elsewhere(const char *key) {
   if (is_zero_stage(key) || strcmp(key, "train.zero.prefetch_bytes") == 0 ||
       strcmp(key, "train.zero.bucket_bytes") == 0 || strcmp(key, "train.zero.unshard_bytes") == 0 ||
+      strcmp(key, "train.zero.bucket") == 0 ||
       strcmp(key, "train.zero.persist_threshold") == 0 ||
       strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0)
     return false;
@@ -285,20 +286,36 @@ static bool handled_elsewhere(const char *key) {
          strncmp(key, "train.offload.", 14) == 0;
 }
 
-int dsc_remat_from_name(const char *name, dsc_remat_policy *out) {
+int dsc_remat_parse(const char *name, dsc_remat_policy *out, int64_t *every) {
+  *every = 1;
   if (strcmp(name, "none") == 0) return *out = DSC_REMAT_NONE, 0;
   if (strcmp(name, "selective") == 0) return *out = DSC_REMAT_SELECTIVE, 0;
+  /* "block" is a keyword of the model language: train sections say "blocks" */
+  if (strcmp(name, "block") == 0 || strcmp(name, "blocks") == 0) return *out = DSC_REMAT_BLOCKS, 0;
+  if (strncmp(name, "blocks:", 7) == 0) {
+    char *end;
+    long long k = strtoll(name + 7, &end, 10);
+    if (end == name + 7 || *end || k < 1 || k > 1000000) return -1;
+    *every = k;
+    return *out = DSC_REMAT_BLOCKS, 0;
+  }
   return -1;
 }
 
+int dsc_remat_from_name(const char *name, dsc_remat_policy *out) {
+  int64_t k;
+  return dsc_remat_parse(name, out, &k);
+}
+
 const char *dsc_remat_name(dsc_remat_policy p) {
-  return p == DSC_REMAT_SELECTIVE ? "selective" : "none";
+  return p == DSC_REMAT_SELECTIVE ? "selective" : p == DSC_REMAT_BLOCKS ? "blocks" : "none";
 }
 
 static void set_defaults(dsc_train_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->grad_accum = 1;
   cfg->steps = 1000;
+  cfg->remat_every = 1;
   cfg->zero.prefetch_bytes = 64 << 20;
   cfg->zero.bucket_bytes = 25 << 20;
   cfg->seed = 1337;
@@ -397,11 +414,15 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
     } else if (strcmp(key, "train.zero.prefetch_bytes") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.prefetch_bytes);
     } else if (strcmp(k, "checkpoint_activations") == 0) {
-      r = v->kind == TV_NAME && dsc_remat_from_name(v->name, &cfg->remat) == 0;
-      if (!r) bad(ctx, key, raw, "none or selective");
+      int64_t every;
+      r = v->kind == TV_NAME && dsc_remat_from_name(v->name, &cfg->remat) == 0 &&
+          (dsc_remat_parse(v->name, &cfg->remat, &every), true);
+      if (!r) bad(ctx, key, raw, "none, selective or blocks");
+    } else if (strcmp(k, "checkpoint_every") == 0) {
+      r = get_int(ctx, key, raw, v, 1, &cfg->remat_every);
     } else if (strcmp(key, "train.zero.unshard_bytes") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.unshard_bytes);
-    } else if (strcmp(key, "train.zero.bucket_bytes") == 0) {
+    } else if (strcmp(key, "train.zero.bucket_bytes") == 0 || strcmp(key, "train.zero.bucket") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.bucket_bytes);
     } else if (strcmp(key, "train.zero.persist_threshold") == 0 ||
                strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0) {

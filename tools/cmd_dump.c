@@ -50,7 +50,7 @@ static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_a
   if (z->prefetch >= 0) cfg.zero.prefetch_bytes = z->prefetch;
   if (z->persist >= 0) cfg.zero.persist_threshold = z->persist;
   if (z->unshard >= 0) cfg.zero.unshard_bytes = z->unshard;
-  if (z->remat) dsc_remat_from_name(z->remat, &cfg.remat); /* checked by the caller */
+  if (z->remat) dsc_remat_parse(z->remat, &cfg.remat, &cfg.remat_every); /* checked by the caller */
   dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
   return dsc_run_pipeline(m, &po);
 }
@@ -118,7 +118,7 @@ int cli_dump(int argc, char **argv) {
     } else if (strcmp(argv[i], "--checkpoint-activations") == 0) {
       dsc_remat_policy pol;
       if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("dump", "--checkpoint-activations needs none or selective"),
+        return cli_usage_error("dump", "--checkpoint-activations needs none, selective, block or blocks:K"),
                CLI_EXIT_USER;
       z.remat = argv[++i];
     } else if (strcmp(argv[i], "-o") == 0) {

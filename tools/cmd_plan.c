@@ -38,7 +38,7 @@ static const char plan_help[] =
     "                    as dsc train (the model's train section otherwise)\n"
     "  --bucket-bytes N, --prefetch-bytes N, --persist-threshold N, --unshard-bytes N\n"
     "                    the ZeRO schedule, as dsc train (they change what is live)\n"
-    "  --checkpoint-activations P  none or selective, as dsc train\n"
+    "  --checkpoint-activations P  none, selective, block or blocks:K, as dsc train\n"
     "  --memory-budget B bytes one rank may use (e.g. 16GiB): says which stages fit;\n"
     "                    exit 1 when none of those planned does\n"
     "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"
@@ -289,7 +289,7 @@ int cli_plan(int argc, char **argv) {
     } else if (strcmp(a, "--checkpoint-activations") == 0) {
       dsc_remat_policy pol;
       if (!has_val || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("plan", "--checkpoint-activations needs none or selective"),
+        return cli_usage_error("plan", "--checkpoint-activations needs none, selective, block or blocks:K"),
                CLI_EXIT_USER;
       o.checkpoint_activations = argv[++i];
     } else if (strcmp(a, "--memory-budget") == 0) {

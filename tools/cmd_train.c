@@ -118,9 +118,11 @@ static const char train_help[] =
     "                    (DeepSpeed's stage3_param_persistence_threshold; default 0)\n"
     "  --memory-budget B bytes one rank's step may allocate (cpu backend; e.g. 4GiB):\n"
     "                    a step that needs more is refused before anything runs\n"
-    "  --checkpoint-activations P  none, or selective: the backward recomputes\n"
-    "                    elementwise ops, norms and softmaxes instead of keeping them\n"
-    "                    (train.checkpoint_activations; default none)\n"
+    "  --checkpoint-activations P  none; selective: the backward recomputes\n"
+    "                    elementwise ops, norms and softmaxes instead of keeping them;\n"
+    "                    block: only each block's input is kept, the backward\n"
+    "                    recomputes the block; blocks:K: every K-th block's input\n"
+    "                    (train.checkpoint_activations, checkpoint_every; default none)\n"
     "  --unshard-bytes N stage 3 keeps params gathered from forward to backward\n"
     "                    (smallest first) while their bytes fit in N (DeepCompile's\n"
     "                    selective unsharding; train.zero.unshard_bytes; default 0)\n"
@@ -400,7 +402,7 @@ int cli_train(int argc, char **argv) {
     } else if (strcmp(a, "--checkpoint-activations") == 0) {
       dsc_remat_policy pol;
       if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("train", "--checkpoint-activations needs none or selective"),
+        return cli_usage_error("train", "--checkpoint-activations needs none, selective, block or blocks:K"),
                CLI_EXIT_USER;
       o.checkpoint_activations = argv[++i];
     } else if (strcmp(a, "--persist-threshold") == 0) {

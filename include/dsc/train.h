@@ -47,9 +47,16 @@ typedef enum {
   DSC_PRECISION_FP16, /* f16 compute, f32 master weights, dynamic loss scaling */
 } dsc_precision;
 
-typedef enum { DSC_REMAT_NONE = 0, DSC_REMAT_SELECTIVE = 1 } dsc_remat_policy;
-/* "none" / "selective" -> policy; 0 on success, -1 for another name. */
-int dsc_remat_from_name(const char *name, dsc_remat_policy *out);
+typedef enum {
+  DSC_REMAT_NONE = 0,
+  DSC_REMAT_SELECTIVE = 1, /* recompute the cheap forward values */
+  DSC_REMAT_BLOCKS = 2,    /* keep block inputs (every remat_every-th), recompute the rest */
+} dsc_remat_policy;
+/* "none", "selective", "blocks" or "block" (every block) or "blocks:K"
+ * (every K blocks) -> policy and K (1 unless given); 0 on success, -1
+ * otherwise. */
+int dsc_remat_parse(const char *name, dsc_remat_policy *out, int64_t *every);
+int dsc_remat_from_name(const char *name, dsc_remat_policy *out); /* K ignored */
 const char *dsc_remat_name(dsc_remat_policy p);
 
 typedef struct {
@@ -119,10 +126,13 @@ typedef struct {
     int64_t unshard_bytes;
   } zero;
   /* Activation checkpointing (pass "remat", train.checkpoint_activations,
-   * --checkpoint-activations): none, or selective (the backward recomputes
+   * --checkpoint-activations): none; selective (the backward recomputes
    * elementwise ops, views, norms and softmaxes; matmul and attention
-   * outputs stay). Default none. */
+   * outputs stay); block (only each block's input stays, the backward
+   * recomputes the block), every remat_every blocks (train.checkpoint_every,
+   * or "blocks:K"). Default none. */
   dsc_remat_policy remat;
+  int64_t remat_every;
 } dsc_train_config;
 
 /* Defaults (documented in docs/training.md), then the module's train.*
