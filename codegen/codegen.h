@@ -198,7 +198,7 @@ typedef struct {
 typedef enum {
   CG_INS_LAUNCH,         /* kernel `kernel` with argument buffers args[] */
   CG_INS_GEMM,           /* see cg_gemm */
-  CG_INS_EMBEDDING_GRAD, /* dst[rows, D] = 0; dst[ids[i], :] += src[i, :] */
+  CG_INS_EMBEDDING_GRAD, /* dst[rows, D] = 0 (unless accumulate); dst[ids[i], :] += src[i, :] */
   CG_INS_COPY,           /* dst = src, `numel` elements, same dtype, contiguous */
   CG_INS_COLLECTIVE_START, /* starts collective `coll` (asynchronous): src -> dst */
   CG_INS_COLLECTIVE_WAIT,  /* completes the collective `coll.id` started earlier */
@@ -258,6 +258,7 @@ typedef struct {
   /* EMBEDDING_GRAD: ids (n_ids integers), src [n_ids, cols] contiguous, dst [rows, cols] */
   int ids, src, dst;
   int64_t n_ids, rows, cols;
+  bool accumulate; /* EMBEDDING_GRAD adds into dst's values (no zero-fill first) */
   /* COPY: src -> dst, numel elements (from src_offset to dst_offset, elements) */
   int64_t numel, src_offset, dst_offset;
   /* COPY of a local_shard: the source range starts at src_offset + rank *

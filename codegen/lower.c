@@ -12,6 +12,9 @@
  *   (a transpose is swapped strides, a broadcast batch dim stride 0); an
  *   operand with neither unit row nor unit column stride is copied.
  * - concat: one copy kernel per input into its slice of the result buffer.
+ * - embedding_grad: a scatter-add into a zero-filled buffer; in a tied
+ *   embedding's add(GEMM result, embedding_grad) it adds into the GEMM's
+ *   buffer in place instead, and the add is that buffer (embedding_grad_base).
  * - Params and states live in the STATE arena (cg_state_layout); inputs and
  *   temporaries in WORK, placed first-fit by liveness (64-byte aligned).
  * - An assign whose value is stored by a kernel is written in place into the
@@ -57,6 +60,7 @@ typedef struct {
   int **user_list;
   bool *is_output;
   int *store_instr; /* node -> instruction of the kernel that stores it, -1 */
+  bool *alias;      /* node (an add) -> its value is in buf[] already (embedding_grad_base) */
   int *param_buf;   /* module param index -> buffer */
   int *input_buf;   /* graph input position -> buffer */
   /* kernel under construction */
@@ -424,7 +428,11 @@ static kir_expr *expr(L *l, const ir_node *n, const pass_affine *pt) {
   if (l->memo_stamp[n->id] == l->stamp && pass_fuse_point_equal(&n->type, mp, pt))
     return l->memo_expr[n->id];
   kir_expr *e = NULL;
-  if (member(l, n) && l->slot[n->id] >= 0) {
+  if (l->alias[n->id]) { /* read from its buffer, as a value of another group */
+    view v;
+    if (!resolve(l, n, &v)) return NULL;
+    e = kir_load(l->a, ct(n->type.dtype), view_access(l, &v, pt, false));
+  } else if (member(l, n) && l->slot[n->id] >= 0) {
     int s = l->slot[n->id];
     e = kir_scalar(l->a, l->slot_types[s], s);
     if (n->op == DSC_OP_MEAN) {
@@ -616,6 +624,7 @@ static bool lower_group(L *l, ir_node **m, int cnt) {
       else if (natural(l, c, cp, &cfull) && cfull)
         inner_user = true;
     }
+    if (l->alias[n->id]) stored[i] = inner_user = false; /* in its buffer already */
     uint32_t mask;
     if (pass_fuse_reduction(n, &mask)) {
       pass_affine pin[DSC_MAX_RANK];
@@ -754,16 +763,51 @@ static bool lower_matmul(L *l, const ir_node *n) {
   return true;
 }
 
+/* A tied embedding's gradient is add(X, embedding_grad(ids, dy)), X the
+ * LM head's weight-gradient GEMM. When X (through permutes and reshapes) is
+ * read by that add alone and lies in its GEMM's buffer as it is, the
+ * scatter-add accumulates into that buffer in place and the add becomes the
+ * buffer: no zero-filled [rows, D] buffer and no pass adding two of them.
+ * Returns the add (and X's buffer), or NULL where this does not apply. */
+static const ir_node *embedding_grad_base(L *l, const ir_node *n, int *buffer) {
+  if (l->users[n->id] != 1 || l->is_output[n->id]) return NULL;
+  const ir_node *a = l->g->nodes[l->user_list[n->id][0]];
+  if (a->op != DSC_OP_ADD || a->n_in != 2 || a->group == 0 || a->in[0] == a->in[1]) return NULL;
+  const ir_node *x = a->in[a->in[0] == n ? 1 : 0];
+  if (!dsc_type_equal(&a->type, &n->type) || !dsc_type_equal(&x->type, &n->type)) return NULL;
+  for (const ir_node *y = x;; y = y->in[0]) {
+    if (y->group != 0 || l->users[y->id] != 1 || l->is_output[y->id]) return NULL;
+    if (y->op == DSC_OP_MATMUL) {
+      if (l->buf[y->id] < 0) return NULL;
+      break;
+    }
+    if (y->op != DSC_OP_PERMUTE && y->op != DSC_OP_RESHAPE) return NULL;
+  }
+  view v;
+  if (!resolve(l, x, &v)) return NULL;
+  const cg_buffer *b = &l->p->buffers[v.buffer];
+  if (v.offset != 0 || !view_is_contiguous(&v) || b->kind != CG_BUF_TEMP ||
+      b->numel != dsc_type_numel(&n->type) || b->dtype != n->type.dtype)
+    return NULL;
+  *buffer = v.buffer;
+  return a;
+}
+
 static bool lower_embedding_grad(L *l, const ir_node *n) {
   int ids = contiguous_buffer(l, n->in[0], true);
   if (ids < 0) return false;
   int src = contiguous_buffer(l, n->in[1], true);
   if (src < 0) return false;
-  int dst = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+  int dst = -1;
+  const ir_node *sum = embedding_grad_base(l, n, &dst);
+  if (l->status != DSC_OK) return false;
+  if (!sum) dst = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
   if (dst < 0) return false;
   cg_instr *in = new_instr(l, CG_INS_EMBEDDING_GRAD, n);
   if (!in) return false;
   in->ids = ids, in->src = src, in->dst = dst;
+  in->accumulate = sum != NULL;
+  if (sum) l->alias[sum->id] = true, l->buf[sum->id] = dst;
   in->n_ids = dsc_type_numel(&n->in[0]->type);
   in->rows = n->type.dims[0];
   in->cols = n->type.dims[1];
@@ -1441,6 +1485,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   l.user_list = ir_arena_alloc(a, sizeof(int *) * (size_t)(n ? n : 1));
   l.is_output = ir_arena_alloc(a, (size_t)(n ? n : 1));
   l.store_instr = ir_arena_alloc(a, isz);
+  l.alias = ir_arena_alloc(a, (size_t)(n ? n : 1));
   l.slot = ir_arena_alloc(a, isz);
   l.memo_stamp = ir_arena_alloc(a, isz);
   l.memo_pt = ir_arena_alloc(a, sizeof(pass_affine) * DSC_MAX_RANK * (size_t)(n ? n : 1));
@@ -1450,8 +1495,8 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   l.coll_of = ir_arena_alloc(a, isz);
   int64_t *offsets = ir_arena_alloc(a, sizeof(int64_t) * (size_t)(m->n_params + 1));
   if (!p || !l.buf || !l.pure || !l.users || !l.user_list || !l.is_output || !l.store_instr ||
-      !l.slot || !l.memo_stamp || !l.memo_pt || !l.memo_expr || !l.param_buf || !l.input_buf ||
-      !offsets || !l.coll_of) {
+      !l.alias || !l.slot || !l.memo_stamp || !l.memo_pt || !l.memo_expr || !l.param_buf ||
+      !l.input_buf || !offsets || !l.coll_of) {
     ir_error(l.ctx, ir_no_loc, "codegen: out of memory");
     return DSC_ERR_INTERNAL;
   }
@@ -1476,6 +1521,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
       return DSC_ERR_INTERNAL;
     }
     l.buf[i] = l.store_instr[i] = l.coll_of[i] = -1;
+    l.alias[i] = false;
     bool all = x->n_in > 0;
     for (int j = 0; j < x->n_in; j++) all = all && l.pure[x->in[j]->id];
     l.pure[i] = x->group == 0 && (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA ||

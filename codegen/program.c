@@ -94,8 +94,9 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
         break;
       }
       case CG_INS_EMBEDDING_GRAD:
-        sb_printf(&b, "embedding_grad b%d <- ids b%d (%lld), src b%d, rows %lld cols %lld\n", in->dst,
-                  in->ids, (long long)in->n_ids, in->src, (long long)in->rows, (long long)in->cols);
+        sb_printf(&b, "embedding_grad b%d %s ids b%d (%lld), src b%d, rows %lld cols %lld\n", in->dst,
+                  in->accumulate ? "+=" : "<-", in->ids, (long long)in->n_ids, in->src,
+                  (long long)in->rows, (long long)in->cols);
         break;
       case CG_INS_COPY:
         sb_printf(&b, "copy b%d+%lld <- b%d+%lld%s (%lld)\n", in->dst, (long long)in->dst_offset,

@@ -119,7 +119,8 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
                   td = p->buffers[in->dst].dtype;
         void *I = buffer_base(p, state, work, in->ids), *S = buffer_base(p, state, work, in->src),
              *D = buffer_base(p, state, work, in->dst);
-        for (int64_t x = 0; x < in->rows * in->cols; x++) store(D, td, x, 0);
+        if (!in->accumulate)
+          for (int64_t x = 0; x < in->rows * in->cols; x++) store(D, td, x, 0);
         for (int64_t r = 0; r < in->n_ids; r++) {
           double id = load(I, ti, r);
           if (!(id >= 0 && id < (double)in->rows)) {

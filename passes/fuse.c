@@ -54,7 +54,10 @@
  *  4. Groups of one view are dissolved (free views). Group ids are numbered
  *     1, 2, ... by first member; the nodes are reordered (a topological
  *     sort over groups and ungrouped nodes, smallest original position
- *     first) so that each group is contiguous. Deterministic. */
+ *     first) so that each group is contiguous. Groups with only scalar
+ *     results (sums of squares for gradient clipping), views and inlined
+ *     values go first among the ready ones: they run right after their
+ *     inputs are produced, while those are still in cache. Deterministic. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -427,11 +430,11 @@ static int heap_pop(const int *key, int *h, int *n) {
 
 /* Reorders g->nodes so that each group is contiguous: Kahn's algorithm over
  * units (a group, or one ungrouped node), keyed by the unit's first
- * original position; an ungrouped node without inputs (a constant, a param
- * read) by its first reader's, so that a constant placed late (e.g. a
- * backward norm's eps, merged into a forward group) does not hold its group
+ * original position; an ungrouped node without inputs (a param read) by its
+ * first reader's, so that a source placed late does not hold its reader
  * back while everything else that is ready, such as later all_gathers,
- * goes first. unit[id] = the key node id of the node's unit. */
+ * goes first; some units as soon as they are ready (below). unit[id] = the
+ * key node id of the node's unit. */
 static bool reorder(fuse_state *s, const int *unit) {
   ir_graph *g = s->g;
   int n = s->n;
@@ -474,7 +477,31 @@ static bool reorder(fuse_state *s, const int *unit) {
       indeg[cu]++;
     }
   }
+  /* Units run as soon as their inputs are ready (key u - n < 0, before
+   * every other unit) when that costs nothing and may save a pass over
+   * memory: a group whose results are all scalars (a gradient's sum of
+   * squares for clipping then reads the gradient right after its producer
+   * wrote it, while it is still in cache, instead of after the whole
+   * backward), and free views and inlined values (so that they never hold
+   * such a group back). */
+  bool *asap = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  if (!asap) return false;
+  for (int i = 0; i < n; i++) {
+    const ir_node *x = g->nodes[i];
+    asap[i] = x->group != 0 || s->kind[i] == K_INLINE || (x->n_in > 0 && is_view(x->op));
+  }
+  for (int i = 0; i < n; i++) {
+    const ir_node *x = g->nodes[i];
+    for (int j = 0; j < x->n_in; j++) {
+      const ir_node *p = x->in[j];
+      if (unit[p->id] != unit[i] && p->group != 0 && p->type.rank > 0) asap[unit[p->id]] = false;
+    }
+  }
+  for (int o = 0; o < g->n_outputs; o++)
+    if (g->outputs[o]->type.rank > 0) asap[unit[g->outputs[o]->id]] = false;
   int hn = 0, k = 0;
+  for (int i = 0; i < n; i++)
+    if (asap[i]) key[i] = i - n; /* before every other unit, in their order */
   for (int i = 0; i < n; i++)
     if (unit[i] == i && indeg[i] == 0) heap_push(key, heap, &hn, i);
   while (hn > 0) {

@@ -672,7 +672,8 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
                        e->status,
                        0,
                        0};
-      rt_pool_parallel_for(e->pool, in->rows * in->cols, 1 << 16, embgrad_zero, &j);
+      if (!in->accumulate)
+        rt_pool_parallel_for(e->pool, in->rows * in->cols, 1 << 16, embgrad_zero, &j);
       rt_pool_parallel_for(e->pool, in->cols, 64, embgrad_cols, &j);
       if (any_status(e))
         return ir_fail(err, errlen,

@@ -167,6 +167,28 @@ TEST_F(Fuse, ScalarSumOfSquaresHasNoOuterDims) {
   EXPECT_EQ(k->n_outer, 0);
 }
 
+// A group with only scalar results (a gradient's sum of squares for
+// clipping) runs as soon as its input is ready, right after the matmul that
+// produced it, not where it was built (after more work); other groups keep
+// their order. Results still match the interpreter.
+TEST_F(Fuse, ScalarResultGroupRunsRightAfterItsInput) {
+  dsc_type t = ty(DSC_F32, {8, 8});
+  dsc_node *x = dsc_graph_input(g, "x", t), *w = dsc_graph_input(g, "w", t);
+  dsc_node *grad = op(DSC_OP_MATMUL, {x, w});
+  dsc_node *y = grad;
+  for (int i = 0; i < 3; i++) y = op(DSC_OP_MATMUL, {op(DSC_OP_TANH, {y}), w});  // later work
+  std::vector<int64_t> perm = {1, 0};
+  dsc_node *gt = op(DSC_OP_PERMUTE, {grad}, {dsc_attr_ints("perm", perm.data(), 2)});  // a view, built late
+  dsc_node *norm = reduce(DSC_OP_SUM, op(DSC_OP_MUL, {gt, gt}), {0, 1}, false);
+  dsc_node *upd = op(DSC_OP_MUL, {grad, op(DSC_OP_BROADCAST, {norm}, {dsc_attr_ints("shape", t.dims, 2)})});
+  fuse({y, upd});
+  auto pos = [&](const dsc_node *n) { return n->id; };
+  EXPECT_EQ(pos(norm), pos(grad) + 3) << "grad, permute, mul, sum";
+  EXPECT_LT(pos(norm), pos(y));
+  EXPECT_GT(pos(upd), pos(y)) << "a group with a tensor result keeps its place";
+  lower_and_check({random_tensor(ctx, t, rng), random_tensor(ctx, t, rng)});
+}
+
 TEST_F(Fuse, IsDeterministicAndRoundTripsThroughText) {
   dsc_type t = ty(DSC_F32, {4, 8});
   dsc_node *x = dsc_graph_input(g, "x", t), *w = dsc_graph_input(g, "w", ty(DSC_F32, {8, 8}));

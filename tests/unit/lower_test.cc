@@ -166,6 +166,49 @@ TEST_F(Lower, EmbeddingGradScatterAdds) {
                                       random_tensor(ctx, ty(DSC_F32, {3, 4, 5}), rng)});
 }
 
+// A tied embedding's gradient, add(GEMM result, embedding_grad): the
+// scatter-add accumulates into the GEMM's buffer in place (no zero-filled
+// buffer, no add kernel) when nothing else reads the GEMM result and it lies
+// in its buffer as it is; otherwise the plain scatter into zeros. Both match
+// the interpreter (ids repeat: rows accumulate).
+TEST_F(Lower, TiedEmbeddingGradAccumulatesIntoGemmInPlace) {
+  for (int variant = 0; variant < 3; variant++) {
+    dsc_module_free(m);
+    m = dsc_module_new(ctx, "t");
+    g = dsc_graph_new(m, "g");
+    std::vector<int64_t> t2 = {1, 0};
+    dsc_node *ids = input("ids", ty(DSC_I64, {3, 4}));
+    dsc_node *dy = input("dy", ty(DSC_F32, {3, 4, 5}));
+    dsc_node *dl = input("dl", ty(DSC_F32, {12, 6}));
+    dsc_node *hid = input("hid", ty(DSC_F32, {12, 5}));
+    dsc_node *x;
+    if (variant == 2)  // [5, 6] transposed: not the buffer's layout
+      x = op(DSC_OP_PERMUTE, {op(DSC_OP_MATMUL, {op(DSC_OP_PERMUTE, {hid}, {dsc_attr_ints("perm", t2.data(), 2)}), dl})},
+             {dsc_attr_ints("perm", t2.data(), 2)});
+    else
+      x = op(DSC_OP_MATMUL, {op(DSC_OP_PERMUTE, {dl}, {dsc_attr_ints("perm", t2.data(), 2)}), hid});
+    dsc_node *eg = op(DSC_OP_EMBEDDING_GRAD, {ids, dy}, {dsc_attr_int("rows", 6)});
+    dsc_node *gsum = op(DSC_OP_ADD, {x, eg});
+    std::vector<int64_t> all = {0, 1};
+    dsc_node *norm = op(DSC_OP_SUM, {op(DSC_OP_MUL, {gsum, gsum})},
+                        {dsc_attr_ints("axes", all.data(), 2), dsc_attr_bool("keepdims", 0)});
+    std::vector<dsc_node *> outs = {norm, op(DSC_OP_EXP, {gsum}), gsum};
+    if (variant == 1) outs.push_back(x);  // the GEMM result is read twice
+    Result r = check(outs, {random_tensor(ctx, ty(DSC_I64, {3, 4}), rng, false, 0, 6),
+                            random_tensor(ctx, ty(DSC_F32, {3, 4, 5}), rng),
+                            random_tensor(ctx, ty(DSC_F32, {12, 6}), rng),
+                            random_tensor(ctx, ty(DSC_F32, {12, 5}), rng)});
+    ASSERT_NE(r.prog, nullptr);
+    int accumulating = 0, plain = 0;
+    for (int i = 0; i < r.prog->n_instrs; i++) {
+      const cg_instr *in = &r.prog->instrs[i];
+      if (in->kind == CG_INS_EMBEDDING_GRAD) (in->accumulate ? accumulating : plain)++;
+    }
+    EXPECT_EQ(accumulating, variant == 0 ? 1 : 0) << "variant " << variant;
+    EXPECT_EQ(plain, variant == 0 ? 0 : 1) << "variant " << variant;
+  }
+}
+
 TEST_F(Lower, MatmulPlainBatchedBroadcastTransposed) {
   dsc_node *a = input("a", ty(DSC_F32, {5, 3})), *b = input("b", ty(DSC_F32, {3, 4}));
   dsc_node *ba = input("ba", ty(DSC_F32, {2, 5, 3})), *bb = input("bb", ty(DSC_F32, {2, 3, 4}));
