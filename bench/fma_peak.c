@@ -20,7 +20,9 @@
 #include <string.h>
 #include <time.h>
 
-#define CHAINS 16
+#include "bench/fma_probe.h"
+
+#define CHAINS FMA_CHAINS
 
 static double now_s(void) {
   struct timespec ts;
@@ -28,20 +30,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The factors keep every chain bounded (|acc| stays near b / (1 - a)), so
- * no denormal or overflow slows the loop down. */
-__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters, float seed) {
-  __m512 acc[CHAINS];
-  for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
-  for (int64_t i = 0; i < iters; i++) {
-#pragma GCC unroll 16
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-  }
-  __m512 s = acc[0];
-  for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
-  return _mm512_reduce_add_ps(s);
-}
+/* AVX-512: bench/fma_probe.h (gemm_shapes.c measures the same way). */
+static float fma_avx512(int64_t iters, float seed) { return fma_chains_avx512(iters, seed); }
 
 __attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters, float seed) {
   __m256 acc[CHAINS];

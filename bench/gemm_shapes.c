@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/fma_probe.h"
 #include "runtime/runtime.h"
 
 #ifdef DSC_HAVE_LLVM
@@ -68,20 +69,6 @@ static int cmp_double(const void *a, const void *b) {
 
 /* ---- the FMA peak (bench/fma_peak.c's probe, AVX-512 only) ---- */
 
-#define CHAINS 16
-
-__attribute__((target("avx512f"))) static float fma_chains(int64_t iters, float seed) {
-  __m512 acc[CHAINS];
-  for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
-  for (int64_t i = 0; i < iters; i++) {
-#pragma GCC unroll 16
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-  }
-  __m512 s = acc[0];
-  for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
-  return _mm512_reduce_add_ps(s);
-}
 
 typedef struct {
   pthread_barrier_t *start, *stop;
@@ -94,7 +81,7 @@ static void *peak_main(void *p) {
   peak_worker *w = p;
   for (int t = 0; t < w->trials; t++) {
     pthread_barrier_wait(w->start);
-    w->result += fma_chains(w->iters, (float)t);
+    w->result += fma_chains_avx512(w->iters, (float)t);
     pthread_barrier_wait(w->stop);
   }
   return NULL;
@@ -105,7 +92,7 @@ static double fma_peak(int threads, double ms) {
   int64_t iters = 1 << 16;
   for (;;) {
     double t0 = now_s();
-    volatile float sink = fma_chains(iters, 1);
+    volatile float sink = fma_chains_avx512(iters, 1);
     (void)sink;
     double dt = now_s() - t0;
     if (dt > ms * 1e-3 / 4 || iters > ((int64_t)1 << 40)) {
@@ -130,7 +117,7 @@ static double fma_peak(int threads, double ms) {
     pthread_barrier_wait(&start);
     double t0 = now_s();
     pthread_barrier_wait(&stop);
-    double gf = CHAINS * 32.0 * (double)iters * threads / (now_s() - t0) * 1e-9;
+    double gf = FMA_CHAINS * 32.0 * (double)iters * threads / (now_s() - t0) * 1e-9;
     if (gf > best) best = gf;
   }
   for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
