@@ -30,6 +30,11 @@ typedef struct {
   const char *checkpoint_activations; /* "none" | "selective"; NULL: the model's */
   int64_t bucket_bytes, prefetch_bytes, persist_threshold, unshard_bytes;
   int threads; /* CPU threads (GEMM scratch); 0: one per core */
+  /* Offload (issue 7, passes/offload.c): where the optimizer states and
+   * (stage 3) the param shards live: "none" (device), "host", "disk"; NULL:
+   * the model's train section, else none. offload_dir: the disk tier's
+   * directory (NULL: none given). */
+  const char *offload_optimizer, *offload_param, *offload_dir;
 } dsc_plan_options;
 
 /* One rank's bytes; params + grads + optimizer + activations + workspace +
@@ -59,6 +64,9 @@ typedef struct {
    * rank's shards (inside params and optimizer) */
   bool sharded;
   int64_t pad_params[2], pad_states[2];
+  /* Offload tiers: one rank's bytes held in host memory and on disk (the
+   * device figures above exclude them) */
+  int64_t host_bytes, disk_bytes;
 } dsc_memory_plan;
 
 /* Every problem (no file, bad model, a stage the pipeline refuses) is a

@@ -81,6 +81,10 @@ typedef struct {
    * trainer's own stop-flag all-reduce (comm track, category "control").
    * NULL: off. Not owned; it must outlive the trainer. */
   dsc_trace *trace;
+  /* Offload (passes/offload.c; as dsc_plan_options): "none" "host" "disk";
+   * NULL: the model's train section, else none. offload_dir: the disk
+   * tier's directory (required for "disk"). */
+  const char *offload_optimizer, *offload_param, *offload_dir;
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;
