@@ -15,6 +15,13 @@ bf16 is overridden, as bench/train_step.c does).
 
 One timed step = zero_grad + forward + backward + clip_grad_norm_ + optimizer
 step (+ loss.item()). Prints one JSON line.
+
+On a GPU (--device cuda, tests/gpu/run.sh): --dtype bf16 is what a PyTorch
+user writes for dsc's bf16 mixed precision: f32 master weights and AdamW
+states, the forward and backward under torch.autocast(bfloat16); AdamW is
+the fused CUDA implementation, attention SDPA (flash) by default. The step
+ends with torch.cuda.synchronize() (loss.item() does it too), and the JSON
+adds the peak device memory (torch.cuda.max_memory_allocated).
 """
 import argparse
 import json
@@ -93,6 +100,10 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                    help="bf16: autocast mixed precision (f32 master weights)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--attn", choices=("sdpa", "math"), default="sdpa",
                     help="sdpa: F.scaled_dot_product_attention(is_causal=True) (default); "
                          "math: masked softmax as the model's attention op")
@@ -102,30 +113,39 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = GPT2(args.attn)
+    dev = torch.device(args.device)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("pytorch_gpt2_step: --device cuda but torch sees no GPU")
+    model = GPT2(args.attn).to(dev)
+    run_model = torch.compile(model) if args.compile else model
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if args.device == "cuda" else {}))
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     gen = torch.Generator().manual_seed(args.seed + 1)
 
     def batch():
         # tokens below GPT-2's real vocabulary (50257), as data would be
-        return (torch.randint(0, 50257, (args.batch, args.seq), generator=gen),
-                torch.randint(0, 50257, (args.batch, args.seq), generator=gen))
+        return (torch.randint(0, 50257, (args.batch, args.seq), generator=gen).to(dev),
+                torch.randint(0, 50257, (args.batch, args.seq), generator=gen).to(dev))
 
     times, losses = [], []
     for s in range(args.warmup + args.steps):
         tokens, targets = batch()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(tokens, targets)
+        with autocast:
+            loss = run_model(tokens, targets)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         lv = loss.item()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         losses.append(lv)
         if s == 0:
@@ -141,8 +161,12 @@ def main():
     bt = args.batch * args.seq
     fwd = 2 * bt * (LAYERS * D * (3 * D + D + 4 * D + 4 * D) + D * VOCAB)
     fwd += LAYERS * 4 * args.batch * args.seq * args.seq * D
+    extra = {}
+    if args.device == "cuda":
+        extra = {"device": torch.cuda.get_device_name(),
+                 "peak_mem_bytes": torch.cuda.max_memory_allocated()}
     print(json.dumps({
-        "impl": "pytorch",
+        "impl": "pytorch" if args.device == "cpu" else "pytorch-cuda",
         "step_s_median": round(statistics.median(times), 6),
         "step_s_mean": round(statistics.fmean(times), 6),
         "step_s_min": round(min(times), 6),
@@ -150,10 +174,12 @@ def main():
         "batch": args.batch, "seq": args.seq, "threads": torch.get_num_threads(),
         "attention": "F.scaled_dot_product_attention(is_causal=True)" if args.attn == "sdpa"
                      else "masked softmax (math)",
-        "optimizer": "torch.optim.AdamW default implementation (foreach=None)",
+        "optimizer": "torch.optim.AdamW " + ("fused" if args.device == "cuda"
+                                              else "default implementation (foreach=None)"),
+        "dtype": args.dtype, "compiled": args.compile,
         "params": n_params, "gflop_est": round(3 * fwd * 1e-9, 3), "loss_first": round(losses[0], 5),
         "grad_norm_first": round(norm0, 5), "loss_last": round(losses[-1], 5),
-        "torch": torch.__version__,
+        "torch": torch.__version__, **extra,
     }))
 
 
