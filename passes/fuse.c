@@ -305,8 +305,10 @@ typedef struct {
   int *tail;    /* valid at roots */
   int *size;    /* valid at roots */
   int *minpos;  /* valid at roots */
+  int *maxpos;  /* valid at roots */
   int *mark;    /* scratch stamps */
   int stamp;
+  bool strict;  /* convexity over whole groups (see union_valid) */
   int *stack;
   ir_node **tmp; /* members of a candidate union */
   pass_affine *pts;
@@ -326,6 +328,30 @@ static bool groupable(const ir_node *n) {
   if (is_view(n->op) || n->op == DSC_OP_EMBEDDING) return true;
   if (n->op == DSC_OP_SUM || n->op == DSC_OP_MEAN || n->op == DSC_OP_MAX) return true;
   return ir_op(n->op)->cg == IR_CG_ELEMENTWISE;
+}
+
+/* The convexity walk of union_valid: visits p's whole unit (p alone, or
+ * every member of p's group), unless the unit ends before position lo or
+ * was visited (stamp vst). False when p is in the union (stamp st): a path
+ * leaves the union and comes back. */
+static bool walk_push(fuse_state *s, ir_node *p, int st, int vst, int lo, int *sp) {
+  if (s->mark[p->id] == st) return false;
+  if (s->mark[p->id] == vst) return true;
+  bool grouped = s->strict && (s->kind[p->id] == K_GROUP || s->kind[p->id] == K_ALONE);
+  int r = grouped ? find(s, p->id) : p->id;
+  if (s->maxpos[r] < lo) return true;
+  if (!grouped || s->size[r] == 1) {
+    s->mark[p->id] = vst;
+    s->stack[(*sp)++] = p->id;
+    return true;
+  }
+  for (int x = r; x >= 0; x = s->next[x]) {
+    if (s->mark[x] == st) return false;
+    if (s->mark[x] == vst) continue;
+    s->mark[x] = vst;
+    s->stack[(*sp)++] = x;
+  }
+  return true;
 }
 
 /* Is the union of groups ra and rb (roots) a valid group? */
@@ -357,33 +383,29 @@ static bool union_valid(fuse_state *s, int ra, int rb) {
       if (d.n_outer == 0 && d.reduces && n_full && !full) return false;
     }
   }
-  /* convexity: no path from a member through a non-member to a member.
-   * Walk back from the non-member inputs of members; nodes before the
-   * union's first member cannot depend on it. */
+  /* convexity: no path from a member through non-members back to a
+   * member. Walk back from the non-member inputs of members; a unit whose
+   * members all come before the union's first member cannot depend on it.
+   * Node by node this misses one case: two groups that are each convex can
+   * still need each other (a1 -> b1 and b2 -> a2), and then no order runs
+   * their kernels. The strict walk treats another group as one unit
+   * (reaching a member reaches all of its inputs); it costs far more on
+   * large graphs, so the pass uses it only when the node-level groups
+   * cannot be ordered (pass_fuse_graph). */
   int lo = s->minpos[ra] < s->minpos[rb] ? s->minpos[ra] : s->minpos[rb];
   int vst = ++s->stamp, sp = 0;
+  int budget = 8192; /* bounds the pass's time: a deeper search rejects the merge */
   for (int i = 0; i < cnt; i++) {
     ir_node *n = s->tmp[i];
-    for (int j = 0; j < n->n_in; j++) {
-      ir_node *p = n->in[j];
-      if (s->mark[p->id] == st || s->mark[p->id] == vst || p->id < lo) continue;
-      s->mark[p->id] = vst;
-      s->stack[sp++] = p->id;
-    }
+    for (int j = 0; j < n->n_in; j++)
+      if (s->mark[n->in[j]->id] != st && !walk_push(s, n->in[j], st, vst, lo, &sp)) return false;
   }
-  int budget = 8192; /* bounds the pass's time: a deeper search rejects the merge */
   while (sp > 0) {
     if (--budget < 0) return false;
     ir_node *x = s->g->nodes[s->stack[--sp]];
     if (s->kind[x->id] == K_INLINE) continue; /* depends on inlinables only */
-    for (int j = 0; j < x->n_in; j++) {
-      ir_node *p = x->in[j];
-      if (p->id < lo) continue;
-      if (s->mark[p->id] == st) return false; /* re-enters the union */
-      if (s->mark[p->id] == vst) continue;
-      s->mark[p->id] = vst;
-      s->stack[sp++] = p->id;
-    }
+    for (int j = 0; j < x->n_in; j++)
+      if (!walk_push(s, x->in[j], st, vst, lo, &sp)) return false;
   }
   return true;
 }
@@ -398,6 +420,7 @@ static void merge(fuse_state *s, int ra, int rb) {
   s->tail[ra] = s->tail[rb];
   s->size[ra] += s->size[rb];
   if (s->minpos[rb] < s->minpos[ra]) s->minpos[ra] = s->minpos[rb];
+  if (s->maxpos[rb] > s->maxpos[ra]) s->maxpos[ra] = s->maxpos[rb];
 }
 
 /* A min-heap of units by (key, unit), for the reordering. */
@@ -518,6 +541,67 @@ static bool reorder(fuse_state *s, const int *unit) {
   return true;
 }
 
+/* Partitions the nodes into groups (rules 1-2 of the header). */
+static void partition(fuse_state *s) {
+  ir_graph *g = s->g;
+  int n = s->n;
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    x->group = 0;
+    s->parent[i] = i, s->next[i] = -1, s->tail[i] = i, s->size[i] = 1;
+    s->minpos[i] = s->maxpos[i] = i;
+    bool all_inline = true;
+    for (int j = 0; j < x->n_in; j++) all_inline = all_inline && s->kind[x->in[j]->id] == K_INLINE;
+    uint32_t mask;
+    if (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA)
+      s->kind[i] = K_INLINE;
+    else if (x->n_in > 0 && all_inline && pass_fuse_inlinable_op(x))
+      s->kind[i] = K_INLINE;
+    else if (pass_fuse_reduction(x, &mask) && !(mask & (1u << (x->in[0]->type.rank - 1))))
+      s->kind[i] = K_ALONE;
+    else if (groupable(x))
+      s->kind[i] = K_GROUP;
+    else
+      s->kind[i] = K_NONE;
+  }
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    if (s->kind[i] != K_GROUP) continue;
+    for (int j = 0; j < x->n_in; j++) {
+      ir_node *p = x->in[j];
+      if (s->kind[p->id] != K_GROUP) continue;
+      if (x->op == DSC_OP_EMBEDDING && j == 0) continue;
+      int rp = find(s, p->id), rx = find(s, i);
+      if (rp == rx) continue;
+      /* a lone view is a free view: nothing merges into it */
+      if (is_view(p->op) && s->size[rp] == 1) continue;
+      if (union_valid(s, rx, rp)) merge(s, rx, rp);
+    }
+  }
+}
+
+/* Numbers the groups by first member, dissolves lone views, and reorders
+ * the nodes (rule 4); returns the number of groups, -1 when the groups
+ * cannot be ordered. */
+static int number_and_reorder(fuse_state *s, int *unit) {
+  ir_graph *g = s->g;
+  int n = s->n;
+  /* number groups by first member; dissolve lone views */
+  int next_id = 0;
+  int *gid = s->stack; /* reuse: root -> group id */
+  for (int i = 0; i < n; i++) gid[i] = 0;
+  for (int i = 0; i < n; i++) {
+    unit[i] = i;
+    if (s->kind[i] != K_GROUP && s->kind[i] != K_ALONE) continue;
+    int r = find(s, i);
+    if (s->size[r] == 1 && is_view(g->nodes[i]->op)) continue;
+    if (!gid[r]) gid[r] = ++next_id;
+    g->nodes[i]->group = gid[r];
+    unit[i] = s->minpos[r];
+  }
+  return reorder(s, unit) ? next_id : -1;
+}
+
 dsc_status pass_fuse_graph(ir_graph *g) {
   ir_module *m = g->module;
   ir_arena *a = &m->arena;
@@ -533,68 +617,31 @@ dsc_status pass_fuse_graph(ir_graph *g) {
   s.tail = ir_arena_alloc(a, isz);
   s.size = ir_arena_alloc(a, isz);
   s.minpos = ir_arena_alloc(a, isz);
+  s.maxpos = ir_arena_alloc(a, isz);
   s.mark = ir_arena_alloc(a, isz);
   s.stack = ir_arena_alloc(a, isz);
   s.tmp = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n ? n : 1));
   int *unit = ir_arena_alloc(a, isz);
-  if (!s.kind || !s.parent || !s.next || !s.tail || !s.size || !s.minpos || !s.mark || !s.stack ||
-      !s.tmp || !unit) {
+  if (!s.kind || !s.parent || !s.next || !s.tail || !s.size || !s.minpos || !s.maxpos ||
+      !s.mark || !s.stack || !s.tmp || !unit) {
     ir_error(m->ctx, ir_no_loc, "fuse: out of memory");
     return DSC_ERR_INTERNAL;
   }
-  for (int i = 0; i < n; i++) {
-    ir_node *x = g->nodes[i];
-    if (x->id != i) {
+  for (int i = 0; i < n; i++)
+    if (g->nodes[i]->id != i) {
       ir_error(m->ctx, ir_no_loc, "fuse: graph '%s' has inconsistent node ids", g->name);
       return DSC_ERR_INTERNAL;
     }
-    x->group = 0;
-    s.parent[i] = i, s.next[i] = -1, s.tail[i] = i, s.size[i] = 1, s.minpos[i] = i;
-    bool all_inline = true;
-    for (int j = 0; j < x->n_in; j++) all_inline = all_inline && s.kind[x->in[j]->id] == K_INLINE;
-    uint32_t mask;
-    if (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA)
-      s.kind[i] = K_INLINE;
-    else if (x->n_in > 0 && all_inline && pass_fuse_inlinable_op(x))
-      s.kind[i] = K_INLINE;
-    else if (pass_fuse_reduction(x, &mask) && !(mask & (1u << (x->in[0]->type.rank - 1))))
-      s.kind[i] = K_ALONE;
-    else if (groupable(x))
-      s.kind[i] = K_GROUP;
-    else
-      s.kind[i] = K_NONE;
-  }
-  for (int i = 0; i < n; i++) {
-    ir_node *x = g->nodes[i];
-    if (s.kind[i] != K_GROUP) continue;
-    for (int j = 0; j < x->n_in; j++) {
-      ir_node *p = x->in[j];
-      if (s.kind[p->id] != K_GROUP) continue;
-      if (x->op == DSC_OP_EMBEDDING && j == 0) continue;
-      int rp = find(&s, p->id), rx = find(&s, i);
-      if (rp == rx) continue;
-      /* a lone view is a free view: nothing merges into it */
-      if (is_view(p->op) && s.size[rp] == 1) continue;
-      if (union_valid(&s, rx, rp)) merge(&s, rx, rp);
+  partition(&s);
+  int next_id = number_and_reorder(&s, unit);
+  if (next_id < 0) {
+    s.strict = true; /* node-level convexity let two groups need each other */
+    partition(&s);
+    if ((next_id = number_and_reorder(&s, unit)) < 0) {
+      ir_error(m->ctx, ir_no_loc, "fuse: could not order the groups of graph '%s' (a cycle)",
+               g->name);
+      return DSC_ERR_INTERNAL;
     }
-  }
-  /* number groups by first member; dissolve lone views */
-  int next_id = 0;
-  int *gid = s.stack; /* reuse: root -> group id */
-  for (int i = 0; i < n; i++) gid[i] = 0;
-  for (int i = 0; i < n; i++) {
-    unit[i] = i;
-    if (s.kind[i] != K_GROUP && s.kind[i] != K_ALONE) continue;
-    int r = find(&s, i);
-    if (s.size[r] == 1 && is_view(g->nodes[i]->op)) continue;
-    if (!gid[r]) gid[r] = ++next_id;
-    g->nodes[i]->group = gid[r];
-    unit[i] = s.minpos[r];
-  }
-  if (!reorder(&s, unit)) {
-    ir_error(m->ctx, ir_no_loc, "fuse: could not order the groups of graph '%s' (a cycle)",
-             g->name);
-    return DSC_ERR_INTERNAL;
   }
   /* renumber so that ids increase along the new node order */
   int *ren = ir_arena_alloc(a, sizeof(int) * (size_t)(next_id + 1));

@@ -28,12 +28,8 @@
 /* Cheap to compute again from its inputs. */
 static bool recomputable(const ir_node *n) {
   switch (ir_op(n->op)->cg) {
-    case IR_CG_ELEMENTWISE:
-      /* not casts: with bf16 compute, recomputed casts led the fuse pass to
-       * groups it could not order (a cycle; gpt-tiny, bf16, cpu backend:
-       * tests/cli/remat.sh keeps that case running). Casts of params are
-       * recomputed per segment by the zero pass anyway. */
-      return n->op != DSC_OP_CAST;
+    case IR_CG_ELEMENTWISE: /* casts too: bf16 copies of activations are not kept */
+      return true;
     case IR_CG_COPY: /* views and concatenation; not embedding (a gather) or assign */
       return n->op != DSC_OP_EMBEDDING && n->op != DSC_OP_ASSIGN;
     case IR_CG_COMPOSITE:
