@@ -140,7 +140,10 @@ struct dsc_node {
 /* Set by the passes that create such values: the optimizer pass marks each
  * param's averaged gradient, the zero pass the reduced/sharded gradients the
  * update reads. The memory plan counts these buffers as "grads". */
-typedef enum { IR_ROLE_NONE = 0, IR_ROLE_GRAD = 1 } ir_role;
+/* IR_ROLE_RECOMPUTED: a value the backward computes again instead of
+ * keeping the forward's (passes/remat.c, and what decompose expands it to):
+ * cse must not give it back the forward's matmul or gather. */
+typedef enum { IR_ROLE_NONE = 0, IR_ROLE_GRAD = 1, IR_ROLE_RECOMPUTED = 2 } ir_role;
 
 struct dsc_graph {
   const char *name;

@@ -19,6 +19,11 @@
  * a full buffer (exp(logits - max) is 51 MB in GPT-2), where a copy in each
  * group is recomputed for free. Nodes left without a use are then removed.
  *
+ * A matmul or gather that activation checkpointing recomputes (role
+ * IR_ROLE_RECOMPUTED) is not replaced by the forward's: that would keep
+ * the forward's result alive until the backward, which is what the policy
+ * chose not to do.
+ *
  * Exact: a replaced node computes the very same value. Runs after decompose,
  * before fuse (include/dsc/train.h lists the pipeline). */
 #include <stdint.h>
@@ -182,6 +187,14 @@ dsc_status pass_cse_graph(ir_graph *g) {
       continue;
     }
     int j = s.table[slot];
+    if (x->role == IR_ROLE_RECOMPUTED && g->nodes[j]->role != IR_ROLE_RECOMPUTED &&
+        (x->op == DSC_OP_MATMUL || x->op == DSC_OP_EMBEDDING)) {
+      /* activation checkpointing chose to compute this again rather than
+       * keep the forward's (large) result: the recomputation stands, and
+       * later equal nodes (the backward's) read it */
+      s.table[slot] = i;
+      continue;
+    }
     s.vn[i] = s.vn[j];
     if (worth_replacing(x)) repl[i] = g->nodes[j];
   }

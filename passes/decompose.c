@@ -222,6 +222,8 @@ static dsc_status decompose_graph(ir_module *m, ir_graph *g) {
     ir_node *r = decompose_node(g, &view);
     range[2 * i + 1] = g->n_nodes;
     if (!r) goto fail_restore;
+    if (n->role == IR_ROLE_RECOMPUTED) /* cse keeps a recomputed attention's matmuls */
+      for (int k = range[2 * i]; k < range[2 * i + 1]; k++) g->nodes[k]->role = n->role;
     if (!dsc_type_equal(&r->type, &n->type)) {
       char t1[128], t2[128];
       dsc_type_format(&n->type, t1, sizeof t1);

@@ -27,6 +27,7 @@ bool pass_inline_graph(ir_graph *dst, const ir_graph *src, ir_node *const *input
       dst->cur_loc = saved;
       return false; /* ir_node_new_raw reported it */
     }
+    c->role = n->role; /* a recomputation stays one (cse) */
     map[i] = c;
   }
   dst->cur_loc = saved;

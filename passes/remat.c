@@ -64,6 +64,7 @@ static ir_node *recompute(remat_state *s, ir_node *x) {
   s->g->cur_loc = x->loc;
   ir_node *c = ir_node_new_raw(s->g, x->op, x->type, in, x->n_in, x->attrs, x->n_attrs);
   s->g->cur_loc = saved;
+  if (c) c->role = IR_ROLE_RECOMPUTED;
   return s->clone[x->id] = c;
 }
 

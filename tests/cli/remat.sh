@@ -68,6 +68,13 @@ p0=$(peak none) p1=$(peak block)
 m0=$("$DSC" dump "$MODEL" --after autodiff | grep -c '= matmul(')
 m1=$("$DSC" dump "$MODEL" --after remat --checkpoint-activations block | grep -c '= matmul(')
 [ "$m1" -gt "$m0" ] && pass || fail "block: $m1 matmuls after remat, not more than $m0"
+# ... and they survive cse, which must not hand the backward the forward's
+# matmul results back (that kept them alive: blocks planned like selective)
+c0=$("$DSC" dump "$MODEL" --after cse | grep -c '= matmul(')
+c1=$("$DSC" dump "$MODEL" --after cse --checkpoint-activations block | grep -c '= matmul(')
+[ "$c1" -gt "$c0" ] && pass || fail "block: $c1 matmuls after cse, not more than $c0"
+ps=$(peak selective)
+[ "$p1" -lt "$ps" ] && pass || fail "plan: GPT-2's peak $p1 with block, not below selective's $ps"
 # the train section's key (the copy imports lib/ next to it)
 cp -r "$SRC/examples/lib" "$TMP/lib"
 sed 's/^train {/train {\n  checkpoint_activations = selective/' "$MODEL" >"$TMP/m.dsm"
