@@ -2,21 +2,38 @@
 """Per-rank memory tables for docs/memory.md, from `dsc plan --json`.
 
     python3 bench/plan_table.py --dsc build/dsc [--batch 1] [--seq 1024] > tables.md
+    python3 bench/plan_table.py --dsc build/dsc --measured     # the "measured here" table
 
 For GPT-2 124M, GPT-2 1.5B and the LLaMA-style 7B (examples/), one table per
-world size (1, 8, 64) with ZeRO stages 0-3 side by side; then the 78B
-(llama-70b.dsm, full multi-head attention) at worlds 64 and 512, stage 3.
-Every figure is rank 0's (every rank runs the same program). Each plan is one
-`dsc plan MODEL --world N --zero-stage S --batch B --seq T --grad-accum 1
---json`; the script also checks the model states against the ZeRO formulas
-(f32 master params and grads, AdamW: 4 + 4 + 8 bytes per param, each divided
-by N where the stage shards it) within the shard padding, and exits 1 if one
-differs. Python 3 standard library only.
+world size (1, 8, 64): a row per ZeRO stage and offload choice (none; the
+optimizer states on the host at every stage; the optimizer states and the
+param shards on the host at stage 3), with the device categories and the
+host column; then the 78B (llama-70b.dsm, full multi-head attention) at
+worlds 64 and 512, stage 3. Every figure is rank 0's (every rank runs the same
+program). Each plan is one `dsc plan MODEL --world N --zero-stage S --batch B
+--seq T --grad-accum 1 [--offload-optimizer host] [--offload-param host]
+--json`.
+
+The script checks every plan's model states against the ZeRO and
+ZeRO-Offload formulas (f32 master params and grads, AdamW: 4 + 4 + 8 bytes
+per param, each divided by N where the stage shards it; what is offloaded
+counted on the host instead of the device) within the shard padding, and
+exits 1 if one differs.
+
+--measured trains gpt-tiny (batch 64 x seq 64, 2 steps, cpu backend) at
+stage 0 without offload, with the optimizer states on the host, on disk and
+under --offload-optimizer auto with a budget half a state set below the
+no-offload peak, and prints dsc train's planned memory against the measured
+RSS growth, with the commands. Python 3 standard library only.
 """
 import argparse
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 MODELS = [
@@ -25,6 +42,10 @@ MODELS = [
     ("LLaMA-style 7B", "examples/llama-7b.dsm"),
 ]
 BIG = ("LLaMA-2-70B shapes, full MHA (78B)", "examples/llama-70b.dsm")
+# (label, offload flags): optimizer host at every stage, param host at stage 3
+OFFLOADS = [("none", []),
+            ("optimizer host", ["--offload-optimizer", "host"]),
+            ("optimizer + param host", ["--offload-optimizer", "host", "--offload-param", "host"])]
 
 
 def human(b):
@@ -39,17 +60,21 @@ def human(b):
     return "%.2f %s" % (v, units[u])
 
 
-def formula(stage, psi, n):
-    """ZeRO paper, f32 AdamW: params 4, grads 4, optimizer 8 bytes per param."""
+def formula(stage, psi, n, opt_host, param_host):
+    """ZeRO (stages) and ZeRO-Offload (tiers), f32 AdamW: params 4, grads 4,
+    optimizer 8 bytes per param (+ the 4-byte step count), divided by N where
+    the stage shards them. Returns the bytes of params, grads and optimizer
+    on the device and of the values on the host tier."""
     p = 4 * psi / (n if stage >= 3 else 1)
     g = 4 * psi / (n if stage >= 2 else 1)
-    o = 8 * psi / (n if stage >= 1 else 1)
-    return p + g + o
+    o = 8 * psi / (n if stage >= 1 else 1) + 4
+    host = (o if opt_host else 0) + (p if param_host else 0)
+    return (0 if param_host else p), g, (0 if opt_host else o), host
 
 
-def plan(dsc, model, world, stage, batch, seq):
+def plan(dsc, model, world, stage, batch, seq, flags):
     cmd = [dsc, "plan", model, "--world", str(world), "--zero-stage", str(stage),
-           "--batch", str(batch), "--seq", str(seq), "--grad-accum", "1", "--json"]
+           "--batch", str(batch), "--seq", str(seq), "--grad-accum", "1", "--json"] + flags
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True)
     dt = time.monotonic() - t0
@@ -60,26 +85,148 @@ def plan(dsc, model, world, stage, batch, seq):
     rank["param_count"] = obj["param_count"]
     rank["precision"] = obj["precision"]
     rank["seconds"] = dt
+    rank.setdefault("host_work", 0)
+    rank.setdefault("host", 0)
+    # the host tier's values; host_work: the host optimizer step's gradients
+    # and temporaries (passes/offload_host.c)
+    rank["host_values"] = rank["host"] - rank["host_work"]
+    opt_host = "--offload-optimizer" in flags
+    p, g, o, host = formula(stage, obj["param_count"], world, opt_host, "--offload-param" in flags)
     # shards pad each tensor to a multiple of N: at most 4 bytes per tensor,
     # value kind (params, grads, m, v) and rank; 1% covers it for these models
-    want = formula(stage, obj["param_count"], world) + 4  # + opt.step
-    if abs(rank["model_states"] - want) > 0.01 * want:
-        sys.exit("plan_table: %s world %d stage %d: model states %d, formula %d"
-                 % (model, world, stage, rank["model_states"], want))
+    checks = [("params", rank["params"], p), ("optimizer", rank["optimizer"], o),
+              ("host values", rank["host_values"], host)]
+    if opt_host:  # ZeRO-Offload: gradients leave the device during the backward
+        if rank["grads_held"] > g * 1.01:
+            sys.exit("plan_table: %s world %d stage %d %s: grads held %d over %d"
+                     % (model, world, stage, " ".join(flags), rank["grads_held"], g))
+    else:
+        checks.append(("grads held", rank["grads_held"], g))
+    for what, got, want in checks:
+        if abs(got - want) > 0.01 * want + 8:
+            sys.exit("plan_table: %s world %d stage %d %s: %s %d, formula %d"
+                     % (model, world, stage, " ".join(flags), what, got, want))
     return rank
 
 
-ROWS = [("params", "params"), ("grads held", "grads_held"), ("optimizer", "optimizer"),
-        ("**model states** (= formula)", "model_states"), ("activations", "activations"),
-        ("workspace", "workspace"), ("comm", "comm"), ("**peak**", "peak")]
+COLS = [("params", "params"), ("grads held", "grads_held"), ("optimizer", "optimizer"),
+        ("activations", "activations"), ("workspace", "workspace"), ("comm", "comm"),
+        ("**device peak**", "peak"), ("host: values", "host_values"),
+        ("host: work", "host_work"), ("**host**", "host")]
 
 
-def table(cols, headers):
-    out = ["| per rank | " + " | ".join(headers) + " |",
-           "|---|" + "---|" * len(headers)]
-    for name, key in ROWS:
+def config_table(rows):
+    """rows: (stage label, offload label, plan)"""
+    out = ["| stage | offload | " + " | ".join(c[0] for c in COLS) + " |",
+           "|---|---|" + "---:|" * len(COLS)]
+    for st, off, r in rows:
+        out.append("| %s | %s | %s |" % (st, off, " | ".join(human(r[k]) for _, k in COLS)))
+    return "\n".join(out)
+
+
+BIG_ROWS = [("params", "params"), ("grads held", "grads_held"), ("optimizer", "optimizer"),
+            ("**model states** (= formula)", "model_states"), ("activations", "activations"),
+            ("workspace", "workspace"), ("comm", "comm"), ("**peak**", "peak")]
+
+
+def column_table(cols, headers):
+    out = ["| per rank | " + " | ".join(headers) + " |", "|---|" + "---|" * len(headers)]
+    for name, key in BIG_ROWS:
         out.append("| %s | %s |" % (name, " | ".join(human(c[key]) for c in cols)))
     return "\n".join(out)
+
+
+def tables(a):
+    slowest, n = 0.0, 0
+    t0 = time.monotonic()
+    for title, model in MODELS:
+        first = True
+        for world in (1, 8, 64):
+            rows = []
+            for stage in ((0,) if world == 1 else (0, 1, 2, 3)):
+                for label, flags in OFFLOADS:
+                    if "--offload-param" in flags and (stage != 3 or world == 1):
+                        continue
+                    r = plan(a.dsc, model, world, stage, a.batch, a.seq, flags)
+                    slowest, n = max(slowest, r["seconds"]), n + 1
+                    rows.append(("0 (every stage)" if world == 1 else str(stage), label, r))
+            if first:
+                first = False
+                r0 = rows[0][2]
+                print("### %s (`%s`): Psi = %s params, %s\n"
+                      % (title, model, format(r0["param_count"], ","), r0["precision"]))
+            print("World %d:\n" % world)
+            print(config_table(rows))
+            print()
+    if not a.no_70b:
+        title, model = BIG
+        cols = [plan(a.dsc, model, w, 3, a.batch, a.seq, []) for w in (64, 512)]
+        slowest, n = max([slowest] + [c["seconds"] for c in cols]), n + 2
+        print("### %s (`%s`): Psi = %s params, %s, stage 3\n"
+              % (title, model, format(cols[0]["param_count"], ","), cols[0]["precision"]))
+        print(column_table(cols, ["world 64", "world 512"]))
+        print()
+    print("(batch %d x seq %d x grad_accum 1 per rank; %d plans in %.0f s, slowest %.1f s)"
+          % (a.batch, a.seq, n, time.monotonic() - t0, slowest))
+
+
+def measured(a):
+    """dsc train's planned memory against the measured RSS growth, gpt-tiny."""
+    model = "examples/gpt-tiny.dsm"
+    shape = ["--batch", "64", "--seq", "64", "--threads", "2"]
+    tmp = tempfile.mkdtemp(prefix="dsc-plan-table-")
+    words = "the cat sat on a mat and the dog ran to the red ball while a bird sang".split()
+    s, text = 1, []
+    for i in range(40000):
+        s = (s * 75 + 74) % 65537
+        text.append(words[(s // 7) % len(words)] + (".\n" if i % 12 == 11 else " "))
+    with open(os.path.join(tmp, "corpus.txt"), "w") as f:
+        f.write("".join(text))
+    subprocess.run([a.dsc, "data", os.path.join(tmp, "corpus.txt"), "-o",
+                    os.path.join(tmp, "c")], check=True, capture_output=True)
+    none = json.loads(subprocess.run([a.dsc, "plan", model, "--zero-stage", "0", "--json"] +
+                                     shape[:4], check=True, capture_output=True,
+                                     text=True).stdout)["ranks"][0]
+    budget = none["peak"] - none["optimizer"] // 2
+    env = dict(os.environ, DSC_CACHE_DIR=os.path.join(tmp, "cache"))
+    od = os.path.join(tmp, "od")
+    os.mkdir(od)
+    configs = [("none", []), ("optimizer host", ["--offload-optimizer", "host"]),
+               ("optimizer disk", ["--offload-optimizer", "disk", "--offload-dir", od]),
+               ("optimizer auto", ["--offload-optimizer", "auto", "--memory-budget", str(budget)])]
+    print("| offload | planned device peak (dsc plan) | host | trainer: planned | measured RSS "
+          "growth | offloaded by auto |")
+    print("|---|---:|---:|---:|---:|---|")
+    cmds = []
+    for label, flags in configs:
+        p = json.loads(subprocess.run([a.dsc, "plan", model, "--zero-stage", "0", "--json"] +
+                                      shape[:4] + flags, check=True, capture_output=True,
+                                      text=True).stdout)
+        cmd = [a.dsc, "train", model, "--data", os.path.join(tmp, "c"), "--steps", "2",
+               "--eval-every", "0", "--backend", "cpu"] + shape + flags
+        cmds.append(" ".join(["dsc"] + cmd[1:]).replace(tmp, "$TMP"))
+        # a first run fills the kernel cache: the measured run's RSS is then
+        # the executor's arenas, not the JIT compiler's (as tests/cli/offload.sh)
+        subprocess.run(cmd[:cmd.index("--steps") + 1] + ["1"] + cmd[cmd.index("--steps") + 2:],
+                       capture_output=True, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0:  # say so in the row, measure the others
+            err = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[0]
+            print("| %s | %s | %s | failed: %s | | |" % (label, human(p["ranks"][0]["peak"]),
+                                                       human(p["ranks"][0]["host"]), err))
+            continue
+        m = re.search(r"^memory: planned ([0-9.]+) MiB.*measured ([0-9.]+) MiB", r.stdout, re.M)
+        auto = p.get("offload_auto")
+        moved = ("%d of %d states, %s" % (auto["moved"], auto["candidates"], human(auto["host"]))
+                 if auto else "")
+        print("| %s | %s | %s | %s MiB | %s MiB | %s |"
+              % (label, human(p["ranks"][0]["peak"]), human(p["ranks"][0]["host"]),
+                 m.group(1) if m else "?", m.group(2) if m else "?", moved))
+    print("\n(auto budget: %d B, the no-offload peak less half the optimizer states)\n" % budget)
+    print("```")
+    print("\n".join(cmds))
+    print("```")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
@@ -88,32 +235,13 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--no-70b", action="store_true", help="skip the 78B model")
+    ap.add_argument("--measured", action="store_true",
+                    help="instead of the tables: train gpt-tiny, planned vs measured memory")
     a = ap.parse_args()
-    slowest = 0.0
-    for title, model in MODELS:
-        first = None
-        for world in (1, 8, 64):
-            stages = (0,) if world == 1 else (0, 1, 2, 3)
-            cols = [plan(a.dsc, model, world, s, a.batch, a.seq) for s in stages]
-            slowest = max([slowest] + [c["seconds"] for c in cols])
-            if first is None:
-                first = cols[0]
-                print("### %s (`%s`): Psi = %s params, %s\n"
-                      % (title, model, format(first["param_count"], ","), first["precision"]))
-            heads = ["stage 0 (every stage)"] if world == 1 else ["stage %d" % s for s in stages]
-            print("World %d:\n" % world)
-            print(table(cols, heads))
-            print()
-    if not a.no_70b:
-        title, model = BIG
-        cols = [plan(a.dsc, model, w, 3, a.batch, a.seq) for w in (64, 512)]
-        slowest = max([slowest] + [c["seconds"] for c in cols])
-        print("### %s (`%s`): Psi = %s params, %s, stage 3\n"
-              % (title, model, format(cols[0]["param_count"], ","), cols[0]["precision"]))
-        print(table(cols, ["world 64", "world 512"]))
-        print()
-    print("(batch %d x seq %d x grad_accum 1 per rank; slowest single plan %.1f s)"
-          % (a.batch, a.seq, slowest))
+    if a.measured:
+        measured(a)
+    else:
+        tables(a)
 
 
 if __name__ == "__main__":

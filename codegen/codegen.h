@@ -193,6 +193,10 @@ typedef struct {
   int64_t numel;
   int64_t offset; /* bytes within its arena (64-byte aligned) */
   int first_use, last_use; /* instruction indices (liveness), -1 for STATE */
+  int tier; /* CG_BUF_PARAM: cg_tier of the value (its arena); 0 (device) otherwise */
+  /* (CG_BUF_TEMP with tier CG_TIER_HOST: a host work buffer, placed by
+   * liveness in the program's host work arena (cg_program.host_work_bytes):
+   * to_host results and the values of nodes placed on the host) */
 } cg_buffer;
 
 typedef enum {
@@ -202,7 +206,23 @@ typedef enum {
   CG_INS_COPY,           /* dst = src, `numel` elements, same dtype, contiguous */
   CG_INS_COLLECTIVE_START, /* starts collective `coll` (asynchronous): src -> dst */
   CG_INS_COLLECTIVE_WAIT,  /* completes the collective `coll.id` started earlier */
+  CG_INS_TIER_START,       /* starts disk transfer `tier` (asynchronous) of buffer src */
+  CG_INS_TIER_WAIT,        /* completes disk transfer `tier.id` started earlier */
 } cg_ins_kind;
+
+/* A disk tier transfer (tier_read_start/_wait, tier_write_start/_wait;
+ * passes/offload_disk.c): module param/state `param` (disk tier) read from
+ * the file's active slot into buffer src (a WORK buffer holding the whole
+ * value, contiguous), or written from it into the other slot, which becomes
+ * the active one only when the run completes. The buffer belongs to the
+ * transfer from its START to its WAIT (liveness covers both; the WAIT
+ * repeats the START's fields). Ids 0..cg_program.n_tier_ios-1, in start
+ * order; every START has one WAIT later in the program. */
+typedef struct {
+  int id;
+  int param;
+  bool write;
+} cg_tier_io;
 
 typedef enum {
   CG_COLL_ALL_REDUCE,     /* dst[i] = sum over ranks of src[i], count elements */
@@ -268,6 +288,8 @@ typedef struct {
   int64_t src_len;
   /* COLLECTIVE_START / COLLECTIVE_WAIT (buffers: src, dst) */
   cg_collective coll;
+  /* TIER_START / TIER_WAIT (buffer: src; dst == src) */
+  cg_tier_io tier;
   const ir_node *node; /* the IR node it came from, for errors and traces (may be NULL) */
 } cg_instr;
 
@@ -298,7 +320,17 @@ typedef struct {
   int n_assigns;
   cg_assign *assigns;
   int64_t arena_bytes[2]; /* STATE, WORK */
+  /* per cg_tier, the bytes of the arena holding that tier's params and
+   * states ([CG_TIER_DEVICE] == arena_bytes[STATE]; [CG_TIER_DISK]: the
+   * size of a slot of the disk tier's file, laid out by
+   * cg_state_layout_tiers; no memory: the disk values are streamed through
+   * WORK buffers by TIER_START/TIER_WAIT) */
+  int64_t tier_bytes[3];
+  /* the host work arena (per program, like WORK): CG_BUF_TEMP buffers of
+   * tier CG_TIER_HOST (passes/offload_host.c), counted as host memory */
+  int64_t host_work_bytes;
   int n_collectives;      /* COLLECTIVE_START instructions (ids 0..n-1) */
+  int n_tier_ios;         /* TIER_START instructions (ids 0..n-1) */
   bool needs_rank;        /* has rank-chunk copies (local_shard): needs a communicator */
   /* Per node id of the lowered graph: the buffer holding the node's value
    * contiguously (offset 0), -1 for none (recomputed, a view, fused away).
@@ -318,6 +350,18 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out);
  * (module order) at byte offset offsets[i] (64-byte aligned); *total is the
  * arena size. False when the sizes overflow. */
 bool cg_state_layout(const ir_module *m, int64_t *offsets, int64_t *total);
+
+/* Memory tiers (passes/offload.c): param/state i lives on the device
+ * (default), in host memory or on disk, by module meta "tier.<name>" =
+ * "host" | "disk". cg_param_tier returns the tier, -1 when the meta is
+ * malformed. cg_state_layout_tiers lays out each tier's values in its own
+ * arena: offsets[i] within tier tiers[i]'s arena of totals[tier] bytes
+ * (the device's is the STATE arena; the disk tier's is the layout of a
+ * slot of its file, which no memory mirrors: the values are streamed). False when a size
+ * overflows or a tier is malformed. */
+typedef enum { CG_TIER_DEVICE = 0, CG_TIER_HOST = 1, CG_TIER_DISK = 2, CG_TIER_COUNT = 3 } cg_tier;
+int cg_param_tier(const ir_module *m, int i);
+bool cg_state_layout_tiers(const ir_module *m, int64_t *offsets, int *tiers, int64_t *totals);
 
 /* A readable listing of a program (instructions, buffers, kernels). */
 char *cg_program_print(ir_arena *a, const cg_program *p);
@@ -362,6 +406,14 @@ typedef struct {
   int64_t param_elems, state_elems; /* elements this rank holds */
   bool sharded;        /* some param or state is a shard (meta "shard.<name>") */
   int64_t world, stage; /* module meta zero.world, zero.stage (1, 0 when absent) */
+  /* Offload tiers (outside peak, which is the device's): the host arena
+   * (host-tier values) plus the disk tier's staging arena, and the disk
+   * tier's file (a header page plus two slots of the staging layout) */
+  int64_t host_bytes, disk_bytes;
+  int64_t host_params, host_optimizer; /* of host_bytes: tiered params, tiered states */
+  int64_t host_arena, disk_staging;    /* host_bytes = host_arena + disk_staging + host_work;
+                                        * disk_staging is 0: the disk tier streams (WORK) */
+  int64_t host_work; /* the host work arena: host-placed temporaries (passes/offload_host.c) */
 } cg_memplan;
 
 /* The plan of program p, lowered from graph g. */

@@ -505,6 +505,10 @@ static bool resolve(L *l, const ir_node *n, view *v) {
     case DSC_OP_PARAM: {
       int j = param_index(l->g, n);
       if (j < 0) return fail(l, n, DSC_ERR_USER, "unknown param '%s'", ir_attr_str(n, "name"));
+      if (l->p->buffers[l->param_buf[j]].tier == CG_TIER_DISK) /* no memory of its own */
+        return fail(l, n, DSC_ERR_USER,
+                    "'%s' is on the disk tier: read it with tier_read_start (pass offload)",
+                    ir_attr_str(n, "name"));
       *v = contiguous_view(l->p, l->param_buf[j], &n->type);
       return true;
     }
@@ -964,6 +968,60 @@ static bool lower_collective_wait(L *l, const ir_node *n) {
   return emit_wait(l, &l->coll[id], n, n);
 }
 
+/* Disk tier transfers (cg_tier_io): a start gets a WORK buffer of the whole
+ * value (read) or sends its input's (write); its wait repeats it. */
+static bool lower_tier(L *l, const ir_node *n) {
+  cg_program *p = l->p;
+  if (n->op == DSC_OP_TIER_READ_START || n->op == DSC_OP_TIER_WRITE_START) {
+    int j = param_index(l->g, n);
+    if (j < 0) return fail(l, n, DSC_ERR_USER, "unknown param '%s'", ir_attr_str(n, "name"));
+    if (p->buffers[l->param_buf[j]].tier != CG_TIER_DISK)
+      return fail(l, n, DSC_ERR_USER, "'%s' is not on the disk tier (module meta tier.<name>)",
+                  ir_attr_str(n, "name"));
+    bool write = n->op == DSC_OP_TIER_WRITE_START;
+    int b = write ? contiguous_buffer(l, n->in[0], true)
+                  : new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+    cg_instr *in = b < 0 ? NULL : new_instr(l, CG_INS_TIER_START, n);
+    if (!in) return false;
+    in->src = in->dst = b;
+    in->tier = (cg_tier_io){p->n_tier_ios++, j, write};
+    l->buf[n->id] = b;
+    return true;
+  }
+  const cg_instr *start = NULL;
+  for (int i = p->n_instrs - 1; i >= 0 && !start; i--)
+    if (p->instrs[i].kind == CG_INS_TIER_START && p->instrs[i].node == n->in[0])
+      start = &p->instrs[i];
+  if (!start) return fail(l, n, DSC_ERR_INTERNAL, "the wait's start was not lowered%s", "");
+  cg_tier_io t = start->tier;
+  int b = start->src;
+  cg_instr *in = new_instr(l, CG_INS_TIER_WAIT, n);
+  if (!in) return false;
+  in->src = in->dst = b, in->tier = t;
+  l->buf[n->id] = b;
+  return true;
+}
+
+/* Starts without a wait are waited at the end of the program. */
+static bool wait_tier_ios(L *l) {
+  cg_program *p = l->p;
+  int n = p->n_tier_ios;
+  bool *waited = ir_arena_alloc(l->a, (size_t)n + 1);
+  if (!waited) return oom(l);
+  memset(waited, 0, (size_t)n + 1);
+  for (int i = 0; i < p->n_instrs; i++)
+    if (p->instrs[i].kind == CG_INS_TIER_WAIT) waited[p->instrs[i].tier.id] = true;
+  for (int i = 0, end = p->n_instrs; i < end; i++) {
+    if (p->instrs[i].kind != CG_INS_TIER_START || waited[p->instrs[i].tier.id]) continue;
+    cg_instr s = p->instrs[i];
+    cg_instr *in = new_instr(l, CG_INS_TIER_WAIT, s.node);
+    if (!in) return false;
+    in->src = in->dst = s.src, in->tier = s.tier;
+    waited[s.tier.id] = true;
+  }
+  return true;
+}
+
 /* local_shard: a copy of the rank's chunk, whose offset only the run knows. */
 static bool lower_local_shard(L *l, const ir_node *n) {
   int src = contiguous_buffer(l, n->in[0], true);
@@ -976,6 +1034,20 @@ static bool lower_local_shard(L *l, const ir_node *n) {
   in->src_len = dsc_type_numel(&n->in[0]->type);
   in->coll.world = ir_attr_int(n, "world");
   l->p->needs_rank = true;
+  l->buf[n->id] = dst;
+  return true;
+}
+
+/* to_host / to_device (passes/offload_host.c): one copy into a buffer of
+ * its own; place_work puts to_host's (a host node's) in the host work
+ * arena. On the CPU both tiers are host memory, so it is a memcpy. */
+static bool lower_transfer(L *l, const ir_node *n) {
+  int src = contiguous_buffer(l, n->in[0], true);
+  if (src < 0) return false;
+  int dst = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
+  cg_instr *in = dst < 0 ? NULL : new_instr(l, CG_INS_COPY, n);
+  if (!in) return false;
+  in->src = src, in->dst = dst, in->numel = dsc_type_numel(&n->type);
   l->buf[n->id] = dst;
   return true;
 }
@@ -1081,6 +1153,9 @@ static bool instr_reads(const cg_program *p, const cg_instr *in, int buffer) {
     case CG_INS_COLLECTIVE_START:
     case CG_INS_COLLECTIVE_WAIT: /* both buffers belong to the collective until its wait */
       return in->src == buffer || in->dst == buffer;
+    case CG_INS_TIER_START:
+    case CG_INS_TIER_WAIT:
+      return in->src == buffer;
   }
   return true;
 }
@@ -1263,6 +1338,37 @@ static bool inplace_kernel(L *l, int instr, int *assign_idx, int n) {
   return true;
 }
 
+/* An assign of to_device(x) to a device param: the copy writes the param's
+ * STATE buffer directly when no later instruction or output reads it (as a
+ * kernel's in-place store), so the updated params need no device copy. */
+static void inplace_transfers(L *l, const ir_node *const *assign_src) {
+  cg_program *p = l->p;
+  for (int s = 0; s < p->n_assigns; s++) {
+    const ir_node *x = assign_src[s];
+    cg_assign *as = &p->assigns[s];
+    int bp = l->param_buf[as->param], bt = as->buffer;
+    if (x->op != DSC_OP_TO_DEVICE || bt != l->buf[x->id] || p->buffers[bp].tier != CG_TIER_DEVICE ||
+        p->buffers[bt].numel != p->buffers[bp].numel || p->buffers[bt].dtype != p->buffers[bp].dtype)
+      continue;
+    int at = -1;
+    for (int i = 0; i < p->n_instrs; i++)
+      if (p->instrs[i].kind == CG_INS_COPY && p->instrs[i].node == x && p->instrs[i].dst == bt)
+        at = i;
+    bool ok = at >= 0;
+    for (int j = at + 1; j < p->n_instrs && ok; j++)
+      if (instr_reads(p, &p->instrs[j], bp)) ok = false;
+    for (int o = 0; o < p->n_outputs && ok; o++)
+      if (p->outputs[o].buffer == bp || p->outputs[o].buffer == bt) ok = false;
+    for (int t = 0; t < p->n_assigns && ok; t++) /* one value assigned twice */
+      if (t != s && p->assigns[t].buffer == bt) ok = false;
+    if (!ok) continue;
+    p->instrs[at].dst = bp;
+    replace_buffer(p, at + 1, bt, bp);
+    as->buffer = bp;
+    as->in_place = true;
+  }
+}
+
 /* ------------------------------------------------------------ placement */
 
 static bool place_work(L *l) {
@@ -1282,6 +1388,8 @@ static bool place_work(L *l) {
       /* live from the start through the wait: the communicator reads src
        * and writes dst in between */
       bufs[nb++] = in->src, bufs[nb++] = in->dst;
+    } else if (in->kind == CG_INS_TIER_START || in->kind == CG_INS_TIER_WAIT) {
+      bufs[nb++] = in->src; /* the transfer's, from its start through its wait */
     } else {
       if (in->ids >= 0) bufs[nb++] = in->ids;
       bufs[nb++] = in->src, bufs[nb++] = in->dst;
@@ -1311,47 +1419,75 @@ static bool place_work(L *l) {
       if (b->last_use < 0) b->last_use = 0;
     }
   }
-  /* first fit in order of first use */
-  int nw = 0;
+  /* Host work buffers (passes/offload_host.c): a node's value whose node
+   * is placed on the host (to_host's included), and a temporary no node
+   * owns whose first writer runs on the host. */
+  bool *owned = ir_arena_alloc(l->a, (size_t)(p->n_buffers + 1));
+  if (!owned) return oom(l);
+  memset(owned, 0, (size_t)(p->n_buffers + 1));
+  for (int i = 0; i < l->n; i++) {
+    int b = l->buf[i];
+    if (b < 0 || p->buffers[b].kind != CG_BUF_TEMP) continue;
+    const ir_node *x = l->g->nodes[i];
+    owned[b] = true;
+    if (x->op == DSC_OP_TO_HOST || (x->place == IR_PLACE_HOST && x->op != DSC_OP_TO_DEVICE))
+      p->buffers[b].tier = CG_TIER_HOST;
+  }
+  for (int i = 0; i < p->n_buffers; i++) {
+    cg_buffer *b = &p->buffers[i];
+    if (b->kind != CG_BUF_TEMP || owned[i] || b->first_use < 0 || b->first_use >= p->n_instrs)
+      continue;
+    const ir_node *w = p->instrs[b->first_use].node;
+    if (w && w->place == IR_PLACE_HOST && w->op != DSC_OP_TO_DEVICE) b->tier = CG_TIER_HOST;
+  }
   int *order = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
   int *active = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
   if (!order || !active) return oom(l);
-  for (int i = 0; i < p->n_buffers; i++)
-    if (p->buffers[i].kind != CG_BUF_PARAM && p->buffers[i].first_use >= 0) order[nw++] = i;
-  for (int i = 1; i < nw; i++) { /* insertion sort by (first_use, index): stable */
-    int x = order[i], j = i - 1;
-    while (j >= 0 && p->buffers[order[j]].first_use > p->buffers[x].first_use)
-      order[j + 1] = order[j], j--;
-    order[j + 1] = x;
-  }
-  int na = 0;
-  int64_t peak = 0;
-  for (int i = 0; i < nw; i++) {
-    cg_buffer *b = &p->buffers[order[i]];
-    int k = 0;
-    for (int j = 0; j < na; j++)
-      if (p->buffers[active[j]].last_use >= b->first_use) active[k++] = active[j];
-    na = k;
-    int64_t size = align64((int64_t)dsc_dtype_size(b->dtype) * b->numel);
-    if (size == 0) size = 64;
-    int64_t off = 0;
-    for (;;) { /* lowest offset that overlaps no active buffer */
-      bool moved = false;
-      for (int j = 0; j < na; j++) {
-        const cg_buffer *o = &p->buffers[active[j]];
-        int64_t osz = align64((int64_t)dsc_dtype_size(o->dtype) * o->numel);
-        if (off < o->offset + osz && o->offset < off + size) {
-          off = o->offset + osz;
-          moved = true;
-        }
-      }
-      if (!moved) break;
+  /* first fit in order of first use: the device WORK arena, then the host's */
+  for (int tier = CG_TIER_DEVICE; tier <= CG_TIER_HOST; tier++) {
+    int nw = 0;
+    for (int i = 0; i < p->n_buffers; i++)
+      if (p->buffers[i].kind != CG_BUF_PARAM && p->buffers[i].first_use >= 0 &&
+          p->buffers[i].tier == tier)
+        order[nw++] = i;
+    for (int i = 1; i < nw; i++) { /* insertion sort by (first_use, index): stable */
+      int x = order[i], j = i - 1;
+      while (j >= 0 && p->buffers[order[j]].first_use > p->buffers[x].first_use)
+        order[j + 1] = order[j], j--;
+      order[j + 1] = x;
     }
-    b->offset = off;
-    active[na++] = order[i];
-    if (off + size > peak) peak = off + size;
+    int na = 0;
+    int64_t peak = 0;
+    for (int i = 0; i < nw; i++) {
+      cg_buffer *b = &p->buffers[order[i]];
+      int k = 0;
+      for (int j = 0; j < na; j++)
+        if (p->buffers[active[j]].last_use >= b->first_use) active[k++] = active[j];
+      na = k;
+      int64_t size = align64((int64_t)dsc_dtype_size(b->dtype) * b->numel);
+      if (size == 0) size = 64;
+      int64_t off = 0;
+      for (;;) { /* lowest offset that overlaps no active buffer */
+        bool moved = false;
+        for (int j = 0; j < na; j++) {
+          const cg_buffer *o = &p->buffers[active[j]];
+          int64_t osz = align64((int64_t)dsc_dtype_size(o->dtype) * o->numel);
+          if (off < o->offset + osz && o->offset < off + size) {
+            off = o->offset + osz;
+            moved = true;
+          }
+        }
+        if (!moved) break;
+      }
+      b->offset = off;
+      active[na++] = order[i];
+      if (off + size > peak) peak = off + size;
+    }
+    if (tier == CG_TIER_DEVICE)
+      p->arena_bytes[CG_ARENA_WORK] = peak;
+    else
+      p->host_work_bytes = peak;
   }
-  p->arena_bytes[CG_ARENA_WORK] = peak;
   return true;
 }
 
@@ -1501,17 +1637,23 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
     return DSC_ERR_INTERNAL;
   }
   p->graph_name = g->name;
-  int64_t total;
-  if (!cg_state_layout(m, offsets, &total)) {
-    ir_error(l.ctx, ir_no_loc, "codegen: the module's params do not fit in memory");
+  /* Params and states by tier (passes/offload.c): the device's in STATE,
+   * host and disk (staging) values in arenas of their own. */
+  int *tiers = ir_arena_alloc(a, sizeof(int) * (size_t)(m->n_params + 1));
+  if (!tiers) return oom(&l), DSC_ERR_INTERNAL;
+  if (!cg_state_layout_tiers(m, offsets, tiers, p->tier_bytes)) {
+    ir_error(l.ctx, ir_no_loc,
+             "codegen: the module's params do not fit in memory, or a tier.<name> meta is not "
+             "host or disk");
     return DSC_ERR_USER;
   }
-  p->arena_bytes[CG_ARENA_STATE] = total;
+  p->arena_bytes[CG_ARENA_STATE] = p->tier_bytes[CG_TIER_DEVICE];
   for (int j = 0; j < m->n_params; j++) {
     int b = new_buffer(&l, CG_BUF_PARAM, j, m->params[j].type.dtype,
                        dsc_type_numel(&m->params[j].type));
     if (b < 0) return l.status;
     p->buffers[b].offset = offsets[j];
+    p->buffers[b].tier = tiers[j];
     l.param_buf[j] = b;
   }
   for (int i = 0; i < n; i++) {
@@ -1596,10 +1738,21 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
           fail(&l, x, DSC_ERR_USER, "assign to unknown param '%s'", ir_attr_str(x, "name"));
           break;
         }
+        if (p->buffers[l.param_buf[j]].tier == CG_TIER_DISK) {
+          fail(&l, x, DSC_ERR_USER, "'%s' is on the disk tier: write it with tier_write_start "
+               "(pass offload)", ir_attr_str(x, "name"));
+          break;
+        }
         p->assigns[p->n_assigns].param = j;
         assign_src[p->n_assigns++] = x->in[0];
         break;
       }
+      case DSC_OP_TIER_READ_START:
+      case DSC_OP_TIER_WRITE_START:
+      case DSC_OP_TIER_READ_WAIT:
+      case DSC_OP_TIER_WRITE_WAIT:
+        lower_tier(&l, x);
+        break;
       case DSC_OP_ALL_REDUCE_START:
       case DSC_OP_REDUCE_SCATTER_START:
       case DSC_OP_ALL_GATHER_START:
@@ -1614,6 +1767,10 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
         break;
       case DSC_OP_LOCAL_SHARD:
         lower_local_shard(&l, x);
+        break;
+      case DSC_OP_TO_HOST:
+      case DSC_OP_TO_DEVICE:
+        lower_transfer(&l, x);
         break;
       case DSC_OP_INPUT:
       case DSC_OP_PARAM:
@@ -1635,6 +1792,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
    * interpreter does), so their buffers stay theirs until then. */
   for (int c = 0; c < l.n_coll && l.status == DSC_OK; c++)
     if (!l.coll[c].waited) emit_wait(&l, &l.coll[c], l.coll[c].start, NULL);
+  if (l.status == DSC_OK) wait_tier_ios(&l); /* so do disk transfers */
   /* graph outputs: WORK buffers (copies of params and strided views) */
   for (int o = 0; o < g->n_outputs && l.status == DSC_OK; o++) {
     const ir_node *x = g->outputs[o];
@@ -1663,6 +1821,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
       if (cnt) inplace_kernel(&l, i, idx, cnt);
     }
   }
+  if (l.status == DSC_OK && p->n_assigns > 0) inplace_transfers(&l, assign_src);
   for (int i = 0; i < p->n_instrs && l.status == DSC_OK; i++)
     if (p->instrs[i].kind == CG_INS_LAUNCH && !split_scalar_reduction(&l, i)) break;
   if (l.status == DSC_OK) place_work(&l);

@@ -116,12 +116,25 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
     const ir_param *pr = &m->params[i];
     int64_t numel = dsc_type_numel(&pr->type);
     int64_t bytes = numel * (int64_t)dsc_dtype_size(pr->type.dtype);
+    int64_t full = shard_full_numel(m, pr->name, NULL);
+    if (cg_param_tier(m, i) != CG_TIER_DEVICE) {
+      /* offloaded (passes/offload.c): counted in host_bytes / disk_bytes */
+      /* disk values are streamed (passes/offload_disk.c): no host bytes of
+       * their own, their in-flight buffers are WORK buffers */
+      bool disk = cg_param_tier(m, i) == CG_TIER_DISK;
+      if (pr->state)
+        out->host_optimizer += disk ? 0 : bytes, out->state_elems += numel;
+      else
+        out->host_params += disk ? 0 : bytes, out->param_elems += numel,
+            out->param_count += full >= 0 ? full : numel;
+      if (full >= 0) out->sharded = true;
+      continue;
+    }
     state_exact += bytes;
     if (pr->state) {
       out->bytes[CG_MEM_OPTIMIZER] += bytes;
       out->state_elems += numel;
     } else {
-      int64_t full = shard_full_numel(m, pr->name, NULL);
       out->bytes[CG_MEM_PARAMS] += bytes;
       out->param_elems += numel;
       out->param_count += full >= 0 ? full : numel;
@@ -129,6 +142,13 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
     if (shard_full_numel(m, pr->name, NULL) >= 0) out->sharded = true;
   }
   out->state_arena = p->arena_bytes[CG_ARENA_STATE];
+  out->host_arena = p->tier_bytes[CG_TIER_HOST];
+  out->disk_staging = 0; /* the disk tier streams through WORK buffers (no staging arena) */
+  /* host-placed temporaries (passes/offload_host.c): the host work arena */
+  out->host_work = p->host_work_bytes;
+  out->host_bytes = out->host_arena + out->disk_staging + out->host_work;
+  /* runtime/offload_io.c's file: a 4 KiB header, then two slots */
+  out->disk_bytes = p->tier_bytes[CG_TIER_DISK] > 0 ? 4096 + 2 * p->tier_bytes[CG_TIER_DISK] : 0;
   out->work_arena = p->arena_bytes[CG_ARENA_WORK];
   out->padding = out->state_arena - state_exact;
 
@@ -148,7 +168,7 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
   }
   for (int b = 0; b < p->n_buffers; b++) {
     const cg_buffer *cb = &p->buffers[b];
-    if (cb->kind == CG_BUF_PARAM || cb->first_use < 0) continue;
+    if (cb->kind == CG_BUF_PARAM || cb->first_use < 0 || cb->tier == CG_TIER_HOST) continue;
     int64_t sz = align64(buf_bytes(cb));
     if (sz == 0) sz = 64;
     int lo = cb->first_use, hi = cb->last_use < lo ? lo : cb->last_use;
@@ -196,7 +216,8 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
   memset(delta, 0, sizeof *delta * ((size_t)ni + 2));
   for (int b = 0; b < p->n_buffers; b++) {
     const cg_buffer *cb = &p->buffers[b];
-    if (!is_grad[b] || cb->kind == CG_BUF_PARAM || cb->first_use < 0) continue;
+    if (!is_grad[b] || cb->kind == CG_BUF_PARAM || cb->first_use < 0 || cb->tier == CG_TIER_HOST)
+      continue;
     int lo = cb->first_use, hi = cb->last_use < lo ? lo : cb->last_use;
     if (hi > ni) hi = ni;
     delta[lo] += buf_bytes(cb);
@@ -212,7 +233,7 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
   int64_t live_exact = 0;
   for (int b = 0; b < p->n_buffers; b++) {
     const cg_buffer *cb = &p->buffers[b];
-    if (cb->kind == CG_BUF_PARAM || cb->first_use < 0) continue;
+    if (cb->kind == CG_BUF_PARAM || cb->first_use < 0 || cb->tier == CG_TIER_HOST) continue;
     int hi = cb->last_use < cb->first_use ? cb->first_use : cb->last_use;
     if (cb->first_use > out->peak_instr || hi < out->peak_instr) continue;
     int64_t sz = buf_bytes(cb);

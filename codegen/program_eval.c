@@ -169,6 +169,13 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
       }
       case CG_INS_COLLECTIVE_WAIT:
         break;
+      case CG_INS_TIER_START:
+      case CG_INS_TIER_WAIT:
+        snprintf(err, errlen,
+                 "instruction %d: a disk tier transfer needs the executor's offload file (the "
+                 "reference evaluator has none)",
+                 i);
+        return false;
     }
   }
   return true;

@@ -6,8 +6,10 @@
 #define DSC_DRIVER_H
 
 #include "codegen/codegen.h"
+#include "dsc/autocfg.h"
 #include "dsc/exec.h"
 #include "dsc/frontend.h"
+#include "dsc/memplan.h"
 #include "dsc/trainer.h"
 #include "runtime/runtime.h"
 
@@ -34,11 +36,87 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
 /* train_step(tokens[rows, T], targets[rows, T], lr: f32[]) -> 2 or 3 outputs. */
 dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T);
 
+/* ======================= driver/settings.c =======================
+ * The run settings that override the model's train section, applied the
+ * same way by dsc train (driver/train.c), dsc plan (driver/plan.c) and dsc
+ * compile (driver/program.c): precision, grad_accum (or from the global
+ * batch: global = B x grad_accum x world), the world, ZeRO's knobs, the
+ * remat policy, the offload tiers. Unset fields (0, NULL, has_ false) keep
+ * the section's values. Errors start with `who` ("trainer", "plan", ...). */
+typedef struct {
+  const char *who;
+  int64_t B, world, grad_accum, global_batch;
+  const char *precision;
+  bool has_zero_stage;
+  int zero_stage;
+  bool has_prefetch_bytes, has_bucket_bytes, has_persist_threshold, has_unshard_bytes;
+  int64_t prefetch_bytes, bucket_bytes, persist_threshold, unshard_bytes;
+  const char *checkpoint_activations;
+  const char *offload_optimizer, *offload_param;
+  /* the disk tier's streaming: > 0 overrides (--offload-prefetch-bytes with
+   * has_, --offload-io-threads) */
+  bool has_offload_prefetch_bytes;
+  int64_t offload_prefetch_bytes, offload_io_threads;
+} drv_run_settings;
+dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
+                                  dsc_train_config *cfg);
+
 /* ======================= driver/plan.c =======================
  * The memory plan of step module m's train_step (codegen/memplan.c) with
  * the CPU runtime's GEMM scratch for `threads` (0: one per core, the
  * executor's default: drv_default_threads). */
 int drv_default_threads(int threads);
 dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out);
+/* drv_plan_step that also summarises the lowered program for the cost
+ * model into *work when work is not NULL (driver/autocfg.c). */
+dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
+                              dsc_step_work *work);
+
+/* ======================= driver/offload_auto.c =======================
+ * Adaptive offload (--offload-optimizer auto, --offload-param auto;
+ * DeepCompile): plans the step (model `path` at cfg->batch x cfg->seq,
+ * compiled afresh each time) without offload; while the device peak exceeds
+ * `budget`, moves the candidate values (module states; param shards at
+ * stage 3) whose next use is furthest from the peak instruction, then the
+ * largest, to the host tier (disk when host_budget would be exceeded and
+ * `disk`), and plans again. On success cfg->offload.values lists the choice
+ * (in rep's arena) for the caller's pipeline run; *rep says what moved and
+ * why. Nothing to do (rep->on false) unless a class is auto. A budget not
+ * met with every candidate moved is an error naming what is still over. */
+typedef struct {
+  int64_t budget;      /* device bytes per rank (> 0) */
+  int64_t host_budget; /* host bytes per rank; 0: no limit */
+  bool disk;           /* the disk tier may be used (--offload-dir given) */
+  int threads;         /* the plans' GEMM scratch threads (0: one per core) */
+  bool lenient;        /* budget not met: keep the last choice, no error */
+} drv_offload_budget;
+typedef struct {
+  bool on;
+  int64_t peak_none, peak;   /* device peak planned without offload, and with the choice */
+  int64_t host_bytes;        /* the final plan's host bytes */
+  int n_candidates, n_plans;
+  int n;                     /* values moved (values[0..n-1] of cfg, in the order chosen) */
+  dsc_offload_value *values;
+  int64_t *bytes, *next_use; /* per moved value */
+  int64_t moved[3];          /* bytes moved per dsc_offload_tier */
+  ir_arena arena;
+} drv_offload_report;
+dsc_status drv_offload_auto(dsc_context *ctx, const char *path, dsc_train_config *cfg,
+                            const drv_offload_budget *b, drv_offload_report *rep);
+void drv_offload_report_free(drv_offload_report *rep);
+/* The report as one line ("offload auto: ...") in a, or NULL when off. */
+char *drv_offload_report_text(ir_arena *a, const drv_offload_report *rep);
+/* The report into a memory plan's offload_auto fields (include/dsc/memplan.h). */
+void drv_offload_report_to_plan(const drv_offload_report *rep, dsc_memory_plan *out);
+/* drv_offload_auto for a run (the trainer): the chosen list and the
+ * report's line (*text, NULL when no class is auto) copied into `keep`. */
+dsc_status drv_offload_auto_keep(dsc_context *ctx, const char *path, dsc_train_config *cfg,
+                                 const drv_offload_budget *b, ir_arena *keep, char **text);
+
+/* ======================= driver/autocfg.c =======================
+ * The cost model's summary of a step program of `world` ranks: FLOPs and
+ * collectives in program order (include/dsc/autocfg.h). */
+dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world,
+                         dsc_step_work *out);
 
 #endif

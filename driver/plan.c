@@ -9,6 +9,7 @@
 
 #include "codegen/codegen.h"
 #include "driver/driver.h"
+#include "dsc/autocfg.h"
 #include "dsc/memplan.h"
 
 static int64_t sgemm_scratch(const cg_gemm *g) { return rt_sgemm_scratch_floats(g); }
@@ -20,6 +21,11 @@ int drv_default_threads(int threads) {
 }
 
 dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out) {
+  return drv_plan_step_work(ctx, m, threads, out, NULL);
+}
+
+dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
+                              dsc_step_work *work) {
   const dsc_graph *g = dsc_module_find_graph(m, "train_step");
   if (!g) {
     ir_error(ctx, ir_no_loc, "memory plan: the module has no graph 'train_step'");
@@ -33,13 +39,16 @@ dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_
 #else
   (void)sgemm_scratch;
 #endif
-  dsc_status st = cg_memplan_graph(g, &a, &o, out, NULL);
+  cg_program *prog = NULL;
+  dsc_status st = cg_memplan_graph(g, &a, &o, out, work ? &prog : NULL);
+  /* the cost model's summary of the program (driver/autocfg.c) */
+  if (st == DSC_OK && work) st = drv_step_work(ctx, prog, out->world, work);
   ir_arena_release(&a);
   return st;
 }
 
 static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_module **m,
-                             dsc_memory_plan *out) {
+                             dsc_memory_plan *out, dsc_step_work *work) {
   if (!o->model_path) {
     ir_error(ctx, ir_no_loc, "plan: a model file is required");
     return DSC_ERR_USER;
@@ -66,48 +75,42 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   dsc_train_config cfg;
   if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;
   cfg.batch = f.B, cfg.seq = f.T;
-  if (o->grad_accum > 0) cfg.grad_accum = o->grad_accum;
-  if (o->precision && dsc_precision_from_name(o->precision, &cfg.precision) != 0) {
-    ir_error(ctx, ir_no_loc, "plan: precision '%s' is not one of f32, bf16, fp16", o->precision);
-    return DSC_ERR_USER;
-  }
-  /* as the trainer (driver/train.c): the world, the stage, grad_accum from
-   * a global batch */
-  cfg.world = world;
-  if (o->has_zero_stage) cfg.zero.stage = o->zero_stage;
-  if (o->has_bucket_bytes) cfg.zero.bucket_bytes = o->bucket_bytes;
-  if (o->has_prefetch_bytes) cfg.zero.prefetch_bytes = o->prefetch_bytes;
-  if (o->has_persist_threshold) cfg.zero.persist_threshold = o->persist_threshold;
-  if (o->has_unshard_bytes) cfg.zero.unshard_bytes = o->unshard_bytes;
-  if (o->checkpoint_activations &&
-      dsc_remat_parse(o->checkpoint_activations, &cfg.remat, &cfg.remat_every) != 0) {
-    ir_error(ctx, ir_no_loc, "plan: checkpoint_activations '%s' is not none, selective, block or blocks:K",
-             o->checkpoint_activations);
-    return DSC_ERR_USER;
-  }
-  if (o->global_batch > 0) cfg.global_batch = o->global_batch;
-  if (cfg.global_batch > 0) {
-    int64_t per = f.B * world;
-    if (cfg.global_batch % per != 0 ||
-        (o->grad_accum > 0 && o->grad_accum != cfg.global_batch / per)) {
-      ir_error(ctx, ir_no_loc,
-               "plan: the global batch of %" PRId64 " sequences is not batch %" PRId64
-               " x grad_accum x world %" PRId64 " (give one of --grad-accum and --global-batch)",
-               cfg.global_batch, f.B, world);
-      return DSC_ERR_USER;
-    }
-    cfg.grad_accum = cfg.global_batch / per;
-  }
-  if (f.B > INT64_MAX / cfg.grad_accum) {
-    ir_error(ctx, ir_no_loc, "plan: batch * grad_accum overflows");
-    return DSC_ERR_USER;
-  }
-  if ((st = drv_build_graphs(ctx, o->model_path, *m, &cfg, DSC_BACKEND_CPU, false, NULL)) !=
-          DSC_OK ||
-      (st = drv_check_step(ctx, *m, f.B * cfg.grad_accum, f.T)) != DSC_OK)
+  drv_run_settings rs = {.who = "plan",
+                         .B = f.B,
+                         .world = world,
+                         .grad_accum = o->grad_accum,
+                         .global_batch = o->global_batch,
+                         .precision = o->precision,
+                         .has_zero_stage = o->has_zero_stage,
+                         .zero_stage = o->zero_stage,
+                         .has_prefetch_bytes = o->has_prefetch_bytes,
+                         .has_bucket_bytes = o->has_bucket_bytes,
+                         .has_persist_threshold = o->has_persist_threshold,
+                         .has_unshard_bytes = o->has_unshard_bytes,
+                         .prefetch_bytes = o->prefetch_bytes,
+                         .bucket_bytes = o->bucket_bytes,
+                         .persist_threshold = o->persist_threshold,
+                         .unshard_bytes = o->unshard_bytes,
+                         .checkpoint_activations = o->checkpoint_activations,
+                         .offload_optimizer = o->offload_optimizer,
+                         .offload_param = o->offload_param,
+                         .has_offload_prefetch_bytes = o->has_offload_prefetch_bytes,
+                         .offload_prefetch_bytes = o->offload_prefetch_bytes,
+                         .offload_io_threads = o->offload_io_threads};
+  if ((st = drv_apply_run_settings(ctx, &rs, &cfg)) != DSC_OK) return st;
+  /* offload auto: the values the budget requires (driver/offload_auto.c) */
+  drv_offload_budget ob = {o->memory_budget, o->host_memory_budget, o->offload_dir != NULL,
+                           o->threads, o->offload_auto_lenient};
+  drv_offload_report rep;
+  st = drv_offload_auto(ctx, o->model_path, &cfg, &ob, &rep);
+  if (st == DSC_OK) st = drv_build_graphs(ctx, o->model_path, *m, &cfg, DSC_BACKEND_CPU, false, NULL);
+  drv_offload_report_to_plan(&rep, out);
+  drv_offload_report_free(&rep);
+  cfg.offload.values = NULL;
+  if (st != DSC_OK || (st = drv_check_step(ctx, *m, f.B * cfg.grad_accum, f.T)) != DSC_OK)
     return st;
   cg_memplan p;
-  if ((st = drv_plan_step(ctx, *m, o->threads, &p)) != DSC_OK) return st;
+  if ((st = drv_plan_step_work(ctx, *m, o->threads, &p, work)) != DSC_OK) return st;
   out->rank = (dsc_plan_figures){p.bytes[CG_MEM_PARAMS],
                                  p.bytes[CG_MEM_GRADS],
                                  p.bytes[CG_MEM_OPTIMIZER],
@@ -130,6 +133,8 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   out->threads = drv_default_threads(o->threads);
   out->peak_instr = p.peak_instr, out->n_instrs = p.n_instrs;
   out->sharded = p.sharded;
+  out->host_bytes = p.host_bytes, out->disk_bytes = p.disk_bytes;
+  out->host_work = p.host_work;
   int64_t ranks[2] = {0, world - 1};
   for (int i = 0; i < 2; i++) {
     out->pad_params[i] = cg_memplan_shard_padding(*m, ranks[i], false);
@@ -139,9 +144,16 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
 }
 
 dsc_status dsc_plan_memory(dsc_context *ctx, const dsc_plan_options *o, dsc_memory_plan *out) {
+  return dsc_plan_memory_work(ctx, o, out, NULL);
+}
+
+dsc_status dsc_plan_memory_work(dsc_context *ctx, const dsc_plan_options *o,
+                                dsc_memory_plan *out, dsc_step_work *work) {
   memset(out, 0, sizeof *out);
+  if (work) memset(work, 0, sizeof *work);
   dsc_module *m = NULL;
-  dsc_status st = plan_inner(ctx, o, &m, out);
+  dsc_status st = plan_inner(ctx, o, &m, out, work);
   dsc_module_free(m);
+  if (st != DSC_OK && work) dsc_step_work_free(work);
   return st;
 }

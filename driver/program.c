@@ -179,16 +179,10 @@ static dsc_status compile_inner(writer *w, const dsc_compile_options *o, dsc_mod
   dsc_train_config cfg;
   if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;
   cfg.batch = f.B, cfg.seq = f.T;
-  if (o->grad_accum > 0) cfg.grad_accum = o->grad_accum;
   if (o->lr > 0) cfg.opt.lr = o->lr;
-  if (o->precision && dsc_precision_from_name(o->precision, &cfg.precision) != 0) {
-    ir_error(ctx, ir_no_loc, "compile: precision '%s' is not one of f32, bf16, fp16", o->precision);
-    return DSC_ERR_USER;
-  }
-  if (f.B > INT64_MAX / cfg.grad_accum) {
-    ir_error(ctx, ir_no_loc, "compile: batch * grad_accum overflows");
-    return DSC_ERR_USER;
-  }
+  drv_run_settings rs = {
+      .who = "compile", .B = f.B, .grad_accum = o->grad_accum, .precision = o->precision};
+  if ((st = drv_apply_run_settings(ctx, &rs, &cfg)) != DSC_OK) return st;
   if ((st = drv_build_graphs(ctx, o->model_path, *m, &cfg, DSC_BACKEND_CPU, true, fwd)) != DSC_OK ||
       (st = drv_check_step(ctx, *m, f.B * cfg.grad_accum, f.T)) != DSC_OK)
     return st;

@@ -558,7 +558,8 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
   po.train = cfg;
   /* The interpreter runs composite ops itself; compiled backends need the
    * codegen passes (decompose, fuse) too. */
-  if (backend == DSC_BACKEND_INTERP) po.stop_after = "zero";
+  /* the interpreter: up to the tiers (pass offload only sets module meta) */
+  if (backend == DSC_BACKEND_INTERP) po.stop_after = "offload";
   if ((st = dsc_run_pipeline(m, &po)) != DSC_OK) return st;
   if (want_fwd && backend != DSC_BACKEND_INTERP) st = dsc_run_codegen_passes(*fwd);
   return st;
@@ -648,6 +649,43 @@ static dsc_status check_budget(dsc_trainer *t, dsc_backend backend, const cg_mem
            (double)p->bytes[CG_MEM_OPTIMIZER] / mib, (double)p->bytes[CG_MEM_ACTIVATIONS] / mib,
            (double)p->bytes[CG_MEM_WORKSPACE] / mib, (double)p->bytes[CG_MEM_COMM] / mib);
   return DSC_ERR_USER;
+}
+
+static dsc_status check_host_budget(dsc_trainer *t, dsc_backend backend, const cg_memplan *p,
+                                    int64_t budget) {
+  if (backend != DSC_BACKEND_CPU) {
+    ir_error(t->ctx, ir_no_loc,
+             "a host memory budget needs the cpu backend (its arenas are planned; the "
+             "interpreter allocates as it goes)");
+    return DSC_ERR_USER;
+  }
+  if (p->host_bytes <= budget) return DSC_OK;
+  const double mib = 1024.0 * 1024.0;
+  ir_error(t->ctx, ir_no_loc,
+           "the offloaded values need %.1f MiB of host memory per rank, over the host memory "
+           "budget of %.1f MiB by %.1f MiB: params %.1f, optimizer %.1f MiB (host arena %.1f, "
+           "disk staging %.1f MiB; --offload-optimizer/--offload-param disk need less host "
+           "memory between steps, none puts them on the device)",
+           (double)p->host_bytes / mib, (double)budget / mib,
+           (double)(p->host_bytes - budget) / mib, (double)p->host_params / mib,
+           (double)p->host_optimizer / mib, (double)p->host_arena / mib,
+           (double)p->disk_staging / mib);
+  return DSC_ERR_USER;
+}
+
+/* The disk tier's file of this rank: <offload_dir>/dsc-offload-rank<R>.bin. */
+static dsc_status open_offload_file(dsc_trainer *t, const dsc_trainer_options *o) {
+  int64_t disk = 0;
+  dsc_exec_tier_bytes(t->step_x, NULL, NULL, &disk);
+  if (disk == 0) return DSC_OK;
+  if (!o->offload_dir || !o->offload_dir[0]) {
+    ir_error(t->ctx, ir_no_loc,
+             "offloading to disk needs a directory for the offload files: give --offload-dir DIR");
+    return DSC_ERR_USER;
+  }
+  char *path = ir_arena_printf(&t->arena, "%s/dsc-offload-rank%d.bin", o->offload_dir, t->rank);
+  if (!path) return DSC_ERR_INTERNAL;
+  return dsc_exec_set_offload_file(t->step_x, path);
 }
 
 static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
@@ -821,45 +859,32 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     uint64_t s = 0;
     if (sscanf(ck_extra(ck, "seed"), "%" SCNu64, &s) == 1) cfg->seed = s;
   }
-  /* Data parallelism: the world, the stage, and grad_accum from a global
-   * batch (DeepSpeed's train_batch_size = micro x accum x world). */
-  cfg->world = t->world;
+  /* The run settings over the train section (driver/settings.c, as dsc
+   * plan applies them); a checkpoint's stage and global batch first. */
   if (ck_stage >= 0 && ck_stage <= 3) cfg->zero.stage = ck_stage;
-  if (o->has_zero_stage) cfg->zero.stage = o->zero_stage;
-  if (o->has_prefetch_bytes) cfg->zero.prefetch_bytes = o->prefetch_bytes;
-  if (o->has_bucket_bytes) cfg->zero.bucket_bytes = o->bucket_bytes;
-  if (o->has_persist_threshold) cfg->zero.persist_threshold = o->persist_threshold;
-  if (o->has_unshard_bytes) cfg->zero.unshard_bytes = o->unshard_bytes;
-  if (o->checkpoint_activations &&
-      dsc_remat_parse(o->checkpoint_activations, &cfg->remat, &cfg->remat_every) != 0) {
-    ir_error(ctx, ir_no_loc, "trainer: checkpoint_activations '%s' is not none, selective, block or blocks:K",
-             o->checkpoint_activations);
-    st = DSC_ERR_USER;
-    goto done;
-  }
   if (ck_global > 0) cfg->global_batch = ck_global;
-  if (o->global_batch > 0) cfg->global_batch = o->global_batch;
-  if (cfg->global_batch > 0) {
-    int64_t per = B * t->world, G = cfg->global_batch;
-    if (G % per != 0) {
-      ir_error(ctx, ir_no_loc,
-               "trainer: the global batch of %" PRId64
-               " sequences is not divisible by batch %" PRId64 " x world %d = %" PRId64
-               " (global batch = batch x grad_accum x world)",
-               G, B, t->world, per);
-      st = DSC_ERR_USER;
-      goto done;
-    }
-    if (K > 0 && K != G / per) {
-      ir_error(ctx, ir_no_loc,
-               "trainer: global batch %" PRId64 " is not batch %" PRId64 " x grad_accum %" PRId64
-               " x world %d = %" PRId64 "; give one of --grad-accum and --global-batch",
-               G, B, K, t->world, B * K * t->world);
-      st = DSC_ERR_USER;
-      goto done;
-    }
-    cfg->grad_accum = G / per;
-  }
+  drv_run_settings rs = {.who = "trainer",
+                         .B = B,
+                         .world = t->world,
+                         .grad_accum = K,
+                         .global_batch = o->global_batch,
+                         .has_zero_stage = o->has_zero_stage,
+                         .zero_stage = o->zero_stage,
+                         .has_prefetch_bytes = o->has_prefetch_bytes,
+                         .has_bucket_bytes = o->has_bucket_bytes,
+                         .has_persist_threshold = o->has_persist_threshold,
+                         .has_unshard_bytes = o->has_unshard_bytes,
+                         .prefetch_bytes = o->prefetch_bytes,
+                         .bucket_bytes = o->bucket_bytes,
+                         .persist_threshold = o->persist_threshold,
+                         .unshard_bytes = o->unshard_bytes,
+                         .checkpoint_activations = o->checkpoint_activations,
+                         .offload_optimizer = o->offload_optimizer,
+                         .offload_param = o->offload_param,
+                         .has_offload_prefetch_bytes = o->has_offload_prefetch_bytes,
+                         .offload_prefetch_bytes = o->offload_prefetch_bytes,
+                         .offload_io_threads = o->offload_io_threads};
+  if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) goto done;
   if (ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
     const char *w = ck_extra(ck, "world");
@@ -913,9 +938,15 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
    * interpreter included); a model file goes through the pipeline. */
   if (t->prog) {
     if (has_val && (st = dsc_program_module(t->prog, "forward", &t->fwd)) != DSC_OK) goto done;
-  } else if ((st = drv_build_graphs(ctx, model_path, t->m, cfg, backend, has_val, &t->fwd)) !=
-             DSC_OK) {
-    goto done;
+  } else {
+    /* offload auto: the values the budget requires (driver/offload_auto.c) */
+    drv_offload_budget ob = {o->memory_budget, o->host_memory_budget,
+                             o->offload_dir && o->offload_dir[0], o->threads, false};
+    char *auto_text = NULL;
+    if ((st = drv_offload_auto_keep(ctx, model_path, cfg, &ob, a, &auto_text)) != DSC_OK ||
+        (st = drv_build_graphs(ctx, model_path, t->m, cfg, backend, has_val, &t->fwd)) != DSC_OK)
+      goto done;
+    t->info.offload_auto = auto_text;
   }
   if (t->fwd) {
     t->fwd_g = dsc_module_find_graph(t->fwd, "forward");
@@ -1009,15 +1040,22 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     goto done;
   if (o->memory_budget > 0 && (st = check_budget(t, backend, &mplan, o->memory_budget)) != DSC_OK)
     goto done;
+  if (o->host_memory_budget > 0 &&
+      (st = check_host_budget(t, backend, &mplan, o->host_memory_budget)) != DSC_OK)
+    goto done;
   int64_t rss0 = rss_now();
   if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK)
     goto done;
   if (backend == DSC_BACKEND_CPU) {
     int64_t rss1 = rss_now();
-    t->info.mem_planned = mplan.peak;
+    /* on the CPU the host tier is the same RAM: the RSS growth covers both */
+    t->info.mem_planned = mplan.peak + mplan.host_arena + mplan.host_work;
+    t->info.mem_host = mplan.host_arena + mplan.host_work; /* + host-placed temporaries */
+    t->info.mem_disk_staging = mplan.disk_staging, t->info.mem_disk_file = mplan.disk_bytes;
     t->rss_exec = rss0 < 0 || rss1 < 0 ? -1 : rss1 - rss0;
   }
   dsc_exec_kernel_counts(t->step_x, &t->info.kernels_compiled, &t->info.kernels_prebuilt);
+  if ((st = open_offload_file(t, o)) != DSC_OK) goto done;
   if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) goto done;
   if (t->comm && (st = dsc_exec_set_comm(t->step_x, t->comm)) != DSC_OK) goto done;
   if (o->profile) dsc_exec_set_profiling(t->step_x, true);

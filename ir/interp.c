@@ -457,7 +457,7 @@ static dsc_status check_graph(const dsc_graph *g, const dsc_params *params,
                tb2);
       return DSC_ERR_USER;
     }
-    if (n->op == DSC_OP_PARAM) {
+    if (n->op == DSC_OP_PARAM || n->op == DSC_OP_TIER_READ_START) {
       const char *name = ir_attr_str(n, "name");
       const dsc_tensor *pt = dsc_params_find(params, name);
       if (!pt) {
@@ -543,7 +543,8 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
   for (int k = 0; k < g->n_outputs; k++) s.last_use[g->outputs[k]->id] = INT_MAX;
   /* Assigned values live until the step ends, when they are committed. */
   for (int i = 0; i < g->n_nodes; i++)
-    if (g->nodes[i]->op == DSC_OP_ASSIGN) s.last_use[i] = INT_MAX;
+    if (g->nodes[i]->op == DSC_OP_ASSIGN || g->nodes[i]->op == DSC_OP_TIER_WRITE_START)
+      s.last_use[i] = INT_MAX;
   /* A start's tensor lives until its wait ran (one without a wait until the
    * end, when it is waited), and so does the input it sends from. */
   for (int i = 0; i < g->n_nodes; i++) {
@@ -560,7 +561,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
       s.vals[i] = (dsc_tensor *)inputs[s.input_index[i]]; /* read only; never owned */
       continue;
     }
-    if (nd->op == DSC_OP_PARAM) {
+    if (nd->op == DSC_OP_PARAM || nd->op == DSC_OP_TIER_READ_START) { /* a disk read: the value */
       s.vals[i] = dsc_params_find(params, ir_attr_str(nd, "name"));
       continue;
     }
@@ -672,7 +673,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
    * step. Copies only, so nothing can fail halfway through. */
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *nd = g->nodes[i];
-    if (nd->op != DSC_OP_ASSIGN) continue;
+    if (nd->op != DSC_OP_ASSIGN && nd->op != DSC_OP_TIER_WRITE_START) continue;
     dsc_tensor *dst = dsc_params_find(params, ir_attr_str(nd, "name"));
     if (dst && s.vals[i])
       memcpy(dst->data, s.vals[i]->data, sizeof(double) * (size_t)dsc_type_numel(&dst->type));

@@ -79,6 +79,7 @@ typedef enum {
   IR_CG_LIBRARY,     /* GEMM libraries */
   IR_CG_COMPOSITE,   /* templates (softmax, norms, attention, loss) */
   IR_CG_COLLECTIVE,  /* communication (later) */
+  IR_CG_TIER,        /* disk tier transfers (tier_read_start, ...: ir/tier_ops.c) */
 } ir_cg_class;
 
 typedef struct dsc_node ir_node;
@@ -135,7 +136,13 @@ struct dsc_node {
   ir_graph *graph;
   int group; /* fusion group set by passes/fuse.c (printed `group N`); 0 = none */
   int role;  /* ir_role: what the value is, for memory accounting (not printed) */
+  int place; /* ir_place: where the value is computed and kept (printed ` host`) */
 };
+
+/* IR_PLACE_HOST: the node runs on the host and its value lives in host
+ * memory (passes/offload_host.c: ZeRO-Offload's optimizer step, to_host's
+ * results); the code generator puts its buffer in the host work arena. */
+typedef enum { IR_PLACE_DEVICE = 0, IR_PLACE_HOST = 1 } ir_place;
 
 /* Set by the passes that create such values: the optimizer pass marks each
  * param's averaged gradient, the zero pass the reduced/sharded gradients the
@@ -190,6 +197,14 @@ const ir_param *ir_module_param(const ir_module *m, const char *name);
   bool shape(const ir_node *n, dsc_type *out, char *err, size_t errlen);
 #include "dsc/ops.def"
 #undef OP
+
+/* ======================= ir/tier_ops.c =======================
+ * The disk tier's start/wait ops. ir_find_tier_misuse: a node reading a
+ * tier start other than its wait, a start read by two waits, a start that
+ * is a graph output, or a value written twice (tier_write_start or assign);
+ * false when there is none, else *bad and a message in msg. */
+bool ir_is_tier_start(dsc_op op);
+bool ir_find_tier_misuse(const ir_graph *g, const ir_node **bad, char *msg, size_t msglen);
 
 /* ======================= ir/collective_ops.c =======================
  * A start's value is the data in flight: only its matching wait may read it

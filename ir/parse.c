@@ -8,7 +8,7 @@
  *             | ('normal' | 'uniform') '(' num ',' num ')'
  *   graph    := 'graph' name '(' [ VALUE ':' type { ',' VALUE ':' type } ] ')' '{'
  *               { VALUE '=' op [ '(' [ VALUE { ',' VALUE } ] ')' ]
- *                 [ '{' [ attr { ',' attr } ] '}' ] ':' type [ 'group' INT ] }
+ *                 [ '{' [ attr { ',' attr } ] '}' ] ':' type [ 'group' INT ] [ 'host' ] }
  *               'return' VALUE { ',' VALUE } '}'
  *   attr     := IDENT '=' (num | 'true' | 'false' | dtype | STRING | '[' [int {',' int}] ']')
  *   type     := dtype '[' [ int { ',' int } ] ']'
@@ -919,11 +919,14 @@ static bool parse_node(parser *p, ir_graph *g) {
     group = (int)gt.i;
     next(p);
   }
+  bool host = is_word(&p->tok, "host"); /* placement (passes/offload_host.c) */
+  if (host) next(p);
   if (inputs_failed) return false; /* an input's line failed and was reported */
   ir_node *n = ir_node_new_raw(g, op, type, p->ins, n_in, attrs, info->n_attrs);
   if (!n) return out_of_memory(p), false;
   n->loc = loc_at(p, vt.line, vt.col);
   n->group = group;
+  if (host) n->place = IR_PLACE_HOST;
   sym_find(p, key, len)->node = n;
   return true;
 }

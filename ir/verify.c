@@ -295,6 +295,9 @@ static void check_graph(verifier *v, const ir_graph *g) {
   }
   const ir_node *r;
   int j, k;
+  char tmsg[300];
+  if (ir_find_tier_misuse(g, &r, tmsg, sizeof tmsg)) /* disk tier start/wait pairs */
+    module_error(v, "graph '%s': node %%%d (%s): %s", gname, r->id, dsc_op_name(r->op), tmsg);
   if (ir_find_in_flight_read(g, &r, &j, &k)) {
     if (k < 0) {
       int rn = 0; /* r's number in the printed text: inputs are not numbered */

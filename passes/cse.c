@@ -33,7 +33,7 @@
 
 static bool is_pure(dsc_op op) {
   return op != DSC_OP_INPUT && op != DSC_OP_ASSIGN && !ir_is_collective_start(op) &&
-         !ir_is_collective_wait(op);
+         !ir_is_collective_wait(op) && ir_op(op)->cg != IR_CG_TIER; /* disk transfers */
 }
 
 static bool worth_replacing(const ir_node *n) {
@@ -120,7 +120,7 @@ static uint64_t node_hash(const cse_state *s, const ir_node *n) {
 
 static bool node_equal(const cse_state *s, const ir_node *a, const ir_node *b) {
   if (a->op != b->op || !dsc_type_equal(&a->type, &b->type) || a->n_in != b->n_in ||
-      a->n_attrs != b->n_attrs)
+      a->n_attrs != b->n_attrs || a->place != b->place) /* host and device copies stay apart */
     return false;
   for (int i = 0; i < a->n_in; i++)
     if (s->vn[a->in[i]->id] != s->vn[b->in[i]->id]) return false;

@@ -571,6 +571,7 @@ static void partition(fuse_state *s) {
       ir_node *p = x->in[j];
       if (s->kind[p->id] != K_GROUP) continue;
       if (x->op == DSC_OP_EMBEDDING && j == 0) continue;
+      if (p->place != x->place) continue; /* a kernel runs on the host or the device */
       int rp = find(s, p->id), rx = find(s, i);
       if (rp == rx) continue;
       /* a lone view is a free view: nothing merges into it */

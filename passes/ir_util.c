@@ -28,6 +28,7 @@ bool pass_inline_graph(ir_graph *dst, const ir_graph *src, ir_node *const *input
       return false; /* ir_node_new_raw reported it */
     }
     c->role = n->role; /* a recomputation stays one (cse) */
+    c->place = n->place;
     map[i] = c;
   }
   dst->cur_loc = saved;
@@ -60,7 +61,8 @@ dsc_status pass_reorder(ir_graph *g, int n_orig, const pass_fixed_key *fixed_key
   memset(fixed, 0, sizeof(bool) * (size_t)nn);
   int sp = 0;
   for (int i = 0; i < nn; i++)
-    if (g->nodes[i]->op == DSC_OP_ASSIGN || g->nodes[i]->op == DSC_OP_INPUT)
+    if (g->nodes[i]->op == DSC_OP_ASSIGN || g->nodes[i]->op == DSC_OP_INPUT ||
+        g->nodes[i]->op == DSC_OP_TIER_WRITE_WAIT) /* a disk write: a side effect */
       live[i] = true, stack[sp++] = g->nodes[i];
   for (int k = 0; k < g->n_outputs; k++)
     if (!live[g->outputs[k]->id]) live[g->outputs[k]->id] = true, stack[sp++] = g->outputs[k];

@@ -32,6 +32,10 @@ static dsc_status run_zero(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_zero_run(m, opts->train);
 }
 
+static dsc_status run_offload(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_offload_run(m, opts->train);
+}
+
 static dsc_status run_schedule(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_schedule_run(m, opts->train);
 }
@@ -74,6 +78,11 @@ static const struct {
      "loss over the ranks; 1 shards optimizer states, 2 also gradients (reduce_scatter), 3 also "
      "params (all_gather before use); nothing at world 1",
      run_zero},
+    {"offload",
+     "memory tiers (--offload-optimizer, --offload-param at stage 3): the optimizer states or "
+     "param shards live in host memory or a file per rank (module meta tier.<name>); nothing "
+     "without offload",
+     run_offload},
     {"schedule",
      "overlap: reduce_scatters merged into buckets (--bucket-bytes), all_gathers started ahead "
      "of their use within --prefetch-bytes; nothing at world 1",

@@ -153,6 +153,33 @@ bool pass_precision_check_fp16(ir_module *m, const dsc_train_config *cfg);
  * 1-3 at world > 1: a "not implemented yet" error. */
 dsc_status pass_zero_run(ir_module *m, const dsc_train_config *cfg);
 
+/* ======================= passes/offload.c =======================
+ * Offload tiers (cfg->offload): module meta "tier.<name>" = host | disk for
+ * the optimizer states and (stage 3 at world > 1 only, else an error) the
+ * sharded params; nothing when both are none. */
+dsc_status pass_offload_run(ir_module *m, const dsc_train_config *cfg);
+/* passes/offload_disk.c: the disk tier's values streamed (tier_read_start/
+ * _wait, tier_write_start/_wait instead of param/assign; run by pass
+ * offload) and their starts and waits scheduled (run by pass schedule). */
+dsc_status pass_offload_disk_run(ir_module *m, const dsc_train_config *cfg);
+dsc_status pass_offload_schedule_run(ir_module *m, const dsc_train_config *cfg);
+/* passes/offload_host.c: --offload-optimizer host runs the update of graph
+ * "train_step" on the host (nodes placed IR_PLACE_HOST; gradients copied
+ * out with to_host as soon as final, updated device params back with
+ * to_device); run by pass offload. */
+dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg);
+/* Activation offload (remat policy "offload"), on the differentiated
+ * "forward" graph: pass_act_offload_ref(s, x) is what a backward reader of
+ * forward value x reads instead: to_device(to_host(x)) for a value with a
+ * buffer (x itself for sources, constants, views and scalars), one per x.
+ * Each to_host goes right after x's last forward reader: the fixed keys for
+ * pass_reorder. NULL on out of memory. */
+typedef struct pass_act_offload pass_act_offload;
+pass_act_offload *pass_act_offload_new(ir_graph *g, const bool *fwd);
+ir_node *pass_act_offload_ref(pass_act_offload *s, ir_node *x);
+const pass_fixed_key *pass_act_offload_keys(const pass_act_offload *s, int *n);
+bool pass_act_offload_view(const ir_node *x); /* views are re-applied, not moved */
+
 /* ======================= passes/pass_manager.c =======================
  * The default pipeline is a table of rows {name, description, run}; a new
  * pass is one row. dsc_run_pipeline (include/dsc/train.h) runs them in

@@ -19,6 +19,10 @@
  *   3); a block's input is a value of a lower block that it reads. What
  *   follows the last read of a block param (the output layer, the loss)
  *   stays.
+ * - offload (issue 7's alternative to recomputation): the values the
+ *   backward reads are kept, but on the host: to_host after their last
+ *   forward reader, to_device before their first backward reader
+ *   (passes/offload_host.c); views of them are re-applied on the copy.
  * Policy "none" does nothing. */
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +49,7 @@ typedef struct {
   const bool *fwd;
   const bool *redo; /* per node: the backward recomputes it */
   ir_node **clone;  /* per forward node: its recomputation, built on demand */
+  pass_act_offload *off; /* policy offload: kept values come back from the host */
 } remat_state;
 
 /* The backward's copy of forward value x: a clone of x over clones of its
@@ -57,7 +62,7 @@ static ir_node *recompute(remat_state *s, ir_node *x) {
     return NULL;
   for (int q = 0; q < x->n_in; q++) {
     ir_node *y = x->in[q];
-    in[q] = s->redo[y->id] ? recompute(s, y) : y;
+    in[q] = s->redo[y->id] ? recompute(s, y) : s->off ? pass_act_offload_ref(s->off, y) : y;
     if (!in[q]) return NULL;
   }
   dsc_loc saved = s->g->cur_loc;
@@ -128,25 +133,36 @@ static dsc_status run_policy(ir_module *m, ir_graph *g, const dsc_train_config *
       if (!fwd[x->in[q]->id]) fwd[x->in[q]->id] = true, stack[sp++] = x->in[q];
   }
   memset(redo, 0, sizeof(bool) * (size_t)n);
+  pass_act_offload *off = NULL;
   if (cfg->remat == DSC_REMAT_BLOCKS)
     block_policy(g, fwd, cfg->remat_every > 0 ? cfg->remat_every : 1, redo, blk);
-  else
+  else if (cfg->remat == DSC_REMAT_OFFLOAD) { /* views re-applied, values moved (offload_host.c) */
+    for (int i = 0; i < n; i++)
+      redo[i] = fwd[i] && g->nodes[i]->n_in > 0 && pass_act_offload_view(g->nodes[i]);
+    if (!(off = pass_act_offload_new(g, fwd))) {
+      ir_error(m->ctx, ir_no_loc, "remat: out of memory");
+      return DSC_ERR_INTERNAL;
+    }
+  } else
     for (int i = 0; i < n; i++) redo[i] = fwd[i] && recomputable(g->nodes[i]);
-  remat_state s = {g, fwd, redo, clone};
+  remat_state s = {g, fwd, redo, clone, off};
   for (int i = 0; i < n; i++) {
     ir_node *b = g->nodes[i];
     if (fwd[i]) continue; /* a backward node */
     for (int q = 0; q < b->n_in; q++) {
       ir_node *x = b->in[q];
-      if (!redo[x->id]) continue;
-      if (!(b->in[q] = recompute(&s, x))) {
+      if (!redo[x->id] && !off) continue;
+      if (!(b->in[q] = redo[x->id] ? recompute(&s, x) : pass_act_offload_ref(off, x))) {
         ir_error(m->ctx, ir_no_loc, "remat: out of memory");
         return DSC_ERR_INTERNAL;
       }
     }
   }
-  /* the clones go right before their first reader */
-  return pass_reorder(g, n, NULL, 0);
+  /* the clones go right before their first reader (offload: the to_host
+   * copies right after their value's last forward reader) */
+  int n_keys = 0;
+  const pass_fixed_key *keys = off ? pass_act_offload_keys(off, &n_keys) : NULL;
+  return pass_reorder(g, n, keys, n_keys);
 }
 
 dsc_status pass_remat_run(ir_module *m, const dsc_train_config *cfg) {

@@ -168,7 +168,7 @@ static dsc_status prefetch_gathers(ir_module *m, ir_graph *g, int64_t budget) {
   /* the gathers in wait order */
   int *by_wait = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)n);
   int *wait_of = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(g->n_nodes + 1));
-  pass_fixed_key *fx = ir_arena_alloc(&m->arena, sizeof(pass_fixed_key) * (size_t)(2 * n));
+  pass_fixed_key *fx = ir_arena_alloc(&m->arena, sizeof(pass_fixed_key) * (size_t)(3 * n));
   if (!by_wait || !wait_of || !fx) return oom(m);
   for (int i = 0; i < g->n_nodes; i++) wait_of[i] = -1;
   int nw = 0;
@@ -185,7 +185,10 @@ static dsc_status prefetch_gathers(ir_module *m, ir_graph *g, int64_t budget) {
       int64_t b = dsc_type_numel(&q->wait->type) * (int64_t)dsc_dtype_size(q->wait->type.dtype);
       if (q->wait->id != i && inflight + b > budget) break;
       ir_node *src = q->start->in[0];
-      if (src->op == DSC_OP_PARAM) /* a sharded param: readable any time, so it moves along */
+      if (src->op == DSC_OP_TIER_READ_WAIT) /* a disk shard: its read moves along */
+        fx[nfx++] = (pass_fixed_key){src->in[0], i - 0.5 + 1e-6 * nfx};
+      if (src->op == DSC_OP_PARAM || src->op == DSC_OP_TIER_READ_WAIT)
+        /* a sharded param: readable any time, so it moves along */
         fx[nfx++] = (pass_fixed_key){src, i - 0.5 + 1e-6 * nfx};
       fx[nfx++] = (pass_fixed_key){q->start, i - 0.5 + 1e-6 * nfx};
       inflight += b;
@@ -199,7 +202,8 @@ static dsc_status prefetch_gathers(ir_module *m, ir_graph *g, int64_t budget) {
 }
 
 dsc_status pass_schedule_run(ir_module *m, const dsc_train_config *cfg) {
-  if (!cfg || cfg->world <= 1) return DSC_OK;
+  if (!cfg) return DSC_OK;
+  if (cfg->world <= 1) return pass_offload_schedule_run(m, cfg); /* disk reads and writes */
   ir_graph *g = dsc_module_find_graph(m, "train_step");
   if (!g) return DSC_OK;
   if (cfg->zero.prefetch_bytes < 0 || cfg->zero.bucket_bytes < 0) {
@@ -209,5 +213,6 @@ dsc_status pass_schedule_run(ir_module *m, const dsc_train_config *cfg) {
   dsc_status st = bucket_reduce_scatters(m, g, cfg->zero.bucket_bytes);
   if (st == DSC_OK) st = drain_reductions(m, g);
   if (st == DSC_OK) st = prefetch_gathers(m, g, cfg->zero.prefetch_bytes);
+  if (st == DSC_OK) st = pass_offload_schedule_run(m, cfg);
   return st;
 }

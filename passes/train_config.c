@@ -282,14 +282,29 @@ static bool handled_elsewhere(const char *key) {
       strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0)
     return false;
   return strncmp(key, "train.zero.", 11) == 0 ||
-         strncmp(key, "train.zero_optimization.", 24) == 0 ||
-         strncmp(key, "train.offload.", 14) == 0;
+         strncmp(key, "train.zero_optimization.", 24) == 0;
+}
+
+int dsc_offload_from_name(const char *name, dsc_offload_tier *out) {
+  if (strcmp(name, "none") == 0) return *out = DSC_OFFLOAD_NONE, 0;
+  if (strcmp(name, "host") == 0 || strcmp(name, "cpu") == 0) return *out = DSC_OFFLOAD_HOST, 0;
+  if (strcmp(name, "disk") == 0 || strcmp(name, "nvme") == 0) return *out = DSC_OFFLOAD_DISK, 0;
+  if (strcmp(name, "auto") == 0) return *out = DSC_OFFLOAD_AUTO, 0;
+  return -1;
+}
+
+const char *dsc_offload_name(dsc_offload_tier t) {
+  return t == DSC_OFFLOAD_HOST   ? "host"
+         : t == DSC_OFFLOAD_DISK ? "disk"
+         : t == DSC_OFFLOAD_AUTO ? "auto"
+                                 : "none";
 }
 
 int dsc_remat_parse(const char *name, dsc_remat_policy *out, int64_t *every) {
   *every = 1;
   if (strcmp(name, "none") == 0) return *out = DSC_REMAT_NONE, 0;
   if (strcmp(name, "selective") == 0) return *out = DSC_REMAT_SELECTIVE, 0;
+  if (strcmp(name, "offload") == 0) return *out = DSC_REMAT_OFFLOAD, 0; /* activation offload */
   /* "block" is a keyword of the model language: train sections say "blocks" */
   if (strcmp(name, "block") == 0 || strcmp(name, "blocks") == 0) return *out = DSC_REMAT_BLOCKS, 0;
   if (strncmp(name, "blocks:", 7) == 0) {
@@ -308,7 +323,10 @@ int dsc_remat_from_name(const char *name, dsc_remat_policy *out) {
 }
 
 const char *dsc_remat_name(dsc_remat_policy p) {
-  return p == DSC_REMAT_SELECTIVE ? "selective" : p == DSC_REMAT_BLOCKS ? "blocks" : "none";
+  return p == DSC_REMAT_SELECTIVE ? "selective"
+         : p == DSC_REMAT_BLOCKS  ? "blocks"
+         : p == DSC_REMAT_OFFLOAD ? "offload"
+                                  : "none";
 }
 
 static void set_defaults(dsc_train_config *cfg) {
@@ -318,6 +336,8 @@ static void set_defaults(dsc_train_config *cfg) {
   cfg->remat_every = 1;
   cfg->zero.prefetch_bytes = 64 << 20;
   cfg->zero.bucket_bytes = 25 << 20;
+  cfg->offload.prefetch_bytes = 64 << 20;
+  cfg->offload.io_threads = 4;
   cfg->seed = 1337;
   cfg->log_every = 1;
   cfg->opt.kind = DSC_OPT_ADAMW;
@@ -427,6 +447,12 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
     } else if (strcmp(key, "train.zero.persist_threshold") == 0 ||
                strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0) {
       r = get_int(ctx, key, raw, v, 0, &cfg->zero.persist_threshold);
+    } else if (strcmp(key, "train.offload.optimizer") == 0 ||
+               strcmp(key, "train.offload.param") == 0) {
+      dsc_offload_tier *dst =
+          key[14] == 'o' ? &cfg->offload.optimizer : &cfg->offload.param;
+      r = v->kind == TV_NAME && dsc_offload_from_name(v->name, dst) == 0;
+      if (!r) bad(ctx, key, raw, "one of none, host (cpu), disk (nvme)");
     } else if (strcmp(k, "train_batch_size") == 0) {
       r = get_int(ctx, key, raw, v, 1, &cfg->global_batch);
     } else if (strcmp(k, "precision") == 0) {

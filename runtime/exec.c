@@ -14,6 +14,7 @@
 
 #include "codegen/codegen.h"
 #include "dsc/exec.h"
+#include "runtime/cuda_api.h"
 #include "runtime/runtime.h"
 
 struct dsc_exec {
@@ -24,6 +25,18 @@ struct dsc_exec {
   dsc_comm *comm;     /* collectives go through it (dsc_exec_set_comm); not owned */
   dsc_trace *trace;   /* dsc_exec_set_trace; not owned */
   int trace_pid;
+  rt_cuda_exec *cuda; /* backend cuda (runtime/exec_cuda.c) */
+  /* Offload tiers (cg_state_layout_tiers): per param its tier and offset in
+   * the tier's arena; the disk values (disk_idx: their param indices) live
+   * in the file `disk` only: the cpu backend streams them (tier transfer
+   * instructions, runtime/exec_cpu.c), the interpreter keeps its doubles
+   * and writes the file after each run */
+  int *tiers;
+  int64_t *tier_offsets;
+  int64_t tier_bytes[CG_TIER_COUNT];
+  int n_disk;
+  int *disk_idx;
+  rt_offload *disk;
 #ifdef DSC_HAVE_LLVM
   ir_arena arena; /* programs and kernels */
   int n_progs;
@@ -40,6 +53,14 @@ struct dsc_exec {
 };
 
 static const char *backend_names[] = {"interp", "cpu", "cuda"};
+
+/* Whether a graph of m has nodes placed on the host (passes/offload_host.c). */
+static bool host_placed(const dsc_module *m) {
+  for (int i = 0; i < m->n_graphs; i++)
+    for (int j = 0; j < m->graphs[i]->n_nodes; j++)
+      if (m->graphs[i]->nodes[j]->place == IR_PLACE_HOST) return true;
+  return false;
+}
 
 const char *dsc_backend_name(dsc_backend b) {
   return (unsigned)b < 3 ? backend_names[b] : "?";
@@ -60,6 +81,10 @@ bool dsc_backend_available(dsc_backend b) {
 #ifdef DSC_HAVE_LLVM
     case DSC_BACKEND_CPU: return true;
 #endif
+#ifdef DSC_HAVE_CUDA
+    /* built in; whether a driver and a GPU are there is dsc_exec_new's check */
+    case DSC_BACKEND_CUDA: return true;
+#endif
     default: return false;
   }
 }
@@ -70,9 +95,19 @@ dsc_backend dsc_backend_default(void) {
 
 dsc_backend dsc_exec_backend(const dsc_exec *e) { return e->backend; }
 
+static void free_tiers(dsc_exec *e) {
+  int np = dsc_module_param_count(e->m);
+  if (e->tiers) ir_free(e->ctx, e->tiers, sizeof(int) * (size_t)(np + 1));
+  if (e->tier_offsets) ir_free(e->ctx, e->tier_offsets, sizeof(int64_t) * (size_t)(np + 1));
+  if (e->disk_idx) ir_free(e->ctx, e->disk_idx, sizeof(int) * (size_t)(np + 1));
+  rt_offload_free(e->disk);
+}
+
 void dsc_exec_free(dsc_exec *e) {
   if (!e) return;
+  free_tiers(e);
   dsc_params_free(e->params);
+  rt_cuda_exec_free(e->cuda);
 #ifdef DSC_HAVE_LLVM
   rt_cpu_exec_free(e->cpu);
   cg_llvm_jit_free(e->jit);
@@ -157,11 +192,33 @@ static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
   }
   int threads = o && o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (threads < 1) threads = 1;
-  e->cpu = rt_cpu_exec_new(ctx, (const cg_program *const *)e->progs, e->n_progs,
-                           (cg_cpu_kernel_fn *const *)e->fns, threads, e->state_bytes);
+  int64_t arenas[CG_TIER_COUNT];
+  memcpy(arenas, e->tier_bytes, sizeof arenas);
+  arenas[CG_TIER_DISK] = 0; /* streamed: in-flight buffers are WORK buffers */
+  e->cpu = rt_cpu_exec_new_tiered(ctx, (const cg_program *const *)e->progs, e->n_progs,
+                                  (cg_cpu_kernel_fn *const *)e->fns, threads, arenas);
   return e->cpu ? DSC_OK : DSC_ERR_INTERNAL;
 }
 #endif
+
+/* The tiers of the module's params and states (passes/offload.c). */
+static dsc_status init_tiers(dsc_exec *e) {
+  int np = dsc_module_param_count(e->m);
+  e->tiers = ir_alloc(e->ctx, sizeof(int) * (size_t)(np + 1));
+  e->tier_offsets = ir_alloc(e->ctx, sizeof(int64_t) * (size_t)(np + 1));
+  e->disk_idx = ir_alloc(e->ctx, sizeof(int) * (size_t)(np + 1));
+  if (!e->tiers || !e->tier_offsets || !e->disk_idx) return DSC_ERR_INTERNAL;
+  if (!cg_state_layout_tiers(e->m, e->tier_offsets, e->tiers, e->tier_bytes)) {
+    ir_error(e->ctx, ir_no_loc,
+             "executor: module '%s': the params do not fit in memory, or a tier.<name> meta is "
+             "not host or disk",
+             dsc_module_name(e->m));
+    return DSC_ERR_USER;
+  }
+  for (int i = 0; i < np; i++)
+    if (e->tiers[i] == CG_TIER_DISK) e->disk_idx[e->n_disk++] = i;
+  return DSC_OK;
+}
 
 dsc_status dsc_exec_new(dsc_module *m, const dsc_exec_options *opts, dsc_exec **out) {
   return dsc_exec_new_with_program(m, opts, NULL, NULL, out);
@@ -176,8 +233,8 @@ dsc_status dsc_exec_new_with_program(dsc_module *m, const dsc_exec_options *opts
   if (!dsc_backend_available(b)) {
     ir_error(ctx, ir_no_loc,
              b == DSC_BACKEND_CUDA
-                 ? "backend cuda: running on a GPU needs the CUDA runtime, which this build does "
-                   "not have yet (dsc compile --target cuda writes the kernels)"
+                 ? "backend cuda is not built in (configure with the CUDA toolkit: "
+                   "-DDSC_ENABLE_CUDA=ON)"
                  : "backend %s is not built in (configure with LLVM and oneDNN: "
                    "scripts/install-deps.sh)",
              dsc_backend_name(b));
@@ -195,9 +252,19 @@ dsc_status dsc_exec_new_with_program(dsc_module *m, const dsc_exec_options *opts
 #else
   (void)program, (void)program_module;
 #endif
-  dsc_status st = DSC_OK;
-  if (b == DSC_BACKEND_INTERP) {
+  dsc_status st = init_tiers(e);
+  if (st == DSC_OK && b == DSC_BACKEND_INTERP) {
     if (!(e->params = dsc_params_init(m, 0))) st = DSC_ERR_INTERNAL;
+  } else if (st == DSC_OK && b == DSC_BACKEND_CUDA && host_placed(m)) {
+    /* host work (passes/offload_host.c): exec_cuda has no host work arena yet */
+    ir_error(m->ctx, ir_no_loc,
+             "backend cuda does not run host-placed nodes yet (--offload-optimizer host, "
+             "--checkpoint-activations offload): use the cpu backend");
+    st = DSC_ERR_USER;
+  } else if (st == DSC_OK && b == DSC_BACKEND_CUDA) {
+    /* the kernel cache as the cpu backend finds it (option, $DSC_CACHE_DIR) */
+    const char *cache = opts && opts->cache_dir ? opts->cache_dir : getenv("DSC_CACHE_DIR");
+    st = rt_cuda_exec_new(m, cache && cache[0] ? cache : NULL, &e->cuda);
   }
 #ifdef DSC_HAVE_LLVM
   else if (b == DSC_BACKEND_CPU) {
@@ -230,6 +297,8 @@ static dsc_status copy_params(dsc_exec *e, dsc_params *dst, const dsc_params *sr
     return DSC_ERR_USER;
   }
   int np = dsc_module_param_count(e->m);
+  if (e->cuda)
+    return in ? rt_cuda_exec_set_params(e->cuda, src) : rt_cuda_exec_get_params(e->cuda, dst);
   if (e->backend == DSC_BACKEND_INTERP) {
     for (int i = 0; i < np; i++) {
       dsc_tensor *s = dsc_params_get(src, i), *d = dsc_params_get(dst, i);
@@ -238,11 +307,11 @@ static dsc_status copy_params(dsc_exec *e, dsc_params *dst, const dsc_params *sr
     return DSC_OK;
   }
 #ifdef DSC_HAVE_LLVM
-  char *base = rt_cpu_exec_state(e->cpu);
   for (int i = 0; i < np; i++) {
+    if (e->tiers[i] == CG_TIER_DISK) continue; /* the file's (disk_xfer) */
     dsc_type ty = dsc_module_param_type(e->m, i);
     size_t es = dsc_dtype_size(ty.dtype);
-    char *slot = base + e->state_offsets[i];
+    char *slot = (char *)rt_cpu_exec_tier(e->cpu, e->tiers[i]) + e->tier_offsets[i];
     dsc_tensor *t = dsc_params_get(in ? src : dst, i);
     int64_t n = dsc_type_numel(&ty);
     if (in)
@@ -254,16 +323,170 @@ static dsc_status copy_params(dsc_exec *e, dsc_params *dst, const dsc_params *sr
   return DSC_OK;
 }
 
+/* ---- the disk tier: the file <-> doubles (runtime/offload_io.c) ----
+ * One value at a time through a buffer of its native dtype, so that only
+ * one value is in host memory at once (initialisation, checkpoints, the
+ * interpreter's runs). */
+static dsc_status no_file(dsc_exec *e) {
+  ir_error(e->ctx, ir_no_loc,
+           "executor: module '%s' has values on the disk tier but no offload file "
+           "(--offload-dir; dsc_exec_set_offload_file)",
+           dsc_module_name(e->m));
+  return DSC_ERR_USER;
+}
+
+/* Disk values of p from the file (write false) or into it, then the flip. */
+static dsc_status disk_xfer(dsc_exec *e, dsc_params *p, bool write) {
+  if (e->n_disk == 0) return DSC_OK;
+  if (!e->disk) return no_file(e);
+  char err[1200] = "";
+  bool ok = true;
+  rt_offload_begin(e->disk);
+  for (int k = 0; k < e->n_disk && ok; k++) {
+    dsc_tensor *t = dsc_params_get(p, e->disk_idx[k]);
+    size_t es = dsc_dtype_size(t->type.dtype);
+    int64_t n = dsc_type_numel(&t->type);
+    size_t bytes = (size_t)n * es + 1;
+    char *buf = ir_alloc(e->ctx, bytes);
+    if (!buf) {
+      snprintf(err, sizeof err, "executor: out of memory (%zu bytes for a disk value)", bytes);
+      ok = false;
+      break;
+    }
+    for (int64_t j = 0; write && j < n; j++)
+      cg_store_elem(t->type.dtype, buf + j * (int64_t)es, t->data[j]);
+    int id = rt_offload_start(e->disk, k, buf, write, err, sizeof err);
+    ok = id >= 0 && rt_offload_wait(e->disk, id, err, sizeof err);
+    for (int64_t j = 0; ok && !write && j < n; j++)
+      t->data[j] = cg_load_elem(t->type.dtype, buf + j * (int64_t)es);
+    ir_free(e->ctx, buf, bytes);
+  }
+  char msg[1200] = "";
+  if (!rt_offload_end(e->disk, ok && write, msg, sizeof msg) && ok) {
+    ok = false;
+    memcpy(err, msg, sizeof err);
+  }
+  if (!ok) {
+    ir_error(e->ctx, ir_no_loc, "%s", err);
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
+dsc_status dsc_exec_set_offload_file(dsc_exec *e, const char *path) {
+  if (e->n_disk == 0) return DSC_OK;
+#ifdef DSC_HAVE_LLVM
+  if (e->cpu) rt_cpu_exec_set_offload(e->cpu, NULL, NULL, 0);
+#endif
+  rt_offload_free(e->disk);
+  e->disk = NULL;
+  int64_t *offs = ir_alloc(e->ctx, sizeof(int64_t) * (size_t)e->n_disk);
+  int64_t *bytes = ir_alloc(e->ctx, sizeof(int64_t) * (size_t)e->n_disk);
+  if (offs && bytes)
+    for (int k = 0; k < e->n_disk; k++) {
+      dsc_type ty = dsc_module_param_type(e->m, e->disk_idx[k]);
+      offs[k] = e->tier_offsets[e->disk_idx[k]];
+      bytes[k] = dsc_type_numel(&ty) * (int64_t)dsc_dtype_size(ty.dtype);
+    }
+  if (offs && bytes)
+    e->disk = rt_offload_open(e->ctx, path, e->n_disk, offs, bytes, e->tier_bytes[CG_TIER_DISK]);
+  if (offs) ir_free(e->ctx, offs, sizeof(int64_t) * (size_t)e->n_disk);
+  if (bytes) ir_free(e->ctx, bytes, sizeof(int64_t) * (size_t)e->n_disk);
+  if (!e->disk) return dsc_diag_count(e->ctx) ? DSC_ERR_USER : DSC_ERR_INTERNAL;
+  /* the IO threads the offload pass chose (module meta offload.io_threads) */
+  const char *th = dsc_module_get_meta(e->m, "offload.io_threads");
+  if (th && !rt_offload_set_threads(e->disk, atoi(th))) {
+    ir_error(e->ctx, ir_no_loc, "executor: module meta offload.io_threads '%s' is not in [1, 64]",
+             th);
+    return DSC_ERR_USER;
+  }
+#ifdef DSC_HAVE_LLVM
+  if (e->cpu) {
+    int np = dsc_module_param_count(e->m);
+    int *value = ir_alloc(e->ctx, sizeof(int) * (size_t)(np + 1));
+    if (!value) return DSC_ERR_INTERNAL;
+    for (int i = 0; i < np; i++) value[i] = -1;
+    for (int k = 0; k < e->n_disk; k++) value[e->disk_idx[k]] = k;
+    bool ok = rt_cpu_exec_set_offload(e->cpu, e->disk, value, np);
+    ir_free(e->ctx, value, sizeof(int) * (size_t)(np + 1));
+    if (!ok) return DSC_ERR_INTERNAL;
+  }
+#endif
+  return DSC_OK;
+}
+
+void dsc_exec_tier_bytes(const dsc_exec *e, int64_t *device, int64_t *host, int64_t *disk) {
+  if (device) *device = e->tier_bytes[CG_TIER_DEVICE];
+  if (host) *host = e->tier_bytes[CG_TIER_HOST];
+  if (disk) *disk = e->tier_bytes[CG_TIER_DISK];
+}
+
 dsc_status dsc_exec_set_params(dsc_exec *e, const dsc_params *p) {
-  return copy_params(e, e->params, p, true);
+  if (e->n_disk > 0 && !e->disk) return no_file(e);
+  dsc_status st = copy_params(e, e->params, p, true);
+  if (st == DSC_OK) st = disk_xfer(e, (dsc_params *)p, true); /* read only: write == true */
+  return st;
 }
 
 dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p) {
-  return copy_params(e, p, e->params, false);
+  dsc_status st = copy_params(e, p, e->params, false);
+  if (st == DSC_OK) st = disk_xfer(e, p, false);
+  return st;
 }
 
+static dsc_status exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
+                           int n_inputs, dsc_tensor **outputs);
+
+/* Whether graph g assigns a disk-tier value (then a run commits the file). */
+static bool writes_disk(const dsc_exec *e, const dsc_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *x = g->nodes[i];
+    if (x->op != DSC_OP_ASSIGN && x->op != DSC_OP_TIER_WRITE_START) continue;
+    const char *name = ir_attr_str(x, "name");
+    for (int k = 0; name && k < e->n_disk; k++)
+      if (strcmp(e->m->params[e->disk_idx[k]].name, name) == 0) return true;
+  }
+  return false;
+}
+
+/* With disk values: the cpu backend streams them within the run (its
+ * program's tier transfers, which commit the file when the run completes).
+ * The interpreter keeps every value as doubles: it reads the disk values
+ * from the file before the run and, when the run writes them, writes them
+ * to the other slot and flips it after; a failed run or write leaves the
+ * file's values, and the interpreter takes them back. */
 dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
                         int n_inputs, dsc_tensor **outputs) {
+  dsc_graph *g = dsc_module_find_graph(e->m, graph);
+  if (e->n_disk == 0 || !g || e->backend != DSC_BACKEND_INTERP)
+    return exec_run(e, graph, inputs, n_inputs, outputs);
+  int64_t t0 = e->trace ? dsc_trace_now_ns() : 0;
+  dsc_status st = disk_xfer(e, e->params, false);
+  if (e->trace && st == DSC_OK)
+    dsc_trace_spanf(e->trace, e->trace_pid, DSC_TRACE_COPY, t0, dsc_trace_now_ns(),
+                    "offload read (%d values)", e->n_disk);
+  if (st == DSC_OK) st = exec_run(e, graph, inputs, n_inputs, outputs);
+  if (st == DSC_OK && writes_disk(e, g)) {
+    t0 = e->trace ? dsc_trace_now_ns() : 0;
+    st = disk_xfer(e, e->params, true);
+    if (e->trace && st == DSC_OK)
+      dsc_trace_spanf(e->trace, e->trace_pid, DSC_TRACE_COPY, t0, dsc_trace_now_ns(),
+                      "offload write (%d values)", e->n_disk);
+    if (st != DSC_OK) {
+      for (int i = 0; i < dsc_graph_output_count(g); i++) {
+        dsc_tensor_free(e->ctx, outputs[i]);
+        outputs[i] = NULL;
+      }
+      int nd = dsc_diag_count(e->ctx);
+      (void)disk_xfer(e, e->params, false); /* the values moved on: take the file's back */
+      (void)nd;
+    }
+  }
+  return st;
+}
+
+static dsc_status exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
+                           int n_inputs, dsc_tensor **outputs) {
   dsc_graph *g = dsc_module_find_graph(e->m, graph);
   if (!g) {
     ir_error(e->ctx, ir_no_loc, "executor: module '%s' has no graph '%s'", dsc_module_name(e->m),
@@ -277,6 +500,16 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
     if (e->trace)
       dsc_trace_spanf(e->trace, e->trace_pid, DSC_TRACE_COMPUTE, t0, dsc_trace_now_ns(),
                       "%s (interpreter)", graph);
+    return st;
+  }
+  if (e->cuda) {
+    int gi = 0;
+    while (dsc_module_graph(e->m, gi) != g) gi++;
+    int64_t t0 = e->trace ? dsc_trace_now_ns() : 0;
+    dsc_status st = rt_cuda_exec_run(e->cuda, gi, inputs, n_inputs, outputs);
+    if (e->trace)
+      dsc_trace_spanf(e->trace, e->trace_pid, DSC_TRACE_COMPUTE, t0, dsc_trace_now_ns(),
+                      "%s (cuda)", graph);
     return st;
   }
 #ifdef DSC_HAVE_LLVM
@@ -350,6 +583,7 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
 
 dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm) {
   e->comm = comm;
+  if (e->cuda && rt_cuda_exec_set_comm(e->cuda, comm) != DSC_OK) return DSC_ERR_USER;
 #ifdef DSC_HAVE_LLVM
   if (e->cpu) rt_cpu_exec_set_comm(e->cpu, comm);
 #endif
@@ -374,6 +608,11 @@ dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid) {
 
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt) {
   *compiled = *prebuilt = 0;
+  if (e->cuda) {
+    int cached = 0;
+    rt_cuda_exec_kernel_counts(e->cuda, compiled, &cached);
+    return;
+  }
 #ifdef DSC_HAVE_LLVM
   cg_llvm_jit_stats(e->jit, compiled, NULL);
   *prebuilt = e->prebuilt;
@@ -383,6 +622,7 @@ void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt) {
 }
 
 void dsc_exec_set_profiling(dsc_exec *e, bool on) {
+  if (e->cuda) rt_cuda_exec_set_profiling(e->cuda, on);
 #ifdef DSC_HAVE_LLVM
   if (e->cpu) rt_cpu_exec_set_profiling(e->cpu, on);
 #else
@@ -391,7 +631,7 @@ void dsc_exec_set_profiling(dsc_exec *e, bool on) {
 }
 
 #ifdef DSC_HAVE_LLVM
-#define N_INS_KINDS 6 /* cg_ins_kind values */
+#define N_INS_KINDS (CG_INS_TIER_WAIT + 1) /* cg_ins_kind values (the last one + 1) */
 static const char *instr_kind_name(cg_ins_kind kind) {
   switch (kind) {
     case CG_INS_LAUNCH: return "kernel";
@@ -400,12 +640,21 @@ static const char *instr_kind_name(cg_ins_kind kind) {
     case CG_INS_COPY: return "copy";
     case CG_INS_COLLECTIVE_START: return "comm_start";
     case CG_INS_COLLECTIVE_WAIT: return "comm_wait"; /* time here = exposed communication */
+    case CG_INS_TIER_START: return "disk_start";
+    case CG_INS_TIER_WAIT: return "disk_wait"; /* time here = exposed disk IO */
   }
   return "?";
 }
 #endif
 
 dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE *out) {
+  if (e->cuda) {
+    for (int i = 0; i < dsc_module_graph_count(e->m); i++)
+      if (strcmp(dsc_graph_name(dsc_module_graph(e->m, i)), graph) == 0)
+        return rt_cuda_exec_print_profile(e->cuda, i, top, out);
+    ir_error(e->ctx, ir_no_loc, "profile: no compiled graph '%s'", graph);
+    return DSC_ERR_USER;
+  }
 #ifdef DSC_HAVE_LLVM
   int gi = -1;
   for (int i = 0; i < dsc_module_graph_count(e->m); i++)

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/runtime.h"
 
@@ -23,6 +24,8 @@ typedef struct {
   const cg_cpu_kernel_fn *fns;
   char *work_raw, *work;
   int64_t work_bytes;
+  char *host_work_raw, *host_work; /* the host work arena (host-placed temporaries) */
+  int64_t host_work_bytes;
   void ***args;            /* per LAUNCH instruction: argument base pointers */
   rt_gemm_plan **plans;    /* per GEMM instruction */
   rt_assign_copy *assigns; /* non-in-place assigns */
@@ -31,6 +34,7 @@ typedef struct {
   int64_t runs;
   dsc_comm_request **reqs;    /* per collective id: in flight (NULL once waited) */
   int64_t *coll_t0, *coll_t1; /* tracing: per collective id, its start and its wait's end */
+  int *tier_reqs;             /* per disk transfer id: the offload file's transfer id */
 } rt_prog;
 
 struct rt_cpu_exec {
@@ -40,6 +44,10 @@ struct rt_cpu_exec {
   rt_gemm_engine *gemm;
   char *state_raw, *state;
   int64_t state_bytes;
+  /* offload tiers (cg_tier): [0] unused (the STATE arena), [1] host,
+   * [2] the disk tier's staging (runtime/exec.c fills it from the file) */
+  char *tier_raw[CG_TIER_COUNT], *tier_base[CG_TIER_COUNT];
+  int64_t tier_bytes[CG_TIER_COUNT];
   int n_progs;
   rt_prog *progs;
   int32_t *status; /* one per pool chunk */
@@ -48,6 +56,10 @@ struct rt_cpu_exec {
   int64_t tag;      /* >= 0: every collective's tag (rt_cpu_exec_set_tag), else its own */
   dsc_trace *trace; /* rt_cpu_exec_set_trace; not owned */
   int trace_pid;
+  /* the disk tier (rt_cpu_exec_set_offload): the file, not owned, and per
+   * module param its value index in it (-1: not on disk) */
+  rt_offload *disk;
+  int *disk_value, n_disk_params;
 };
 
 /* ---- creation ---- */
@@ -87,6 +99,9 @@ static char *alloc_aligned(dsc_context *ctx, int64_t bytes, char **raw) {
 
 static char *buf_ptr(const rt_cpu_exec *e, const rt_prog *rp, int b) {
   const cg_buffer *cb = &rp->p->buffers[b];
+  if (cb->kind == CG_BUF_PARAM && cb->tier > 0)
+    return e->tier_base[cb->tier] ? e->tier_base[cb->tier] + cb->offset : NULL; /* disk: none */
+  if (cb->kind == CG_BUF_TEMP && cb->tier == CG_TIER_HOST) return rp->host_work + cb->offset;
   return (cb->kind == CG_BUF_PARAM ? e->state : rp->work) + cb->offset;
 }
 
@@ -117,7 +132,16 @@ static bool check_buffers(rt_cpu_exec *e, const cg_program *p) {
     if (cb->dtype < 0 || cb->dtype >= DSC_DTYPE_COUNT || cb->numel < 0 || cb->offset < 0)
       return bad(e, p, -1, "buffer %d is malformed", b);
     int64_t size = (int64_t)dsc_dtype_size(cb->dtype);
-    int64_t limit = cb->kind == CG_BUF_PARAM ? e->state_bytes : p->arena_bytes[CG_ARENA_WORK];
+    bool host_temp = cb->kind == CG_BUF_TEMP && cb->tier == CG_TIER_HOST; /* host work arena */
+    if (cb->tier < 0 || cb->tier >= CG_TIER_COUNT ||
+        (cb->tier > 0 && cb->kind != CG_BUF_PARAM && !host_temp))
+      return bad(e, p, -1, "buffer %d has a bad tier %d", b, cb->tier);
+    if (cb->tier == CG_TIER_DISK && !e->tier_base[CG_TIER_DISK])
+      continue; /* streamed (tier transfers): no memory, and no instruction reads it */
+    int64_t limit = host_temp                ? p->host_work_bytes
+                    : cb->kind != CG_BUF_PARAM ? p->arena_bytes[CG_ARENA_WORK]
+                    : cb->tier > 0           ? e->tier_bytes[cb->tier]
+                                             : e->state_bytes;
     if (cb->offset % size != 0 || cb->numel > (limit - cb->offset) / size)
       return bad(e, p, -1,
                  "buffer %d (%" PRId64 " bytes at %" PRId64
@@ -154,6 +178,7 @@ static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
         if (p->buffers[b].dtype != k->args[a].dtype || k->args[a].numel > buf_numel(p, b))
           return bad(e, p, i, "argument %d of kernel '%s' does not fit buffer %d", a, k->name, b);
         args[a] = buf_ptr(e, rp, b);
+        if (!args[a]) return bad(e, p, i, "argument %d: buffer %d is on the disk tier", a, b);
       }
       rp->args[i] = args;
       return true;
@@ -232,6 +257,22 @@ static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
         return bad(e, p, i, "copy: range outside the buffers");
       return true;
     }
+    case CG_INS_TIER_START:
+    case CG_INS_TIER_WAIT: {
+      const cg_tier_io *t = &in->tier;
+      if (t->id < 0 || t->id >= p->n_tier_ios)
+        return bad(e, p, i, "disk transfer %d does not exist (%d in the program)", t->id,
+                   p->n_tier_ios);
+      if (!buf_ok(p, in->src) || !buf_ptr(e, rp, in->src))
+        return bad(e, p, i, "disk transfer: buffer %d does not exist", in->src);
+      int pb = param_buffer(p, t->param);
+      if (pb < 0 || p->buffers[pb].tier != CG_TIER_DISK ||
+          p->buffers[pb].dtype != p->buffers[in->src].dtype ||
+          buf_numel(p, in->src) < buf_numel(p, pb))
+        return bad(e, p, i, "disk transfer: param %d is not a disk value of its buffer's size",
+                   t->param);
+      return true;
+    }
   }
   return bad(e, p, i, "unknown instruction kind %d", (int)in->kind);
 }
@@ -242,6 +283,15 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   rp->work_bytes = p->arena_bytes[CG_ARENA_WORK];
   if (rp->work_bytes < 0) return bad(e, p, -1, "negative WORK arena size");
   rp->work = alloc_aligned(e->ctx, rp->work_bytes, &rp->work_raw);
+  rp->host_work_bytes = p->host_work_bytes;
+  if (rp->host_work_bytes < 0) return bad(e, p, -1, "negative host work arena size");
+  if (rp->host_work_bytes > 0 &&
+      !(rp->host_work = alloc_aligned(e->ctx, rp->host_work_bytes, &rp->host_work_raw))) {
+    ir_error(e->ctx, ir_no_loc,
+             "out of memory loading program '%s' (host work arena %" PRId64 " bytes)",
+             p->graph_name ? p->graph_name : "?", rp->host_work_bytes);
+    return false;
+  }
   size_t n = (size_t)(p->n_instrs > 0 ? p->n_instrs : 1);
   rp->args = ir_arena_alloc(&e->arena, sizeof *rp->args * n);
   rp->plans = ir_arena_alloc(&e->arena, sizeof *rp->plans * n);
@@ -273,6 +323,24 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   }
   for (int c = 0; c < p->n_collectives; c++)
     if (seen[c] != 2) return bad(e, p, -1, "collective %d has no %s", c, seen[c] ? "wait" : "start");
+  /* disk transfers likewise: one start, then one wait */
+  if (p->n_tier_ios < 0) return bad(e, p, -1, "negative disk transfer count");
+  rp->tier_reqs = ir_arena_alloc(&e->arena, sizeof(int) * (size_t)(p->n_tier_ios + 1));
+  char *tseen = ir_arena_alloc(&e->arena, (size_t)p->n_tier_ios + 1);
+  if (!rp->tier_reqs || !tseen) return bad(e, p, -1, "out of memory");
+  memset(tseen, 0, (size_t)p->n_tier_ios + 1);
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    if (in->kind != CG_INS_TIER_START && in->kind != CG_INS_TIER_WAIT) continue;
+    int want = in->kind == CG_INS_TIER_START ? 0 : 1;
+    if (tseen[in->tier.id] != want)
+      return bad(e, p, i, "disk transfer %d is %s", in->tier.id,
+                 want ? "waited before its start or twice" : "started twice");
+    tseen[in->tier.id]++;
+  }
+  for (int c = 0; c < p->n_tier_ios; c++)
+    if (tseen[c] != 2)
+      return bad(e, p, -1, "disk transfer %d has no %s", c, tseen[c] ? "wait" : "start");
   for (int o = 0; o < p->n_outputs; o++) {
     const cg_output *out = &p->outputs[o];
     if (!buf_ok(p, out->buffer) || out->offset < 0 ||
@@ -286,6 +354,8 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
     if (pb < 0 || !buf_ok(p, as->buffer) || p->buffers[as->buffer].dtype != p->buffers[pb].dtype ||
         buf_numel(p, as->buffer) < buf_numel(p, pb))
       return bad(e, p, -1, "assign %d (param %d) does not match its buffers", a, as->param);
+    if (p->buffers[pb].tier == CG_TIER_DISK && !buf_ptr(e, rp, pb))
+      return bad(e, p, -1, "assign %d: param %d is on the disk tier (streamed)", a, as->param);
     if (as->in_place) continue;
     /* Every param read sees the old value; an output that is the assigned
      * slot itself would see the new one, so the lowering must not do that. */
@@ -303,7 +373,15 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
 
 rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, int n_progs,
                              cg_cpu_kernel_fn *const *fns, int n_threads, int64_t state_bytes) {
-  if (n_progs < 0 || state_bytes < 0) {
+  int64_t tiers[CG_TIER_COUNT] = {state_bytes, 0, 0};
+  return rt_cpu_exec_new_tiered(ctx, progs, n_progs, fns, n_threads, tiers);
+}
+
+rt_cpu_exec *rt_cpu_exec_new_tiered(dsc_context *ctx, const cg_program *const *progs,
+                                    int n_progs, cg_cpu_kernel_fn *const *fns, int n_threads,
+                                    const int64_t *tier_bytes) {
+  int64_t state_bytes = tier_bytes[0];
+  if (n_progs < 0 || state_bytes < 0 || tier_bytes[1] < 0 || tier_bytes[2] < 0) {
     ir_error(ctx, ir_no_loc, "CPU executor: bad arguments");
     return NULL;
   }
@@ -326,6 +404,14 @@ rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, i
   e->gemm = rt_gemm_engine_new(ctx, e->pool);
   if (!e->gemm) goto fail;
   e->state = alloc_aligned(ctx, state_bytes, &e->state_raw);
+  for (int t = 1; t < CG_TIER_COUNT; t++) {
+    e->tier_bytes[t] = tier_bytes[t];
+    if (tier_bytes[t] > 0 && !(e->tier_base[t] = alloc_aligned(ctx, tier_bytes[t], &e->tier_raw[t]))) {
+      ir_error(ctx, ir_no_loc, "out of memory creating the CPU executor (%s arena %" PRId64 " bytes)",
+               t == CG_TIER_HOST ? "host" : "disk staging", tier_bytes[t]);
+      goto fail;
+    }
+  }
   e->progs = ir_arena_alloc(&e->arena, sizeof *e->progs * (size_t)(n_progs + 1));
   e->status = ir_arena_alloc(&e->arena, sizeof *e->status * (size_t)n_threads);
   if (!e->state || !e->progs || !e->status) {
@@ -351,15 +437,22 @@ fail:
 
 void rt_cpu_exec_free(rt_cpu_exec *e) {
   if (!e) return;
+  rt_cpu_exec_set_offload(e, NULL, NULL, 0);
   for (int i = 0; e->progs && i < e->n_progs; i++) {
     rt_prog *rp = &e->progs[i];
     if (rp->plans)
       for (int j = 0; j < rp->p->n_instrs; j++) rt_gemm_plan_free(rp->plans[j]);
     if (rp->work_raw)
       ir_free(e->ctx, rp->work_raw, (size_t)(rp->work_bytes + arena_slack(rp->work_bytes)));
+    if (rp->host_work_raw)
+      ir_free(e->ctx, rp->host_work_raw,
+              (size_t)(rp->host_work_bytes + arena_slack(rp->host_work_bytes)));
   }
   if (e->state_raw)
     ir_free(e->ctx, e->state_raw, (size_t)(e->state_bytes + arena_slack(e->state_bytes)));
+  for (int t = 1; t < CG_TIER_COUNT; t++)
+    if (e->tier_raw[t])
+      ir_free(e->ctx, e->tier_raw[t], (size_t)(e->tier_bytes[t] + arena_slack(e->tier_bytes[t])));
   rt_gemm_engine_free(e->gemm);
   rt_pool_free(e->pool);
   ir_arena_release(&e->arena);
@@ -367,6 +460,25 @@ void rt_cpu_exec_free(rt_cpu_exec *e) {
 }
 
 void *rt_cpu_exec_state(rt_cpu_exec *e) { return e->state; }
+
+void *rt_cpu_exec_tier(rt_cpu_exec *e, int tier) {
+  if (tier <= 0 || tier >= CG_TIER_COUNT) return tier == 0 ? e->state : NULL;
+  return e->tier_base[tier];
+}
+
+void rt_cpu_exec_release_tier(rt_cpu_exec *e, int tier) {
+#ifdef MADV_DONTNEED
+  /* whole pages inside the arena only: the kernel frees them, the next
+   * touch maps zero pages (the disk staging is refilled before each run) */
+  if (tier <= 0 || tier >= CG_TIER_COUNT || !e->tier_base[tier]) return;
+  uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)e->tier_base[tier] + pg - 1) & ~(pg - 1);
+  uintptr_t hi = ((uintptr_t)e->tier_base[tier] + (uintptr_t)e->tier_bytes[tier]) & ~(pg - 1);
+  if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+  (void)e, (void)tier;
+#endif
+}
 
 void rt_cpu_exec_set_comm(rt_cpu_exec *e, dsc_comm *comm) { e->comm = comm; }
 
@@ -538,6 +650,10 @@ static const char *instr_op(const cg_instr *in) {
       return "collective start";
     case CG_INS_COLLECTIVE_WAIT:
       return "collective wait";
+    case CG_INS_TIER_START:
+      return "disk transfer start";
+    case CG_INS_TIER_WAIT:
+      return "disk transfer wait";
   }
   return "?";
 }
@@ -629,6 +745,29 @@ static void fail_collectives(rt_cpu_exec *e, rt_prog *rp, const char *graph, con
     }
 }
 
+/* A disk transfer: started on the offload file's IO threads, waited here. */
+static bool run_tier(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errlen) {
+  const cg_instr *in = &rp->p->instrs[i];
+  const cg_tier_io *t = &in->tier;
+  if (in->kind == CG_INS_TIER_WAIT) {
+    char msg[1200];
+    if (!rt_offload_wait(e->disk, rp->tier_reqs[t->id], msg, sizeof msg))
+      return ir_fail(err, errlen, "%s (instruction %d): %s", instr_op(in), i, msg);
+    return true;
+  }
+  int k = t->param >= 0 && t->param < e->n_disk_params ? e->disk_value[t->param] : -1;
+  const cg_buffer *b = &rp->p->buffers[in->src];
+  int64_t bytes = b->numel * (int64_t)dsc_dtype_size(b->dtype);
+  if (k < 0 || rt_offload_value_bytes(e->disk, k) > bytes)
+    return ir_fail(err, errlen, "%s (instruction %d): param %d is not in the offload file",
+                   instr_op(in), i, t->param);
+  char msg[1200];
+  int id = rt_offload_start(e->disk, k, buf_ptr(e, rp, in->src), t->write, msg, sizeof msg);
+  if (id < 0) return ir_fail(err, errlen, "%s (instruction %d): %s", instr_op(in), i, msg);
+  rp->tier_reqs[t->id] = id;
+  return true;
+}
+
 static int64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -700,6 +839,9 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
     case CG_INS_COLLECTIVE_START:
     case CG_INS_COLLECTIVE_WAIT:
       return run_collective(e, rp, i, err, errlen);
+    case CG_INS_TIER_START:
+    case CG_INS_TIER_WAIT:
+      return run_tier(e, rp, i, err, errlen);
   }
   return ir_fail(err, errlen, "instruction %d: unknown kind", i);
 }
@@ -777,6 +919,17 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
       rp->coll_t1[c->id] = t1;
       return;
     }
+    case CG_INS_TIER_START:
+    case CG_INS_TIER_WAIT: {
+      const cg_buffer *bf = &p->buffers[in->src];
+      dsc_trace_format_bytes(size, sizeof size, bf->numel * (int64_t)dsc_dtype_size(bf->dtype));
+      snprintf(name, sizeof name, "%s %s %s", in->kind == CG_INS_TIER_WAIT ? "wait disk" : "disk",
+               in->tier.write ? "write" : "read", size);
+      snprintf(args, sizeof args, "{\"instr\":%d,\"param\":%d}", i, in->tier.param);
+      dsc_trace_span(tr, pid, in->kind == CG_INS_TIER_WAIT ? DSC_TRACE_WAIT : DSC_TRACE_COPY,
+                     "offload", t0, t1, args, name);
+      return;
+    }
   }
 }
 
@@ -820,12 +973,20 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
     memcpy(buf_ptr(e, rp, b), inputs[cb->index], (size_t)cb->numel * dsc_dtype_size(cb->dtype));
   }
   if ((p->n_collectives > 0 || p->needs_rank) && !check_comm(e, p, err, errlen)) return false;
+  if (p->n_tier_ios > 0) {
+    if (!e->disk)
+      return ir_fail(err, errlen, "the program streams disk tier values but has no offload "
+                                  "file (dsc_exec_set_offload_file, --offload-dir)");
+    rt_offload_begin(e->disk);
+  }
   bool timed = e->profiling || e->trace;
   int64_t wait_ns = 0;
   for (int i = 0; i < p->n_instrs; i++) {
     int64_t t0 = timed ? now_ns() : 0;
     if (!run_instr(e, rp, i, err, errlen)) {
       if (p->n_collectives > 0) fail_collectives(e, rp, p->graph_name ? p->graph_name : "?", err);
+      char msg[8];
+      if (p->n_tier_ios > 0) rt_offload_end(e->disk, false, msg, sizeof msg); /* changes nothing */
       return false;
     }
     if (timed) {
@@ -839,6 +1000,13 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
   }
   if (e->profiling) rp->runs++;
   if (e->trace) trace_overlap(e, rp, wait_ns);
+  /* The disk writes land before the assigns: a failed commit then changes
+   * nothing (the file keeps its active slot, the arenas their values). */
+  if (p->n_tier_ios > 0) {
+    char msg[1200] = "";
+    if (!rt_offload_end(e->disk, true, msg, sizeof msg))
+      return ir_fail(err, errlen, "%s", msg);
+  }
   for (int a = 0; a < rp->n_assign_copies; a++)
     memcpy(rp->assigns[a].dst, rp->assigns[a].src, rp->assigns[a].bytes);
   for (int o = 0; o < p->n_outputs; o++) {
@@ -846,5 +1014,16 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
     outputs_out[o] =
         buf_ptr(e, rp, out->buffer) + out->offset * (int64_t)dsc_dtype_size(out->type.dtype);
   }
+  return true;
+}
+
+bool rt_cpu_exec_set_offload(rt_cpu_exec *e, rt_offload *disk, const int *value_of_param,
+                             int n_params) {
+  if (e->disk_value) ir_free(e->ctx, e->disk_value, sizeof(int) * (size_t)(e->n_disk_params + 1));
+  e->disk_value = NULL, e->n_disk_params = 0, e->disk = NULL;
+  if (!disk) return true;
+  if (!(e->disk_value = ir_alloc(e->ctx, sizeof(int) * (size_t)(n_params + 1)))) return false;
+  memcpy(e->disk_value, value_of_param, sizeof(int) * (size_t)n_params);
+  e->n_disk_params = n_params, e->disk = disk;
   return true;
 }

@@ -307,9 +307,68 @@ typedef struct rt_cpu_exec rt_cpu_exec;
  * (an index or a view out of range, dtypes that disagree) or out of memory. */
 rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, int n_progs,
                              cg_cpu_kernel_fn *const *fns, int n_threads, int64_t state_bytes);
+/* rt_cpu_exec_new with offload tiers (cg_tier): tier_bytes[0] is the STATE
+ * arena, [1] the host arena, [2] the disk tier's staging arena (program
+ * tier_bytes); PARAM buffers of tier t live in arena t. */
+rt_cpu_exec *rt_cpu_exec_new_tiered(dsc_context *ctx, const cg_program *const *progs,
+                                    int n_progs, cg_cpu_kernel_fn *const *fns, int n_threads,
+                                    const int64_t *tier_bytes);
 void rt_cpu_exec_free(rt_cpu_exec *e);
 /* The STATE arena's base (params in and out via the buffers' offsets). */
 void *rt_cpu_exec_state(rt_cpu_exec *e);
+/* Tier t's arena (0: STATE), NULL when it has none. release_tier gives its
+ * whole pages back to the OS (their contents become zeros): the disk
+ * staging between runs. */
+void *rt_cpu_exec_tier(rt_cpu_exec *e, int tier);
+/* The disk tier's file for the programs' tier transfers (not owned; NULL:
+ * none): value_of_param[i] is module param i's value index in it, -1 for
+ * a param not on the disk tier. False when out of memory. */
+typedef struct rt_offload rt_offload;
+bool rt_cpu_exec_set_offload(rt_cpu_exec *e, rt_offload *disk, const int *value_of_param,
+                             int n_params);
+void rt_cpu_exec_release_tier(rt_cpu_exec *e, int tier);
+
+/* ======================= runtime/offload_io.c =======================
+ * The disk tier (docs/memory.md "Offload"): one file per rank holding n
+ * values (bytes[i] each, at offsets[i] of a slot of slot_bytes) in two
+ * slots after a 4 KiB header that names the active slot. A commit writes
+ * every value into the other slot, syncs, then flips the header (one
+ * 512-byte write) and syncs: a failed commit (a full disk, an IO error)
+ * leaves the active slot, so the values stay those of the last commit.
+ * Reads and writes run on a pool of IO threads (pread/pwrite), in chunks of
+ * RT_OFFLOAD_CHUNK bytes, RT_OFFLOAD_THREADS in flight. Errors name the
+ * file. */
+#define RT_OFFLOAD_THREADS 4
+#define RT_OFFLOAD_CHUNK ((int64_t)4 << 20)
+typedef struct rt_offload rt_offload;
+/* Creates (truncates) the file; nothing is readable before the first commit. */
+rt_offload *rt_offload_open(dsc_context *ctx, const char *path, int n, const int64_t *offsets,
+                            const int64_t *bytes, int64_t slot_bytes);
+void rt_offload_free(rt_offload *o);
+const char *rt_offload_path(const rt_offload *o);
+/* Value i of the active slot into dst[i] (NULL: skipped). */
+bool rt_offload_read(rt_offload *o, void *const *dst, char *err, size_t errlen);
+/* src[i] into the inactive slot, then the flip. */
+bool rt_offload_commit(rt_offload *o, const void *const *src, char *err, size_t errlen);
+/* Commits done (the header's generation). */
+int64_t rt_offload_generation(const rt_offload *o);
+/* Streaming (the disk tier's tier_read/tier_write instructions): transfers
+ * of one value each, started asynchronously on the file's IO threads
+ * (rt_offload_set_threads, default RT_OFFLOAD_THREADS; started on first use)
+ * and waited by their id. Between begin and end: reads come from the
+ * active slot, writes go to the other one; end(commit) waits for what is in
+ * flight and, when commit is true, no transfer failed and some value was
+ * written, copies the values not written from the active slot, syncs and
+ * flips the header. end(false), or a failure, leaves the active slot (a
+ * failed step changes nothing). start returns the transfer's id, -1 on an
+ * immediate failure (message in err). */
+bool rt_offload_set_threads(rt_offload *o, int n);
+void rt_offload_begin(rt_offload *o);
+int rt_offload_start(rt_offload *o, int value, void *buf, bool write, char *err, size_t errlen);
+bool rt_offload_wait(rt_offload *o, int id, char *err, size_t errlen);
+bool rt_offload_end(rt_offload *o, bool commit, char *err, size_t errlen);
+/* Value `value`'s bytes (0 for an index out of range). */
+int64_t rt_offload_value_bytes(const rt_offload *o, int value);
 /* Runs program prog: inputs[i] is graph input i's data in its dtype
  * (copied into the WORK arena); outputs_out[i] receives a pointer to graph
  * output i (into an arena: valid until the next run of any program). The

@@ -4,7 +4,9 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdio.h>
 
+#include "dsc/autocfg.h"
 #include "dsc/dsc.h"
 
 enum { CLI_EXIT_OK = 0, CLI_EXIT_USER = 1, CLI_EXIT_INTERNAL = 2 };
@@ -27,6 +29,33 @@ char *cli_read_file(const char *path, size_t *len);
 dsc_status cli_load_module(dsc_context *ctx, const char *path, const cli_dims *dims,
                            dsc_module **out);
 int cli_parse_dim_flag(const char *cmd, int argc, char **argv, int *i, cli_dims *d);
+
+/* cmd_auto.c: --auto of dsc plan and dsc train (include/dsc/autocfg.h) */
+typedef struct {
+  bool on, recalibrate;
+  int max_plans;       /* 0: the default */
+  const char *offload_dir; /* --offload-dir where the command has none of its own */
+  dsc_rates rates;     /* the rate flags; 0: calibrate */
+} cli_auto;
+/* 1: argv[*i] (and its value) was an auto flag, 0: not one, -1: a usage
+ * error (printed). */
+int cli_auto_flag(const char *cmd, int argc, char **argv, int *i, cli_auto *a);
+/* The rates, the search and its report (text to out, or JSON to stdout);
+ * an exit code. */
+int cli_auto_run(const char *cmd, dsc_context *ctx, const cli_auto *a, dsc_autocfg_options *ao,
+                 bool json, FILE *out, dsc_autocfg_result *res);
+#define CLI_AUTO_HELP                                                                          \
+  "  --auto            search ZeRO stage, offload, activation checkpointing, bucket and\n"      \
+  "                    prefetch sizes for the fastest configuration (by a cost model)\n"      \
+  "                    whose peak fits --memory-budget (required) and whose offloaded\n"    \
+  "                    bytes fit --host-memory-budget (if given); flags given fix their\n"   \
+  "                    choice; the disk tier only with --offload-dir DIR\n"                  \
+  "                    (docs/memory.md \"Auto-configuration\")\n"                              \
+  "  --max-plans N     at most N configurations planned (default 40)\n"                       \
+  "  --compute-gflops X, --link-gbps X, --host-gbps X, --disk-gbps X  the cost model's\n"     \
+  "                    rates (GFLOP/s; GB/s = 1e9 bytes/s) instead of the calibration run\n"  \
+  "                    (about 1.5 s, cached per host in $DSC_CACHE_DIR or ~/.cache/dsc)\n"   \
+  "  --recalibrate     measure the rates again instead of reading the cache\n"
 
 /* one function per subcommand; argv[0] is the subcommand's name */
 int cli_check(int argc, char **argv);

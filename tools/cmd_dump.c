@@ -8,7 +8,9 @@ static const char dump_help[] =
     "                [--after PASS | --print-after-all] [--grad-accum K] [--verify]\n"
     "                [--precision f32|bf16|fp16] [--world N] [--zero-stage S]\n"
     "                [--bucket-bytes N] [--prefetch-bytes N] [--persist-threshold N]\n"
-    "                [--unshard-bytes N] [--checkpoint-activations none|selective]\n"
+    "                [--unshard-bytes N] [--checkpoint-activations none|selective|offload]\n"
+    "                [--offload-optimizer none|host|disk] [--offload-param none|host|disk]\n"
+    "                [--offload-prefetch-bytes N] [--offload-io-threads N]\n"
     "       dsc dump --list-passes\n"
     "\n"
     "Prints the IR of FILE: a model file (.dsm) is compiled first; a text IR file\n"
@@ -30,6 +32,8 @@ static const char dump_help[] =
 typedef struct {
   int64_t world, stage, bucket, prefetch, persist, unshard; /* -1: the model's */
   const char *remat;                                        /* NULL: the model's */
+  const char *offload_optimizer, *offload_param;            /* NULL: the model's */
+  int64_t offload_prefetch, offload_threads;                /* -1: the default */
 } dump_zero;
 
 static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_accum,
@@ -51,6 +55,11 @@ static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_a
   if (z->persist >= 0) cfg.zero.persist_threshold = z->persist;
   if (z->unshard >= 0) cfg.zero.unshard_bytes = z->unshard;
   if (z->remat) dsc_remat_parse(z->remat, &cfg.remat, &cfg.remat_every); /* checked by the caller */
+  /* checked by the caller */
+  if (z->offload_optimizer) dsc_offload_from_name(z->offload_optimizer, &cfg.offload.optimizer);
+  if (z->offload_param) dsc_offload_from_name(z->offload_param, &cfg.offload.param);
+  if (z->offload_prefetch >= 0) cfg.offload.prefetch_bytes = z->offload_prefetch;
+  if (z->offload_threads >= 0) cfg.offload.io_threads = z->offload_threads;
   dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
   return dsc_run_pipeline(m, &po);
 }
@@ -61,7 +70,7 @@ int cli_dump(int argc, char **argv) {
   dsc_precision prec;
   bool dot = false, print_all = false, verify = false;
   int64_t grad_accum = 0;
-  dump_zero z = {-1, -1, -1, -1, -1, -1, NULL};
+  dump_zero z = {-1, -1, -1, -1, -1, -1, NULL, NULL, NULL, -1, -1};
   cli_dims dims = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -106,6 +115,18 @@ int cli_dump(int argc, char **argv) {
                CLI_EXIT_USER;
       *(a[2] == 'w' ? &z.world : a[2] == 'z' ? &z.stage : &z.persist) = v;
       i++;
+    } else if (strcmp(argv[i], "--offload-prefetch-bytes") == 0 ||
+               strcmp(argv[i], "--offload-io-threads") == 0) {
+      bool bytes = argv[i][10] == 'p';
+      int64_t v = -1;
+      bool ok = i + 1 < argc &&
+                (bytes ? cli_parse_bytes(argv[i + 1], &v) : cli_parse_i64(argv[i + 1], &v));
+      if (!ok || v < (bytes ? 0 : 1) || (!bytes && v > 64))
+        return cli_usage_error("dump", "%s: '%s' is out of range", argv[i],
+                               i + 1 < argc ? argv[i + 1] : ""),
+               CLI_EXIT_USER;
+      *(bytes ? &z.offload_prefetch : &z.offload_threads) = v;
+      i++;
     } else if (strcmp(argv[i], "--bucket-bytes") == 0 || strcmp(argv[i], "--prefetch-bytes") == 0 ||
                strcmp(argv[i], "--unshard-bytes") == 0) {
       const char *a = argv[i];
@@ -115,10 +136,18 @@ int cli_dump(int argc, char **argv) {
                CLI_EXIT_USER;
       *(a[2] == 'b' ? &z.bucket : a[2] == 'p' ? &z.prefetch : &z.unshard) = v;
       i++;
+    } else if (strcmp(argv[i], "--offload-optimizer") == 0 ||
+               strcmp(argv[i], "--offload-param") == 0) {
+      dsc_offload_tier tier;
+      const char *a = argv[i];
+      if (i + 1 >= argc || dsc_offload_from_name(argv[i + 1], &tier) != 0)
+        return cli_usage_error("dump", "%s needs none, host (cpu) or disk (nvme)", a),
+               CLI_EXIT_USER;
+      *(a[10] == 'o' ? &z.offload_optimizer : &z.offload_param) = argv[++i];
     } else if (strcmp(argv[i], "--checkpoint-activations") == 0) {
       dsc_remat_policy pol;
       if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("dump", "--checkpoint-activations needs none, selective, block or blocks:K"),
+        return cli_usage_error("dump", "--checkpoint-activations needs none, selective, block, blocks:K or offload"),
                CLI_EXIT_USER;
       z.remat = argv[++i];
     } else if (strcmp(argv[i], "-o") == 0) {

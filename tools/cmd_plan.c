@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dsc/memplan.h"
@@ -38,14 +39,25 @@ static const char plan_help[] =
     "                    as dsc train (the model's train section otherwise)\n"
     "  --bucket-bytes N, --prefetch-bytes N, --persist-threshold N, --unshard-bytes N\n"
     "                    the ZeRO schedule, as dsc train (they change what is live)\n"
-    "  --checkpoint-activations P  none, selective, block or blocks:K, as dsc train\n"
+    "  --checkpoint-activations P  none, selective, block, blocks:K or offload, as dsc train\n"
     "  --memory-budget B bytes one rank may use (e.g. 16GiB): says which stages fit;\n"
     "                    exit 1 when none of those planned does\n"
+    "  --offload-optimizer T, --offload-param T  none, host or disk, as dsc train:\n"
+    "                    the rows host and disk are what one rank holds there, and the\n"
+    "                    device figures above them drop by as much; auto: only the\n"
+    "                    values --memory-budget requires (listed under the table)\n"
+    "  --offload-prefetch-bytes N  disk tier: reads started ahead of their use, at\n"
+    "                    most N bytes in flight (default 64MiB; docs/memory.md)\n"
+    "  --offload-io-threads N  disk tier: IO threads per rank (1-64, default 4)\n"
+    "  --host-memory-budget B  host memory per rank for the offloaded values: a plan\n"
+    "                    over it does not fit (exit 1), as with --memory-budget\n"
     "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"
     "  --bytes           the table in bytes instead of KiB/MiB/GiB\n"
+    CLI_AUTO_HELP
     "Exit codes: 0 success, 1 bad input (model, flags), 2 internal error.\n";
 
 static bool exact_bytes; /* --bytes */
+static int64_t host_budget; /* --host-memory-budget; 0: none */
 static int64_t budget;   /* --memory-budget; 0: none */
 
 static void human(char *buf, size_t n, int64_t b) {
@@ -117,6 +129,61 @@ static const char *formula_text(int stage) {
   return t[stage];
 }
 
+/* --host-memory-budget: the offloaded bytes of the planned stage (or of
+ * every stage that plans) against the budget; true when one fits. */
+static bool host_verdict(const dsc_plan_options *o, dsc_context *ctx) {
+  bool any = false;
+  for (int s = 0; s < 4; s++) {
+    if (o->has_zero_stage && s != o->zero_stage) continue;
+    dsc_plan_options so = *o;
+    so.has_zero_stage = true, so.zero_stage = s;
+    dsc_memory_plan p;
+    dsc_diag_clear(ctx);
+    if (dsc_plan_memory(ctx, &so, &p) != DSC_OK) continue;
+    char h[32], b[32], over[32];
+    human(h, sizeof h, p.host_bytes), human(b, sizeof b, host_budget);
+    if (p.host_bytes <= host_budget) {
+      any = true;
+      fprintf(stderr, "  stage %d: host memory %s fits the host budget of %s\n", s, h, b);
+    } else {
+      human(over, sizeof over, p.host_bytes - host_budget);
+      fprintf(stderr,
+              "  stage %d: does not fit: host memory %s is %s over the host budget of %s "
+              "(offloaded to disk, values take host memory only while a step runs)\n",
+              s, h, over, b);
+    }
+  }
+  dsc_diag_clear(ctx);
+  return any;
+}
+
+/* Offload auto: which values moved off the device, and why (stage: the
+ * column, or -1 for a lone plan). */
+static void print_offload_auto(const dsc_memory_plan *p, int stage) {
+  if (!p->offload_auto) return;
+  char a[32], b[32], h[32], d[32];
+  human(a, sizeof a, p->peak_no_offload), human(b, sizeof b, budget);
+  if (stage >= 0) printf("stage %d: ", stage);
+  if (p->n_offloaded == 0) {
+    printf("offload auto: nothing offloaded: the device peak without offload, %s, fits the "
+           "budget of %s\n", a, b);
+    return;
+  }
+  human(h, sizeof h, p->offloaded_host), human(d, sizeof d, p->offloaded_disk);
+  printf("offload auto: the device peak without offload, %s, is over the budget of %s: %d of "
+         "%d values moved (host %s, disk %s; %d plans), furthest next use from the peak "
+         "instruction first, then the largest:\n",
+         a, b, p->n_offloaded, p->auto_candidates, h, d, p->auto_plans);
+  for (int i = 0; i < p->n_offloaded && i < DSC_PLAN_OFFLOADED_MAX; i++) {
+    const dsc_plan_offloaded *v = &p->offloaded[i];
+    human(a, sizeof a, v->bytes);
+    printf("  %-40s %-5s %12s  next use %" PRId64 " instructions after the peak\n", v->name,
+           dsc_offload_name((dsc_offload_tier)v->tier), a, v->next_use);
+  }
+  if (p->n_offloaded > DSC_PLAN_OFFLOADED_MAX)
+    printf("  (%d more)\n", p->n_offloaded - DSC_PLAN_OFFLOADED_MAX);
+}
+
 static void print_json(const dsc_memory_plan *p) {
   printf("{\"param_count\": %" PRId64 ", \"world\": %" PRId64 ", \"stage\": %" PRId64
          ", \"precision\": \"%s\", \"ranks\": [",
@@ -126,10 +193,27 @@ static void print_json(const dsc_memory_plan *p) {
     printf("%s{\"rank\": %" PRId64 ", \"params\": %" PRId64 ", \"grads\": %" PRId64
            ", \"optimizer\": %" PRId64 ", \"activations\": %" PRId64 ", \"workspace\": %" PRId64
            ", \"comm\": %" PRId64 ", \"peak\": %" PRId64 ", \"grads_held\": %" PRId64
-           ", \"model_states\": %" PRId64 "}",
+           ", \"model_states\": %" PRId64 ", \"host\": %" PRId64 ", \"disk\": %" PRId64
+           ", \"host_work\": %" PRId64 "}",
            r ? ", " : "", r, f->params, f->grads, f->optimizer, f->activations, f->workspace,
-           f->comm, f->peak, p->grads_held, f->params + p->grads_held + f->optimizer);
-  printf("]}\n");
+           f->comm, f->peak, p->grads_held, f->params + p->grads_held + f->optimizer,
+           p->host_bytes, p->disk_bytes, p->host_work);
+  printf("]");
+  if (p->offload_auto) {
+    printf(", \"offload_auto\": {\"peak_no_offload\": %" PRId64 ", \"candidates\": %d, "
+           "\"moved\": %d, \"host\": %" PRId64 ", \"disk\": %" PRId64 ", \"plans\": %d, "
+           "\"values\": [",
+           p->peak_no_offload, p->auto_candidates, p->n_offloaded, p->offloaded_host,
+           p->offloaded_disk, p->auto_plans);
+    for (int i = 0; i < p->n_offloaded && i < DSC_PLAN_OFFLOADED_MAX; i++)
+      printf("%s{\"name\": \"%s\", \"tier\": \"%s\", \"bytes\": %" PRId64
+             ", \"next_use\": %" PRId64 "}",
+             i ? ", " : "", p->offloaded[i].name,
+             dsc_offload_name((dsc_offload_tier)p->offloaded[i].tier), p->offloaded[i].bytes,
+             p->offloaded[i].next_use);
+    printf("]}");
+  }
+  printf("}\n");
 }
 
 static void print_table(const char *model, const dsc_memory_plan *plans, const bool *ok,
@@ -160,6 +244,9 @@ static void print_table(const char *model, const dsc_memory_plan *plans, const b
       {"  STATE arena", offsetof(dsc_memory_plan, state_arena)},
       {"  WORK arena", offsetof(dsc_memory_plan, work_arena)},
       {"  GEMM scratch", offsetof(dsc_memory_plan, gemm_scratch)},
+      {"host (offload)", offsetof(dsc_memory_plan, host_bytes)},
+      {"  host work", offsetof(dsc_memory_plan, host_work)},
+      {"disk (offload)", offsetof(dsc_memory_plan, disk_bytes)},
       {"grads held", offsetof(dsc_memory_plan, grads_held)},
   };
   for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
@@ -223,8 +310,32 @@ static void print_table(const char *model, const dsc_memory_plan *plans, const b
     printf("GEMM scratch: the f32 GEMMs' packing buffers for %d threads (--threads)\n",
            p0->threads);
   for (int s = 0; s < 4; s++)
+    if (ok[s]) print_offload_auto(&plans[s], s);
+  for (int s = 0; s < 4; s++)
     if (!ok[s]) printf("stage %d: %s\n", s, errs[s]);
   if (p0->world == 1) printf("at world 1 every stage runs as stage 0 (nothing to shard)\n");
+}
+
+/* --auto: the search (tools/cmd_auto.c) instead of the table */
+static int plan_auto(const dsc_plan_options *o, const cli_auto *au, bool json) {
+  if (budget <= 0)
+    return cli_usage_error("plan", "--auto needs --memory-budget B (bytes one rank may use)"),
+           CLI_EXIT_USER;
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  dsc_autocfg_result *res = malloc(sizeof *res);
+  if (!ctx || !res) {
+    free(res);
+    dsc_context_free(ctx);
+    return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  }
+  dsc_autocfg_options ao;
+  memset(&ao, 0, sizeof ao);
+  ao.base = *o;
+  ao.memory_budget = budget;
+  int code = cli_auto_run("plan", ctx, au, &ao, json, stdout, res);
+  free(res);
+  dsc_context_free(ctx);
+  return code;
 }
 
 int cli_plan(int argc, char **argv) {
@@ -232,9 +343,12 @@ int cli_plan(int argc, char **argv) {
   memset(&o, 0, sizeof o);
   o.world = 1;
   bool json = false;
+  cli_auto au;
+  memset(&au, 0, sizeof au);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int64_t v = 0;
+    int auto_k;
     bool has_val = i + 1 < argc;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(plan_help, stdout);
@@ -278,6 +392,17 @@ int cli_plan(int argc, char **argv) {
         o.global_batch = v;
       else
         o.threads = (int)v;
+    } else if (strcmp(a, "--offload-prefetch-bytes") == 0) {
+      if (!has_val || !cli_parse_bytes(argv[i + 1], &o.offload_prefetch_bytes))
+        return cli_usage_error("plan", "%s needs a byte count such as 0, 4096 or 64MiB", a),
+               CLI_EXIT_USER;
+      o.has_offload_prefetch_bytes = true;
+      i++;
+    } else if (strcmp(a, "--offload-io-threads") == 0) {
+      if (!has_val || !cli_parse_i64(argv[i + 1], &o.offload_io_threads) ||
+          o.offload_io_threads < 1 || o.offload_io_threads > 64)
+        return cli_usage_error("plan", "--offload-io-threads needs 1 to 64"), CLI_EXIT_USER;
+      i++;
     } else if (strcmp(a, "--bucket-bytes") == 0 || strcmp(a, "--prefetch-bytes") == 0 ||
                strcmp(a, "--unshard-bytes") == 0) {
       int64_t *dst = a[2] == 'b' ? &o.bucket_bytes : a[2] == 'p' ? &o.prefetch_bytes : &o.unshard_bytes;
@@ -289,9 +414,21 @@ int cli_plan(int argc, char **argv) {
     } else if (strcmp(a, "--checkpoint-activations") == 0) {
       dsc_remat_policy pol;
       if (!has_val || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("plan", "--checkpoint-activations needs none, selective, block or blocks:K"),
+        return cli_usage_error("plan", "--checkpoint-activations needs none, selective, block, blocks:K or offload"),
                CLI_EXIT_USER;
       o.checkpoint_activations = argv[++i];
+    } else if (strcmp(a, "--offload-optimizer") == 0 || strcmp(a, "--offload-param") == 0) {
+      dsc_offload_tier tier;
+      if (!has_val || dsc_offload_from_name(argv[i + 1], &tier) != 0)
+        return cli_usage_error("plan", "%s needs none, host (cpu) or disk (nvme), or auto", a),
+               CLI_EXIT_USER;
+      *(a[10] == 'o' ? &o.offload_optimizer : &o.offload_param) = argv[++i];
+    } else if (strcmp(a, "--host-memory-budget") == 0) {
+      if (!has_val || !cli_parse_bytes(argv[i + 1], &host_budget) || host_budget <= 0)
+        return cli_usage_error("plan", "--host-memory-budget needs a byte count such as 64GiB"),
+               CLI_EXIT_USER;
+      o.host_memory_budget = host_budget;
+      i++;
     } else if (strcmp(a, "--memory-budget") == 0) {
       if (!has_val || !cli_parse_bytes(argv[i + 1], &budget) || budget <= 0)
         return cli_usage_error("plan", "--memory-budget needs a byte count such as 16GiB"),
@@ -303,6 +440,8 @@ int cli_plan(int argc, char **argv) {
                CLI_EXIT_USER;
       o.has_persist_threshold = true;
       i++;
+    } else if ((auto_k = cli_auto_flag("plan", argc, argv, &i, &au)) != 0) {
+      if (auto_k < 0) return CLI_EXIT_USER;
     } else if (a[0] == '-' && a[1]) {
       return cli_usage_error("plan", "unknown option '%s'", a), CLI_EXIT_USER;
     } else if (o.model_path) {
@@ -312,6 +451,9 @@ int cli_plan(int argc, char **argv) {
     }
   }
   if (!o.model_path) return cli_usage_error("plan", "missing model file"), CLI_EXIT_USER;
+  o.memory_budget = budget; /* offload auto fits it */
+  if (!o.offload_dir) o.offload_dir = au.offload_dir;
+  if (au.on) return plan_auto(&o, &au, json);
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
@@ -354,13 +496,22 @@ int cli_plan(int argc, char **argv) {
       ok[s] = st == DSC_OK;
       errs[s][0] = 0;
       if (ok[s]) continue;
-      if (s == 0) { /* the model itself is at fault: say so and stop */
+      /* the model itself is at fault: say so and stop (param offload plans
+       * at stage 3 only) */
+      bool param_offload = o.offload_param && strcmp(o.offload_param, "none") != 0;
+      if (s == 0 && !param_offload) {
         dsc_diag_print(ctx, stderr);
         code = cli_exit_code(st);
       } else {
         snprintf(errs[s], sizeof errs[s], "%s", first_error(ctx));
       }
     }
+    /* the header's facts from the first stage that planned (param offload: 3) */
+    for (int s = 1; code == CLI_EXIT_OK && !ok[0] && s < 4; s++)
+      if (ok[s]) {
+        plans[0] = plans[s];
+        break;
+      }
     if (code == CLI_EXIT_OK) print_table(o.model_path, plans, ok, errs);
     if (code == CLI_EXIT_OK && budget > 0) {
       int n = 0;
@@ -370,6 +521,7 @@ int cli_plan(int argc, char **argv) {
     }
   }
   if (code == CLI_EXIT_OK && budget > 0 && !fits_any) code = CLI_EXIT_USER;
+  if (code == CLI_EXIT_OK && host_budget > 0 && !host_verdict(&o, ctx)) code = CLI_EXIT_USER;
   dsc_context_free(ctx);
   return code;
 }

@@ -118,14 +118,33 @@ static const char train_help[] =
     "                    (DeepSpeed's stage3_param_persistence_threshold; default 0)\n"
     "  --memory-budget B bytes one rank's step may allocate (cpu backend; e.g. 4GiB):\n"
     "                    a step that needs more is refused before anything runs\n"
+    "  --offload-optimizer T  where the optimizer states live: none (the device),\n"
+    "                    host (host memory) or disk (a file per rank under\n"
+    "                    --offload-dir); cpu and nvme are DeepSpeed's names for them;\n"
+    "                    host and disk also run the optimizer step on the host\n"
+    "                    (gradients copied out during the backward, params back)\n"
+    "                    (train.offload.optimizer; default none; docs/memory.md);\n"
+    "                    auto: only the states --memory-budget requires, furthest\n"
+    "                    next use from the peak and largest first (disk past\n"
+    "                    --host-memory-budget when --offload-dir is given)\n"
+    "  --offload-param T stage 3 (--ranks N): where the param shards live (as above)\n"
+    "  --offload-dir DIR the disk tier's directory (DIR/dsc-offload-rank<R>.bin)\n"
+    "  --offload-prefetch-bytes N  disk tier: reads started ahead of their use, at\n"
+    "                    most N bytes in flight (default 64MiB; docs/memory.md)\n"
+    "  --offload-io-threads N  disk tier: IO threads per rank (1-64, default 4)\n"
+    "  --host-memory-budget B  host memory one rank's offloaded values may take\n"
     "  --checkpoint-activations P  none; selective: the backward recomputes\n"
     "                    elementwise ops, norms and softmaxes instead of keeping them;\n"
     "                    block: only each block's input is kept, the backward\n"
-    "                    recomputes the block; blocks:K: every K-th block's input\n"
+    "                    recomputes the block; blocks:K: every K-th block's input;\n"
+    "                    offload: the kept forward values go to host memory after\n"
+    "                    their last forward use and come back before the backward\n"
     "                    (train.checkpoint_activations, checkpoint_every; default none)\n"
     "  --unshard-bytes N stage 3 keeps params gathered from forward to backward\n"
     "                    (smallest first) while their bytes fit in N (DeepCompile's\n"
     "                    selective unsharding; train.zero.unshard_bytes; default 0)\n"
+    CLI_AUTO_HELP
+    "                    (dsc train --auto: the search's choice is printed, then trained)\n"
     "\n"
     "SIGINT (Ctrl-C) or SIGTERM stops after the current step, writes a checkpoint\n"
     "and exits with 130 (SIGINT) or 143 (SIGTERM), as shells report such stops.\n"
@@ -262,6 +281,7 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
              info->kernels_prebuilt, info->kernels_compiled);
     if (info->resumed_from)
       printf("resumed from %s at step %" PRId64 "\n", info->resumed_from, info->start_step);
+    if (info->offload_auto) printf("%s\n", info->offload_auto);
     fflush(stdout);
   }
   progress pr = {isatty(STDOUT_FILENO) != 0, quiet, cfg->log_every > 0 ? cfg->log_every : 1,
@@ -304,6 +324,70 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
 
 static dsc_status train_rank_fn(dsc_comm *comm, void *ud) { return train_rank(comm, ud); }
 
+/* --auto (tools/cmd_auto.c): the search over what the user did not fix,
+ * then o holds the chosen configuration. Under mpirun every process
+ * searches: the rates must come from flags so that all choose the same. */
+static int train_auto(dsc_trainer_options *o, const cli_auto *au, int64_t world, bool mpi,
+                      bool quiet) {
+  if (o->memory_budget <= 0)
+    return cli_usage_error("train", "--auto needs --memory-budget B (bytes one rank may use)"),
+           CLI_EXIT_USER;
+  if (o->resume)
+    return cli_usage_error("train", "--auto configures a new run; a resumed run takes the "
+                                    "configuration flags (dsc plan --auto prints them)"),
+           CLI_EXIT_USER;
+  if (mpi && !(au->rates.compute_gflops > 0 && au->rates.link_gbps > 0 &&
+               au->rates.host_gbps > 0 && au->rates.disk_gbps > 0))
+    return cli_usage_error("train", "--auto under mpirun needs --compute-gflops, --link-gbps, "
+                                    "--host-gbps and --disk-gbps (every rank must choose alike)"),
+           CLI_EXIT_USER;
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  dsc_autocfg_result *res = malloc(sizeof *res);
+  if (!ctx || !res) {
+    free(res);
+    dsc_context_free(ctx);
+    return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  }
+  dsc_autocfg_options ao;
+  memset(&ao, 0, sizeof ao);
+  dsc_plan_options *b = &ao.base;
+  b->model_path = o->model_path;
+  b->batch = o->batch, b->seq = o->seq, b->grad_accum = o->grad_accum;
+  b->global_batch = o->global_batch;
+  b->precision = o->precision;
+  b->world = world;
+  b->threads = o->threads;
+  b->has_zero_stage = o->has_zero_stage, b->zero_stage = o->zero_stage;
+  b->has_bucket_bytes = o->has_bucket_bytes, b->bucket_bytes = o->bucket_bytes;
+  b->has_prefetch_bytes = o->has_prefetch_bytes, b->prefetch_bytes = o->prefetch_bytes;
+  b->has_persist_threshold = o->has_persist_threshold, b->persist_threshold = o->persist_threshold;
+  b->has_unshard_bytes = o->has_unshard_bytes, b->unshard_bytes = o->unshard_bytes;
+  b->checkpoint_activations = o->checkpoint_activations;
+  b->offload_optimizer = o->offload_optimizer, b->offload_param = o->offload_param;
+  b->offload_dir = o->offload_dir;
+  b->has_offload_prefetch_bytes = o->has_offload_prefetch_bytes;
+  b->offload_prefetch_bytes = o->offload_prefetch_bytes;
+  b->offload_io_threads = o->offload_io_threads;
+  b->host_memory_budget = o->host_memory_budget;
+  ao.memory_budget = o->memory_budget;
+  int code = cli_auto_run("train", ctx, au, &ao, false, quiet ? stderr : stdout, res);
+  if (code == CLI_EXIT_OK) {
+    const dsc_autocfg_candidate *c = &res->cand[0];
+    char flags[256];
+    dsc_autocfg_flags(c, world, flags, sizeof flags);
+    o->has_zero_stage = true, o->zero_stage = c->zero_stage;
+    o->checkpoint_activations = c->checkpoint_activations;
+    o->offload_optimizer = c->offload_optimizer, o->offload_param = c->offload_param;
+    o->has_bucket_bytes = c->has_bucket_bytes, o->bucket_bytes = c->bucket_bytes;
+    o->has_prefetch_bytes = c->has_prefetch_bytes, o->prefetch_bytes = c->prefetch_bytes;
+    fprintf(quiet ? stderr : stdout, "auto: training with %s\n\n", flags);
+    fflush(quiet ? stderr : stdout);
+  }
+  free(res);
+  dsc_context_free(ctx);
+  return code;
+}
+
 int cli_train(int argc, char **argv) {
   dsc_trainer_options o;
   memset(&o, 0, sizeof o);
@@ -311,9 +395,12 @@ int cli_train(int argc, char **argv) {
   bool quiet = false;
   int64_t ranks = 0;
   const char *trace_path = NULL;
+  cli_auto au;
+  memset(&au, 0, sizeof au);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int64_t v;
+    int auto_k;
     bool ok = true;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(train_help, stdout);
@@ -395,14 +482,36 @@ int cli_train(int argc, char **argv) {
         return cli_usage_error("train", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
                CLI_EXIT_USER;
       *(a[2] == 'p' ? &o.has_prefetch_bytes : a[2] == 'b' ? &o.has_bucket_bytes : &o.has_unshard_bytes) = true;
+    } else if (strcmp(a, "--offload-prefetch-bytes") == 0) {
+      if (!want_bytes(argc, argv, &i, &o.offload_prefetch_bytes))
+        return cli_usage_error("train", "%s needs a byte count such as 0, 4096 or 64MiB", a),
+               CLI_EXIT_USER;
+      o.has_offload_prefetch_bytes = true;
+    } else if (strcmp(a, "--offload-io-threads") == 0) {
+      if (!want_i64(argc, argv, &i, 1, &o.offload_io_threads) || o.offload_io_threads > 64)
+        return cli_usage_error("train", "--offload-io-threads needs 1 to 64"), CLI_EXIT_USER;
     } else if (strcmp(a, "--memory-budget") == 0) {
       if (!want_bytes(argc, argv, &i, &o.memory_budget) || o.memory_budget <= 0)
         return cli_usage_error("train", "--memory-budget needs a byte count such as 16GiB"),
                CLI_EXIT_USER;
+    } else if (strcmp(a, "--offload-optimizer") == 0 || strcmp(a, "--offload-param") == 0) {
+      dsc_offload_tier tier;
+      if (i + 1 >= argc || dsc_offload_from_name(argv[i + 1], &tier) != 0)
+        return cli_usage_error("train", "%s needs none, host (cpu) or disk (nvme), or auto", a),
+               CLI_EXIT_USER;
+      *(a[10] == 'o' ? &o.offload_optimizer : &o.offload_param) = argv[++i];
+    } else if (strcmp(a, "--offload-dir") == 0) {
+      if (i + 1 >= argc || !argv[i + 1][0])
+        return cli_usage_error("train", "--offload-dir needs a directory"), CLI_EXIT_USER;
+      o.offload_dir = argv[++i];
+    } else if (strcmp(a, "--host-memory-budget") == 0) {
+      if (!want_bytes(argc, argv, &i, &o.host_memory_budget) || o.host_memory_budget <= 0)
+        return cli_usage_error("train", "--host-memory-budget needs a byte count such as 16GiB"),
+               CLI_EXIT_USER;
     } else if (strcmp(a, "--checkpoint-activations") == 0) {
       dsc_remat_policy pol;
       if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("train", "--checkpoint-activations needs none, selective, block or blocks:K"),
+        return cli_usage_error("train", "--checkpoint-activations needs none, selective, block, blocks:K or offload"),
                CLI_EXIT_USER;
       o.checkpoint_activations = argv[++i];
     } else if (strcmp(a, "--persist-threshold") == 0) {
@@ -417,6 +526,8 @@ int cli_train(int argc, char **argv) {
       o.profile = true;
     } else if (strcmp(a, "--quiet") == 0) {
       quiet = true;
+    } else if ((auto_k = cli_auto_flag("train", argc, argv, &i, &au)) != 0) {
+      if (auto_k < 0) return CLI_EXIT_USER;
     } else if (a[0] == '-' && a[1]) {
       return cli_usage_error("train", "unknown option '%s'", a), CLI_EXIT_USER;
     } else if (o.model_path) {
@@ -445,6 +556,12 @@ int cli_train(int argc, char **argv) {
             " processes, but this dsc was built without MPI (rebuild with MPI, or use --ranks N)\n",
             mpi_world);
     return CLI_EXIT_USER;
+  }
+
+  if (au.on) {
+    int code = train_auto(&o, &au, ranks > 1 ? ranks : mpi_world > 1 ? mpi_world : 1,
+                          mpi_world > 1, quiet);
+    if (code != CLI_EXIT_OK) return code;
   }
 
   /* The trace file exists and is writable before anything is compiled:

@@ -66,6 +66,19 @@ dsc_backend dsc_exec_backend(const dsc_exec *e);
 dsc_status dsc_exec_set_params(dsc_exec *e, const dsc_params *p);
 dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p);
 
+/* Memory tiers (passes/offload.c, module meta tier.<name>; docs/memory.md
+ * "Offload"): host-tier values live in an arena of their own; disk-tier
+ * values in the file `path` (created, truncated), two slots per value: a
+ * run streams them (the cpu backend: the graph's tier_read/tier_write ops,
+ * on the file's IO threads; the interpreter: before and after the run) and,
+ * when it writes them and completes, the other slot becomes the active one.
+ * A module with disk values needs this before dsc_exec_set_params (which
+ * writes the file); set/get_params read and write every tier transparently.
+ * Nothing (DSC_OK) without disk values. dsc_exec_tier_bytes: the bytes of
+ * each tier's arena (disk: the size of a slot of the file; no memory). */
+dsc_status dsc_exec_set_offload_file(dsc_exec *e, const char *path);
+void dsc_exec_tier_bytes(const dsc_exec *e, int64_t *device, int64_t *host, int64_t *disk);
+
 /* Runs graph `graph` (by name) as dsc_interp_run does: inputs must match
  * the graph's input types, outputs receives one new tensor per graph output
  * (free with dsc_tensor_free), `assign`s update the executor's params and
@@ -74,7 +87,7 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
                         int n_inputs, dsc_tensor **outputs);
 
 /* The communicator the collective ops (all_reduce_start/wait, ...) of every
- * later dsc_exec_run go through; NULL unsets it; returns DSC_OK. Every
+ * later dsc_exec_run go through; NULL unsets it; DSC_OK (cuda: see below). Every
  * backend: interp passes it to dsc_interp_run_with; cpu runs each start as
  * the matching asynchronous dsc_comm_*_start (compute continues until the
  * wait) and each wait as dsc_comm_wait. The executor does not own comm: it
@@ -96,7 +109,10 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
  * - dtypes (cpu): sums of f32, f64, i32, i64 go to the communicator as is,
  *   sums of bf16/f16 travel as f32 (widened before the start, summed in f32,
  *   rounded to the dtype after the wait); gather and broadcast move any
- *   dtype. */
+ *   dtype.
+ * - cuda: collectives run on NCCL (docs/gpu.md "Collectives"); binding a
+ *   communicator moves the executor to the rank's GPU (rank % devices, or
+ *   $DSC_CUDA_DEVICE), which can fail (DSC_ERR_USER with the message). */
 dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm);
 /* The tag (the step) every collective of a compiled backend carries from
  * now on, so that a failed collective names its step; the interpreter reads

@@ -35,7 +35,28 @@ typedef struct {
    * the model's train section, else none. offload_dir: the disk tier's
    * directory (NULL: none given). */
   const char *offload_optimizer, *offload_param, *offload_dir;
+  /* as dsc_trainer_options: --offload-prefetch-bytes, --offload-io-threads */
+  bool has_offload_prefetch_bytes;
+  int64_t offload_prefetch_bytes, offload_io_threads;
+  /* > 0: host memory per rank for the offloaded values (dsc plan --host-memory-budget) */
+  int64_t host_memory_budget;
+  /* > 0: device bytes per rank (--memory-budget); what offload auto fits */
+  int64_t memory_budget;
+  /* offload auto that cannot meet the budgets plans every candidate moved
+   * instead of failing (the auto-configuration search: a candidate that
+   * does not fit) */
+  bool offload_auto_lenient;
 } dsc_plan_options;
+
+/* Adaptive offload (offload "auto", driver/offload_auto.c): one value moved
+ * off the device, in the order chosen. */
+typedef struct {
+  char name[96];      /* truncated past 95 characters */
+  int tier;           /* dsc_offload_tier: host or disk */
+  int64_t bytes;      /* this rank's bytes of the value */
+  int64_t next_use;   /* instructions from the no-offload plan's peak to its next use */
+} dsc_plan_offloaded;
+#define DSC_PLAN_OFFLOADED_MAX 32
 
 /* One rank's bytes; params + grads + optimizer + activations + workspace +
  * comm == peak. */
@@ -67,6 +88,18 @@ typedef struct {
   /* Offload tiers: one rank's bytes held in host memory and on disk (the
    * device figures above exclude them) */
   int64_t host_bytes, disk_bytes;
+  /* of host_bytes: the host work arena (the host optimizer step's and
+   * activation offload's temporaries: passes/offload_host.c) */
+  int64_t host_work;
+  /* Offload auto: the device peak planned without offload, the values auto
+   * could move (candidates) and moved (n_offloaded; the first
+   * DSC_PLAN_OFFLOADED_MAX of them in offloaded[]), their bytes per tier,
+   * and the plans it took. */
+  bool offload_auto;
+  int64_t peak_no_offload;
+  int auto_candidates, n_offloaded, auto_plans;
+  int64_t offloaded_host, offloaded_disk;
+  dsc_plan_offloaded offloaded[DSC_PLAN_OFFLOADED_MAX];
 } dsc_memory_plan;
 
 /* Every problem (no file, bad model, a stage the pipeline refuses) is a

@@ -51,13 +51,36 @@ typedef enum {
   DSC_REMAT_NONE = 0,
   DSC_REMAT_SELECTIVE = 1, /* recompute the cheap forward values */
   DSC_REMAT_BLOCKS = 2,    /* keep block inputs (every remat_every-th), recompute the rest */
+  DSC_REMAT_OFFLOAD = 3,   /* copy the kept forward values to the host and back (to_host /
+                            * to_device; passes/offload_host.c) instead of recomputing */
 } dsc_remat_policy;
 /* "none", "selective", "blocks" or "block" (every block) or "blocks:K"
- * (every K blocks) -> policy and K (1 unless given); 0 on success, -1
+ * (every K blocks) or "offload" -> policy and K (1 unless given); 0 on success, -1
  * otherwise. */
 int dsc_remat_parse(const char *name, dsc_remat_policy *out, int64_t *every);
 int dsc_remat_from_name(const char *name, dsc_remat_policy *out); /* K ignored */
 const char *dsc_remat_name(dsc_remat_policy p);
+
+/* Where a module value lives (module meta "tier.<name>"; pass "offload"). */
+typedef enum {
+  DSC_OFFLOAD_NONE = 0, /* the device (on CPU-only runs: the device's arenas) */
+  DSC_OFFLOAD_HOST = 1, /* host memory, an arena of its own */
+  DSC_OFFLOAD_DISK = 2, /* a file per rank under the offload dir, two slots per value */
+  /* --offload-optimizer/--offload-param auto (DeepCompile's adaptive
+   * offloading, driver/offload_auto.c): only the values the memory budget
+   * requires move, each to the tier given in dsc_train_config.offload.values */
+  DSC_OFFLOAD_AUTO = 3,
+} dsc_offload_tier;
+/* One value's tier (adaptive offload): param/state `name` lives in `tier`. */
+typedef struct {
+  const char *name;
+  dsc_offload_tier tier; /* host or disk */
+} dsc_offload_value;
+/* "none", "host" or "cpu", "disk" or "nvme" (DeepSpeed's names), "auto" ->
+ * tier; 0 on success, -1 otherwise. dsc_offload_name gives none, host,
+ * disk, auto. */
+int dsc_offload_from_name(const char *name, dsc_offload_tier *out);
+const char *dsc_offload_name(dsc_offload_tier t);
 
 typedef struct {
   int64_t batch, seq;   /* micro-batch size B and sequence length T */
@@ -133,6 +156,24 @@ typedef struct {
    * or "blocks:K"). Default none. */
   dsc_remat_policy remat;
   int64_t remat_every;
+  /* Offload (pass "offload", docs/memory.md "Offload"): the tier of the
+   * optimizer states and (ZeRO stage 3) of the param shards:
+   * train.offload.optimizer / .param (none, host or cpu, disk or nvme),
+   * --offload-optimizer / --offload-param. Default none (device). */
+  struct {
+    dsc_offload_tier optimizer, param;
+    /* auto: the values chosen for the budget (driver/offload_auto.c), set
+     * for the pipeline run, not read from the train section. Pass offload
+     * gives each its tier; an auto class's other values stay on the device.
+     * NULL (not chosen yet) with an auto class is an error of the pass. */
+    const dsc_offload_value *values;
+    int n_values;
+    /* the disk tier's streaming (passes/offload_disk.c): bytes of reads in
+     * flight ahead of their use (--offload-prefetch-bytes, default 64 MiB)
+     * and IO threads per rank (--offload-io-threads, default 4) */
+    int64_t prefetch_bytes;
+    int64_t io_threads;
+  } offload;
 } dsc_train_config;
 
 /* Defaults (documented in docs/training.md), then the module's train.*

@@ -85,6 +85,13 @@ typedef struct {
    * NULL: the model's train section, else none. offload_dir: the disk
    * tier's directory (required for "disk"). */
   const char *offload_optimizer, *offload_param, *offload_dir;
+  /* the disk tier's streaming (--offload-prefetch-bytes with has_;
+   * --offload-io-threads when > 0); else 64 MiB and 4 threads */
+  bool has_offload_prefetch_bytes;
+  int64_t offload_prefetch_bytes, offload_io_threads;
+  /* > 0: bytes of host memory one rank's offloaded values may take (the
+   * host arena plus the disk tier's staging), checked like memory_budget */
+  int64_t host_memory_budget;
 } dsc_trainer_options;
 
 typedef struct dsc_trainer dsc_trainer;
@@ -109,6 +116,12 @@ typedef struct {
    * over creating the step executor plus its first step (-1: unknown), the
    * part the plan predicts; set once the first step has run. */
   int64_t mem_planned, mem_rss_growth;
+  /* Offload (cpu backend): of mem_planned, the host arena (host-tier values);
+   * the disk tier's staging (held during a step only) and file bytes */
+  int64_t mem_host, mem_disk_staging, mem_disk_file;
+  /* --offload-optimizer/--offload-param auto: one line saying what was
+   * offloaded for the memory budget ("offload auto: ..."); NULL otherwise */
+  const char *offload_auto;
 } dsc_trainer_info;
 
 /* One finished optimizer step. step counts completed steps (1..steps), as

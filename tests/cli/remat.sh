@@ -12,7 +12,7 @@ export DSC_CACHE_DIR="$TMP/kernel-cache"
 make_corpus "$TMP/corpus.txt"
 expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
 expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/c" --checkpoint-activations all &&
-  expect_grep "needs none, selective, block or blocks:K" "$TMP/err"
+  expect_grep "needs none, selective, block, blocks:K or offload" "$TMP/err"
 expect_exit 0 "$DSC" train --help && expect_grep '--checkpoint-activations P' "$TMP/out"
 RUN=(--data "$TMP/c" --batch 2 --seq 16 --steps 6 --lr 3e-3 --quiet)
 backends=(interp)

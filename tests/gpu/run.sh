@@ -98,7 +98,7 @@ grep -q 'CUDA=ON' "$OUTDIR/build.log" || say "warning: this build has no CUDA ba
 
 # ---- (2) GPU tests ----
 export DSC_CACHE_DIR=${DSC_CACHE_DIR:-$BUILD/kernel-cache}
-part gpu_check 240 "$BUILD/dsc_gpu_check" --src "$SRC"
+part gpu_check 240 "$BUILD/dsc_gpu_check" "$SRC"
 
 # ---- (3) benchmark: GPT-2 124M, B=16, T=1024, bf16 ----
 if [ "$BENCH" = 1 ] && [ "$HAVE_GPU" = 1 ]; then

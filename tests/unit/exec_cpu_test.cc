@@ -481,6 +481,7 @@ struct TestProgram {
       b.offset = off;
       off += (numel * (int64_t)dsc_dtype_size(dt) + 63) / 64 * 64;
       b.first_use = b.last_use = -1;
+      b.tier = CG_TIER_DEVICE;
     };
     add(P, CG_BUF_PARAM, 0, DSC_F32, R * C);
     add(W, CG_BUF_PARAM, 1, DSC_F32, C * N);

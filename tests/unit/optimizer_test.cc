@@ -711,6 +711,7 @@ TEST(TrainConfig, EverySettingKind) {
   EXPECT_EQ(c.grad_accum, 4);
   EXPECT_EQ(c.steps, 200);
   EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.offload.optimizer, DSC_OFFLOAD_HOST);  // "cpu": DeepSpeed's name
   EXPECT_EQ(c.eval_every, 50);
   EXPECT_EQ(c.save_every, 100);
   EXPECT_EQ(c.log_every, 10);

@@ -1,0 +1,66 @@
+/* drv_apply_run_settings (driver/driver.h): the run settings dsc train,
+ * dsc plan and dsc compile apply over the model's train section, once, so
+ * that a plan is of the step the trainer builds. */
+#include <inttypes.h>
+
+#include "driver/driver.h"
+
+dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
+                                  dsc_train_config *cfg) {
+  const char *who = s->who ? s->who : "trainer";
+  if (s->grad_accum > 0) cfg->grad_accum = s->grad_accum;
+  if (s->precision && dsc_precision_from_name(s->precision, &cfg->precision) != 0) {
+    ir_error(ctx, ir_no_loc, "%s: precision '%s' is not one of f32, bf16, fp16", who,
+             s->precision);
+    return DSC_ERR_USER;
+  }
+  /* Data parallelism: the world, the stage, and grad_accum from a global
+   * batch (DeepSpeed's train_batch_size = micro x accum x world). */
+  cfg->world = s->world > 1 ? s->world : 1;
+  if (s->has_zero_stage) cfg->zero.stage = s->zero_stage;
+  if (s->has_prefetch_bytes) cfg->zero.prefetch_bytes = s->prefetch_bytes;
+  if (s->has_bucket_bytes) cfg->zero.bucket_bytes = s->bucket_bytes;
+  if (s->has_persist_threshold) cfg->zero.persist_threshold = s->persist_threshold;
+  if (s->has_unshard_bytes) cfg->zero.unshard_bytes = s->unshard_bytes;
+  if (s->checkpoint_activations &&
+      dsc_remat_parse(s->checkpoint_activations, &cfg->remat, &cfg->remat_every) != 0) {
+    ir_error(ctx, ir_no_loc,
+             "%s: checkpoint_activations '%s' is not none, selective, block, blocks:K or offload", who,
+             s->checkpoint_activations);
+    return DSC_ERR_USER;
+  }
+  const char *names[2] = {s->offload_optimizer, s->offload_param};
+  dsc_offload_tier *dst[2] = {&cfg->offload.optimizer, &cfg->offload.param};
+  for (int i = 0; i < 2; i++)
+    if (names[i] && dsc_offload_from_name(names[i], dst[i]) != 0) {
+      ir_error(ctx, ir_no_loc, "%s: --offload-%s '%s' is not one of none, host (cpu), disk (nvme), auto",
+               who, i ? "param" : "optimizer", names[i]);
+      return DSC_ERR_USER;
+    }
+  if (s->has_offload_prefetch_bytes) cfg->offload.prefetch_bytes = s->offload_prefetch_bytes;
+  if (s->offload_io_threads > 0) cfg->offload.io_threads = s->offload_io_threads;
+  if (s->global_batch > 0) cfg->global_batch = s->global_batch;
+  if (cfg->global_batch > 0) {
+    int64_t per = s->B * cfg->world, G = cfg->global_batch;
+    if (G % per != 0) {
+      ir_error(ctx, ir_no_loc,
+               "%s: the global batch of %" PRId64 " sequences is not divisible by batch %" PRId64
+               " x world %" PRId64 " = %" PRId64 " (global batch = batch x grad_accum x world)",
+               who, G, s->B, cfg->world, per);
+      return DSC_ERR_USER;
+    }
+    if (s->grad_accum > 0 && s->grad_accum != G / per) {
+      ir_error(ctx, ir_no_loc,
+               "%s: global batch %" PRId64 " is not batch %" PRId64 " x grad_accum %" PRId64
+               " x world %" PRId64 " = %" PRId64 "; give one of --grad-accum and --global-batch",
+               who, G, s->B, s->grad_accum, cfg->world, s->B * s->grad_accum * cfg->world);
+      return DSC_ERR_USER;
+    }
+    cfg->grad_accum = G / per;
+  }
+  if (s->B > 0 && s->B > INT64_MAX / cfg->grad_accum) {
+    ir_error(ctx, ir_no_loc, "%s: batch * grad_accum overflows", who);
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
