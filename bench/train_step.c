@@ -25,7 +25,8 @@
  * For GPT-2 124M at B=4, T=64: 195.3 GFLOP, 191.9 of them in matmuls.
  *
  * Prints one JSON line:
- *   {"impl":"dsc-<backend>","step_s_median":..,"gflop":..,"gflop_matmul":..,...} */
+ *   {"impl":"dsc-<backend>","step_s_median":..,"gflop":..,"gflop_matmul":..,...}
+ * (cuda adds "peak_mem_bytes": dsc_exec_device_bytes). */
 #define _POSIX_C_SOURCE 200809L
 #include <inttypes.h>
 #include <math.h>
@@ -366,11 +367,15 @@ int main(int argc, char **argv) {
       "\"gflop_attention\":%.3f,\"gflop_other\":%.3f,\"gflops\":%.2f,\"batch\":%" PRId64
       ",\"seq\":%" PRId64 ",\"threads\":%" PRId64 ",\"precision\":\"%s\",\"params\":%" PRId64
       ",\"loss_first\":%.5f,\"grad_norm_first\":%.5f,\"loss_last\":%.5f,"
-      "\"pipeline_s\":%.3f,\"exec_new_s\":%.3f}\n",
+      "\"pipeline_s\":%.3f,\"exec_new_s\":%.3f",
       backend_name, median, sum / (double)steps, best, steps, warmup, gflop, fc.matmul * 1e-9,
       fc.attention * 1e-9, fc.other * 1e-9, gflop / median, B, T, threads,
       dsc_precision_name(cfg.precision), n_params, loss_first, norm_first, loss_last, compile_s,
       exec_new_s);
+  /* cuda: everything the step uses on the GPU is allocated with the executor */
+  if (backend == DSC_BACKEND_CUDA)
+    printf(",\"peak_mem_bytes\":%" PRId64, dsc_exec_device_bytes(e));
+  printf("}\n");
   code = 0;
   goto done;
 oom:

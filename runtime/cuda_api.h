@@ -143,6 +143,9 @@ void rt_cuda_exec_set_profiling(rt_cuda_exec *e, bool on);
 dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *out);
 /* Kernels NVRTC compiled (not from the cache) and cubins from the cache. */
 void rt_cuda_exec_kernel_counts(const rt_cuda_exec *e, int *compiled, int *cached);
+/* Bytes allocated on the device: the arenas, the cuBLASLt workspace and
+ * the helper kernels' scratch (everything a run uses is allocated up front). */
+int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e);
 
 #ifdef __cplusplus
 }

@@ -606,6 +606,10 @@ dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid) {
   return DSC_OK;
 }
 
+int64_t dsc_exec_device_bytes(const dsc_exec *e) {
+  return e->cuda ? rt_cuda_exec_device_bytes(e->cuda) : 0;
+}
+
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt) {
   *compiled = *prebuilt = 0;
   if (e->cuda) {

@@ -91,6 +91,10 @@ void rt_cuda_exec_kernel_counts(const rt_cuda_exec *e, int *compiled, int *cache
   (void)e;
   *compiled = *cached = 0;
 }
+int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e) {
+  (void)e;
+  return 0;
+}
 
 #else /* DSC_HAVE_CUDA */
 
@@ -1067,6 +1071,10 @@ dsc_status rt_cuda_exec_set_comm(rt_cuda_exec *e, dsc_comm *comm) {
 void rt_cuda_exec_kernel_counts(const rt_cuda_exec *e, int *compiled, int *cached) {
   *compiled = e ? e->compiled : 0;
   *cached = e ? e->cached : 0;
+}
+
+int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e) {
+  return e ? e->state_bytes + e->work_bytes + (int64_t)WORKSPACE_BYTES + e->scratch_bytes : 0;
 }
 
 static unsigned helper_grid(int64_t n) {

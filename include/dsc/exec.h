@@ -130,6 +130,10 @@ dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid);
 /* Kernels the executor compiled, and kernels it loaded prebuilt from a
  * program (cpu backend; the interpreter has none). */
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt);
+/* cuda: the bytes the executor holds on the GPU (arenas, GEMM workspace,
+ * scratch: all of it allocated when the executor was made, so this is the
+ * peak of every run); 0 on the other backends. */
+int64_t dsc_exec_device_bytes(const dsc_exec *e);
 
 /* Per-instruction timing of the compiled backends (off by default; the
  * interpreter has none). dsc_exec_print_profile prints graph's `top`

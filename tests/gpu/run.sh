@@ -89,11 +89,10 @@ if ! command -v flex >/dev/null || ! command -v bison >/dev/null; then
   CONF+=(-DDSC_GEN_FRONTEND_DIR="$KIT/gen/frontend")
 fi
 [ -d "$KIT/cjson" ] && [ ! -e /usr/include/cjson/cJSON.h ] && CONF+=(-DCMAKE_PREFIX_PATH="$KIT/cjson")
-build() {
-  cmake -S "$SRC" -B "$BUILD" "${CONF[@]}" && \
-  ninja -C "$BUILD" -j "$(nproc)" dsc dsc_gpu_check train_step
-}
-part build 300 build || { say "build failed: nothing else can run"; exit 1; }
+# (timeout runs programs, not shell functions: the build is one bash -c)
+part build 300 bash -c "cmake -S ${SRC@Q} -B ${BUILD@Q} ${CONF[*]@Q} &&
+  ninja -C ${BUILD@Q} -j $(nproc) dsc dsc_gpu_check train_step" ||
+  { say "build failed: nothing else can run"; exit 1; }
 grep -q 'CUDA=ON' "$OUTDIR/build.log" || say "warning: this build has no CUDA backend"
 
 # ---- (2) GPU tests ----
