@@ -25,6 +25,8 @@ bool cli_parse_i64(const char *s, int64_t *out);
 /* A byte count: a number with an optional K, M or G (powers of 1024; KB, KiB,
  * MB, MiB, ... all accepted), e.g. 0, 4096, 25MB, 1.5GiB. */
 bool cli_parse_bytes(const char *s, int64_t *out);
+/* A finite number > 0 (e.g. --lr 3e-4); false for anything else. */
+bool cli_parse_positive(const char *s, double *out);
 char *cli_read_file(const char *path, size_t *len);
 dsc_status cli_load_module(dsc_context *ctx, const char *path, const cli_dims *dims,
                            dsc_module **out);

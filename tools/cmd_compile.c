@@ -117,11 +117,7 @@ int cli_compile(int argc, char **argv) {
     } else if (strcmp(a, "--grad-accum") == 0) {
       ok = want_i64(argc, argv, &i, &o.grad_accum);
     } else if (strcmp(a, "--lr") == 0) {
-      char *end = NULL;
-      const char *s = i + 1 < argc ? argv[i + 1] : "";
-      errno = 0;
-      o.lr = strtod(s, &end);
-      if (!*s || *end || errno || !(o.lr > 0) || !isfinite(o.lr))
+      if (!cli_parse_positive(i + 1 < argc ? argv[i + 1] : "", &o.lr))
         return cli_usage_error("compile", "--lr needs a positive number"), CLI_EXIT_USER;
       i++;
     } else if (a[0] == '-' && a[1]) {

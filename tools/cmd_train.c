@@ -439,11 +439,7 @@ int cli_train(int argc, char **argv) {
       o.seed = (uint64_t)v;
       o.has_seed = true;
     } else if (strcmp(a, "--lr") == 0) {
-      char *end = NULL;
-      const char *s = i + 1 < argc ? argv[i + 1] : "";
-      errno = 0;
-      o.lr = strtod(s, &end);
-      if (!*s || *end || errno || !(o.lr > 0) || !isfinite(o.lr))
+      if (!cli_parse_positive(i + 1 < argc ? argv[i + 1] : "", &o.lr))
         return cli_usage_error("train", "--lr needs a positive number"), CLI_EXIT_USER;
       i++;
     } else if (strcmp(a, "--precision") == 0) {

@@ -29,6 +29,15 @@ bool cli_parse_bytes(const char *s, int64_t *out) {
   return true;
 }
 
+bool cli_parse_positive(const char *s, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (!*s || *end || errno || !(v > 0) || !isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
 void cli_usage_error(const char *cmd, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
