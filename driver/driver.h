@@ -60,6 +60,20 @@ typedef struct {
 } drv_run_settings;
 dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
                                   dsc_train_config *cfg);
+/* The knobs dsc_plan_options and dsc_trainer_options share (same names in
+ * both public structs), as designated initialisers of a drv_run_settings:
+ * drv_run_settings rs = {.who = "plan", ..., DRV_RUN_KNOBS(o)}. */
+#define DRV_RUN_KNOBS(o)                                                                        \
+  .global_batch = (o)->global_batch, .has_zero_stage = (o)->has_zero_stage,                      \
+  .zero_stage = (o)->zero_stage, .has_prefetch_bytes = (o)->has_prefetch_bytes,                  \
+  .has_bucket_bytes = (o)->has_bucket_bytes, .has_persist_threshold = (o)->has_persist_threshold, \
+  .has_unshard_bytes = (o)->has_unshard_bytes, .prefetch_bytes = (o)->prefetch_bytes,            \
+  .bucket_bytes = (o)->bucket_bytes, .persist_threshold = (o)->persist_threshold,                \
+  .unshard_bytes = (o)->unshard_bytes, .checkpoint_activations = (o)->checkpoint_activations,    \
+  .offload_optimizer = (o)->offload_optimizer, .offload_param = (o)->offload_param,              \
+  .has_offload_prefetch_bytes = (o)->has_offload_prefetch_bytes,                                 \
+  .offload_prefetch_bytes = (o)->offload_prefetch_bytes,                                         \
+  .offload_io_threads = (o)->offload_io_threads
 
 /* ======================= driver/plan.c =======================
  * The memory plan of step module m's train_step (codegen/memplan.c) with

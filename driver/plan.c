@@ -75,28 +75,8 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   dsc_train_config cfg;
   if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;
   cfg.batch = f.B, cfg.seq = f.T;
-  drv_run_settings rs = {.who = "plan",
-                         .B = f.B,
-                         .world = world,
-                         .grad_accum = o->grad_accum,
-                         .global_batch = o->global_batch,
-                         .precision = o->precision,
-                         .has_zero_stage = o->has_zero_stage,
-                         .zero_stage = o->zero_stage,
-                         .has_prefetch_bytes = o->has_prefetch_bytes,
-                         .has_bucket_bytes = o->has_bucket_bytes,
-                         .has_persist_threshold = o->has_persist_threshold,
-                         .has_unshard_bytes = o->has_unshard_bytes,
-                         .prefetch_bytes = o->prefetch_bytes,
-                         .bucket_bytes = o->bucket_bytes,
-                         .persist_threshold = o->persist_threshold,
-                         .unshard_bytes = o->unshard_bytes,
-                         .checkpoint_activations = o->checkpoint_activations,
-                         .offload_optimizer = o->offload_optimizer,
-                         .offload_param = o->offload_param,
-                         .has_offload_prefetch_bytes = o->has_offload_prefetch_bytes,
-                         .offload_prefetch_bytes = o->offload_prefetch_bytes,
-                         .offload_io_threads = o->offload_io_threads};
+  drv_run_settings rs = {.who = "plan", .B = f.B, .world = world, .grad_accum = o->grad_accum,
+                         .precision = o->precision, DRV_RUN_KNOBS(o)};
   if ((st = drv_apply_run_settings(ctx, &rs, &cfg)) != DSC_OK) return st;
   /* offload auto: the values the budget requires (driver/offload_auto.c) */
   drv_offload_budget ob = {o->memory_budget, o->host_memory_budget, o->offload_dir != NULL,

@@ -863,27 +863,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
    * plan applies them); a checkpoint's stage and global batch first. */
   if (ck_stage >= 0 && ck_stage <= 3) cfg->zero.stage = ck_stage;
   if (ck_global > 0) cfg->global_batch = ck_global;
-  drv_run_settings rs = {.who = "trainer",
-                         .B = B,
-                         .world = t->world,
-                         .grad_accum = K,
-                         .global_batch = o->global_batch,
-                         .has_zero_stage = o->has_zero_stage,
-                         .zero_stage = o->zero_stage,
-                         .has_prefetch_bytes = o->has_prefetch_bytes,
-                         .has_bucket_bytes = o->has_bucket_bytes,
-                         .has_persist_threshold = o->has_persist_threshold,
-                         .has_unshard_bytes = o->has_unshard_bytes,
-                         .prefetch_bytes = o->prefetch_bytes,
-                         .bucket_bytes = o->bucket_bytes,
-                         .persist_threshold = o->persist_threshold,
-                         .unshard_bytes = o->unshard_bytes,
-                         .checkpoint_activations = o->checkpoint_activations,
-                         .offload_optimizer = o->offload_optimizer,
-                         .offload_param = o->offload_param,
-                         .has_offload_prefetch_bytes = o->has_offload_prefetch_bytes,
-                         .offload_prefetch_bytes = o->offload_prefetch_bytes,
-                         .offload_io_threads = o->offload_io_threads};
+  drv_run_settings rs = {.who = "trainer", .B = B, .world = t->world, .grad_accum = K,
+                         DRV_RUN_KNOBS(o)};
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) goto done;
   if (ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
