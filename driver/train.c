@@ -664,12 +664,12 @@ static dsc_status check_host_budget(dsc_trainer *t, dsc_backend backend, const c
   ir_error(t->ctx, ir_no_loc,
            "the offloaded values need %.1f MiB of host memory per rank, over the host memory "
            "budget of %.1f MiB by %.1f MiB: params %.1f, optimizer %.1f MiB (host arena %.1f, "
-           "disk staging %.1f MiB; --offload-optimizer/--offload-param disk need less host "
-           "memory between steps, none puts them on the device)",
+           "host work %.1f MiB; --offload-optimizer/--offload-param disk keep them on disk, "
+           "streamed, none puts them on the device)",
            (double)p->host_bytes / mib, (double)budget / mib,
            (double)(p->host_bytes - budget) / mib, (double)p->host_params / mib,
            (double)p->host_optimizer / mib, (double)p->host_arena / mib,
-           (double)p->disk_staging / mib);
+           (double)p->host_work / mib);
   return DSC_ERR_USER;
 }
 
