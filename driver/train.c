@@ -233,6 +233,8 @@ struct dsc_trainer {
   uint64_t seed;
   const char *out_dir, *last_ckpt, *data_prefix;
   FILE *metrics, *log;
+  const char *metrics_path, *log_path;
+  rt_run_lock *lock; /* rank 0's hold on out_dir (runtime/rundir.c) */
   int n_model, n_opt;
   dsc_tensor_spec *model_spec, *opt_spec;
   const char **model_names, **opt_names;
@@ -332,6 +334,7 @@ void dsc_trainer_free(dsc_trainer *t) {
   dsc_context *ctx = t->ctx;
   if (t->metrics) fclose(t->metrics);
   if (t->log) fclose(t->log);
+  rt_run_lock_release(t->lock);
   dsc_loader_free(t->train);
   dsc_loader_free(t->val);
   dsc_tensor *ts[5] = {t->in_tok, t->in_tgt, t->in_lr, t->v_tok, t->v_tgt};
@@ -416,7 +419,11 @@ static dsc_status open_log(dsc_context *ctx, const char *path, int64_t keep_upto
   char *kept = NULL;
   size_t kept_n = 0;
   if (keep_upto > 0) {
-    FILE *in = fopen(path, "rb");
+    /* Only a regular file has lines to keep (a FIFO or /dev/stdout: none). */
+    const char *kind;
+    int in_fd = rt_open_regular_fd(path, 0, &kind);
+    FILE *in = in_fd >= 0 ? fdopen(in_fd, "rb") : NULL;
+    if (!in && in_fd >= 0) close(in_fd);
     if (in) {
       kept = malloc(1);
       char *line = NULL;
@@ -452,7 +459,11 @@ static dsc_status open_log(dsc_context *ctx, const char *path, int64_t keep_upto
     return rt_io_error(ctx, path, "write failed");
   }
   free(kept);
-  fflush(f);
+  if (fflush(f) != 0) {
+    dsc_status st = rt_io_error(ctx, path, "write failed");
+    fclose(f);
+    return st;
+  }
   *out = f;
   return DSC_OK;
 }
@@ -1091,6 +1102,10 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   }
   t->ckpt_dir = out;
   if (t->rank != 0) out = NULL;
+  /* The writer's lock first: nothing is written before it is held. */
+  if (out && ((st = make_dirs(ctx, a, out)) != DSC_OK ||
+              (st = rt_run_lock_take(ctx, out, &t->lock)) != DSC_OK))
+    goto done;
   if (out && !ck) {
     /* A fresh run must not mix with (and prune) another run's checkpoints. */
     char *latest = ir_arena_printf(a, "%s/latest", out);
@@ -1115,9 +1130,10 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
       st = oom(ctx);
       goto done;
     }
-    if ((st = make_dirs(ctx, a, out)) != DSC_OK) goto done;
+    t->metrics_path = mpath;
     if ((st = open_log(ctx, mpath, t->step, &t->metrics)) != DSC_OK) goto done;
   }
+  t->log_path = o->log_path;
   if (o->log_path && t->rank == 0 &&
       (st = open_log(ctx, o->log_path, t->step, &t->log)) != DSC_OK)
     goto done;
@@ -1353,8 +1369,9 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   return DSC_OK;
 }
 
-static void write_line(FILE *f, const dsc_train_progress *p) {
-  if (!f) return;
+/* False (with the diagnostic naming path) when the line could not be written. */
+static bool write_line(dsc_context *ctx, FILE *f, const char *path, const dsc_train_progress *p) {
+  if (!f) return true;
   fprintf(f, "{\"step\":%" PRId64, p->step);
   json_num(f, "loss", p->loss, "%.9g");
   json_num(f, "lr", p->lr, "%.9g");
@@ -1364,7 +1381,9 @@ static void write_line(FILE *f, const dsc_train_progress *p) {
   if (p->has_val) json_num(f, "val_loss", p->val_loss, "%.9g");
   if (p->skipped) fputs(",\"skipped\":true", f); /* fp16: overflow, update skipped */
   fputs("}\n", f);
-  fflush(f);
+  if (fflush(f) == 0 && !ferror(f)) return true;
+  rt_io_error(ctx, path, "write failed");
+  return false;
 }
 
 dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, dsc_train_callback cb,
@@ -1416,8 +1435,9 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
       if ((st = dsc_trainer_save(t)) != DSC_OK) return st;
       p.saved = true;
     }
-    write_line(t->metrics, &p);
-    write_line(t->log, &p);
+    if (!write_line(t->ctx, t->metrics, t->metrics_path, &p) ||
+        !write_line(t->ctx, t->log, t->log_path, &p))
+      return DSC_ERR_USER;
     if (cb && !cb(ud, &p)) cb_stop = true; /* agreed on at the top of the loop */
   }
   if (cb_stop) sum->stopped = true;

@@ -242,8 +242,13 @@ static dsc_status measure_link(dsc_context *ctx, double *gbps) {
 /* ---- the cache: "dsc-calibration 1" then "key value" lines ---- */
 
 static bool read_cache(const char *path, const char *host, int threads, dsc_rates *r) {
-  FILE *f = fopen(path, "r");
-  if (!f) return false;
+  const char *kind;
+  int fd = rt_open_regular_fd(path, 0, &kind);
+  FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    if (fd >= 0) close(fd);
+    return false;
+  }
   char line[512], key[64], val[256];
   bool ok = fgets(line, sizeof line, f) && strcmp(line, "dsc-calibration 1\n") == 0;
   int seen = 0;

@@ -79,18 +79,8 @@ static dsc_status make_dirs(dsc_context *ctx, const char *dir) {
 
 /* Removes a step directory: its plain files, then the directory itself. */
 static bool remove_step_dir(dsc_context *ctx, const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return errno == ENOENT;
-  struct dirent *e;
-  bool ok = true;
-  while ((e = readdir(d))) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    char *p = join(ctx, dir, e->d_name);
-    if (!p || unlink(p) != 0) ok = false;
-    free_path(ctx, p);
-  }
-  closedir(d);
-  return rmdir(dir) == 0 && ok;
+  (void)ctx;
+  return rt_remove_flat_dir(dir);
 }
 
 static void put_u64_hex(char *buf, uint64_t v) { snprintf(buf, 17, "%016" PRIx64, v); }
@@ -163,6 +153,11 @@ static void prune(dsc_context *ctx, const char *out_dir, const char *keep_name, 
   while ((e = readdir(d))) {
     int64_t step = parse_step_name(e->d_name);
     if (step < 0) continue;
+    /* Only real directories of this run: a link named like a step (or
+     * anything else) is not ours to delete. */
+    struct stat sb;
+    if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode))
+      continue;
     if (n == cap) {
       int nc = cap ? cap * 2 : 16;
       step_entry *nl = ir_realloc(ctx, list, sizeof *list * (size_t)cap, sizeof *list * (size_t)nc);
@@ -314,6 +309,7 @@ dsc_status dsc_checkpoint_save(dsc_context *ctx, const char *out_dir, const dsc_
   memset(&p, 0, sizeof p);
   st = make_paths(ctx, out_dir, state->step, (long)getpid(), &p);
   if (st == DSC_OK) {
+    rt_run_clean_stale(ctx, out_dir, false); /* saves killed before they finished */
     remove_step_dir(ctx, p.tmp); /* a leftover of a crashed save by a process with our pid */
     st = write_step_dir(ctx, p.tmp, model, optimizer, state);
     if (st != DSC_OK) remove_step_dir(ctx, p.tmp);
@@ -400,8 +396,9 @@ static bool json_int(const cJSON *j, int64_t *out) {
 
 static dsc_status read_state(dsc_context *ctx, const char *path, rt_checkpoint *c) {
   dsc_loc loc = rt_loc(path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return rt_io_error(ctx, path, "cannot open");
+  int fd;
+  dsc_status ost = rt_open_regular(ctx, path, 0, &fd);
+  if (ost != DSC_OK) return ost;
   struct stat sb;
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > MAX_STATE_BYTES) {
     ir_error(ctx, loc, "not a regular file of at most %u bytes", MAX_STATE_BYTES);
@@ -482,32 +479,43 @@ static dsc_status read_state(dsc_context *ctx, const char *path, rt_checkpoint *
   return DSC_OK;
 }
 
-/* The step directory for path: path itself when it holds state.json,
- * otherwise what path/latest points to. Arena-allocated. */
+/* The step directory for path, canonical (realpath): path itself when it
+ * holds state.json, otherwise what path/latest points to, which must be a
+ * directory in path: a run is never read (nor then written and pruned)
+ * outside its own directory. Arena-allocated. */
 static dsc_status resolve_dir(dsc_context *ctx, const char *path, ir_arena *a, const char **out) {
-  char *state = join(ctx, path, "state.json"), *latest = join(ctx, path, "latest");
+  char *run = realpath(path, NULL);
+  if (!run) return rt_io_error(ctx, path, "cannot open checkpoint");
+  char *state = join(ctx, run, "state.json"), *latest = join(ctx, run, "latest");
   dsc_status st = DSC_OK;
   struct stat sb;
+  *out = NULL;
   if (!state || !latest) {
     st = oom(ctx, path);
   } else if (stat(state, &sb) == 0) {
-    *out = ir_arena_strdup(a, path);
+    *out = ir_arena_strdup(a, run);
   } else if (lstat(latest, &sb) == 0) {
-    char target[4096];
+    char target[4096] = "";
     ssize_t n = S_ISLNK(sb.st_mode) ? readlink(latest, target, sizeof target - 1) : -1;
-    if (n < 0) {
-      *out = ir_arena_strdup(a, latest); /* a plain directory named latest */
+    if (n >= 0) target[n] = 0;
+    char *real = realpath(latest, NULL);
+    char *in = real ? rt_parent_dir(ctx, real) : NULL;
+    if (!real) {
+      ir_error(ctx, rt_loc(latest), "points to '%s', which does not exist", target);
+      st = DSC_ERR_USER;
+    } else if (!in) {
+      st = oom(ctx, path);
+    } else if (strcmp(in, run) != 0) {
+      ir_error(ctx, rt_loc(latest),
+               "points to '%s', outside the run directory %s (dsc resumes, writes and prunes a "
+               "run only inside its directory; name the step directory itself to resume it)",
+               target, run);
+      st = DSC_ERR_USER;
     } else {
-      target[n] = 0;
-      *out =
-          target[0] == '/' ? ir_arena_strdup(a, target) : ir_arena_printf(a, "%s/%s", path, target);
-      if (*out && stat(*out, &sb) != 0) {
-        ir_error(ctx, rt_loc(latest), "points to '%s', which does not exist", target);
-        st = DSC_ERR_USER;
-      }
+      *out = ir_arena_strdup(a, real);
     }
-  } else if (stat(path, &sb) != 0) {
-    st = rt_io_error(ctx, path, "cannot open checkpoint");
+    free_path(ctx, in);
+    free(real);
   } else {
     ir_error(ctx, rt_loc(path),
              "not a checkpoint: no state.json here and no 'latest' link to a step directory");
@@ -516,6 +524,7 @@ static dsc_status resolve_dir(dsc_context *ctx, const char *path, ir_arena *a, c
   if (st == DSC_OK && !*out) st = oom(ctx, path);
   free_path(ctx, state);
   free_path(ctx, latest);
+  free(run);
   return st;
 }
 

@@ -101,8 +101,9 @@ dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size
   *tokens = NULL;
   *n_tokens = 0;
   dsc_loc loc = rt_loc(path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return rt_io_error(ctx, path, "cannot open");
+  int fd;
+  dsc_status ost = rt_open_regular(ctx, path, 0, &fd);
+  if (ost != DSC_OK) return ost;
   struct stat sb;
   if (fstat(fd, &sb) != 0) {
     dsc_status st = rt_io_error(ctx, path, "cannot stat");

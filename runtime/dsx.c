@@ -103,8 +103,9 @@ void rt_dsx_free(dsc_context *ctx, rt_dsx *d) {
 
 dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return rt_io_error(ctx, path, "cannot open");
+  int fd;
+  dsc_status ost = rt_open_regular(ctx, path, 0, &fd);
+  if (ost != DSC_OK) return ost;
   struct stat sb;
   if (fstat(fd, &sb) != 0) {
     close(fd);

@@ -141,9 +141,14 @@ static void *cache_read(dsc_context *ctx, const char *dir, uint64_t key, size_t 
   size_t ps;
   char *path = cache_path(ctx, dir, key, "", &ps);
   if (!path) return NULL;
-  FILE *f = fopen(path, "rb");
+  const char *kind;
+  int fd = rt_open_regular_fd(path, 0, &kind);
   ir_free(ctx, path, ps);
-  if (!f) return NULL;
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    if (fd >= 0) close(fd);
+    return NULL;
+  }
   cubin_header h;
   void *data = NULL;
   if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CUBIN_MAGIC, 8) != 0 || h.key != key ||

@@ -28,7 +28,8 @@ struct dsc_program {
 };
 
 bool dsc_program_is_file(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  const char *kind; /* a FIFO is no program: never wait on it */
+  int fd = rt_open_regular_fd(path, 0, &kind);
   if (fd < 0) return false;
   char magic[4];
   bool yes = rt_pread_full(fd, magic, 4, 0) && memcmp(magic, "DSCX", 4) == 0;

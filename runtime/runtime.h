@@ -26,14 +26,20 @@ dsc_status rt_io_error(dsc_context *ctx, const char *path, const char *what);
 
 /* A file written under a temporary name in the destination's directory and
  * renamed over it only once everything is on disk. Any failure reports a
- * diagnostic once, removes the temporary and leaves the destination alone. */
+ * diagnostic once, removes the temporary and leaves the destination alone.
+ * Renames go only over a regular file or nothing: a symbolic link to a
+ * regular file replaces the file it names (the link stays); a character
+ * device (/dev/null, a terminal) or a FIFO is written straight into, with no
+ * temporary; a directory, block device or socket is refused. */
 typedef struct {
   dsc_context *ctx;
-  const char *path; /* destination */
+  const char *path; /* destination as given (diagnostics) */
+  const char *dest; /* what is renamed over: path or a link's target */
   char *tmp;        /* temporary path (context allocator) */
   size_t tmp_size;
   int fd;
   bool failed;
+  bool direct; /* a device or FIFO: written in place */
 } rt_atomic_file;
 
 dsc_status rt_atomic_open(dsc_context *ctx, const char *path, rt_atomic_file *f);
@@ -46,6 +52,15 @@ dsc_status rt_fsync_dir(dsc_context *ctx, const char *dir);
 /* The directory holding path ("." when it has no slash), context-allocated;
  * free with ir_free(ctx, p, strlen(p) + 1). */
 char *rt_parent_dir(dsc_context *ctx, const char *path);
+/* "a FIFO", "a directory", "a character device", ... for a st_mode. */
+const char *rt_file_kind(unsigned mode);
+/* Opens an input read-only (plus flags, e.g. O_NOFOLLOW) only when it is a
+ * regular file, probing with O_NONBLOCK so a FIFO never blocks the open.
+ * The _fd form returns the descriptor, or -1 with errno set and *kind the
+ * kind of file when that was the reason. rt_open_regular reports
+ * "path: error: not a regular file (a FIFO)" or errno's text. */
+int rt_open_regular_fd(const char *path, int flags, const char **kind);
+dsc_status rt_open_regular(dsc_context *ctx, const char *path, int flags, int *fd);
 /* Reads exactly n bytes at offset; false on a short read or an I/O error. */
 bool rt_pread_full(int fd, void *buf, size_t n, uint64_t offset);
 char *rt_strdup(dsc_context *ctx, const char *s); /* free: ir_free(ctx, s, strlen(s) + 1) */
@@ -131,6 +146,23 @@ rt_tensor_set *rt_tensor_set_new(dsc_context *ctx, int n, int n_meta);
 /* Adds t (owned by the set from now on) under a copy of name to a set from
  * rt_tensor_set_new or a reader. False when out of memory. */
 bool rt_tensor_set_append(dsc_tensor_set *s, const char *name, dsc_tensor *t);
+
+/* ======================= runtime/rundir.c =======================
+ * One writer per run directory: flock on RUN/.lock, which holds the
+ * holder's pid. The kernel releases it when the holder exits or dies. */
+typedef struct rt_run_lock rt_run_lock;
+/* Takes the lock or fails with "run directory DIR is in use by dsc (pid N)";
+ * then removes every leftover of an interrupted save in dir (no live
+ * writer owns one now), with a note for each. */
+dsc_status rt_run_lock_take(dsc_context *ctx, const char *dir, rt_run_lock **out);
+void rt_run_lock_release(rt_run_lock *l); /* NULL: nothing */
+/* Removes dir's ".step-N.tmp-PID" directories and ".latest.tmp-PID" links
+ * (all of them, or only those whose process is gone), each with a note;
+ * returns how many. */
+int rt_run_clean_stale(dsc_context *ctx, const char *dir, bool all);
+/* Removes a directory of plain files (never following a symbolic link in
+ * its place); true when it is gone (or was never there). */
+bool rt_remove_flat_dir(const char *dir);
 
 /* ======================= runtime/checkpoint.c ======================= */
 typedef struct {

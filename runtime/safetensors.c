@@ -662,10 +662,10 @@ static dsc_status read_header(dsc_context *ctx, const char *path, const char *te
 dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_set **out) {
   *out = NULL;
   dsc_loc loc = rt_loc(path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return rt_io_error(ctx, path, "cannot open");
+  int fd;
+  dsc_status st = rt_open_regular(ctx, path, 0, &fd);
+  if (st != DSC_OK) return st;
   struct stat sb;
-  dsc_status st = DSC_OK;
   if (fstat(fd, &sb) != 0) {
     st = rt_io_error(ctx, path, "cannot stat");
   } else if (!S_ISREG(sb.st_mode)) {

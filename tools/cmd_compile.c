@@ -28,6 +28,9 @@ static const char compile_help[] =
     "graph only for muon with adam_lr. Run-time settings (steps, lr schedule,\n"
     "seed, data, threads, backend, checkpoints) stay flags of dsc train.\n"
     "\n"
+    "-o writes atomically (a temporary file renamed over a regular file); a\n"
+    "character device (/dev/null) or a FIFO is written into in place, a\n"
+    "directory is refused.\n"
     "--list prints the file's settings and sections (name, bytes).\n";
 
 static int list(const char *path) {

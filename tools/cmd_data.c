@@ -12,7 +12,9 @@ static const char data_help[] =
     "Tokenizes a text file at the byte level (token = byte value, vocabulary 256)\n"
     "and writes two token shards in llm.c's format: PREFIX_train.bin and\n"
     "PREFIX_val.bin. The last F of the bytes (default 0.1, 0 < F < 1) go to the\n"
-    "validation shard. Prints the token count of each shard.\n";
+    "validation shard. Prints the token count of each shard. TEXTFILE must be a\n"
+    "regular file (a FIFO is refused, never waited on); each shard is written\n"
+    "atomically, or straight into a character device or FIFO of that name.\n";
 
 int cli_data(int argc, char **argv) {
   const char *path = NULL, *prefix = NULL;

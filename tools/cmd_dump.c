@@ -1,4 +1,5 @@
 /* dsc dump: the text IR (or DOT) of a model file or a .dsir file. */
+#include <errno.h>
 #include <string.h>
 
 #include "tools/cli.h"
@@ -182,10 +183,14 @@ int cli_dump(int argc, char **argv) {
       if (st == DSC_OK && !print_all)
         st = dot ? dsc_module_print_dot(m, out) : dsc_module_print(m, out);
       if (fflush(out) != 0 || ferror(out)) {
-        fprintf(stderr, "dsc dump: error writing %s\n", out_path ? out_path : "standard output");
+        fprintf(stderr, "dsc dump: error writing %s: %s\n", out_path ? out_path : "standard output",
+                strerror(errno));
         st = DSC_ERR_USER;
       }
-      if (out_path && fclose(out) != 0 && st == DSC_OK) st = DSC_ERR_USER;
+      if (out_path && fclose(out) != 0 && st == DSC_OK) {
+        fprintf(stderr, "dsc dump: error writing %s: %s\n", out_path, strerror(errno));
+        st = DSC_ERR_USER;
+      }
     }
   }
   dsc_diag_print(ctx, stderr);

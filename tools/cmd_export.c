@@ -14,7 +14,9 @@ static const char export_help[] =
     "model's names. A ZeRO checkpoint (stages 1-3 at several ranks: each rank\n"
     "wrote its shards) is consolidated from every shard-*-of-*.safetensors.\n"
     "  -o FILE           the output file (written atomically: a temporary file, then\n"
-    "                    renamed)\n"
+    "                    renamed over a regular file, or a link's file); a character\n"
+    "                    device (/dev/null) or a FIFO is written into in place; a\n"
+    "                    directory is refused\n"
     "  --dtype D         store the params as f32 (default), bf16 or f16\n"
     "  --optimizer FILE  also write the optimizer states (f32) to FILE\n";
 

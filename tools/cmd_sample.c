@@ -88,7 +88,11 @@ int cli_sample(int argc, char **argv) {
     } else {
       putchar((int)tok);
     }
-    fflush(stdout);
+    if (fflush(stdout) != 0) { /* stop at once: nobody reads the rest */
+      fprintf(stderr, "dsc: error: cannot write the standard output: %s\n", strerror(errno));
+      st = DSC_ERR_USER;
+      break;
+    }
     st = dsc_sampler_push(s, tok);
   }
   if (st == DSC_OK && n_tokens > 0 && isatty(STDOUT_FILENO)) putchar('\n'); /* tidy prompt */

@@ -2,11 +2,13 @@
  * flags, calls the library and decides what to print and the exit code:
  *   0 success, 1 user error (bad input or arguments), 2 internal error. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "dsc/dsc.h"
 #include "tools/cli.h"
@@ -68,16 +70,30 @@ bool cli_parse_i64(const char *s, int64_t *out) {
 
 /* Reads a whole file; NULL with a message on failure. */
 char *cli_read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+  /* O_NONBLOCK: a FIFO's open returns at once (and is refused below)
+   * instead of waiting forever for a writer. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) {
     fprintf(stderr, "%s: error: cannot open: %s\n", path, strerror(errno));
     return NULL;
   }
   struct stat sb;
-  if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
-    fprintf(stderr, "%s: error: not a regular file%s\n", path,
-            S_ISDIR(sb.st_mode) ? " (a directory)" : "");
-    fclose(f);
+  if (fstat(fd, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    fprintf(stderr, "%s: error: not a regular file (%s)\n", path,
+            S_ISDIR(sb.st_mode)    ? "a directory"
+            : S_ISFIFO(sb.st_mode) ? "a FIFO"
+            : S_ISCHR(sb.st_mode)  ? "a character device"
+            : S_ISBLK(sb.st_mode)  ? "a block device"
+            : S_ISSOCK(sb.st_mode) ? "a socket"
+                                   : "a special file");
+    close(fd);
+    return NULL;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    fprintf(stderr, "%s: error: cannot open: %s\n", path, strerror(errno));
+    close(fd);
     return NULL;
   }
   size_t cap = 1 << 16, n = 0;
@@ -206,6 +222,17 @@ static void main_help(FILE *out) {
           "            2 internal error (a bug in dsc, or out of memory)\n");
 }
 
+/* Output that never reached stdout (a full disk, /dev/full, a closed pipe's
+ * reader gone) is an error, not a silent success. */
+static int finish_stdout(int rc) {
+  int flushed = fflush(stdout);
+  int e = errno;
+  if (rc != CLI_EXIT_OK || (flushed == 0 && !ferror(stdout))) return rc; /* an error said its own */
+  fprintf(stderr, "dsc: error: cannot write the standard output: %s\n",
+          flushed != 0 ? strerror(e) : "an earlier write failed");
+  return CLI_EXIT_USER;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     main_help(stderr);
@@ -214,14 +241,14 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
     main_help(stdout);
-    return CLI_EXIT_OK;
+    return finish_stdout(CLI_EXIT_OK);
   }
   if (strcmp(cmd, "--version") == 0) {
     printf("dsc %s\n", DSC_VERSION);
-    return CLI_EXIT_OK;
+    return finish_stdout(CLI_EXIT_OK);
   }
   for (int i = 0; i < N_COMMANDS; i++)
-    if (strcmp(cmd, commands[i].name) == 0) return commands[i].fn(argc - 1, argv + 1);
+    if (strcmp(cmd, commands[i].name) == 0) return finish_stdout(commands[i].fn(argc - 1, argv + 1));
   fprintf(stderr, "dsc: unknown command '%s' (see 'dsc --help')\n", cmd);
   return CLI_EXIT_USER;
 }
