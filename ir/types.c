@@ -39,6 +39,23 @@ int64_t dsc_type_numel(const dsc_type *t) {
   return n;
 }
 
+int dsc_type_numel_checked(const dsc_type *t, int64_t *out) {
+  if (t->rank < 0 || t->rank > DSC_MAX_RANK) return 0;
+  int64_t n = 1, nonzero = 1;
+  for (int i = 0; i < t->rank; i++) {
+    int64_t d = t->dims[i];
+    if (d < 0) return 0;
+    if (d == 0) {
+      n = 0;
+      continue;
+    }
+    if (nonzero > INT64_MAX / d) return 0;
+    nonzero *= d;
+  }
+  *out = n ? nonzero : 0;
+  return 1;
+}
+
 int dsc_type_equal(const dsc_type *a, const dsc_type *b) {
   if (a->dtype != b->dtype || a->rank != b->rank) return 0;
   for (int i = 0; i < a->rank; i++)

@@ -394,6 +394,85 @@ static bool json_int(const cJSON *j, int64_t *out) {
   return true;
 }
 
+/* A decimal integer in [lo, hi] spelled by digits alone (no sign, space or
+ * exponent: what the trainer writes). */
+static bool dec_in(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  uint64_t v = 0;
+  if (!*s || strlen(s) > 20) return false;
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '9' || v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) return false;
+    v = v * 10 + (uint64_t)(*p - '0');
+  }
+  if (v < lo || v > hi) return false;
+  if (out) *out = v;
+  return true;
+}
+
+/* The values the trainer records in "extra" (driver/train.c,
+ * dsc_trainer_save), range-checked: a resumed run would otherwise train
+ * with junk or fail later naming no field. Other keys are free-form. */
+static const char *check_extra(const cJSON *ex, int64_t step, char *why, size_t n) {
+  static const struct {
+    const char *key;
+    uint64_t lo, hi;
+  } ints[] = {
+      {"batch", 1, 1ull << 31},     {"seq", 1, 1ull << 31},         {"grad_accum", 1, 1ull << 31},
+      {"vocab", 1, 1ull << 31},     {"world", 1, 100000},           {"zero_world", 1, 100000},
+      {"zero_stage", 0, 3},         {"steps", 0, (1ull << 53) - 1}, {"save_every", 0, 1ull << 53},
+      {"eval_every", 0, 1ull << 53}, {"seed", 0, UINT64_MAX},
+  };
+  for (const cJSON *x = ex ? ex->child : NULL; x; x = x->next) {
+    const char *k = x->string, *v = x->valuestring;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+      uint64_t got;
+      if (strcmp(k, ints[i].key) != 0) continue;
+      if (!dec_in(v, ints[i].lo, ints[i].hi, &got)) {
+        snprintf(why, n, "\"extra.%s\" is '%.40s', not an integer in [%" PRIu64 ", %" PRIu64 "]", k,
+                 v, ints[i].lo, ints[i].hi);
+        return why;
+      }
+      if (strcmp(k, "steps") == 0 && got < (uint64_t)step) {
+        snprintf(why, n, "\"step\" %" PRId64 " is past \"extra.steps\" %" PRIu64, step, got);
+        return why;
+      }
+    }
+    if (strcmp(k, "lr") == 0) {
+      char *end = NULL;
+      errno = 0;
+      double lr = strtod(v, &end);
+      if (!*v || *end || errno || !isfinite(lr) || !(lr >= 0)) {
+        snprintf(why, n, "\"extra.lr\" is '%.40s', not a finite number >= 0", v);
+        return why;
+      }
+    }
+  }
+  return NULL;
+}
+
+/* A checkpoint holds finite values only: a NaN or Inf would otherwise load
+ * and fail a step later, naming no file. */
+static dsc_status check_finite(dsc_context *ctx, const char *path, const dsc_tensor_set *s) {
+  for (int i = 0; s && i < s->n; i++) {
+    const dsc_tensor *t = s->tensors[i];
+    if (!dsc_dtype_is_float(t->type.dtype)) continue;
+    int64_t n = dsc_type_numel(&t->type);
+    for (int64_t e = 0; e < n; e++)
+      if (!isfinite(t->data[e])) {
+        ir_error(ctx, rt_loc(path), "tensor '%s': element %" PRId64 " is %s (a checkpoint holds "
+                 "finite values only)", s->names[i], e, isnan(t->data[e]) ? "NaN" : "infinite");
+        return DSC_ERR_USER;
+      }
+  }
+  /* fp16's loss scale divides the gradients */
+  const dsc_tensor *ls = dsc_tensor_set_find(s, "opt.loss_scale");
+  if (ls && dsc_type_numel(&ls->type) == 1 && !(ls->data[0] > 0)) {
+    ir_error(ctx, rt_loc(path), "tensor 'opt.loss_scale' is %g, not a positive number",
+             ls->data[0]);
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
 static dsc_status read_state(dsc_context *ctx, const char *path, rt_checkpoint *c) {
   dsc_loc loc = rt_loc(path);
   int fd;
@@ -421,6 +500,7 @@ static dsc_status read_state(dsc_context *ctx, const char *path, rt_checkpoint *
   cJSON *root = cJSON_ParseWithLength(text, len);
   ir_free(ctx, text, len + 1);
   const char *bad = NULL;
+  char why[200];
   dsc_checkpoint_state *s = &c->pub.state;
   if (!root || !cJSON_IsObject(root)) {
     bad = "not a JSON object";
@@ -453,9 +533,12 @@ static dsc_status read_state(dsc_context *ctx, const char *path, rt_checkpoint *
           (s->rng[i] = strtoull(x->valuestring, &end, 16), errno) || *end)
         bad = "\"rng\" is not an array of 4 hex strings";
     }
+    if (!bad && !(s->rng[0] | s->rng[1] | s->rng[2] | s->rng[3]))
+      bad = "\"rng\" is all zero (xoshiro256** never leaves that state: not a saved RNG)";
     int n = 0;
     for (const cJSON *x = ex ? ex->child : NULL; !bad && x; x = x->next, n++)
       if (!cJSON_IsString(x)) bad = "\"extra\" values must be strings";
+    if (!bad) bad = check_extra(ex, s->step, why, sizeof why);
     if (!bad && n > 0) {
       dsc_kv *kv = ir_arena_alloc(&c->arena, sizeof(dsc_kv) * (size_t)n);
       int k = 0;
@@ -543,19 +626,23 @@ static const char *state_extra(const dsc_checkpoint_state *s, const char *key) {
   return NULL;
 }
 
-/* Parses "d0xd1x..." (or "scalar") into t's dims. */
+/* Parses "d0xd1x..." (or "scalar") into t's dims: positive decimal dims
+ * whose product fits int64 (a shape from a file becomes an allocation). */
 static bool parse_dims(const char *s, dsc_type *t) {
   t->rank = 0;
   if (strcmp(s, "scalar") == 0) return true;
   for (;;) {
     char *end;
-    long long d = strtoll(s, &end, 10);
-    if (end == s || d < 1 || t->rank == DSC_MAX_RANK) return false;
+    errno = 0;
+    long long d = *s >= '0' && *s <= '9' ? strtoll(s, &end, 10) : 0;
+    if (d < 1 || errno || t->rank == DSC_MAX_RANK) return false;
     t->dims[t->rank++] = d;
-    if (!*end) return true;
+    if (!*end) break;
     if (*end != 'x') return false;
     s = end + 1;
   }
+  int64_t n;
+  return dsc_type_numel_checked(t, &n);
 }
 
 /* ZeRO checkpoints: the full tensors from every rank's shard file, added to
@@ -588,6 +675,7 @@ static dsc_status assemble_shards(dsc_context *ctx, dsc_checkpoint *c) {
       st = DSC_ERR_USER;
     } else {
       st = dsc_safetensors_read(ctx, p, &sh[r]);
+      if (st == DSC_OK) st = check_finite(ctx, p, sh[r]);
     }
     if (r == 0) first = p;
     else free_path(ctx, p);
@@ -600,10 +688,19 @@ static dsc_status assemble_shards(dsc_context *ctx, dsc_checkpoint *c) {
     snprintf(key, sizeof key, "set.%s", name);
     const char *set = dsc_tensor_set_meta(sh[0], key);
     dsc_type full = sh[0]->tensors[i]->type;
-    int64_t s = dsc_type_numel(&full);
-    if (!dims || !set || !parse_dims(dims, &full) || sh[0]->tensors[i]->type.rank != 1 ||
+    int64_t s = dsc_type_numel(&full), n_full = 0;
+    if (dims && !parse_dims(dims, &full)) {
+      ir_error(ctx, rt_loc(first),
+               "malformed shard metadata: \"full.%s\" is '%.60s', not a shape d0xd1x... of "
+               "positive dims whose element count fits 64 bits",
+               name, dims);
+      st = DSC_ERR_USER;
+      break;
+    }
+    n_full = dims ? dsc_type_numel(&full) : 0;
+    if (!dims || !set || sh[0]->tensors[i]->type.rank != 1 ||
         (strcmp(set, "model") != 0 && strcmp(set, "optimizer") != 0) ||
-        dsc_type_numel(&full) > s * world || dsc_type_numel(&full) <= s * (world - 1)) {
+        s > INT64_MAX / world || n_full > s * world || n_full <= s * (world - 1)) {
       ir_error(ctx, rt_loc(first), "malformed shard '%s': its full shape or set is missing or "
                "does not fit %lld chunks", name, world);
       st = DSC_ERR_USER;
@@ -671,7 +768,9 @@ dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
   }
   if (st == DSC_OK) st = read_state(ctx, files[2], c);
   if (st == DSC_OK) st = dsc_safetensors_read(ctx, files[0], &c->pub.model);
+  if (st == DSC_OK) st = check_finite(ctx, files[0], c->pub.model);
   if (st == DSC_OK) st = dsc_safetensors_read(ctx, files[1], &c->pub.optimizer);
+  if (st == DSC_OK) st = check_finite(ctx, files[1], c->pub.optimizer);
   if (st == DSC_OK) st = assemble_shards(ctx, &c->pub);
   if (st == DSC_OK && model_spec)
     st = dsc_tensor_set_check(ctx, files[0], c->pub.model, model_spec, n_model);

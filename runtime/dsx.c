@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -101,6 +102,54 @@ void rt_dsx_free(dsc_context *ctx, rt_dsx *d) {
   ir_free(ctx, d, sizeof *d);
 }
 
+typedef struct {
+  uint64_t off, len;
+  const char *name;
+} dsx_span;
+
+static int cmp_span(const void *a, const void *b) {
+  const dsx_span *x = a, *y = b;
+  return x->off != y->off ? (x->off > y->off) - (x->off < y->off) : (x->len > y->len) - (x->len < y->len);
+}
+static int cmp_span_name(const void *a, const void *b) {
+  return strcmp(((const dsx_span *)a)->name, ((const dsx_span *)b)->name);
+}
+
+/* Every section begins after the table (table_end bytes), none overlaps
+ * another, and no name appears twice (lookups take the first). */
+static dsc_status check_layout(dsc_context *ctx, const char *path, const rt_dsx *d,
+                               const uint64_t *offs, uint64_t table_end) {
+  dsx_span *sp = ir_alloc(ctx, sizeof *sp * (size_t)(d->n + 1));
+  if (!sp) {
+    ir_error(ctx, rt_loc(path), "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  for (int i = 0; i < d->n; i++) sp[i] = (dsx_span){offs[3 * i], offs[3 * i + 1], d->sections[i].name};
+  dsc_status st = DSC_OK;
+  qsort(sp, (size_t)d->n, sizeof *sp, cmp_span);
+  for (int i = 0; i < d->n && st == DSC_OK; i++) {
+    if (sp[i].len && sp[i].off < table_end) {
+      ir_error(ctx, rt_loc(path),
+               "not a valid .dsx file: section '%s' starts at byte %" PRIu64
+               ", inside the section table (%" PRIu64 " bytes)",
+               sp[i].name, sp[i].off, table_end);
+      st = DSC_ERR_USER;
+    } else if (i > 0 && sp[i].len && sp[i - 1].len && sp[i].off < sp[i - 1].off + sp[i - 1].len) {
+      ir_error(ctx, rt_loc(path), "not a valid .dsx file: sections '%s' and '%s' overlap",
+               sp[i - 1].name, sp[i].name);
+      st = DSC_ERR_USER;
+    }
+  }
+  qsort(sp, (size_t)d->n, sizeof *sp, cmp_span_name);
+  for (int i = 1; i < d->n && st == DSC_OK; i++)
+    if (strcmp(sp[i - 1].name, sp[i].name) == 0) {
+      ir_error(ctx, rt_loc(path), "not a valid .dsx file: section '%s' appears twice", sp[i].name);
+      st = DSC_ERR_USER;
+    }
+  ir_free(ctx, sp, sizeof *sp * (size_t)(d->n + 1));
+  return st;
+}
+
 dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
   *out = NULL;
   int fd;
@@ -116,6 +165,8 @@ dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
   dsc_status st = DSC_OK;
   rt_dsx *d = NULL;
   unsigned char *table = NULL;
+  uint64_t *offs = NULL;
+  uint32_t n = 0;
   size_t table_len = 0;
   if (fsize < 16 || !rt_pread_full(fd, hdr, 16, 0) || memcmp(hdr, DSX_MAGIC, 4) != 0) {
     st = corrupt(ctx, path, "no DSCX header (was it written by 'dsc compile'?)");
@@ -127,7 +178,7 @@ dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
     st = DSC_ERR_USER;
     goto done;
   }
-  uint32_t n = rt_get_le32(hdr + 8);
+  n = rt_get_le32(hdr + 8);
   if (n > DSX_MAX_SECTIONS) {
     st = corrupt(ctx, path, "too many sections");
     goto done;
@@ -156,6 +207,15 @@ dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
     goto done;
   }
   size_t pos = 0;
+  offs = ir_alloc(ctx, sizeof(uint64_t) * 3 * ((size_t)n + 1)); /* off, len, sum */
+  if (!offs) {
+    ir_error(ctx, rt_loc(path), "out of memory");
+    st = DSC_ERR_INTERNAL;
+    goto done;
+  }
+  /* The table first, then the layout (sections after the table, apart,
+   * uniquely named), then the bytes: overlapping sections must not turn
+   * a small file into a large allocation. */
   for (uint32_t i = 0; i < n; i++) {
     if (pos + 32 > table_len) {
       st = corrupt(ctx, path, "truncated section table");
@@ -185,6 +245,12 @@ dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
       st = DSC_ERR_USER;
       goto done;
     }
+    offs[3 * i] = off, offs[3 * i + 1] = len, offs[3 * i + 2] = sum;
+  }
+  if ((st = check_layout(ctx, path, d, offs, 16 + pos)) != DSC_OK) goto done;
+  for (int i = 0; i < d->n; i++) {
+    rt_dsx_section *s = &d->sections[i];
+    uint64_t off = offs[3 * i], len = offs[3 * i + 1], sum = offs[3 * i + 2];
     s->size = (size_t)len;
     if (!(s->data = ir_alloc(ctx, s->size + 1))) {
       ir_error(ctx, rt_loc(path), "out of memory reading section '%s'", s->name);
@@ -200,6 +266,7 @@ dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out) {
     }
   }
 done:
+  if (offs) ir_free(ctx, offs, sizeof(uint64_t) * 3 * ((size_t)n + 1));
   if (table) ir_free(ctx, table, table_len + 1);
   close(fd);
   if (st != DSC_OK) {

@@ -141,6 +141,7 @@ bool rt_st_dtype_from_name(const char *name, dsc_dtype *out);
 typedef struct {
   dsc_tensor_set pub;
   ir_arena arena; /* names, arrays, metadata strings */
+  int cap;        /* slots in pub.names / pub.tensors (appends double it) */
 } rt_tensor_set;
 rt_tensor_set *rt_tensor_set_new(dsc_context *ctx, int n, int n_meta);
 /* Adds t (owned by the set from now on) under a copy of name to a set from

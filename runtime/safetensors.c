@@ -57,6 +57,7 @@ rt_tensor_set *rt_tensor_set_new(dsc_context *ctx, int n, int n_meta) {
   s->pub.names = ir_arena_alloc(&s->arena, sizeof(char *) * (size_t)(n > 0 ? n : 1));
   s->pub.tensors = ir_arena_alloc(&s->arena, sizeof(dsc_tensor *) * (size_t)(n > 0 ? n : 1));
   s->pub.meta = ir_arena_alloc(&s->arena, sizeof(dsc_kv) * (size_t)(n_meta > 0 ? n_meta : 1));
+  s->cap = n > 0 ? n : 1;
   if (s->arena.failed) {
     ir_arena_release(&s->arena);
     ir_free(ctx, s, sizeof *s);
@@ -65,18 +66,25 @@ rt_tensor_set *rt_tensor_set_new(dsc_context *ctx, int n, int n_meta) {
   return s;
 }
 
+/* The arrays double when full (the arena keeps the old ones), so n appends
+ * cost O(n) time and memory, not O(n^2). */
 bool rt_tensor_set_append(dsc_tensor_set *pub, const char *name, dsc_tensor *t) {
   rt_tensor_set *s = (rt_tensor_set *)pub;
-  const char **names = ir_arena_alloc(&s->arena, sizeof(char *) * (size_t)(pub->n + 1));
-  dsc_tensor **ts = ir_arena_alloc(&s->arena, sizeof(dsc_tensor *) * (size_t)(pub->n + 1));
   const char *copy = ir_arena_strdup(&s->arena, name);
-  if (!names || !ts || !copy) return false;
-  if (pub->n) {
-    memcpy(names, pub->names, sizeof(char *) * (size_t)pub->n);
-    memcpy(ts, pub->tensors, sizeof(dsc_tensor *) * (size_t)pub->n);
+  if (!copy || pub->n == INT32_MAX) return false;
+  if (pub->n >= s->cap) {
+    int cap = s->cap > INT32_MAX / 2 ? INT32_MAX : (s->cap > 0 ? s->cap * 2 : 4);
+    const char **names = ir_arena_alloc(&s->arena, sizeof(char *) * (size_t)cap);
+    dsc_tensor **ts = ir_arena_alloc(&s->arena, sizeof(dsc_tensor *) * (size_t)cap);
+    if (!names || !ts) return false;
+    if (pub->n) {
+      memcpy(names, pub->names, sizeof(char *) * (size_t)pub->n);
+      memcpy(ts, pub->tensors, sizeof(dsc_tensor *) * (size_t)pub->n);
+    }
+    pub->names = names, pub->tensors = ts, s->cap = cap;
   }
-  names[pub->n] = copy, ts[pub->n] = t;
-  pub->names = names, pub->tensors = ts, pub->n++;
+  pub->names[pub->n] = copy, pub->tensors[pub->n] = t;
+  pub->n++;
   return true;
 }
 
@@ -100,13 +108,65 @@ const char *dsc_tensor_set_meta(const dsc_tensor_set *s, const char *key) {
   return NULL;
 }
 
+/* Name-sorted views for O(n log n) lookups (sets may hold 10^5 tensors). */
+typedef struct {
+  const char *name;
+  int idx;
+} name_ref;
+
+static int cmp_name_ref(const void *a, const void *b) {
+  const name_ref *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+/* refs[0..n) = names sorted; NULL when out of memory. Free with free_refs. */
+static name_ref *sorted_refs(dsc_context *ctx, const char *const *names, size_t stride, int n) {
+  name_ref *r = ir_alloc(ctx, sizeof *r * (size_t)(n > 0 ? n : 1));
+  if (!r) return NULL;
+  for (int i = 0; i < n; i++)
+    r[i] = (name_ref){*(const char *const *)((const char *)names + stride * (size_t)i), i};
+  if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_name_ref);
+  return r;
+}
+static void free_refs(dsc_context *ctx, name_ref *r, int n) {
+  if (r) ir_free(ctx, r, sizeof *r * (size_t)(n > 0 ? n : 1));
+}
+/* The first entry named name, or -1. */
+static int find_ref(const name_ref *r, int n, const char *name) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (strcmp(r[mid].name, name) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && strcmp(r[lo].name, name) == 0 ? r[lo].idx : -1;
+}
+/* The first name that appears twice in sorted refs, or NULL. */
+static const char *first_duplicate(const name_ref *r, int n) {
+  for (int i = 1; i < n; i++)
+    if (strcmp(r[i - 1].name, r[i].name) == 0) return r[i].name;
+  return NULL;
+}
+
 dsc_status dsc_tensor_set_check(dsc_context *ctx, const char *path, const dsc_tensor_set *s,
                                 const dsc_tensor_spec *expected, int n_expected) {
   dsc_status st = DSC_OK;
   char want[96], got[96];
+  name_ref *have = sorted_refs(ctx, s->names, sizeof *s->names, s->n);
+  name_ref *exp = sorted_refs(ctx, &expected[0].name, sizeof *expected, n_expected);
+  if (!have || !exp) {
+    free_refs(ctx, have, s->n);
+    free_refs(ctx, exp, n_expected);
+    ir_error(ctx, rt_loc(path), "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
   for (int i = 0; i < n_expected; i++) {
     dsc_type_format(&expected[i].type, want, sizeof want);
-    const dsc_tensor *t = dsc_tensor_set_find(s, expected[i].name);
+    int at = find_ref(have, s->n, expected[i].name);
+    const dsc_tensor *t = at >= 0 ? s->tensors[at] : NULL;
     if (!t) {
       ir_error(ctx, rt_loc(path), "tensor '%s' is missing (expected %s)", expected[i].name, want);
       st = DSC_ERR_USER;
@@ -117,15 +177,13 @@ dsc_status dsc_tensor_set_check(dsc_context *ctx, const char *path, const dsc_te
       st = DSC_ERR_USER;
     }
   }
-  for (int i = 0; i < s->n; i++) {
-    bool known = false;
-    for (int k = 0; k < n_expected && !known; k++)
-      known = strcmp(expected[k].name, s->names[i]) == 0;
-    if (!known) {
+  for (int i = 0; i < s->n; i++)
+    if (find_ref(exp, n_expected, s->names[i]) < 0) {
       ir_error(ctx, rt_loc(path), "unexpected tensor '%s'", s->names[i]);
       st = DSC_ERR_USER;
     }
-  }
+  free_refs(ctx, have, s->n);
+  free_refs(ctx, exp, n_expected);
   return st;
 }
 
@@ -199,36 +257,38 @@ static void sb_json_str(sbuf *b, const char *s) {
   sb_put(b, "\"", 1);
 }
 
-static int cmp_order(const void *pa, const void *pb, void *ud) {
-  const dsc_tensor_set *s = ud;
-  int a = *(const int *)pa, b = *(const int *)pb;
-  int ra = st_dtypes[s->tensors[a]->type.dtype].rust_rank;
-  int rb = st_dtypes[s->tensors[b]->type.dtype].rust_rank;
-  if (ra != rb) return rb - ra;
-  return strcmp(s->names[a], s->names[b]);
+/* Data order: the Rust dtype rank (largest first), then the name. The
+ * sort key carries what the comparison needs (qsort_r is not ISO C). */
+typedef struct {
+  int rank;
+  const char *name;
+  int idx;
+} order_key;
+
+static int cmp_order(const void *pa, const void *pb) {
+  const order_key *a = pa, *b = pb;
+  if (a->rank != b->rank) return b->rank - a->rank;
+  return strcmp(a->name, b->name);
 }
 
-/* Insertion sort with a context (qsort_r is not ISO C); sets are small. */
-static void sort_indices(int *idx, int n, const dsc_tensor_set *s) {
-  for (int i = 1; i < n; i++) {
-    int v = idx[i], j = i - 1;
-    while (j >= 0 && cmp_order(&idx[j], &v, (void *)s) > 0) {
-      idx[j + 1] = idx[j];
-      j--;
-    }
-    idx[j + 1] = v;
-  }
+static bool sort_indices(dsc_context *ctx, int *idx, int n, const dsc_tensor_set *s) {
+  order_key *k = ir_alloc(ctx, sizeof *k * (size_t)(n > 0 ? n : 1));
+  if (!k) return false;
+  for (int i = 0; i < n; i++)
+    k[i] = (order_key){st_dtypes[s->tensors[i]->type.dtype].rust_rank, s->names[i], i};
+  if (n > 1) qsort(k, (size_t)n, sizeof *k, cmp_order);
+  for (int i = 0; i < n; i++) idx[i] = k[i].idx;
+  ir_free(ctx, k, sizeof *k * (size_t)(n > 0 ? n : 1));
+  return true;
 }
 
+/* Bytes of a tensor of type t; false when the shape is malformed or the
+ * count overflows (shapes come from files: see dsc_type_numel_checked). */
 static bool tensor_nbytes(const dsc_type *t, uint64_t *out) {
-  uint64_t n = dsc_dtype_size(t->dtype);
-  for (int i = 0; i < t->rank; i++) {
-    if (t->dims[i] < 0) return false;
-    uint64_t d = (uint64_t)t->dims[i];
-    if (d && n > UINT64_MAX / d) return false;
-    n *= d;
-  }
-  *out = n;
+  int64_t n;
+  uint64_t es = dsc_dtype_size(t->dtype);
+  if (!es || !dsc_type_numel_checked(t, &n) || (uint64_t)n > UINT64_MAX / es) return false;
+  *out = (uint64_t)n * es;
   return true;
 }
 
@@ -297,12 +357,16 @@ static dsc_status check_set(dsc_context *ctx, const char *path, const dsc_tensor
       ir_error(ctx, loc, "tensor '%s' is missing or has a malformed type", name);
       return DSC_ERR_USER;
     }
-    for (int k = 0; k < i; k++)
-      if (strcmp(s->names[k], name) == 0) {
-        ir_error(ctx, loc, "tensor '%s' appears twice", name);
-        return DSC_ERR_USER;
-      }
   }
+  name_ref *r = sorted_refs(ctx, s->names, sizeof *s->names, s->n);
+  if (!r) {
+    ir_error(ctx, loc, "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  const char *dup = first_duplicate(r, s->n);
+  if (dup) ir_error(ctx, loc, "tensor '%s' appears twice", dup);
+  free_refs(ctx, r, s->n);
+  if (dup) return DSC_ERR_USER;
   for (int i = 0; i < s->n_meta; i++)
     if (!s->meta[i].key || !s->meta[i].value) {
       ir_error(ctx, loc, "metadata entry %d has no key or value", i);
@@ -320,8 +384,11 @@ dsc_status dsc_safetensors_write(dsc_context *ctx, const char *path, const dsc_t
     ir_error(ctx, rt_loc(path), "out of memory");
     return DSC_ERR_INTERNAL;
   }
-  for (int i = 0; i < s->n; i++) idx[i] = i;
-  sort_indices(idx, s->n, s);
+  if (!sort_indices(ctx, idx, s->n, s)) {
+    ir_free(ctx, idx, sizeof(int) * (size_t)(s->n > 0 ? s->n : 1));
+    ir_error(ctx, rt_loc(path), "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
 
   sb_str(&h, "{");
   bool first = true;
@@ -472,7 +539,12 @@ static dsc_status parse_entry(dsc_context *ctx, const char *path, const cJSON *j
   uint64_t nb = 0;
   char ty[96];
   dsc_type_format(&e->type, ty, sizeof ty);
-  if (!tensor_nbytes(&e->type, &nb) || nb != e->end - e->begin) {
+  if (!tensor_nbytes(&e->type, &nb)) {
+    ir_error(ctx, loc, "tensor '%s': shape %s has too many elements (the count overflows 64 bits)",
+             name, ty);
+    return DSC_ERR_USER;
+  }
+  if (nb != e->end - e->begin) {
     ir_error(ctx, loc,
              "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
              " bytes but %s %s needs %" PRIu64,
@@ -582,12 +654,7 @@ static dsc_status read_header(dsc_context *ctx, const char *path, const char *te
     memset(&ents[i], 0, sizeof ents[i]);
     st = parse_entry(ctx, path, j, &ents[i]);
     if (st != DSC_OK) break;
-    for (int k = 0; k < i; k++)
-      if (strcmp(ents[k].name, ents[i].name) == 0) {
-        ir_error(ctx, loc, "tensor '%s' appears twice in the header", ents[i].name);
-        st = DSC_ERR_USER;
-      }
-    if (st == DSC_OK && ents[i].end > data_size) {
+    if (ents[i].end > data_size) {
       ir_error(ctx, loc,
                "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
                "] run past the end of the "
@@ -597,6 +664,18 @@ static dsc_status read_header(dsc_context *ctx, const char *path, const char *te
     }
     sorted[i] = &ents[i];
     i++;
+  }
+  if (st == DSC_OK) { /* names: sorted, so that 10^5 tensors take milliseconds */
+    name_ref *r = sorted_refs(ctx, &ents[0].name, sizeof *ents, n);
+    const char *dup = r ? first_duplicate(r, n) : NULL;
+    if (!r) {
+      ir_error(ctx, loc, "out of memory");
+      st = DSC_ERR_INTERNAL;
+    } else if (dup) {
+      ir_error(ctx, loc, "tensor '%s' appears twice in the header", dup);
+      st = DSC_ERR_USER;
+    }
+    free_refs(ctx, r, n);
   }
   if (st == DSC_OK) {
     qsort(sorted, (size_t)n, sizeof *sorted, cmp_begin);
@@ -659,6 +738,26 @@ static dsc_status read_header(dsc_context *ctx, const char *path, const char *te
   return DSC_OK;
 }
 
+/* Sequential reads of [pos, end) of a file through a buffer. */
+typedef struct {
+  int fd;
+  uint64_t pos, end; /* file offset of buf[0]; the file's size */
+  size_t len, at;    /* bytes in buf; next unread one */
+  unsigned char buf[1 << 16];
+} data_reader;
+
+/* At least need unread bytes in r->buf; false on a read error. */
+static bool reader_fill(data_reader *r, size_t need) {
+  if (r->len - r->at >= need) return true;
+  memmove(r->buf, r->buf + r->at, r->len - r->at);
+  r->pos += r->at, r->len -= r->at, r->at = 0;
+  uint64_t left = r->end - (r->pos + r->len);
+  size_t want = sizeof r->buf - r->len < left ? sizeof r->buf - r->len : (size_t)left;
+  if (want && !rt_pread_full(r->fd, r->buf + r->len, want, r->pos + r->len)) return false;
+  r->len += want;
+  return r->len >= need;
+}
+
 dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_set **out) {
   *out = NULL;
   dsc_loc loc = rt_loc(path);
@@ -717,30 +816,42 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
   int n = 0;
   if (st == DSC_OK) st = read_header(ctx, path, text, (size_t)hlen, size - 8 - hlen, &s, &ents, &n);
   if (text) ir_free(ctx, text, (size_t)hlen + 1);
-  unsigned char buf[1 << 15];
-  uint64_t base = 8 + hlen;
-  for (int k = 0; st == DSC_OK && k < n; k++) {
-    dsc_tensor *t = dsc_tensor_new(ctx, ents[k].type);
+  /* The data in file order, through one buffer: a pread per tensor would
+   * be 10^5 system calls for a header of 10^5 small tensors. */
+  st_entry **by_begin = st == DSC_OK ? ir_alloc(ctx, sizeof *by_begin * (size_t)(n > 0 ? n : 1)) : NULL;
+  if (st == DSC_OK && !by_begin) {
+    ir_error(ctx, loc, "out of memory");
+    st = DSC_ERR_INTERNAL;
+  }
+  if (st == DSC_OK) {
+    for (int k = 0; k < n; k++) by_begin[k] = &ents[k], s->pub.tensors[k] = NULL;
+    if (n > 1) qsort(by_begin, (size_t)n, sizeof *by_begin, cmp_begin);
+    s->pub.n = n; /* so that freeing the set frees what exists so far */
+  }
+  data_reader r = {fd, 8 + hlen, size, 0, 0, {0}};
+  for (int i = 0; st == DSC_OK && i < n; i++) {
+    const st_entry *en = by_begin[i];
+    int k = (int)(en - ents);
+    dsc_tensor *t = dsc_tensor_new(ctx, en->type);
     if (!t) {
-      ir_error(ctx, loc, "tensor '%s': out of memory", ents[k].name);
+      ir_error(ctx, loc, "tensor '%s': out of memory", en->name);
       st = DSC_ERR_INTERNAL;
       break;
     }
     s->pub.tensors[k] = t;
-    s->pub.n = k + 1; /* so that freeing the set frees what exists so far */
     size_t es = dsc_dtype_size(t->type.dtype);
-    uint64_t total = ents[k].end - ents[k].begin, done = 0;
-    int64_t e = 0;
-    while (done < total) {
-      size_t chunk = total - done < sizeof buf ? (size_t)(total - done) : sizeof buf / es * es;
-      if (!rt_pread_full(fd, buf, chunk, base + ents[k].begin + done)) {
+    int64_t count = (int64_t)((en->end - en->begin) / es), e = 0;
+    while (e < count) {
+      if (!reader_fill(&r, es)) {
         st = rt_io_error(ctx, path, "read failed");
         break;
       }
-      for (size_t off = 0; off < chunk; off += es) t->data[e++] = decode(t->type.dtype, buf + off);
-      done += chunk;
+      size_t avail = (r.len - r.at) / es;
+      int64_t take = (int64_t)avail < count - e ? (int64_t)avail : count - e;
+      for (int64_t j = 0; j < take; j++, r.at += es) t->data[e++] = decode(t->type.dtype, r.buf + r.at);
     }
   }
+  if (by_begin) ir_free(ctx, by_begin, sizeof *by_begin * (size_t)(n > 0 ? n : 1));
   close(fd);
   if (ents) ir_free(ctx, ents, sizeof(st_entry) * (size_t)(n > 0 ? n : 1));
   if (st != DSC_OK) {

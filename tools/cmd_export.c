@@ -8,6 +8,7 @@
 
 static const char export_help[] =
     "usage: dsc export DIR -o FILE.safetensors [--dtype f32|bf16|f16] [--optimizer FILE]\n"
+    "                  [--model FILE]\n"
     "\n"
     "Writes the trainable params of checkpoint DIR (a step directory, or an output\n"
     "directory: its 'latest') to one safetensors file, full tensors under the\n"
@@ -18,7 +19,69 @@ static const char export_help[] =
     "                    device (/dev/null) or a FIFO is written into in place; a\n"
     "                    directory is refused\n"
     "  --dtype D         store the params as f32 (default), bf16 or f16\n"
-    "  --optimizer FILE  also write the optimizer states (f32) to FILE\n";
+    "  --optimizer FILE  also write the optimizer states (f32) to FILE\n"
+    "  --model FILE      the model the tensors must match (default: the one the\n"
+    "                    checkpoint records); every param of it, no other tensor,\n"
+    "                    with its dtype and shape\n";
+
+static const char *extra(const dsc_checkpoint *ck, const char *key) {
+  for (int i = 0; i < ck->state.n_extra; i++)
+    if (strcmp(ck->state.extra[i].key, key) == 0) return ck->state.extra[i].value;
+  return NULL;
+}
+
+/* The checkpoint's model.safetensors must hold exactly the params of its
+ * model (as resume and sample check): compiled at the checkpoint's seq,
+ * from the .dsm a .dsx was compiled from. */
+static dsc_status check_against_model(dsc_context *ctx, const dsc_checkpoint *ck,
+                                      const char *model) {
+  char src[4096], file[4096];
+  snprintf(file, sizeof file, "%s/model.safetensors", ck->dir);
+  if (!model) model = extra(ck, "model");
+  if (!model) {
+    fprintf(stderr, "%s: error: the checkpoint does not record its model file; give --model\n",
+            ck->dir);
+    return DSC_ERR_USER;
+  }
+  if (dsc_program_is_file(model)) {
+    dsc_program *prog = NULL;
+    dsc_status st = dsc_program_open(ctx, model, &prog);
+    if (st != DSC_OK) return st;
+    const char *m = dsc_program_meta(prog, "model");
+    snprintf(src, sizeof src, "%s", m ? m : "");
+    dsc_program_free(prog);
+    if (!src[0]) {
+      fprintf(stderr, "%s: error: not a valid .dsx file: meta 'model' is missing\n", model);
+      return DSC_ERR_USER;
+    }
+    model = src;
+  }
+  int64_t T = 0;
+  const char *seq = extra(ck, "seq");
+  cli_dims dims = {.n = 0};
+  dims.dims[dims.n++] = (dsc_dim_binding){"B", 1};
+  if (seq && cli_parse_i64(seq, &T) && T > 0) dims.dims[dims.n++] = (dsc_dim_binding){"T", T};
+  dsc_module *m = NULL;
+  dsc_status st = cli_load_module(ctx, model, &dims, &m);
+  if (st != DSC_OK) return st;
+  int n = dsc_module_param_count(m), k = 0;
+  dsc_tensor_spec *spec = calloc((size_t)n + 1, sizeof *spec);
+  if (!spec) {
+    dsc_module_free(m);
+    return DSC_ERR_INTERNAL;
+  }
+  for (int i = 0; i < n; i++)
+    if (!dsc_module_param_is_state(m, i))
+      spec[k++] = (dsc_tensor_spec){dsc_module_param_name(m, i), dsc_module_param_type(m, i)};
+  st = dsc_tensor_set_check(ctx, file, ck->model, spec, k);
+  if (st == DSC_OK && k == 0) {
+    fprintf(stderr, "%s: error: the model has no params to export\n", model);
+    st = DSC_ERR_USER;
+  }
+  free(spec);
+  dsc_module_free(m);
+  return st;
+}
 
 /* A copy of set s with every float tensor converted to dtype dt (values
  * are rounded by the writer). */
@@ -44,7 +107,7 @@ static dsc_status write_as(dsc_context *ctx, const char *path, const dsc_tensor_
 }
 
 int cli_export(int argc, char **argv) {
-  const char *dir = NULL, *out = NULL, *opt_out = NULL, *dtype = "f32";
+  const char *dir = NULL, *out = NULL, *opt_out = NULL, *dtype = "f32", *model = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     bool has_val = i + 1 < argc;
@@ -57,6 +120,9 @@ int cli_export(int argc, char **argv) {
     } else if (strcmp(a, "--optimizer") == 0) {
       if (!has_val) return cli_usage_error("export", "--optimizer needs a file"), CLI_EXIT_USER;
       opt_out = argv[++i];
+    } else if (strcmp(a, "--model") == 0) {
+      if (!has_val) return cli_usage_error("export", "--model needs a file"), CLI_EXIT_USER;
+      model = argv[++i];
     } else if (strcmp(a, "--dtype") == 0) {
       if (!has_val) return cli_usage_error("export", "--dtype needs f32, bf16 or f16"), CLI_EXIT_USER;
       dtype = argv[++i];
@@ -85,6 +151,7 @@ int cli_export(int argc, char **argv) {
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   dsc_checkpoint *ck = NULL;
   dsc_status st = dsc_checkpoint_load(ctx, dir, NULL, 0, NULL, 0, &ck);
+  if (st == DSC_OK) st = check_against_model(ctx, ck, model);
   if (st == DSC_OK) {
     char step[32];
     snprintf(step, sizeof step, "%lld", (long long)ck->state.step);

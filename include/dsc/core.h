@@ -82,6 +82,10 @@ int dsc_dtype_from_name(const char *name, dsc_dtype *out);
 size_t dsc_dtype_size(dsc_dtype dt);
 int dsc_dtype_is_float(dsc_dtype dt);
 int64_t dsc_type_numel(const dsc_type *t);
+/* For shapes from files: 0 when a dim is negative, the rank is out of range
+ * or the product of the nonzero dims (so every stride too) passes
+ * INT64_MAX; else 1 with the element count in *out. */
+int dsc_type_numel_checked(const dsc_type *t, int64_t *out);
 int dsc_type_equal(const dsc_type *a, const dsc_type *b);
 dsc_type dsc_type_make(dsc_dtype dt, int rank, const int64_t *dims);
 /* Writes e.g. "f32[4,64]" (scalars: "f32[]"); returns snprintf's count. */
