@@ -147,7 +147,7 @@ static bool proc_stat(pid_t pid, char *state, pid_t *sid) {
 /* The rank of a process started by mpirun (its environment), or -1. */
 static int proc_rank(pid_t pid) {
   char path[64];
-  static char env[1 << 16];
+  static char env[1 << 18];
   snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
   ssize_t n = read_small(path, env, sizeof env);
   static const char key[] = "OMPI_COMM_WORLD_RANK=";

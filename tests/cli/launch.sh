@@ -104,6 +104,16 @@ for ignore in "" 1; do
   [ -n "$ignore" ] && expect_grep 'a second signal \(Terminated\): killing the job' "$TMP/err"
   gone "$(cat "$TMP/pid")" && pass || fail "mpirun outlived dsc launch after SIGTERM"
 done
+# dsc launch itself killed: mpirun gets SIGTERM (its parent-death signal)
+rm -f "$TMP/pid" "$TMP/args"
+FAKE_PID="$TMP/pid" FAKE_ARGS="$TMP/args" "$DSC" launch -n 2 --mpirun "$TMP/stubborn-mpirun" -- \
+  train x >"$TMP/out" 2>"$TMP/err" &
+lp=$!
+for _ in $(seq 100); do [ -s "$TMP/pid" ] && break; sleep 0.05; done
+kill -KILL $lp
+wait $lp 2>/dev/null
+gone "$(cat "$TMP/pid")" && pass || fail "mpirun outlived a killed dsc launch"
+expect_grep '^TERM$' "$TMP/args"
 
 # the '--' is optional; --dry-run prints the command
 expect_exit 0 "$DSC" launch -n 2 --mpirun "$TMP/fake-mpirun" --dry-run train a &&
