@@ -27,18 +27,22 @@ dsc_status rt_comm_init(dsc_comm *c, const rt_comm_backend *be, dsc_context *ctx
   c->rank = rank;
   c->world = world;
   c->timeout = DSC_COMM_DEFAULT_TIMEOUT;
-  const char *env = getenv("DSC_COMM_TIMEOUT");
-  if (env && *env) {
-    char *end;
-    double t = strtod(env, &end);
-    if (*end != 0 || !(t > 0) || !isfinite(t)) {
-      ir_error(ctx, ir_no_loc, "DSC_COMM_TIMEOUT: expected a positive number of seconds, got '%s'",
-               env);
-      return DSC_ERR_USER;
-    }
-    c->timeout = t;
+  if (!rt_comm_env_timeout(&c->timeout)) {
+    ir_error(ctx, ir_no_loc, "DSC_COMM_TIMEOUT: expected a positive number of seconds, got '%s'",
+             getenv("DSC_COMM_TIMEOUT"));
+    return DSC_ERR_USER;
   }
   return DSC_OK;
+}
+
+bool rt_comm_env_timeout(double *seconds) {
+  const char *env = getenv("DSC_COMM_TIMEOUT");
+  if (!env || !*env) return true;
+  char *end;
+  double t = strtod(env, &end);
+  if (*end != 0 || !(t > 0) || !isfinite(t)) return false;
+  *seconds = t;
+  return true;
 }
 
 int dsc_comm_rank(const dsc_comm *c) { return c->rank; }

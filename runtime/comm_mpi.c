@@ -3,7 +3,12 @@
  * communicator's timeout (sleeping between polls, growing to 1 ms): MPI has
  * no portable way to cancel a collective, so a timeout breaks the
  * communicator and the caller ends the job (dsc_comm_abort, or exiting
- * without MPI_Finalize, which makes mpirun stop the other ranks). */
+ * without MPI_Finalize, which makes mpirun stop the other ranks).
+ *
+ * MPI_Init_thread, MPI_Comm_dup and MPI_Finalize wait for every rank too but
+ * take no timeout: a stopped rank keeps its sockets open, so nothing else
+ * would ever end them. Each runs under a watchdog (docs/zero.md "When a rank
+ * dies"). */
 #include "runtime/runtime.h"
 
 #ifndef DSC_HAVE_MPI
@@ -21,9 +26,12 @@ dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out) {
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
   MPI_Comm comm;
@@ -36,6 +44,88 @@ typedef struct {
 } rt_mpi_req;
 
 bool rt_comm_mpi_available(void) { return true; }
+
+/* ---- the watchdog of the blocking calls ----
+ * Start-up and shut-down wait for the slowest rank's process to get there
+ * (started one after another, loading dsc on a busy machine), so they get
+ * the collective timeout plus this. */
+#define RT_MPI_WATCHDOG_SLACK 10.0
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* on CLOCK_MONOTONIC */
+  pthread_t thread;
+  bool armed, done;
+  double seconds;
+  struct timespec deadline;
+  char what[48], rank[24];
+} rt_mpi_watchdog;
+
+static void *watchdog_main(void *p) {
+  rt_mpi_watchdog *w = p;
+  pthread_mutex_lock(&w->mu);
+  while (!w->done)
+    if (pthread_cond_timedwait(&w->cv, &w->mu, &w->deadline) != 0 && !w->done) {
+      /* The call cannot be interrupted and the library cannot return from
+       * it: end this process. A rank that exits without finalising makes
+       * mpirun end the job (killing the stopped rank too). */
+      fprintf(stderr,
+              "dsc: rank %s: %s did not return within %.1f s (a rank is stopped, gone or far "
+              "behind); ending this rank\n",
+              w->rank, w->what, w->seconds);
+      fflush(stderr);
+      _exit(1);
+    }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* Without a thread (none could be started) the call runs unwatched. */
+static void watchdog_arm(rt_mpi_watchdog *w, const char *what, const char *rank, double seconds) {
+  memset(w, 0, sizeof *w);
+  snprintf(w->what, sizeof w->what, "%s", what);
+  snprintf(w->rank, sizeof w->rank, "%s", rank);
+  w->seconds = seconds;
+  double t = rt_comm_now() + seconds;
+  w->deadline.tv_sec = (time_t)t;
+  w->deadline.tv_nsec = (long)((t - (double)w->deadline.tv_sec) * 1e9);
+  if (w->deadline.tv_nsec >= 1000000000L) w->deadline.tv_nsec = 999999999L;
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca) != 0) return;
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  bool cv_ok = pthread_cond_init(&w->cv, &ca) == 0;
+  pthread_condattr_destroy(&ca);
+  if (!cv_ok) return;
+  pthread_mutex_init(&w->mu, NULL);
+  if (pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    return;
+  }
+  w->armed = true;
+}
+
+static void watchdog_disarm(rt_mpi_watchdog *w) {
+  if (!w->armed) return;
+  pthread_mutex_lock(&w->mu);
+  w->done = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->thread, NULL);
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  w->armed = false;
+}
+
+/* This process's rank before MPI can say it (the launcher's variables). */
+static const char *env_rank(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return v;
+  }
+  return "?";
+}
 
 static dsc_status mpi_fail(dsc_comm *c, const dsc_comm_request *req, int err) {
   char msg[MPI_MAX_ERROR_STRING + 1];
@@ -147,6 +237,17 @@ static dsc_status mpi_wait(dsc_comm_request *req) {
         rt_comm_divide(req->a.recv, rt_comm_recv_count(c, &req->a), req->a.dtype, c->world);
       break;
     }
+    /* On a broken communicator the others are gone or will never come:
+     * give up at once rather than after another timeout per request. */
+    if (c->broken) {
+      char what[96];
+      rt_comm_describe(req, what, sizeof what);
+      ir_error(c->ctx, ir_no_loc,
+               "rank %d: %s abandoned: the communicator is broken by an earlier failure", c->rank,
+               what);
+      st = DSC_ERR_USER;
+      break;
+    }
     if (rt_comm_now() >= deadline) {
       char what[96];
       rt_comm_describe(req, what, sizeof what);
@@ -189,7 +290,15 @@ static void mpi_free(dsc_comm *c) {
   rt_mpi *m = c->impl;
   if (!c->broken) {
     MPI_Comm_free(&m->comm);
-    if (m->we_initialised) MPI_Finalize();
+    if (m->we_initialised) {
+      /* MPI_Finalize waits for every rank: bounded like a collective. */
+      char rank[24];
+      snprintf(rank, sizeof rank, "%d", c->rank);
+      rt_mpi_watchdog w;
+      watchdog_arm(&w, "MPI_Finalize", rank, c->timeout + RT_MPI_WATCHDOG_SLACK);
+      MPI_Finalize();
+      watchdog_disarm(&w);
+    }
   }
   ir_free(c->ctx, m, sizeof *m);
 }
@@ -207,10 +316,17 @@ dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out) {
     ir_error(ctx, ir_no_loc, "MPI communicator: MPI has already been finalised");
     return DSC_ERR_USER;
   }
+  /* An invalid DSC_COMM_TIMEOUT is reported by rt_comm_init below. */
+  double timeout = DSC_COMM_DEFAULT_TIMEOUT;
+  rt_comm_env_timeout(&timeout);
+  rt_mpi_watchdog w;
   bool we_init = false;
   if (!inited) {
     int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+    watchdog_arm(&w, "MPI_Init_thread", env_rank(), timeout + RT_MPI_WATCHDOG_SLACK);
+    int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    watchdog_disarm(&w);
+    if (err != MPI_SUCCESS) {
       ir_error(ctx, ir_no_loc, "MPI communicator: MPI_Init_thread failed");
       return DSC_ERR_USER;
     }
@@ -231,7 +347,11 @@ dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out) {
   int err = MPI_SUCCESS;
   if (st == DSC_OK) {
     /* Our own communicator: our collectives cannot mix with the caller's. */
+    char rk[24];
+    snprintf(rk, sizeof rk, "%d", rank);
+    watchdog_arm(&w, "MPI_Comm_dup", rk, c->timeout + RT_MPI_WATCHDOG_SLACK);
     err = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    watchdog_disarm(&w);
     if (err == MPI_SUCCESS) err = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     if (err != MPI_SUCCESS) st = mpi_fail(c, NULL, err);
   }

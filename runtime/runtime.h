@@ -231,6 +231,8 @@ const char *rt_comm_kind_name(rt_comm_kind k);
  * value is a DSC_ERR_USER diagnostic on ctx). */
 dsc_status rt_comm_init(dsc_comm *c, const rt_comm_backend *be, dsc_context *ctx, int rank,
                         int world);
+/* DSC_COMM_TIMEOUT into *seconds when set; false (unchanged) when invalid. */
+bool rt_comm_env_timeout(double *seconds);
 /* Frees every request never waited (through be->release). */
 void rt_comm_release_pending(dsc_comm *c);
 /* "all_reduce #7 (step 3)" */

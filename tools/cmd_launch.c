@@ -1,14 +1,31 @@
 /* dsc launch -n N -- train ARGS...: runs `mpirun -np N <this dsc> train
- * ARGS...` (each process one rank, include/dsc/comm.h) and exits with
- * mpirun's status. */
-#define _XOPEN_SOURCE 700 /* readlink, setenv */
+ * ARGS...` (each process one rank, include/dsc/comm.h) and supervises it, so
+ * that no process of the job outlives it (docs/zero.md "When a rank dies").
+ *
+ * mpirun runs in a session of its own (Open MPI gives every rank its own
+ * process group, so a group is not enough to find them; the session is kept
+ * by every descendant), and this process is their subreaper (orphans come
+ * back to us, to be reaped). We forward SIGINT, SIGTERM and SIGHUP to
+ * mpirun, poll the session's processes, and SIGKILL whatever is left of it
+ * once mpirun has exited, and the whole job when a rank has been stopped
+ * longer than the collective timeout (a stopped process takes no SIGTERM) or
+ * the job goes on long after a rank ended. */
+#define _XOPEN_SOURCE 700 /* readlink, setenv, kill, sigaction, nanosleep */
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tools/cli.h"
@@ -19,13 +36,20 @@ static const char launch_help[] =
     "Runs 'mpirun -np N DSC train ARGS...' with DSC this dsc binary: N processes,\n"
     "one rank each (Open MPI; docs/training.md \"Data parallel\"). The exit status is\n"
     "mpirun's (a failing rank ends the job with its error).\n"
+    "No process of the job outlives it (docs/zero.md \"When a rank dies\"): SIGINT,\n"
+    "SIGTERM and SIGHUP go to mpirun (a second one kills the job); once mpirun exits\n"
+    "every process of the job still there is killed (SIGKILL), and so is the whole\n"
+    "job when a rank stays stopped longer than the collective timeout\n"
+    "(DSC_COMM_TIMEOUT, default 300 s) or the job goes on 10 s past that after a\n"
+    "rank ended.\n"
     "  -n N           ranks (processes), 1 to 1024\n"
     "  --mpirun PATH  the launcher (default: mpirun from PATH)\n"
     "  --dry-run      print the command instead of running it\n"
     "For Open MPI it sets, unless already set: OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1\n"
     "when run as root (containers), and OMPI_MCA_rmaps_base_oversubscribe=1 when\n"
     "N exceeds the online CPUs, as the project's MPI tests do.\n"
-    "Exit codes: mpirun's; 1 bad arguments, mpirun not found, or no MPI in this dsc.\n";
+    "Exit codes: mpirun's (128+S when it was killed by signal S); 1 bad arguments,\n"
+    "mpirun not found, no MPI in this dsc, or the job ended by dsc launch.\n";
 
 /* PATH lookup of an executable; the found path in buf, or false. */
 static bool find_in_path(const char *name, char *buf, size_t n) {
@@ -51,6 +75,290 @@ static bool find_in_path(const char *name, char *buf, size_t n) {
 
 static void set_default(const char *var, const char *value) {
   if (!getenv(var)) setenv(var, value, 0);
+}
+
+/* ---- supervising the job ---- */
+
+typedef struct {
+  pid_t pid;
+  int rank;             /* OMPI_COMM_WORLD_RANK; -1: mpirun, or not known yet */
+  double stopped_since; /* < 0: not stopped */
+  bool seen;            /* in the latest scan */
+} job_proc;
+
+typedef struct {
+  pid_t sid; /* the job's session: mpirun's pid */
+  double limit; /* the collective timeout */
+  job_proc *procs;
+  int n, cap;
+  int n_ranks;           /* rank processes alive in the latest scan */
+  int gone_rank;         /* the first rank that ended while others ran; -1 */
+  pid_t gone_pid;
+  double gone_at;
+} job_watch;
+
+static volatile sig_atomic_t got_signal, n_signals;
+
+static void on_signal(int sig) {
+  got_signal = sig;
+  n_signals = n_signals + 1;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void nap_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL); /* a signal ends it early: fine */
+}
+
+/* Reads up to n-1 bytes of a /proc file; its length, or -1. */
+static ssize_t read_small(const char *path, char *buf, size_t n) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  size_t k = 0;
+  while (k + 1 < n) {
+    ssize_t r = read(fd, buf + k, n - 1 - k);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    k += (size_t)r;
+  }
+  close(fd);
+  buf[k] = 0;
+  return (ssize_t)k;
+}
+
+/* State and session of a process from /proc/PID/stat; false if it is gone. */
+static bool proc_stat(pid_t pid, char *state, pid_t *sid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  if (read_small(path, buf, sizeof buf) <= 0) return false;
+  /* "pid (comm) S ppid pgrp session ...": comm may hold spaces and ')'. */
+  char *p = strrchr(buf, ')');
+  int ppid, pgrp, session;
+  if (!p || sscanf(p + 1, " %c %d %d %d", state, &ppid, &pgrp, &session) != 4) return false;
+  *sid = (pid_t)session;
+  return true;
+}
+
+/* The rank of a process started by mpirun (its environment), or -1. */
+static int proc_rank(pid_t pid) {
+  char path[64];
+  static char env[1 << 18];
+  snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+  ssize_t n = read_small(path, env, sizeof env);
+  static const char key[] = "OMPI_COMM_WORLD_RANK=";
+  for (ssize_t i = 0; i < n; i += (ssize_t)strlen(env + i) + 1)
+    if (strncmp(env + i, key, sizeof key - 1) == 0) return atoi(env + i + sizeof key - 1);
+  return -1;
+}
+
+static job_proc *find_proc(job_watch *w, pid_t pid) {
+  for (int i = 0; i < w->n; i++)
+    if (w->procs[i].pid == pid) return &w->procs[i];
+  if (w->n == w->cap) {
+    int cap = w->cap ? 2 * w->cap : 16;
+    job_proc *p = realloc(w->procs, (size_t)cap * sizeof *p);
+    if (!p) return NULL;
+    w->procs = p, w->cap = cap;
+  }
+  job_proc *p = &w->procs[w->n++];
+  *p = (job_proc){pid, -1, -1.0, false};
+  return p;
+}
+
+/* Updates the list of the job's live processes (zombies are dead); their
+ * number. With kill_sig, also sends it to each. */
+static int scan_job(job_watch *w, int kill_sig) {
+  for (int i = 0; i < w->n; i++) w->procs[i].seen = false;
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  struct dirent *e;
+  pid_t self = getpid();
+  double t = now_s();
+  while ((e = readdir(d))) {
+    if (!isdigit((unsigned char)e->d_name[0])) continue;
+    pid_t pid = (pid_t)atoi(e->d_name);
+    char state;
+    pid_t sid;
+    if (pid == self || !proc_stat(pid, &state, &sid) || sid != w->sid || state == 'Z' ||
+        state == 'X')
+      continue;
+    job_proc *p = find_proc(w, pid);
+    if (!p) continue;
+    p->seen = true;
+    if (p->rank < 0 && pid != w->sid) p->rank = proc_rank(pid); /* set once it has exec'd */
+    if (state == 'T') {
+      if (p->stopped_since < 0) p->stopped_since = t;
+    } else {
+      p->stopped_since = -1;
+    }
+    if (kill_sig) kill(pid, kill_sig);
+  }
+  closedir(d);
+  int live = 0, ranks = 0;
+  for (int i = 0; i < w->n;) {
+    job_proc *p = &w->procs[i];
+    if (!p->seen) {
+      if (p->rank >= 0 && w->gone_rank < 0 && w->n_ranks > 1)
+        w->gone_rank = p->rank, w->gone_pid = p->pid, w->gone_at = t;
+      w->procs[i] = w->procs[--w->n];
+      continue;
+    }
+    live++;
+    ranks += p->rank >= 0;
+    i++;
+  }
+  w->n_ranks = ranks;
+  return live;
+}
+
+static void describe_proc(const job_watch *w, const job_proc *p, char *buf, size_t n) {
+  if (p->rank >= 0) snprintf(buf, n, "rank %d (pid %d)", p->rank, (int)p->pid);
+  else if (p->pid == w->sid) snprintf(buf, n, "mpirun (pid %d)", (int)p->pid);
+  else snprintf(buf, n, "pid %d", (int)p->pid);
+}
+
+/* Why the job must be killed now (into why), or false. */
+static bool must_kill(const job_watch *w, char *why, size_t n) {
+  double t = now_s();
+  for (int i = 0; i < w->n; i++) {
+    const job_proc *p = &w->procs[i];
+    if (p->stopped_since >= 0 && t - p->stopped_since > w->limit) {
+      char who[64];
+      describe_proc(w, p, who, sizeof who);
+      snprintf(why, n, "%s has been stopped for %.1f s, longer than the collective timeout "
+               "(%.1f s)", who, t - p->stopped_since, w->limit);
+      return true;
+    }
+  }
+  if (w->gone_rank >= 0 && w->n > 0 && t - w->gone_at > w->limit + 10.0) {
+    snprintf(why, n, "rank %d (pid %d) ended %.1f s ago and the job goes on", w->gone_rank,
+             (int)w->gone_pid, t - w->gone_at);
+    return true;
+  }
+  return false;
+}
+
+/* Reaps every child that ended (mpirun, orphans handed to us); mpirun's
+ * status into *status, true once it ended. */
+static bool reap(pid_t mpirun, int *status, bool *mpirun_done) {
+  int st;
+  pid_t p;
+  while ((p = waitpid(-1, &st, WNOHANG)) > 0)
+    if (p == mpirun) *status = st, *mpirun_done = true;
+  return *mpirun_done;
+}
+
+/* SIGKILLs every process of the job until none is left (at most ~5 s). */
+static void kill_job(job_watch *w, pid_t mpirun, int *status, bool *mpirun_done) {
+  kill(-w->sid, SIGKILL); /* mpirun's own group */
+  for (int i = 0; i < 100; i++) {
+    reap(mpirun, status, mpirun_done);
+    if (scan_job(w, SIGKILL) == 0) break;
+    nap_ms(50);
+  }
+  reap(mpirun, status, mpirun_done);
+}
+
+/* Runs the job and waits for it; the exit code. */
+static int supervise(char *const *args) {
+  double limit = DSC_COMM_DEFAULT_TIMEOUT;
+  const char *env = getenv("DSC_COMM_TIMEOUT");
+  if (env && *env) {
+    char *end;
+    double t = strtod(env, &end);
+    if (*end == 0 && t > 0 && isfinite(t)) limit = t; /* else the ranks report it */
+  }
+#ifdef PR_SET_CHILD_SUBREAPER
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+#endif
+  struct sigaction sa, dfl;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGCHLD, &dfl, NULL); /* waitpid must see mpirun, even if we inherited SIG_IGN */
+  const int fwd[] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; i++) sigaction(fwd[i], &sa, NULL);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t parent = getpid();
+  pid_t child = fork();
+  if (child < 0) {
+    fprintf(stderr, "dsc launch: error: cannot start %s: %s\n", args[0], strerror(errno));
+    return CLI_EXIT_USER;
+  }
+  if (child == 0) {
+    for (int i = 0; i < 3; i++) sigaction(fwd[i], &dfl, NULL);
+    setsid();
+#ifdef PR_SET_PDEATHSIG
+    /* Should dsc launch itself be killed, mpirun ends the job. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+#endif
+    if (getppid() != parent) _exit(CLI_EXIT_USER);
+    execv(args[0], args);
+    fprintf(stderr, "dsc launch: error: cannot run %s: %s\n", args[0], strerror(errno));
+    _exit(CLI_EXIT_USER);
+  }
+  job_watch w = {.sid = child, .limit = limit, .gone_rank = -1};
+  int status = 0;
+  bool done = false, killed = false;
+  int forwarded = 0, kill_code = 0;
+  char why[256] = "";
+  while (!reap(child, &status, &done)) {
+    int sig = got_signal, k = n_signals;
+    if (k > forwarded) {
+      forwarded = k;
+      if (k == 1) {
+        kill(-child, sig);
+      } else if (!killed) {
+        fprintf(stderr, "dsc launch: a second signal (%s): killing the job\n", strsignal(sig));
+        kill_job(&w, child, &status, &done);
+        killed = true;
+        kill_code = 128 + sig;
+      }
+    }
+    scan_job(&w, 0);
+    if (!killed && must_kill(&w, why, sizeof why)) {
+      fprintf(stderr, "dsc launch: error: %s: killing the job\n", why);
+      kill_job(&w, child, &status, &done);
+      killed = true;
+      kill_code = CLI_EXIT_USER; /* we ended it, not mpirun */
+    }
+    nap_ms(50);
+  }
+  /* mpirun is gone: whatever of the job is still there would be orphaned. */
+  scan_job(&w, 0);
+  char left[256] = "";
+  size_t k = 0;
+  for (int i = 0; i < w.n && k < sizeof left; i++) {
+    char who[64];
+    describe_proc(&w, &w.procs[i], who, sizeof who);
+    k += (size_t)snprintf(left + k, sizeof left - k, "%s%s%s", k ? ", " : "", who,
+                          w.procs[i].stopped_since >= 0 ? " (stopped)" : "");
+  }
+  int n_left = w.n;
+  if (n_left) kill_job(&w, child, &status, &done);
+  if (n_left > 0)
+    fprintf(stderr, "dsc launch: error: mpirun exited but %s %s still there: killed\n", left,
+            n_left > 1 ? "were" : "was");
+  int code;
+  if (WIFEXITED(status)) code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
+  else code = CLI_EXIT_USER;
+  if (killed) code = kill_code;
+  else if (n_left > 0 && code == 0) code = CLI_EXIT_USER;
+  if (WIFSIGNALED(status) && !killed)
+    fprintf(stderr, "dsc launch: error: mpirun was killed by signal %d (%s)\n", WTERMSIG(status),
+            strsignal(WTERMSIG(status)));
+  free(w.procs);
+  return code;
 }
 
 int cli_launch(int argc, char **argv) {
@@ -159,10 +467,7 @@ int cli_launch(int argc, char **argv) {
     free(args);
     return CLI_EXIT_OK;
   }
-  fflush(stdout);
-  fflush(stderr);
-  execv(launcher, args); /* mpirun's exit status becomes ours */
-  fprintf(stderr, "dsc launch: error: cannot run %s: %s\n", launcher, strerror(errno));
+  int code = supervise(args);
   free(args);
-  return CLI_EXIT_USER;
+  return code;
 }

@@ -44,6 +44,77 @@ done
 dsc_abs=$(readlink -f "$DSC")
 printf -- '-np\n3\n%s\ntrain\n%s\n--steps\na b\n' "$dsc_abs" "$MODEL" >"$TMP/want"
 cmp -s "$TMP/want" "$TMP/args" && pass || { fail "mpirun arguments differ:"; diff "$TMP/want" "$TMP/args"; }
+# No process of the job outlives it (docs/zero.md "When a rank dies"): what
+# a stand-in mpirun leaves behind (a stopped child) is killed and named; a
+# rank stopped longer than DSC_COMM_TIMEOUT ends the job; SIGTERM goes to
+# mpirun, a second one kills the job.
+cat >"$TMP/leaky-mpirun" <<'SH'
+#!/bin/sh
+# (its group, orphaned when this exits, gets SIGHUP and SIGCONT: ignore the first)
+sh -c 'trap "" HUP; echo $$ >"$FAKE_PID.new"; mv "$FAKE_PID.new" "$FAKE_PID"; kill -STOP $$
+exec sleep 300' &
+while [ ! -s "$FAKE_PID" ]; do sleep 0.01; done
+sleep 0.1
+exit 3
+SH
+cat >"$TMP/stopping-mpirun" <<'SH'
+#!/bin/sh
+OMPI_COMM_WORLD_RANK=1 sh -c 'echo $$ >"$FAKE_PID"; kill -STOP $$; sleep 300' &
+wait
+SH
+cat >"$TMP/stubborn-mpirun" <<'SH'
+#!/bin/sh
+trap 'echo TERM >>"$FAKE_ARGS"' TERM
+[ -n "${FAKE_IGNORE:-}" ] || trap 'echo TERM >>"$FAKE_ARGS"; exit 143' TERM
+echo $$ >"$FAKE_PID"
+while :; do sleep 0.1; done
+SH
+chmod +x "$TMP/leaky-mpirun" "$TMP/stopping-mpirun" "$TMP/stubborn-mpirun"
+gone() { # PID: true once the process is gone (or a zombie) within 5 s
+  for _ in $(seq 50); do
+    [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" = "" ] && return 0
+    [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" = Z ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+rm -f "$TMP/pid"
+expect_exit 3 env FAKE_PID="$TMP/pid" "$DSC" launch -n 2 --mpirun "$TMP/leaky-mpirun" -- train x &&
+  expect_grep "mpirun exited but pid [0-9]+( \(stopped\))? was still there: killed" "$TMP/err"
+gone "$(cat "$TMP/pid")" && pass || fail "the stopped child of mpirun outlived dsc launch"
+rm -f "$TMP/pid"
+start=$SECONDS
+expect_exit 1 env FAKE_PID="$TMP/pid" DSC_COMM_TIMEOUT=0.5 "$DSC" launch -n 2 \
+  --mpirun "$TMP/stopping-mpirun" -- train x &&
+  expect_grep "rank 1 \(pid [0-9]+\) has been stopped for 0\.[5-9] s, longer than the collective timeout \(0\.5 s\): killing the job" "$TMP/err"
+[ $((SECONDS - start)) -lt 10 ] && pass || fail "a stopped rank held dsc launch $((SECONDS - start)) s"
+gone "$(cat "$TMP/pid")" && pass || fail "the stopped rank outlived dsc launch"
+for ignore in "" 1; do
+  rm -f "$TMP/pid" "$TMP/args"
+  FAKE_PID="$TMP/pid" FAKE_ARGS="$TMP/args" FAKE_IGNORE=$ignore "$DSC" launch -n 2 \
+    --mpirun "$TMP/stubborn-mpirun" -- train x >"$TMP/out" 2>"$TMP/err" &
+  lp=$!
+  for _ in $(seq 100); do [ -s "$TMP/pid" ] && break; sleep 0.05; done
+  kill -TERM $lp
+  [ -n "$ignore" ] && sleep 0.5 && kill -TERM $lp
+  wait $lp
+  got=$?
+  [ $got -eq 143 ] && pass || fail "SIGTERM (ignored by mpirun: '$ignore'): dsc launch exited $got"
+  expect_grep '^TERM$' "$TMP/args"
+  [ -n "$ignore" ] && expect_grep 'a second signal \(Terminated\): killing the job' "$TMP/err"
+  gone "$(cat "$TMP/pid")" && pass || fail "mpirun outlived dsc launch after SIGTERM"
+done
+# dsc launch itself killed: mpirun gets SIGTERM (its parent-death signal)
+rm -f "$TMP/pid" "$TMP/args"
+FAKE_PID="$TMP/pid" FAKE_ARGS="$TMP/args" "$DSC" launch -n 2 --mpirun "$TMP/stubborn-mpirun" -- \
+  train x >"$TMP/out" 2>"$TMP/err" &
+lp=$!
+for _ in $(seq 100); do [ -s "$TMP/pid" ] && break; sleep 0.05; done
+kill -KILL $lp
+wait $lp 2>/dev/null
+gone "$(cat "$TMP/pid")" && pass || fail "mpirun outlived a killed dsc launch"
+expect_grep '^TERM$' "$TMP/args"
+
 # the '--' is optional; --dry-run prints the command
 expect_exit 0 "$DSC" launch -n 2 --mpirun "$TMP/fake-mpirun" --dry-run train a &&
   expect_grep "^$TMP/fake-mpirun -np 2 $dsc_abs train a\$" "$TMP/out"

@@ -2,12 +2,18 @@
  * every collective against a reference each rank computes itself from the
  * same deterministic inputs. Prints what failed; exit 0 on success, 1 on a
  * failure. With the argument "timeout": rank 1 never joins a barrier, rank 0
- * must report the named timeout and end the job with dsc_comm_abort. */
+ * must report the named timeout and end the job with dsc_comm_abort.
+ * "stopped": rank 1 stops itself (SIGSTOP: its sockets stay open) before a
+ * barrier; rank 0 times out, a second request is abandoned at once, and the
+ * abort must end the stopped rank too. "init_stopped": rank 1 stops before
+ * MPI_Init; rank 0's start-up watchdog must end the job. */
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dsc/dsc.h"
@@ -141,7 +147,33 @@ static void test_async(dsc_comm *c, dsc_context *ctx) {
     for (int i = 0; i < 8; i++) CHECK(rg[r * 8 + i] == value(11, r, i), "async gather");
 }
 
+/* Rank 0 after rank 1 stopped: the named timeout, then the next wait gives
+ * up at once (not after another timeout), then the abort. */
+static int stopped_peer(dsc_comm *c, dsc_context *ctx) {
+  double x = 1, y = 0;
+  dsc_comm_request *bar = NULL, *ar = NULL;
+  ok_or_print(ctx, dsc_comm_barrier_start(c, 7, &bar), "barrier start");
+  ok_or_print(ctx, dsc_comm_all_reduce_start(c, &x, &y, 1, DSC_F64, DSC_COMM_SUM, 8, &ar),
+              "all_reduce start");
+  if (!bar || !ar) return 1;
+  CHECK(dsc_comm_wait(bar) != DSC_OK, "barrier with a stopped peer succeeded");
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  CHECK(dsc_comm_wait(ar) != DSC_OK, "all_reduce with a stopped peer succeeded");
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  CHECK(s < 0.25, "the second wait took %.2f s on a broken communicator", s);
+  dsc_diag_print(ctx, stderr); /* "... timed out after 0.5 s", "... abandoned: ..." */
+  fflush(stderr);
+  dsc_comm_abort(c, "a collective timed out");
+  return 1; /* not reached */
+}
+
 int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "";
+  const char *env_rank = getenv("OMPI_COMM_WORLD_RANK");
+  if (strcmp(mode, "init_stopped") == 0 && env_rank && strcmp(env_rank, "1") == 0)
+    raise(SIGSTOP); /* rank 0's MPI_Init waits for this one forever, but for the watchdog */
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   dsc_comm *c = NULL;
   if (dsc_comm_mpi_new(ctx, &c) != DSC_OK) {
@@ -151,6 +183,19 @@ int main(int argc, char **argv) {
   rank_ = dsc_comm_rank(c);
   world_ = dsc_comm_world(c);
   CHECK(strcmp(dsc_comm_backend(c), "mpi") == 0, "backend name");
+  if (strcmp(mode, "init_stopped") == 0) {
+    fprintf(stderr, "FAIL: rank %d: MPI started although rank 1 is stopped\n", rank_);
+    return 1;
+  }
+  if (strcmp(mode, "stopped") == 0) {
+    dsc_comm_set_timeout(c, 0.5);
+    ok_or_print(ctx, dsc_comm_barrier(c, 6), "first barrier");
+    if (rank_ == 1) {
+      raise(SIGSTOP); /* only SIGKILL (or SIGCONT) gets this process going again */
+      return 1;
+    }
+    return stopped_peer(c, ctx);
+  }
   if (argc > 1 && strcmp(argv[1], "timeout") == 0) {
     dsc_comm_set_timeout(c, 0.5);
     ok_or_print(ctx, dsc_comm_barrier(c, 6), "first barrier");
