@@ -29,7 +29,9 @@ static const char plot_help[] =
 
 typedef struct {
   double step, loss, lr, val; /* NAN: absent or null */
+  unsigned nulls;             /* bit k: the k-th of loss, lr, val was null */
 } plot_row;
+enum { NULL_LOSS = 1, NULL_LR = 2, NULL_VAL = 4 };
 
 typedef struct {
   plot_row *rows;
@@ -61,7 +63,7 @@ static const char *parse_string(const char *p, char *key, size_t cap, const char
 static const char *parse_line(const char *p, plot_row *r, bool *has_step, bool *has_loss,
                               int *nulls) {
   const char *err = NULL;
-  *r = (plot_row){NAN, NAN, NAN, NAN};
+  *r = (plot_row){NAN, NAN, NAN, NAN, 0};
   *has_step = *has_loss = false;
   p = skip_ws(p);
   if (*p != '{') return "not a JSON object";
@@ -107,7 +109,7 @@ static const char *parse_line(const char *p, plot_row *r, bool *has_step, bool *
       if (slot == &r->loss) *has_loss = true;
       if (is_null) {
         ++*nulls;
-        if (slot == &r->loss) *has_loss = true;
+        r->nulls |= slot == &r->loss ? NULL_LOSS : slot == &r->lr ? NULL_LR : NULL_VAL;
       }
     }
     p = skip_ws(p);
@@ -234,6 +236,11 @@ static plot_axis nice_axis(double lo, double hi, int ticks, bool integer) {
   return a;
 }
 
+static bool ends_with_zero_decimal(const char *m) {
+  size_t k = strlen(m);
+  return k >= 2 && m[k - 2] == '.' && m[k - 1] == '0';
+}
+
 /* A tick label with as many decimals as the tick step needs. */
 static void tick_label(char *s, size_t n, double v, double step) {
   if (fabs(v) < step * 1e-6) v = 0;
@@ -242,8 +249,21 @@ static void tick_label(char *s, size_t n, double v, double step) {
   } else if (step >= 1e-4) {
     int dec = (int)ceil(-log10(step) - 1e-9);
     snprintf(s, n, "%.*f", dec, v);
+  } else if (v == 0) {
+    snprintf(s, n, "0");
   } else {
-    snprintf(s, n, "%.1e", v);
+    /* 3.5e-4 rather than 3.5e-04 */
+    char m[32];
+    snprintf(m, sizeof m, "%.1e", v);
+    char *e = strchr(m, 'e');
+    if (!e) {
+      snprintf(s, n, "%s", m);
+      return;
+    }
+    int ex = atoi(e + 1);
+    *e = 0;
+    if (ends_with_zero_decimal(m)) m[strlen(m) - 2] = 0;
+    snprintf(s, n, "%se%d", m, ex);
   }
 }
 
@@ -258,16 +278,23 @@ static double py(const plot_axis *y, double v) {
 
 static const char *C_TRAIN = "#1f77b4", *C_VAL = "#e8590c", *C_LR = "#2b8a3e";
 
-/* One series as a polyline (points in step order as in the file); returns
- * how many points it has. */
-static int series(plot_buf *b, const plot_data *d, size_t off, const plot_axis *x,
-                  const plot_axis *y, const char *id, const char *color, const char *extra) {
+/* One series as a path in step order as in the file: a value left out (not
+ * finite) breaks the line there, so a gap is seen as one. Returns how many
+ * points it has. */
+static int series(plot_buf *b, const plot_data *d, size_t off, unsigned null_bit,
+                  const plot_axis *x, const plot_axis *y, const char *id, const char *color,
+                  const char *extra) {
   int n = 0;
-  out(b, "<polyline id=\"%s\" fill=\"none\" stroke=\"%s\" %s points=\"", id, color, extra);
+  bool pen_down = false;
+  out(b, "<path id=\"%s\" fill=\"none\" stroke=\"%s\" %s d=\"", id, color, extra);
   for (int i = 0; i < d->n; i++) {
     double v = *(const double *)((const char *)&d->rows[i] + off);
-    if (!isfinite(v) || !isfinite(d->rows[i].step)) continue;
-    out(b, "%s%.2f,%.2f", n ? " " : "", px(x, d->rows[i].step), py(y, v));
+    if (!isfinite(v)) {
+      if (d->rows[i].nulls & null_bit) pen_down = false; /* absent (no evaluation): no gap */
+      continue;
+    }
+    out(b, "%s%s%.2f,%.2f", n ? " " : "", pen_down ? "L" : "M", px(x, d->rows[i].step), py(y, v));
+    pen_down = true;
     n++;
   }
   out(b, "\"/>\n");
@@ -356,15 +383,15 @@ static void render(plot_buf *b, const plot_data *d, const char *title, int *n_tr
   out(b, "<clipPath id=\"plot-area\"><rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\"/></clipPath>\n",
       ML, MT, PW, PH);
   out(b, "<g clip-path=\"url(#plot-area)\" stroke-linejoin=\"round\" stroke-linecap=\"round\">\n");
-  *n_lr = any_lr ? series(b, d, offsetof(plot_row, lr), &x, &r, "lr", C_LR,
+  *n_lr = any_lr ? series(b, d, offsetof(plot_row, lr), NULL_LR, &x, &r, "lr", C_LR,
                           "stroke-width=\"1.6\" stroke-dasharray=\"6 4\"")
                  : 0;
-  *n_train = series(b, d, offsetof(plot_row, loss), &x, &y, "train-loss", C_TRAIN,
+  *n_train = series(b, d, offsetof(plot_row, loss), NULL_LOSS, &x, &y, "train-loss", C_TRAIN,
                     "stroke-width=\"1.6\"");
   *n_val = 0;
   for (int i = 0; i < d->n; i++) *n_val += isfinite(d->rows[i].val);
   if (*n_val) {
-    series(b, d, offsetof(plot_row, val), &x, &y, "val-loss", C_VAL, "stroke-width=\"2.2\"");
+    series(b, d, offsetof(plot_row, val), NULL_VAL, &x, &y, "val-loss", C_VAL, "stroke-width=\"2.2\"");
     out(b, "<g id=\"val-points\" fill=\"%s\">\n", C_VAL);
     for (int i = 0; i < d->n; i++)
       if (isfinite(d->rows[i].val))

@@ -20,7 +20,8 @@ expect_exit 0 "$DSC" train "$SRC/examples/gpt-tiny.dsm" --data "$TMP/c" --batch 
 expect_exit 0 "$DSC" plot "$TMP/run" -o "$TMP/loss.svg" &&
   expect_grep 'loss.svg: 12 steps \(12 train-loss, 3 validation, 12 learning-rate points\)' "$TMP/out"
 
-# check_svg FILE TRAIN VAL LR: XML with that many points per curve, every
+# check_svg FILE TRAIN VAL LR PIECES: XML with that many points per curve
+# (the train loss in PIECES pieces: gaps where values were null), every
 # point inside the plot area, a title naming the run, a legend, numbered ticks
 check_svg() {
   python3 - "$@" <<'PY'
@@ -29,15 +30,23 @@ path, want = sys.argv[1], [int(x) for x in sys.argv[2:5]]
 ns = {"s": "http://www.w3.org/2000/svg"}
 root = ET.parse(path).getroot()
 assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
-def points(id_):
-    el = root.find(".//s:polyline[@id='%s']" % id_, ns)
+pieces = {}
+def points(id_):  # a path of "Mx,y Lx,y ...": an M starts a piece (after a gap)
+    el = root.find(".//s:path[@id='%s']" % id_, ns)
     if el is None:
         return None
-    return [tuple(float(v) for v in p.split(",")) for p in el.get("points").split()]
+    cmds = el.get("d").split()
+    assert all(c[0] in "ML" for c in cmds) and cmds[0][0] == "M", el.get("d")[:80]
+    pieces[id_] = sum(c[0] == "M" for c in cmds)
+    return [tuple(float(v) for v in c[1:].split(",")) for c in cmds]
 got = [points(i) for i in ("train-loss", "val-loss", "lr")]
 for name, g, w in zip(("train-loss", "val-loss", "lr"), got, want):
     n = len(g) if g is not None else 0
     assert n == w, "%s: %d points, want %d" % (name, n, w)
+# the train loss breaks where a value is left out, nowhere else
+want_pieces = int(sys.argv[5])
+assert pieces["train-loss"] == want_pieces, (pieces, want_pieces)
+assert all(pieces.get(k, 1) == 1 for k in ("val-loss", "lr")), pieces
 area = root.find(".//s:clipPath/s:rect", ns)
 x0, y0 = float(area.get("x")), float(area.get("y"))
 x1, y1 = x0 + float(area.get("width")), y0 + float(area.get("height"))
@@ -56,7 +65,7 @@ for axis in ("x-ticks", "loss-ticks"):
     assert len(labels) >= 3 and all(float(l) == float(l) for l in labels), (axis, labels)
 PY
 }
-check_svg "$TMP/loss.svg" 12 3 12 && pass || fail "the SVG of the run"
+check_svg "$TMP/loss.svg" 12 3 12 1 && pass || fail "the SVG of the run"
 
 # A JSON-lines file (dsc train --log) is taken as it is; null values (a
 # non-finite loss) are left out with a note; a title with XML's special
@@ -66,7 +75,7 @@ sed -i '3s/"loss":[-0-9.e]*/"loss":null/' "$TMP/five.jsonl"
 expect_exit 0 "$DSC" plot "$TMP/five.jsonl" -o "$TMP/five.svg" --title 'run <a & "b">' &&
   expect_grep 'five.jsonl: note: 1 non-finite value \(null\) left out' "$TMP/err" &&
   expect_grep '5 steps \(4 train-loss, 1 validation, 5 learning-rate points\)' "$TMP/out"
-check_svg "$TMP/five.svg" 4 1 5 && pass || fail "the SVG with a null loss"
+check_svg "$TMP/five.svg" 4 1 5 2 && pass || fail "the SVG with a null loss"
 
 # errors: exit 1, the file (and line) named, an existing output left alone
 cp "$TMP/loss.svg" "$TMP/keep.svg"
