@@ -70,5 +70,6 @@ int cli_compile(int argc, char **argv);
 int cli_plan(int argc, char **argv);
 int cli_launch(int argc, char **argv);
 int cli_export(int argc, char **argv);
+int cli_plot(int argc, char **argv);
 
 #endif

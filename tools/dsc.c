@@ -203,6 +203,7 @@ static const cli_command commands[] = {
     {"sample", cli_sample, "generate text from a trained checkpoint"},
     {"export", cli_export, "write a checkpoint's params (ZeRO shards consolidated) to one safetensors file"},
     {"launch", cli_launch, "run 'dsc train' on N MPI ranks (mpirun -np N dsc train ...)"},
+    {"plot", cli_plot, "draw a training run's loss and learning-rate curves as an SVG file"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
