@@ -442,6 +442,14 @@ case("dsx_no_meta.dsx", "run-dsx", dsx([("module.forward", MODULE)]),
      dx("dsx_no_meta.dsx") + "not a valid .dsx file: no meta section")
 case("dsx_bad_meta.dsx", "run-dsx", dsx([("meta", b"format\n"), ("module.forward", MODULE)]),
      dx("dsx_bad_meta.dsx") + "not a valid .dsx file: malformed meta section")
+case("dsx_module_type_overflow.dsx", "run-dsx",
+     dsx([("meta", META), ("module.forward",
+                           b"module m\n\ngraph forward(%x: f32[16384,1125899906842625]) {\n"
+                           b"  return %x\n}\n")]),
+     "dsx_module_type_overflow.dsx:module.forward:3:15: error: input: result "
+     "f32[16384,1125899906842625] has too many elements")
+case("dsx_module_garbage.dsx", "run-dsx", dsx([("meta", META), ("module.forward", b"\x01\x02 %%")]),
+     "dsx_module_garbage.dsx:module.forward:1:")
 case("dsx_bad_format.dsx", "run-dsx", dsx([("meta", b"format=7\n"), ("module.forward", MODULE)]),
      dx("dsx_bad_format.dsx") + "program format 7, this dsc reads format 1")
 
