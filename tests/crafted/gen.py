@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the crafted-input corpus of tests/crafted (python3, stdlib only).
 
-Every file is committed, so the corpus is stable; run this again only to
+Every file is committed (the .dsx ones with git add -f: .gitignore has *.dsx),
+so the corpus is stable; run this again only to
 change it:  python3 tests/crafted/gen.py
 It writes the files under tests/crafted/files/, the controls under
 tests/crafted/base/ and the table tests/crafted/EXPECTED, one line a file:
