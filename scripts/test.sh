@@ -43,4 +43,6 @@ fuzz() { # target, seconds, corpus dirs...
 }
 fuzz fuzz_frontend "$fuzz_secs" build-test/fuzz/corpus-dsm tests/fuzz/corpus
 fuzz fuzz_ir_text "$fuzz_secs" build-test/fuzz/corpus-ir
+cmake --build build-test/fuzz -j "$jobs" --target fuzz_safetensors && mkdir -p build-test/fuzz/corpus-st && fuzz fuzz_safetensors 30 build-test/fuzz/corpus-st tests/crafted/files tests/crafted/base
+cmake --build build-test/fuzz -j "$jobs" --target fuzz_state_json && mkdir -p build-test/fuzz/corpus-state && fuzz fuzz_state_json 30 build-test/fuzz/corpus-state tests/crafted/files tests/crafted/base
 echo "=== all tests passed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the crafted-input corpus of tests/crafted (python3, stdlib only).
 
-Every file is committed, so the corpus is stable; run this again only to
+Every file is committed (the .dsx ones with git add -f: .gitignore has *.dsx),
+so the corpus is stable; run this again only to
 change it:  python3 tests/crafted/gen.py
 It writes the files under tests/crafted/files/, the controls under
 tests/crafted/base/ and the table tests/crafted/EXPECTED, one line a file:
@@ -442,6 +443,14 @@ case("dsx_no_meta.dsx", "run-dsx", dsx([("module.forward", MODULE)]),
      dx("dsx_no_meta.dsx") + "not a valid .dsx file: no meta section")
 case("dsx_bad_meta.dsx", "run-dsx", dsx([("meta", b"format\n"), ("module.forward", MODULE)]),
      dx("dsx_bad_meta.dsx") + "not a valid .dsx file: malformed meta section")
+case("dsx_module_type_overflow.dsx", "run-dsx",
+     dsx([("meta", META), ("module.forward",
+                           b"module m\n\ngraph forward(%x: f32[16384,1125899906842625]) {\n"
+                           b"  return %x\n}\n")]),
+     "dsx_module_type_overflow.dsx:module.forward:3:15: error: input: result "
+     "f32[16384,1125899906842625] has too many elements")
+case("dsx_module_garbage.dsx", "run-dsx", dsx([("meta", META), ("module.forward", b"\x01\x02 %%")]),
+     "dsx_module_garbage.dsx:module.forward:1:")
 case("dsx_bad_format.dsx", "run-dsx", dsx([("meta", b"format=7\n"), ("module.forward", MODULE)]),
      dx("dsx_bad_format.dsx") + "program format 7, this dsc reads format 1")
 
