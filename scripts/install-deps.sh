@@ -1,8 +1,35 @@
 #!/usr/bin/env bash
 # Installs what dsc needs to build and test on Debian 12 (run as root or with sudo).
+# The one list of packages: the README's commands, CI (.ci/run -> scripts/test.sh)
+# and scripts/fresh-check.sh all come through here, and the fresh check proves
+# on a minimal Debian that nothing is missing.
+#
+#   scripts/install-deps.sh               the Debian packages
+#   scripts/install-deps.sh --venv DIR    also a Python venv in DIR with the PyPI
+#                                         packages the tests use (scripts/test.sh)
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build flex bison libgtest-dev libcjson-dev clang libclang-rt-14-dev python3
-  libopenmpi-dev openmpi-bin llvm-14-dev libdnnl-dev)
+venv=""
+while [ $# -gt 0 ]; do
+  case $1 in
+  --venv) venv=${2:?--venv needs a directory}; shift ;;
+  *) echo "install-deps: unknown argument '$1'" >&2; exit 1 ;;
+  esac
+  shift
+done
+
+pkgs=(
+  # the build: compilers, CMake + Ninja, the frontend's generators
+  build-essential cmake ninja-build flex bison
+  # libraries CMake finds: cJSON (safetensors headers, checkpoint state),
+  # LLVM + oneDNN (the CPU backend), Open MPI (the MPI backend, mpirun for
+  # the tests and dsc launch), GoogleTest (unit tests)
+  libcjson-dev llvm-14-dev libdnnl-dev libopenmpi-dev openmpi-bin libgtest-dev
+  # the fuzzers: clang with libFuzzer
+  clang libclang-rt-14-dev
+  # the tests' checks: python3 with numpy (Debian's), venv + certificates for
+  # the one PyPI package Debian lacks (safetensors, below)
+  python3 python3-numpy python3-venv ca-certificates
+)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -16,10 +43,20 @@ else
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# Python packages used only by tests that cross-check files dsc writes
-# (the independent safetensors reader).
-if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-  echo "install-deps: installing safetensors and numpy from PyPI for the cross-check tests"
-  python3 -m pip install --quiet safetensors numpy 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages safetensors numpy
+
+# The Python safetensors package (not in Debian 12) for the test that reads
+# dsc's files with an independent reader. Debian's pip refuses to install
+# into the system Python, hence a venv; it sees Debian's numpy.
+[ -n "$venv" ] || exit 0
+if python3 -c 'import safetensors, numpy' 2>/dev/null; then
+  echo "install-deps: python3 already has safetensors and numpy (no venv needed)"
+  exit 0
+fi
+if [ ! -x "$venv/bin/python3" ]; then
+  echo "install-deps: making a Python venv in $venv"
+  python3 -m venv --system-site-packages "$venv"
+fi
+if ! "$venv/bin/python3" -c 'import safetensors, numpy' 2>/dev/null; then
+  echo "install-deps: installing safetensors from PyPI into $venv"
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check safetensors
 fi

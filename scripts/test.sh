@@ -4,10 +4,22 @@
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. the fuzzers of the model-language frontend and the text-IR parser
 #      (libFuzzer), each for a bounded time (FUZZ_SECONDS, default 60).
+#   4. when the set-up files changed since the last recorded fresh check
+#      (scripts/fresh-check.sha256), scripts/fresh-check.sh --quick: the
+#      README's commands on a minimal Debian 12 (DSC_FRESH_CHECK=0 skips it).
+# --release-only: step 1 alone (what the quick fresh check runs).
 # Build trees go to build-test/ (kept between runs; delete to start clean).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"$(dirname "$0")/install-deps.sh"
+release_only=0
+case ${1:-} in
+--release-only) release_only=1 ;;
+"") ;;
+*) echo "test.sh: unknown argument '$1' (--release-only or nothing)" >&2; exit 1 ;;
+esac
+scripts/install-deps.sh --venv build-test/pyenv
+# The venv holds what Debian lacks (safetensors); it sees Debian's numpy.
+if [ -x build-test/pyenv/bin/python3 ]; then export PATH=$PWD/build-test/pyenv/bin:$PATH; fi
 
 jobs=$(nproc)
 run_suite() { # name, extra cmake flags...
@@ -21,6 +33,10 @@ run_suite() { # name, extra cmake flags...
 }
 
 run_suite release
+if [ $release_only -eq 1 ]; then
+  echo "=== release tests passed (--release-only)"
+  exit 0
+fi
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_suite sanitize -DDSC_SANITIZE=ON
 
@@ -45,4 +61,19 @@ fuzz fuzz_frontend "$fuzz_secs" build-test/fuzz/corpus-dsm tests/fuzz/corpus
 fuzz fuzz_ir_text "$fuzz_secs" build-test/fuzz/corpus-ir
 cmake --build build-test/fuzz -j "$jobs" --target fuzz_safetensors && mkdir -p build-test/fuzz/corpus-st && fuzz fuzz_safetensors 30 build-test/fuzz/corpus-st tests/crafted/files tests/crafted/base
 cmake --build build-test/fuzz -j "$jobs" --target fuzz_state_json && mkdir -p build-test/fuzz/corpus-state && fuzz fuzz_state_json 30 build-test/fuzz/corpus-state tests/crafted/files tests/crafted/base
+
+
+# The set-up on a fresh machine: only when what decides it changed.
+if [ -n "${DSC_IN_FRESH_CHECK:-}" ]; then
+  echo "=== fresh check: skipped (this is the fresh check)"
+elif [ "${DSC_FRESH_CHECK:-}" = 0 ]; then
+  echo "=== fresh check: skipped (DSC_FRESH_CHECK=0)"
+elif why=$(scripts/fresh-check.sh --stamp-current); then
+  echo "=== fresh check: skipped (set-up files unchanged since the last one, scripts/fresh-check.sha256)"
+else
+  echo "=== fresh check: $why: running scripts/fresh-check.sh --quick"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO scripts/fresh-check.sh --quick
+fi
 echo "=== all tests passed"
