@@ -105,6 +105,7 @@ dsc_status dsc_tensor_set_check(dsc_context *ctx, const char *path, const dsc_te
   dsc_status st = DSC_OK;
   char want[96], got[96];
   for (int i = 0; i < n_expected; i++) {
+    if (ir_check_interrupt(ctx, "checking %s", path) != DSC_OK) return DSC_ERR_INTERRUPTED;
     dsc_type_format(&expected[i].type, want, sizeof want);
     const dsc_tensor *t = dsc_tensor_set_find(s, expected[i].name);
     if (!t) {
@@ -118,6 +119,7 @@ dsc_status dsc_tensor_set_check(dsc_context *ctx, const char *path, const dsc_te
     }
   }
   for (int i = 0; i < s->n; i++) {
+    if (ir_check_interrupt(ctx, "checking %s", path) != DSC_OK) return DSC_ERR_INTERRUPTED;
     bool known = false;
     for (int k = 0; k < n_expected && !known; k++)
       known = strcmp(expected[k].name, s->names[i]) == 0;
@@ -579,6 +581,7 @@ static dsc_status read_header(dsc_context *ctx, const char *path, const char *te
   int i = 0;
   for (const cJSON *j = root->child; st == DSC_OK && j; j = j->next) {
     if (j == meta) continue;
+    if ((st = ir_check_interrupt(ctx, "reading %s", path)) != DSC_OK) break;
     memset(&ents[i], 0, sizeof ents[i]);
     st = parse_entry(ctx, path, j, &ents[i]);
     if (st != DSC_OK) break;
@@ -720,6 +723,7 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
   unsigned char buf[1 << 15];
   uint64_t base = 8 + hlen;
   for (int k = 0; st == DSC_OK && k < n; k++) {
+    if ((st = ir_check_interrupt(ctx, "reading %s", path)) != DSC_OK) break;
     dsc_tensor *t = dsc_tensor_new(ctx, ents[k].type);
     if (!t) {
       ir_error(ctx, loc, "tensor '%s': out of memory", ents[k].name);
