@@ -1464,6 +1464,8 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
   for (int i = 0; i < n; i++) {
     kir_kernel *k = kernels[i];
     char err[512];
+    dsc_status ist = ir_check_interrupt(ctx, "compiling kernels");
+    if (ist != DSC_OK) return ist;
     if (!k || !k->name) {
       ir_error(ctx, ir_no_loc, "llvm: kernel %d is missing or unnamed", i);
       return DSC_ERR_INTERNAL;

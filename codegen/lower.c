@@ -203,7 +203,8 @@ static void kb_reset(L *l, int group, const pass_fuse_domain *d) {
   l->cur_group = group;
   l->dom = *d;
   l->n_args = l->n_stages = l->n_slots = 0;
-  for (int i = 0; i < l->n; i++) l->slot[i] = -1;
+  /* slot[] is read for members of cur_group only (member()); lower_group
+   * clears its own nodes' entries: clearing all n here was quadratic. */
 }
 
 static int kb_arg(L *l, int buffer, bool write) {
@@ -608,6 +609,7 @@ static bool lower_group(L *l, ir_node **m, int cnt) {
       }
     }
   kb_reset(l, m[0]->group, &d);
+  for (int i = 0; i < cnt; i++) l->slot[m[i]->id] = -1;
   bool *stored = ir_arena_alloc(l->a, sizeof(bool) * (size_t)cnt);
   if (!stored) return oom(l);
   /* REDUCE and LET stages in node order */
@@ -1459,6 +1461,9 @@ static bool place_work(L *l) {
     int na = 0;
     int64_t peak = 0;
     for (int i = 0; i < nw; i++) {
+      if ((i & 255) == 0 &&
+          (l->status = ir_check_interrupt(l->ctx, "placing the buffers of '%s'", l->g->name)))
+        return false;
       cg_buffer *b = &p->buffers[order[i]];
       int k = 0;
       for (int j = 0; j < na; j++)
@@ -1707,17 +1712,26 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
                rk, g->name, dsc_op_name(rd->op));
     return DSC_ERR_USER;
   }
+  /* A group seen again after its run ended is not contiguous: one flag per
+   * group (scanning the rest of the graph per group was quadratic: minutes
+   * on an unrolled grad_accum). */
+  int max_group = 0;
+  for (int i = 0; i < n; i++)
+    if (g->nodes[i]->group > max_group) max_group = g->nodes[i]->group;
+  unsigned char *group_done = ir_arena_alloc(a, (size_t)max_group + 1);
+  if (!group_done) return oom(&l), DSC_ERR_INTERNAL;
   for (int i = 0; i < n && l.status == DSC_OK; i++) {
     ir_node *x = g->nodes[i];
+    if ((i & 255) == 0 && (l.status = ir_check_interrupt(l.ctx, "lowering graph '%s'", g->name)))
+      break;
     if (x->group > 0) {
+      if (group_done[x->group]) {
+        fail(&l, x, DSC_ERR_INTERNAL, "fusion group %s is not contiguous", "");
+        break;
+      }
       int j = i;
       while (j < n && g->nodes[j]->group == x->group) j++;
-      for (int k = j; k < n; k++)
-        if (g->nodes[k]->group == x->group) {
-          fail(&l, g->nodes[k], DSC_ERR_INTERNAL, "fusion group %s is not contiguous", "");
-          break;
-        }
-      if (l.status != DSC_OK) break;
+      group_done[x->group] = 1;
       lower_group(&l, &g->nodes[i], j - i);
       i = j - 1;
       continue;

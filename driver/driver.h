@@ -86,6 +86,17 @@ dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_
 dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
                               dsc_step_work *work);
 
+/* ======================= driver/limits.c ======================= */
+/* Refuses a grad_accum whose unrolled step IR would not fit this host
+ * (estimated from m's forward graph, before the pipeline builds it). */
+dsc_status drv_check_unroll(dsc_context *ctx, const dsc_module *m, int64_t grad_accum);
+/* Refuses more in-process ranks than runtime/limits.c allows (comm NULL or
+ * another backend: nothing to check). */
+dsc_status drv_check_ranks_here(dsc_context *ctx, const dsc_comm *comm);
+/* The planned arenas of the ranks in this process against the memory
+ * available, before the executor allocates them. */
+dsc_status drv_check_step_memory(dsc_context *ctx, const cg_memplan *p, const dsc_comm *comm);
+
 /* ======================= driver/offload_auto.c =======================
  * Adaptive offload (--offload-optimizer auto, --offload-param auto;
  * DeepCompile): plans the step (model `path` at cfg->batch x cfg->seq,

@@ -712,6 +712,9 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
              "must not be negative");
     return DSC_ERR_USER;
   }
+  if ((st = drv_check_ranks_here(ctx, o->comm)) != DSC_OK ||
+      (o->threads > 0 && (st = rt_check_threads(ctx, o->threads)) != DSC_OK))
+    return st; /* driver/limits.c: before anything is loaded or compiled */
   t->comm = o->comm;
   t->rank = o->comm ? dsc_comm_rank(o->comm) : 0;
   t->world = o->comm ? dsc_comm_world(o->comm) : 1;
@@ -935,6 +938,7 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     drv_offload_budget ob = {o->memory_budget, o->host_memory_budget,
                              o->offload_dir && o->offload_dir[0], o->threads, false};
     char *auto_text = NULL;
+    if ((st = drv_check_unroll(ctx, t->m, cfg->grad_accum)) != DSC_OK) goto done;
     if ((st = drv_offload_auto_keep(ctx, model_path, cfg, &ob, a, &auto_text)) != DSC_OK ||
         (st = drv_build_graphs(ctx, model_path, t->m, cfg, backend, has_val, &t->fwd)) != DSC_OK)
       goto done;
@@ -1029,6 +1033,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
    * by the first step's (dsc_trainer_step). */
   cg_memplan mplan;
   if (backend == DSC_BACKEND_CPU && (st = drv_plan_step(ctx, t->m, o->threads, &mplan)) != DSC_OK)
+    goto done;
+  if (backend == DSC_BACKEND_CPU && (st = drv_check_step_memory(ctx, &mplan, t->comm)) != DSC_OK)
     goto done;
   if (o->memory_budget > 0 && (st = check_budget(t, backend, &mplan, o->memory_budget)) != DSC_OK)
     goto done;

@@ -19,6 +19,9 @@ struct dsc_context {
   int n_sources, cap_sources;
   dsc_diag_fn on_diag;
   void *on_diag_ud;
+  dsc_interrupt_fn interrupt;
+  void *interrupt_ud;
+  bool interrupt_reported; /* one "interrupted" error however many layers poll */
 };
 
 static void *default_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
@@ -95,6 +98,30 @@ const dsc_diag *dsc_diag_get(const dsc_context *ctx, int i) {
 void dsc_set_diag_callback(dsc_context *ctx, dsc_diag_fn fn, void *ud) {
   ctx->on_diag = fn;
   ctx->on_diag_ud = ud;
+}
+
+void dsc_context_set_interrupt(dsc_context *ctx, dsc_interrupt_fn fn, void *ud) {
+  ctx->interrupt = fn;
+  ctx->interrupt_ud = ud;
+  ctx->interrupt_reported = false;
+}
+
+void ir_context_inherit_interrupt(dsc_context *to, const dsc_context *from) {
+  dsc_context_set_interrupt(to, from->interrupt, from->interrupt_ud);
+}
+
+dsc_status ir_check_interrupt(dsc_context *ctx, const char *what_fmt, ...) {
+  if (!ctx || !ctx->interrupt || !ctx->interrupt(ctx->interrupt_ud)) return DSC_OK;
+  if (!ctx->interrupt_reported) {
+    ctx->interrupt_reported = true;
+    char what[512];
+    va_list ap;
+    va_start(ap, what_fmt);
+    vsnprintf(what, sizeof what, what_fmt, ap);
+    va_end(ap);
+    ir_error(ctx, ir_no_loc, "interrupted while %s", what);
+  }
+  return DSC_ERR_INTERRUPTED;
 }
 
 const dsc_loc ir_no_loc = {NULL, 0, 0};

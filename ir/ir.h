@@ -53,6 +53,13 @@ void ir_diag_v(dsc_context *ctx, dsc_severity sev, dsc_loc loc, const char *fmt,
  * the frontend or parser point at it. */
 const char *ir_diag_add_source(dsc_context *ctx, const char *file, const char *text, size_t len);
 extern const dsc_loc ir_no_loc;
+/* DSC_ERR_INTERRUPTED (and, the first time, an "interrupted while <what>"
+ * error) when the context's interrupt callback says stop; else DSC_OK.
+ * Called between units of work: cheap (one indirect call). */
+dsc_status ir_check_interrupt(dsc_context *ctx, const char *what_fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* A rank context made for a run takes its parent's callback. */
+void ir_context_inherit_interrupt(dsc_context *to, const dsc_context *from);
 
 /* ======================= ir/types.c ======================= */
 /* Broadcast two shapes numpy-style; returns false if incompatible. */

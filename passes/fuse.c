@@ -541,8 +541,9 @@ static bool reorder(fuse_state *s, const int *unit) {
   return true;
 }
 
-/* Partitions the nodes into groups (rules 1-2 of the header). */
-static void partition(fuse_state *s) {
+/* Partitions the nodes into groups (rules 1-2 of the header); false when
+ * interrupted (the context's callback). */
+static bool partition(fuse_state *s) {
   ir_graph *g = s->g;
   int n = s->n;
   for (int i = 0; i < n; i++) {
@@ -566,6 +567,8 @@ static void partition(fuse_state *s) {
   }
   for (int i = 0; i < n; i++) {
     ir_node *x = g->nodes[i];
+    if ((i & 1023) == 0 && ir_check_interrupt(g->module->ctx, "fusing graph '%s'", g->name))
+      return false;
     if (s->kind[i] != K_GROUP) continue;
     for (int j = 0; j < x->n_in; j++) {
       ir_node *p = x->in[j];
@@ -579,6 +582,7 @@ static void partition(fuse_state *s) {
       if (union_valid(s, rx, rp)) merge(s, rx, rp);
     }
   }
+  return true;
 }
 
 /* Numbers the groups by first member, dissolves lone views, and reorders
@@ -633,11 +637,11 @@ dsc_status pass_fuse_graph(ir_graph *g) {
       ir_error(m->ctx, ir_no_loc, "fuse: graph '%s' has inconsistent node ids", g->name);
       return DSC_ERR_INTERNAL;
     }
-  partition(&s);
+  if (!partition(&s)) return DSC_ERR_INTERRUPTED;
   int next_id = number_and_reorder(&s, unit);
   if (next_id < 0) {
     s.strict = true; /* node-level convexity let two groups need each other */
-    partition(&s);
+    if (!partition(&s)) return DSC_ERR_INTERRUPTED;
     if ((next_id = number_and_reorder(&s, unit)) < 0) {
       ir_error(m->ctx, ir_no_loc, "fuse: could not order the groups of graph '%s' (a cycle)",
                g->name);

@@ -140,7 +140,8 @@ dsc_status dsc_run_pipeline(dsc_module *m, const dsc_pipeline_options *opts) {
     return DSC_ERR_USER;
   }
   for (int i = 0; i <= last; i++) {
-    dsc_status st = passes[i].run(m, opts);
+    dsc_status st = ir_check_interrupt(m->ctx, "running the passes");
+    if (st == DSC_OK) st = passes[i].run(m, opts);
     if (st != DSC_OK) return st;
     if (verify && dsc_module_verify(m) != DSC_OK) {
       ir_error(m->ctx, ir_no_loc, "the IR is invalid after pass '%s' (a bug in that pass)",
@@ -167,7 +168,8 @@ dsc_status dsc_run_codegen_passes(dsc_module *m) {
   dsc_pipeline_options none;
   memset(&none, 0, sizeof none);
   for (int i = first; i >= 0 && i < N_PASSES; i++) {
-    dsc_status st = passes[i].run(m, &none);
+    dsc_status st = ir_check_interrupt(m->ctx, "running the passes");
+    if (st == DSC_OK) st = passes[i].run(m, &none);
     if (st != DSC_OK) return st;
 #ifndef NDEBUG
     if (dsc_module_verify(m) != DSC_OK) {

@@ -681,6 +681,7 @@ static dsc_status assemble_shards(dsc_context *ctx, dsc_checkpoint *c) {
     else free_path(ctx, p);
   }
   for (int i = 0; st == DSC_OK && i < sh[0]->n; i++) {
+    if ((st = ir_check_interrupt(ctx, "loading %s", c->dir)) != DSC_OK) break;
     const char *name = sh[0]->names[i];
     char key[300];
     snprintf(key, sizeof key, "full.%s", name);

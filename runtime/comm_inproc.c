@@ -415,6 +415,7 @@ dsc_status dsc_comm_inproc_run(dsc_context *ctx, int world, dsc_comm_rank_fn fn,
     s.left_at[r] = -1;
     dsc_context *rc = dsc_context_new(NULL, NULL);
     if (!rc) goto oom;
+    ir_context_inherit_interrupt(rc, ctx);
     n_ctx++;
     if (rt_comm_init(&s.comms[r], &rt_comm_inproc_backend, rc, r, world) != DSC_OK) {
       copy_diags(ctx, rc);

@@ -167,6 +167,10 @@ static dsc_status cpu_kernels(dsc_exec *e, const char *graph, cg_program *p,
 static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
   dsc_context *ctx = e->ctx;
   ir_arena_init(&e->arena, ctx);
+  if (o && o->threads > 0) {
+    dsc_status st = rt_check_threads(ctx, o->threads);
+    if (st != DSC_OK) return st;
+  }
   int np = dsc_module_param_count(e->m);
   e->n_progs = dsc_module_graph_count(e->m);
   e->progs = ir_alloc(ctx, sizeof *e->progs * (size_t)(e->n_progs + 1));
@@ -181,9 +185,18 @@ static dsc_status cpu_new(dsc_exec *e, const dsc_exec_options *o) {
   const char *cache = o && o->cache_dir ? o->cache_dir : getenv("DSC_CACHE_DIR");
   if (cache && !cache[0]) cache = NULL;
   if (!(e->jit = cg_llvm_jit_new(ctx, cache))) return DSC_ERR_INTERNAL;
+  /* Lowered first: the arenas are known, and checked against this host,
+   * before any kernel is compiled or byte allocated. */
+  int64_t need = e->tier_bytes[CG_TIER_DEVICE] + e->tier_bytes[CG_TIER_HOST];
   for (int i = 0; i < e->n_progs; i++) {
     dsc_status st = cg_lower_graph(dsc_module_graph(e->m, i), &e->arena, &e->progs[i]);
     if (st != DSC_OK) return st;
+    need += e->progs[i]->arena_bytes[CG_ARENA_WORK] + e->progs[i]->host_work_bytes;
+  }
+  dsc_status mst = rt_check_host_memory(ctx, "creating the CPU executor's arenas", need);
+  if (mst != DSC_OK) return mst;
+  for (int i = 0; i < e->n_progs; i++) {
+    dsc_status st;
     cg_program *p = e->progs[i];
     e->fns[i] = ir_alloc(ctx, sizeof(cg_cpu_kernel_fn) * (size_t)(p->n_kernels + 1));
     if (!e->fns[i]) return DSC_ERR_INTERNAL;

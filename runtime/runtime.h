@@ -436,6 +436,19 @@ bool rt_cpu_exec_set_trace(rt_cpu_exec *e, dsc_trace *trace, int pid);
 /* The GEMM plan of instruction ins of program prog (NULL: not a GEMM). */
 const rt_gemm_plan *rt_cpu_exec_gemm_plan(const rt_cpu_exec *e, int prog, int ins);
 
+/* ======================= runtime/limits.c ======================= */
+/* Requests checked against this host before the work starts; each false
+ * case is DSC_ERR_USER with the numbers. */
+#define RT_THREADS_PER_CPU 4 /* --threads and in-process ranks: at most 4 x online CPUs */
+/* Bytes of memory available now (MemAvailable, else physical; the variable
+ * DSC_HOST_MEMORY overrides both); *physical (may be NULL): the RAM. */
+int64_t rt_host_memory(int64_t *physical);
+int rt_online_cpus(void);
+/* "out of memory while <what>: needed N bytes ..." when bytes > available. */
+dsc_status rt_check_host_memory(dsc_context *ctx, const char *what, int64_t bytes);
+dsc_status rt_check_threads(dsc_context *ctx, int64_t threads);
+dsc_status rt_check_inproc_ranks(dsc_context *ctx, int64_t ranks);
+
 #ifdef __cplusplus
 }
 #endif

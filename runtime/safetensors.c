@@ -651,6 +651,7 @@ static dsc_status read_header(dsc_context *ctx, const char *path, const char *te
   int i = 0;
   for (const cJSON *j = root->child; st == DSC_OK && j; j = j->next) {
     if (j == meta) continue;
+    if ((st = ir_check_interrupt(ctx, "reading %s", path)) != DSC_OK) break;
     memset(&ents[i], 0, sizeof ents[i]);
     st = parse_entry(ctx, path, j, &ents[i]);
     if (st != DSC_OK) break;
@@ -830,6 +831,7 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
   }
   data_reader r = {fd, 8 + hlen, size, 0, 0, {0}};
   for (int i = 0; st == DSC_OK && i < n; i++) {
+    if ((st = ir_check_interrupt(ctx, "reading %s", path)) != DSC_OK) break;
     const st_entry *en = by_begin[i];
     int k = (int)(en - ents);
     dsc_tensor *t = dsc_tensor_new(ctx, en->type);

@@ -2,6 +2,7 @@
 #ifndef DSC_CLI_H
 #define DSC_CLI_H
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,6 +20,13 @@ typedef struct {
 } cli_dims;
 
 /* dsc.c */
+/* The first SIGINT or SIGTERM seen (0: none). cli_catch_signals installs the
+ * handler (once; a second signal of the same kind then kills at once) and
+ * makes ctx's long calls stop with DSC_ERR_INTERRUPTED when it is set;
+ * cli_exit_code then gives 128 + the signal. */
+extern volatile sig_atomic_t cli_signal;
+void cli_catch_signals(dsc_context *ctx);
+void cli_release_signals(void);
 void cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_exit_code(dsc_status st);
 bool cli_parse_i64(const char *s, int64_t *out);

@@ -457,6 +457,7 @@ int cli_plan(int argc, char **argv) {
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  cli_catch_signals(ctx); /* Ctrl-C stops the build of the graphs (exit 130) */
   int code = CLI_EXIT_OK;
   bool fits_any = false;
   if (json || o.has_zero_stage) {
@@ -499,7 +500,7 @@ int cli_plan(int argc, char **argv) {
       /* the model itself is at fault: say so and stop (param offload plans
        * at stage 3 only) */
       bool param_offload = o.offload_param && strcmp(o.offload_param, "none") != 0;
-      if (s == 0 && !param_offload) {
+      if ((s == 0 && !param_offload) || st == DSC_ERR_INTERRUPTED || cli_signal) {
         dsc_diag_print(ctx, stderr);
         code = cli_exit_code(st);
       } else {

@@ -98,6 +98,20 @@ static void print_output(int k, const dsc_tensor *t) {
   printf("%s]\n", n > shown ? ", ..." : "");
 }
 
+/* As dsc train checks (driver/train.c drv_compile_step): positions beyond
+ * the model's position table, before the inputs are allocated. */
+static dsc_status check_context(const char *path, const dsc_graph *g) {
+  if (dsc_graph_input_count(g) < 1) return DSC_OK;
+  dsc_type t = dsc_node_type(dsc_graph_input_at(g, 0));
+  int64_t context = dsc_model_context(g);
+  if (t.rank < 2 || context <= 0 || t.dims[1] <= context) return DSC_OK;
+  fprintf(stderr,
+          "%s: error: sequence length %" PRId64 " is longer than the model's context of %" PRId64
+          " positions (its position table); use --seq %" PRId64 " or less\n",
+          path, t.dims[1], context, context);
+  return DSC_ERR_USER;
+}
+
 int cli_run(int argc, char **argv) {
   const char *path = NULL;
   int64_t seed = 0;
@@ -153,6 +167,7 @@ int cli_run(int argc, char **argv) {
     fprintf(stderr, "%s: error: the module has no graph 'forward'\n", path);
     st = DSC_ERR_USER;
   }
+  if (st == DSC_OK) st = check_context(path, g);
   if (st == DSC_OK && !(params = dsc_params_init(m, (uint64_t)seed))) st = DSC_ERR_INTERNAL;
   if (st == DSC_OK) {
     n_in = dsc_graph_input_count(g);

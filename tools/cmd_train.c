@@ -151,9 +151,6 @@ static const char train_help[] =
     "and exits with 130 (SIGINT) or 143 (SIGTERM), as shells report such stops.\n"
     "Exit codes otherwise: 0 done, 1 bad input (model, data, checkpoint, flags), 2 internal.\n";
 
-static volatile sig_atomic_t stop_signal = 0;
-static void on_signal(int sig) { stop_signal = sig; }
-
 typedef struct {
   bool tty, quiet;
   int64_t log_every, start_step;
@@ -288,7 +285,7 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
   progress pr = {isatty(STDOUT_FILENO) != 0, quiet, cfg->log_every > 0 ? cfg->log_every : 1,
                  info->start_step,           0,     0};
   dsc_train_summary sum;
-  st = dsc_trainer_run(t, &stop_signal, on_step, &pr, &sum);
+  st = dsc_trainer_run(t, &cli_signal, on_step, &pr, &sum);
   if (st != DSC_OK) {
     dsc_trainer_free(t);
     return st;
@@ -307,13 +304,13 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
     if (sum.last_checkpoint) printf("checkpoint: %s\n", sum.last_checkpoint);
     print_memory(info);
   }
-  if (sum.stopped && stop_signal) {
+  if (sum.stopped && cli_signal) {
     if (lead)
       fprintf(stderr, "dsc train: stopped by %s at step %" PRId64 "%s%s\n",
-              stop_signal == SIGINT ? "SIGINT" : "SIGTERM", sum.steps_done,
+              cli_signal == SIGINT ? "SIGINT" : "SIGTERM", sum.steps_done,
               sum.last_checkpoint ? "; checkpoint " : " (no --out: nothing saved)",
               sum.last_checkpoint ? sum.last_checkpoint : "");
-    code = 128 + stop_signal;
+    code = 128 + cli_signal;
   }
   if (lead && o.profile && dsc_trainer_print_profile(t, 25, stdout) != DSC_OK)
     dsc_diag_print(ctx, stderr);
@@ -584,10 +581,6 @@ int cli_train(int argc, char **argv) {
     o.trace = trace;
   }
   train_job job = {o, quiet, NULL, CLI_EXIT_OK};
-  struct sigaction sa, old_int, old_term;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
   int code;
   dsc_trace_overlap ov;
   if (mpi_world > 1) {
@@ -600,11 +593,9 @@ int cli_train(int argc, char **argv) {
       dsc_context_free(ctx);
       return cli_exit_code(st);
     }
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    cli_catch_signals(ctx);
     st = train_rank(comm, &job);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    cli_release_signals();
     if (st != DSC_OK) {
       dsc_diag_print(ctx, stderr);
       fflush(stderr);
@@ -630,22 +621,18 @@ int cli_train(int argc, char **argv) {
     }
     dsc_comm_free(comm);
   } else if (ranks > 1) {
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    cli_catch_signals(ctx);
     dsc_status st = dsc_comm_inproc_run(ctx, (int)ranks, train_rank_fn, &job);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    cli_release_signals();
     dsc_diag_print(ctx, stderr); /* the first failed rank's errors */
     code = st == DSC_OK ? job.code : cli_exit_code(st);
     dsc_trace_get_overlap(trace, &ov);
     if (trace && st == DSC_OK && !quiet) print_trace_line(trace_path, 0, &ov);
   } else {
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    cli_catch_signals(ctx);
     job.single_ctx = ctx;
     dsc_status st = train_rank(NULL, &job);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    cli_release_signals();
     dsc_diag_print(ctx, stderr);
     code = st == DSC_OK ? job.code : cli_exit_code(st);
     dsc_trace_get_overlap(trace, &ov);

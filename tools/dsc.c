@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,49 @@ void cli_usage_error(const char *cmd, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* ---------------------------------------------------------------- signals */
+
+volatile sig_atomic_t cli_signal = 0;
+
+/* The first signal wins; SA_RESETHAND makes a second one kill at once. */
+static void on_signal(int sig) {
+  if (!cli_signal) cli_signal = sig;
+}
+
+static int signal_seen(void *ud) {
+  (void)ud;
+  return cli_signal != 0;
+}
+
+static struct sigaction saved_int, saved_term;
+static bool caught;
+
+void cli_catch_signals(dsc_context *ctx) {
+  if (ctx) dsc_context_set_interrupt(ctx, signal_seen, NULL);
+  if (caught) return;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, &saved_int);
+  sigaction(SIGTERM, &sa, &saved_term);
+  caught = true;
+}
+
+void cli_release_signals(void) {
+  if (!caught) return;
+  sigaction(SIGINT, &saved_int, NULL);
+  sigaction(SIGTERM, &saved_term, NULL);
+  caught = false;
+}
+
 int cli_exit_code(dsc_status st) {
-  return st == DSC_OK ? CLI_EXIT_OK : st == DSC_ERR_USER ? CLI_EXIT_USER : CLI_EXIT_INTERNAL;
+  if (st == DSC_OK) return CLI_EXIT_OK;
+  /* A failure after a signal is the signal's (a rank or layer may have
+   * turned "interrupted" into its own error): 128 + N, as shells report. */
+  if (st == DSC_ERR_INTERRUPTED || cli_signal) return 128 + (cli_signal ? cli_signal : SIGINT);
+  return st == DSC_ERR_USER ? CLI_EXIT_USER : CLI_EXIT_INTERNAL;
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -220,7 +262,9 @@ static void main_help(FILE *out) {
           "'dsc <command> --help' describes a command.\n"
           "\n"
           "exit codes: 0 success, 1 user error (bad model, input or arguments),\n"
-          "            2 internal error (a bug in dsc, or out of memory)\n");
+          "            2 internal error (a bug in dsc, or out of memory),\n"
+          "            130 / 143 stopped by SIGINT / SIGTERM (honoured while loading and\n"
+          "            compiling too; a second SIGINT kills at once)\n");
 }
 
 /* Output that never reached stdout (a full disk, /dev/full, a closed pipe's

@@ -19,6 +19,7 @@ typedef enum {
   DSC_OK = 0,
   DSC_ERR_USER = 1,     /* bad input: model file, shapes, arguments */
   DSC_ERR_INTERNAL = 2, /* a bug in dsc, or the host failed (out of memory) */
+  DSC_ERR_INTERRUPTED = 3, /* the context's interrupt callback asked to stop */
 } dsc_status;
 
 /* Lua-style allocator: nsize == 0 frees ptr; otherwise (re)allocates.
@@ -30,6 +31,17 @@ typedef struct dsc_context dsc_context;
 /* NULL alloc selects malloc/realloc/free. */
 dsc_context *dsc_context_new(dsc_alloc_fn alloc, void *ud);
 void dsc_context_free(dsc_context *ctx);
+
+/* ---- interrupts ----
+ * Long calls (loading, the pass pipeline, lowering, JIT compiling, memory
+ * planning) poll fn(ud) between units of work; when it returns nonzero they
+ * stop, leave files as they were and return DSC_ERR_INTERRUPTED with an
+ * "interrupted while ..." error. Typically fn reads a volatile sig_atomic_t
+ * that a signal handler sets; the library keeps no global state of its own.
+ * fn NULL (the default) never interrupts. Rank contexts made by the
+ * in-process communicator inherit it. */
+typedef int (*dsc_interrupt_fn)(void *ud);
+void dsc_context_set_interrupt(dsc_context *ctx, dsc_interrupt_fn fn, void *ud);
 
 /* ---- diagnostics ---- */
 typedef enum { DSC_DIAG_ERROR, DSC_DIAG_WARNING, DSC_DIAG_NOTE } dsc_severity;
