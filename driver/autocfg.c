@@ -64,7 +64,8 @@ void dsc_autocfg_flags(const dsc_autocfg_candidate *c, int64_t world, char *buf,
                   dsc_offload_name(kb->offload_optimizer));
   if ((size_t)k >= n) return;
   if (kb->offload_param != DSC_OFFLOAD_NONE)
-    k += snprintf(buf + k, n - (size_t)k, " --offload-param %s", dsc_offload_name(kb->offload_param));
+    k += snprintf(buf + k, n - (size_t)k, " --offload-param %s",
+                  dsc_offload_name(kb->offload_param));
   if ((size_t)k >= n) return;
   bytes_flag(b1, sizeof b1, kb->bucket_bytes);
   bytes_flag(b2, sizeof b2, kb->prefetch_bytes);

@@ -120,7 +120,8 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
   dsc_status st = DSC_OK;
   /* The forward module shares the step module's param values: executors
    * and the interpreter look params up by name. */
-  if (want_fwd && (st = drv_compile_model(ctx, path, cfg->batch, cfg->seq, fwd)) != DSC_OK) return st;
+  if (want_fwd && (st = drv_compile_model(ctx, path, cfg->batch, cfg->seq, fwd)) != DSC_OK)
+    return st;
   dsc_pipeline_options po;
   memset(&po, 0, sizeof po);
   po.train = cfg;
@@ -188,4 +189,3 @@ dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads
   ir_arena_release(&a);
   return st;
 }
-

@@ -61,10 +61,10 @@ static double expr_ops(const kir_expr *e, op_count *c) {
   for (int i = 0; i < c->n; i++)
     if (c->seen[i] == e) return 0;
   if (c->n < (int)(sizeof c->seen / sizeof c->seen[0])) c->seen[c->n++] = e;
-  double self = e->kind == KIR_UNARY || e->kind == KIR_BINARY || e->kind == KIR_SELECT ||
-                        e->kind == KIR_CAST
-                    ? 1
-                    : 0;
+  double self =
+      e->kind == KIR_UNARY || e->kind == KIR_BINARY || e->kind == KIR_SELECT || e->kind == KIR_CAST
+          ? 1
+          : 0;
   double gather = e->kind == KIR_LOAD ? expr_ops(e->access.gather, c) : 0;
   return self + gather + expr_ops(e->a, c) + expr_ops(e->b, c) + expr_ops(e->c, c);
 }
@@ -104,8 +104,7 @@ static bool push_event(dsc_step_work *w, int *cap, dsc_step_event ev) {
   return true;
 }
 
-dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world,
-                         dsc_step_work *out) {
+dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world, dsc_step_work *out) {
   memset(out, 0, sizeof *out);
   int cap = 0;
   for (int i = 0; i < p->n_instrs; i++) {
@@ -208,4 +207,3 @@ void dsc_step_cost_eval(const dsc_step_work *w, const dsc_rates *r, int64_t host
   out->offload_s = xfer - hidden;
   out->step_s = out->compute_s + out->exposed_comm_s + out->offload_s;
 }
-

@@ -35,8 +35,12 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   dsc_train_config cfg;
   if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;
   cfg.batch = f.B, cfg.seq = f.T;
-  drv_run_settings rs = {.who = "plan", .B = f.B, .world = world, .grad_accum = o->grad_accum,
-                         .precision = o->precision, .knobs = &o->knobs};
+  drv_run_settings rs = {.who = "plan",
+                         .B = f.B,
+                         .world = world,
+                         .grad_accum = o->grad_accum,
+                         .precision = o->precision,
+                         .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, &cfg)) != DSC_OK) return st;
   /* offload auto: the values the budget requires (driver/offload_auto.c) */
   drv_offload_budget ob = {o->memory_budget, o->host_memory_budget, o->offload_dir != NULL,

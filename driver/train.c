@@ -267,7 +267,8 @@ static dsc_status full_values(dsc_trainer *t) {
   dsc_status st = sync_params(t);
   if (st != DSC_OK || !t->shard_world || t->full_fresh) return st;
   ir_error(t->ctx, ir_no_loc,
-           "trainer: the params are sharded (ZeRO stage %" PRId64 "): every rank calls "
+           "trainer: the params are sharded (ZeRO stage %" PRId64
+           "): every rank calls "
            "dsc_trainer_gather first",
            t->cfg.zero.stage);
   return DSC_ERR_USER;
@@ -629,8 +630,7 @@ static dsc_status open_program(dsc_trainer *t, open_state *s) {
     if ((st = program_modules(t, &s->B, &s->T, &s->K, s->o->precision)) != DSC_OK) return st;
   } else {
     drv_model_facts facts;
-    if ((st = drv_compile_step(ctx, s->model_path, s->B, s->T, &t->m, &facts)) != DSC_OK)
-      return st;
+    if ((st = drv_compile_step(ctx, s->model_path, s->B, s->T, &t->m, &facts)) != DSC_OK) return st;
     s->B = facts.B, s->T = facts.T;
     t->info.vocab = facts.vocab;
   }
@@ -648,7 +648,7 @@ typedef enum {
   LAYER_CADENCE, /* int64 >= 0 */
   LAYER_RATE,    /* double > 0, finite */
   LAYER_SEED,    /* uint64 */
-  LAYER_STAGE,   /* int64 in [0, 3] */
+  LAYER_STAGE,   /* the ZeRO stage, in the settings table's range */
 } layer_kind;
 typedef struct {
   const char *ck_key; /* in the checkpoint's state; NULL: not recorded */
@@ -671,10 +671,12 @@ static void apply_layers(const setting_layer *rows, int n, const dsc_checkpoint 
       if (!*end && f > 0 && isfinite(f)) *(double *)r->field = f;
     } else if (s && r->kind == LAYER_SEED) {
       if (sscanf(s, "%" SCNu64, &u) == 1) *(uint64_t *)r->field = u;
-    } else if (s && parse_i64(s, &v) &&
-               (r->kind == LAYER_COUNT     ? v > 0
-                : r->kind == LAYER_CADENCE ? v >= 0
-                                           : v >= 0 && v <= 3)) {
+    } else if (s && r->kind == LAYER_STAGE) {
+      /* the range of the settings table's row (include/dsc/settings.h) */
+      dsc_setting_value sv;
+      if (dsc_setting_parse(dsc_setting_find("zero.stage"), s, true, &sv))
+        *(int64_t *)r->field = sv.i;
+    } else if (s && parse_i64(s, &v) && (r->kind == LAYER_COUNT ? v > 0 : v >= 0)) {
       *(int64_t *)r->field = v;
     }
     if (!r->flag_set) continue;
@@ -756,8 +758,8 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
   apply_layers(layers, (int)(sizeof layers / sizeof layers[0]), s->ck);
   if ((st = resolve_precision(t, s)) != DSC_OK) return st;
   if (s->ck_global > 0) cfg->global_batch = s->ck_global;
-  drv_run_settings rs = {.who = "trainer", .B = s->B, .world = t->world, .grad_accum = s->K,
-                         .knobs = &o->knobs};
+  drv_run_settings rs = {
+      .who = "trainer", .B = s->B, .world = t->world, .grad_accum = s->K, .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
   if (s->ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
@@ -793,8 +795,7 @@ static dsc_status open_data(dsc_trainer *t, open_state *s) {
   if (has_val && sb.st_size >= 0 &&
       (sb.st_size - (off_t)(DSC_SHARD_HEADER_INTS * 4)) / 2 < s->T + 1) {
     ir_diag(t->ctx, DSC_DIAG_WARNING, rt_loc(s->val_path),
-            "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation",
-            s->T + 1);
+            "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation", s->T + 1);
     has_val = false;
   }
   t->val_any = has_val;
@@ -877,7 +878,8 @@ static dsc_status restore_checkpoint(dsc_trainer *t, open_state *s) {
   int64_t end = s->o->stop_at > 0 && s->o->stop_at < t->cfg.steps ? s->o->stop_at : t->cfg.steps;
   if (t->step >= end) {
     ir_error(ctx, rt_loc(ck->dir),
-             "the checkpoint is already at step %" PRId64 "; give --steps (or --stop-at) "
+             "the checkpoint is already at step %" PRId64
+             "; give --steps (or --stop-at) "
              "above it to train further",
              t->step);
     return DSC_ERR_USER;
@@ -935,8 +937,7 @@ static dsc_status open_executor(dsc_trainer *t, open_state *s) {
       (st = check_host_budget(t, backend, &mplan, o->host_memory_budget)) != DSC_OK)
     return st;
   int64_t rss0 = rss_now();
-  if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK)
-    return st;
+  if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK) return st;
   if (backend == DSC_BACKEND_CPU) {
     int64_t rss1 = rss_now();
     /* on the CPU the host tier is the same RAM: the RSS growth covers both */
@@ -1034,8 +1035,12 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
 }
 
 static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
-  open_state s = {.o = o, .B = o->batch, .T = o->seq, .K = o->grad_accum,
-                  .model_path = o->model_path, .prefix = o->data_prefix};
+  open_state s = {.o = o,
+                  .B = o->batch,
+                  .T = o->seq,
+                  .K = o->grad_accum,
+                  .model_path = o->model_path,
+                  .prefix = o->data_prefix};
   dsc_status st;
   if ((st = check_options(t, o)) == DSC_OK && (st = open_resume(t, &s)) == DSC_OK &&
       (st = open_program(t, &s)) == DSC_OK && (st = resolve_settings(t, &s)) == DSC_OK &&

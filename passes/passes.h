@@ -39,8 +39,8 @@ typedef struct {
 } pass_tv_parser;
 /* Parses the whole of `text` (the value of `key`) with nodes from
  * pool[0..cap); NULL, with a diagnostic on ctx, when malformed. */
-pass_tv *pass_tv_parse(pass_tv_parser *p, pass_tv *pool, int cap, dsc_context *ctx,
-                       const char *key, const char *text);
+pass_tv *pass_tv_parse(pass_tv_parser *p, pass_tv *pool, int cap, dsc_context *ctx, const char *key,
+                       const char *text);
 /* Stores a parsed value into the setting's dsc_train_config field; false
  * when it has none. */
 bool pass_setting_store_config(dsc_train_config *cfg, const dsc_setting *s,

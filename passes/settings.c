@@ -20,12 +20,14 @@
 #define NOKNOB -1, -1
 #define I64MAX INT64_C(9000000000000000) /* what a double holds exactly */
 
-static const char *const pos_int = "a positive integer", *const nonneg_int = "a non-negative integer";
+static const char *const pos_int = "a positive integer", *const nonneg_int =
+                                                             "a non-negative integer";
 static const char *const size_want = "a size in bytes (an integer or a size such as 25MB)";
 static const char *const zero_bytes_flag = "a byte count such as 0, 4096, 25MB or 1GiB";
 
 static const dsc_setting table[] = {
-    {"batch", NULL, NULL, "the batch", DSC_SETTING_INT, 1, I64MAX, pos_int, NULL, CFG(batch), NOKNOB},
+    {"batch", NULL, NULL, "the batch", DSC_SETTING_INT, 1, I64MAX, pos_int, NULL, CFG(batch),
+     NOKNOB},
     {"seq", NULL, NULL, "the sequence length", DSC_SETTING_INT, 1, I64MAX, pos_int, NULL, CFG(seq),
      NOKNOB},
     {"grad_accum", NULL, NULL, "grad_accum", DSC_SETTING_INT, 1, I64MAX, pos_int, NULL,
@@ -76,9 +78,9 @@ static const dsc_setting table[] = {
      "a number of elements (>= 0)", NULL, CFG(zero.persist_threshold), KNOB(persist_threshold)},
     {"zero.unshard_bytes", NULL, "--unshard-bytes", "unshard_bytes", DSC_SETTING_BYTES, 0, I64MAX,
      size_want, zero_bytes_flag, CFG(zero.unshard_bytes), KNOB(unshard_bytes)},
-    {"offload.optimizer", NULL, "--offload-optimizer", "the optimizer states' tier", DSC_SETTING_TIER, 0,
-     0, "one of none, cpu, host, nvme, disk", "none, host (cpu) or disk (nvme), or auto",
-     CFG(offload.optimizer), KNOB(offload_optimizer)},
+    {"offload.optimizer", NULL, "--offload-optimizer", "the optimizer states' tier",
+     DSC_SETTING_TIER, 0, 0, "one of none, cpu, host, nvme, disk",
+     "none, host (cpu) or disk (nvme), or auto", CFG(offload.optimizer), KNOB(offload_optimizer)},
     {"offload.param", NULL, "--offload-param", "the param shards' tier", DSC_SETTING_TIER, 0, 0,
      "one of none, cpu, host, nvme, disk", "none, host (cpu) or disk (nvme), or auto",
      CFG(offload.param), KNOB(offload_param)},
@@ -195,8 +197,8 @@ static pass_tv *tv_parse(pass_tv_parser *p, const char **s, int depth) {
   }
 }
 
-pass_tv *pass_tv_parse(pass_tv_parser *p, pass_tv *pool, int cap, dsc_context *ctx,
-                       const char *key, const char *text) {
+pass_tv *pass_tv_parse(pass_tv_parser *p, pass_tv *pool, int cap, dsc_context *ctx, const char *key,
+                       const char *text) {
   memset(p, 0, sizeof *p);
   p->pool = pool, p->cap = cap;
   p->s = text;
@@ -218,9 +220,12 @@ bool dsc_parse_bytes(const char *s, int64_t *out) {
   double v = strtod(s, &end);
   if (end == s || errno || !(v >= 0)) return false;
   double unit = 1;
-  if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
-  else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
-  else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
+  if (*end == 'K' || *end == 'k')
+    unit = 1024.0, end++;
+  else if (*end == 'M' || *end == 'm')
+    unit = 1024.0 * 1024, end++;
+  else if (*end == 'G' || *end == 'g')
+    unit = 1024.0 * 1024 * 1024, end++;
   if (unit > 1 && *end == 'i') end++;
   if (*end == 'B' || *end == 'b') end++;
   if (*end || v * unit > 9.0e15) return false;
@@ -269,13 +274,16 @@ bool dsc_setting_parse(const dsc_setting *s, const char *text, bool flag, dsc_se
   bool ok = false;
   if (!s || !text) return false;
   if (flag) {
-    if (s->kind == DSC_SETTING_INT) ok = flag_int(text, &v.i);
-    else if (s->kind == DSC_SETTING_BYTES) ok = dsc_parse_bytes(text, &v.i);
+    if (s->kind == DSC_SETTING_INT)
+      ok = flag_int(text, &v.i);
+    else if (s->kind == DSC_SETTING_BYTES)
+      ok = dsc_parse_bytes(text, &v.i);
     else if (s->kind == DSC_SETTING_NUM) {
       char *end;
       v.num = strtod(text, &end);
       ok = *text && !*end;
-    } else ok = parse_name(s, text, &v);
+    } else
+      ok = parse_name(s, text, &v);
   } else {
     pass_tv pool[4];
     pass_tv_parser p;
@@ -305,7 +313,8 @@ bool dsc_setting_parse(const dsc_setting *s, const char *text, bool flag, dsc_se
     }
   }
   if (!ok) return false;
-  if ((s->kind == DSC_SETTING_INT || s->kind == DSC_SETTING_BYTES) && (v.i < s->min || v.i > s->max))
+  if ((s->kind == DSC_SETTING_INT || s->kind == DSC_SETTING_BYTES) &&
+      (v.i < s->min || v.i > s->max))
     return false;
   if (s->kind == DSC_SETTING_NUM && !(v.num >= 0 && isfinite(v.num))) return false;
   if (out) *out = v;

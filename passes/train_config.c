@@ -111,7 +111,8 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
   static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
                                             DSC_SCHED_COSINE, DSC_SCHED_LINEAR};
   const char *want = "one of constant, cosine, linear, warmup_cosine, warmup_linear";
-  if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL) return bad(ctx, "train.schedule", raw, want);
+  if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL)
+    return bad(ctx, "train.schedule", raw, want);
   int which = -1;
   for (int i = 0; i < 5; i++)
     if (strcmp(v->name, names[i]) == 0) which = i;

@@ -135,7 +135,8 @@ static void json_cand(const dsc_autocfg_candidate *c, int64_t world) {
   dsc_autocfg_flags(c, world, flags, sizeof flags);
   printf("{\"flags\": ");
   json_str(flags);
-  printf(", \"zero_stage\": %" PRId64 ", \"offload_optimizer\": \"%s\", \"offload_param\": \"%s\", "
+  printf(", \"zero_stage\": %" PRId64
+         ", \"offload_optimizer\": \"%s\", \"offload_param\": \"%s\", "
          "\"checkpoint_activations\": ",
          world > 1 ? k->zero_stage : 0, dsc_offload_name(k->offload_optimizer),
          dsc_offload_name(k->offload_param));
@@ -236,8 +237,7 @@ static void print_text(FILE *out, const dsc_autocfg_options *o, const dsc_autocf
     fprintf(out, "  %-3d %-6d %-9s %-6s %-11s %-10s %-10s %11s %9.3f %9.3f  %s\n", i + 1,
             world > 1 ? (int)k->zero_stage : 0, dsc_offload_name(k->offload_optimizer),
             dsc_offload_name(k->offload_param), remat_text(k, act, sizeof act), bk, pf, b,
-            c->cost.step_s * 1e3,
-            c->cost.exposed_comm_s * 1e3, c->fits ? "yes" : "no");
+            c->cost.step_s * 1e3, c->cost.exposed_comm_s * 1e3, c->fits ? "yes" : "no");
   }
   if (r->n > 12) fprintf(out, "  (%d more; --json lists all)\n", r->n - 12);
   fprintf(out, "  (step ms: predicted; comm ms: exposed communication)\n");

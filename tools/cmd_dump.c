@@ -130,7 +130,8 @@ int cli_dump(int argc, char **argv) {
       st = DSC_ERR_USER;
     } else {
       if (after || print_all || verify)
-        st = run_passes(m, &dims, grad_accum, precision, world, &knobs, after, print_all, verify, out);
+        st = run_passes(m, &dims, grad_accum, precision, world, &knobs, after, print_all, verify,
+                        out);
       if (st == DSC_OK && !print_all)
         st = dot ? dsc_module_print_dot(m, out) : dsc_module_print(m, out);
       if (fflush(out) != 0 || ferror(out)) {

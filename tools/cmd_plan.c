@@ -364,15 +364,14 @@ int cli_plan(int argc, char **argv) {
       o.precision = argv[++i];
     } else if ((knob_k = cli_knob_flag("plan", argc, argv, &i, &o.knobs)) != 0) {
       if (knob_k < 0) return CLI_EXIT_USER;
-    } else if (strcmp(a, "--world") == 0 || strcmp(a, "--batch") == 0 ||
-               strcmp(a, "--seq") == 0 || strcmp(a, "--grad-accum") == 0 ||
-               strcmp(a, "--threads") == 0) {
+    } else if (strcmp(a, "--world") == 0 || strcmp(a, "--batch") == 0 || strcmp(a, "--seq") == 0 ||
+               strcmp(a, "--grad-accum") == 0 || strcmp(a, "--threads") == 0) {
       int64_t hi = strcmp(a, "--world") == 0     ? 65536
                    : strcmp(a, "--threads") == 0 ? 1024
                                                  : ((int64_t)1 << 40);
       if (!has_val || !cli_parse_i64(argv[i + 1], &v) || v < 1 || v > hi)
-        return cli_usage_error("plan", "%s needs an integer in [1, %" PRId64 "], got '%s'", a,
-                               hi, has_val ? argv[i + 1] : ""),
+        return cli_usage_error("plan", "%s needs an integer in [1, %" PRId64 "], got '%s'", a, hi,
+                               has_val ? argv[i + 1] : ""),
                CLI_EXIT_USER;
       i++;
       if (strcmp(a, "--world") == 0)
@@ -433,7 +432,8 @@ int cli_plan(int argc, char **argv) {
       char errs[4][600];
       for (int s = 0; s < 4; s++) {
         plans[s] = p;
-        snprintf(errs[s], sizeof errs[s], "not planned (--zero-stage %" PRId64 ")", o.knobs.zero_stage);
+        snprintf(errs[s], sizeof errs[s], "not planned (--zero-stage %" PRId64 ")",
+                 o.knobs.zero_stage);
       }
       ok[o.knobs.zero_stage] = true;
       if (o.knobs.zero_stage != 0) plans[0] = p; /* the header's facts */

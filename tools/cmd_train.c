@@ -389,19 +389,32 @@ static int run_flag(int argc, char **argv, int *i, dsc_trainer_options *o) {
   const char *a = argv[*i];
   int64_t v;
   bool ok;
-  if (strcmp(a, "--data") == 0) ok = want_str(argc, argv, i, &o->data_prefix);
-  else if (strcmp(a, "--out") == 0) ok = want_str(argc, argv, i, &o->out_dir);
-  else if (strcmp(a, "--resume") == 0) ok = want_str(argc, argv, i, &o->resume);
-  else if (strcmp(a, "--log") == 0) ok = want_str(argc, argv, i, &o->log_path);
-  else if (strcmp(a, "--steps") == 0) ok = want_i64(argc, argv, i, 1, &o->steps);
-  else if (strcmp(a, "--batch") == 0) ok = want_i64(argc, argv, i, 1, &o->batch);
-  else if (strcmp(a, "--seq") == 0) ok = want_i64(argc, argv, i, 1, &o->seq);
-  else if (strcmp(a, "--grad-accum") == 0) ok = want_i64(argc, argv, i, 1, &o->grad_accum);
-  else if (strcmp(a, "--save-every") == 0) ok = want_i64(argc, argv, i, 0, &o->save_every);
-  else if (strcmp(a, "--eval-every") == 0) ok = want_i64(argc, argv, i, 0, &o->eval_every);
-  else if (strcmp(a, "--eval-batches") == 0) ok = want_i64(argc, argv, i, 1, &o->eval_batches);
-  else if (strcmp(a, "--log-every") == 0) ok = want_i64(argc, argv, i, 1, &o->log_every);
-  else if (strcmp(a, "--stop-at") == 0) ok = want_i64(argc, argv, i, 1, &o->stop_at);
+  if (strcmp(a, "--data") == 0)
+    ok = want_str(argc, argv, i, &o->data_prefix);
+  else if (strcmp(a, "--out") == 0)
+    ok = want_str(argc, argv, i, &o->out_dir);
+  else if (strcmp(a, "--resume") == 0)
+    ok = want_str(argc, argv, i, &o->resume);
+  else if (strcmp(a, "--log") == 0)
+    ok = want_str(argc, argv, i, &o->log_path);
+  else if (strcmp(a, "--steps") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->steps);
+  else if (strcmp(a, "--batch") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->batch);
+  else if (strcmp(a, "--seq") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->seq);
+  else if (strcmp(a, "--grad-accum") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->grad_accum);
+  else if (strcmp(a, "--save-every") == 0)
+    ok = want_i64(argc, argv, i, 0, &o->save_every);
+  else if (strcmp(a, "--eval-every") == 0)
+    ok = want_i64(argc, argv, i, 0, &o->eval_every);
+  else if (strcmp(a, "--eval-batches") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->eval_batches);
+  else if (strcmp(a, "--log-every") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->log_every);
+  else if (strcmp(a, "--stop-at") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->stop_at);
   else if (strcmp(a, "--keep-last") == 0) {
     ok = want_i64(argc, argv, i, 1, &v) && v < 1000000;
     o->keep_last = (int)v;
@@ -436,7 +449,8 @@ static int machine_flag(int argc, char **argv, int *i, train_args *ta) {
     dsc_backend b;
     if (!want_str(argc, argv, i, &o->backend)) return -1;
     if (dsc_backend_from_name(o->backend, &b) != 0)
-      return cli_usage_error("train", "--backend: '%s' is not one of interp, cpu, cuda", o->backend),
+      return cli_usage_error("train", "--backend: '%s' is not one of interp, cpu, cuda",
+                             o->backend),
              -1;
   } else if (strcmp(a, "--threads") == 0) {
     if (!(want_i64(argc, argv, i, 1, &v) && v <= 1024)) return -1;

@@ -80,11 +80,11 @@ typedef struct {
   const char *flag;  /* the dsc train / dsc plan flag, or NULL */
   const char *what;  /* for library callers' errors: "the ZeRO stage" */
   dsc_setting_kind kind;
-  int64_t min, max;      /* INT, BYTES */
-  const char *want;      /* what a value must be: "0, 1, 2 or 3" */
-  const char *flag_want; /* what a flag's value must be, where it differs */
-  ptrdiff_t cfg_off;     /* the dsc_train_config field; -1: read by passes/train_config.c
-                          * itself (lr, weight_decay, optimizer, schedule) or not used */
+  int64_t min, max;            /* INT, BYTES */
+  const char *want;            /* what a value must be: "0, 1, 2 or 3" */
+  const char *flag_want;       /* what a flag's value must be, where it differs */
+  ptrdiff_t cfg_off;           /* the dsc_train_config field; -1: read by passes/train_config.c
+                                * itself (lr, weight_decay, optimizer, schedule) or not used */
   ptrdiff_t knob_off, has_off; /* the dsc_run_knobs fields; -1: not a run knob */
 } dsc_setting;
 

@@ -275,14 +275,16 @@ TEST(AutocfgSearch, FixedChoicesAreRespected) {
   ASSERT_EQ(dsc_autocfg_search(s.ctx, &s.o, &s.r), DSC_OK) << diags(s.ctx);
   for (int i = 0; i < s.r.n; i++) {
     EXPECT_EQ(s.r.cand[i].knobs.zero_stage, 1);
-    EXPECT_STRNE(dsc_offload_name(s.r.cand[i].knobs.offload_optimizer), "disk"); // no --offload-dir
+    EXPECT_STRNE(dsc_offload_name(s.r.cand[i].knobs.offload_optimizer),
+                 "disk");  // no --offload-dir
   }
-  EXPECT_STREQ(dsc_remat_name(s.r.cand[0].knobs.remat), "none"); // fits: no recompute needed
+  EXPECT_STREQ(dsc_remat_name(s.r.cand[0].knobs.remat), "none");  // fits: no recompute needed
   Search h(2);
   dsc_run_knobs_set(&h.o.base.knobs, "--offload-optimizer", "host");
   h.o.memory_budget = (int64_t)1 << 40;
   ASSERT_EQ(dsc_autocfg_search(h.ctx, &h.o, &h.r), DSC_OK) << diags(h.ctx);
-  for (int i = 0; i < h.r.n; i++) EXPECT_STREQ(dsc_offload_name(h.r.cand[i].knobs.offload_optimizer), "host");
+  for (int i = 0; i < h.r.n; i++)
+    EXPECT_STREQ(dsc_offload_name(h.r.cand[i].knobs.offload_optimizer), "host");
   Search d(2);
   dsc_run_knobs_set(&d.o.base.knobs, "--offload-optimizer", "disk");
   d.o.memory_budget = (int64_t)1 << 40;

@@ -220,13 +220,15 @@ TEST(OffloadAuto, TheSearchPlansAutoAsAnOffloadChoice) {
   memset(&ao, 0, sizeof ao);
   ao.base = o;
   ao.base.knobs.has_zero_stage = false;
-  dsc_run_knobs_set(&ao.base.knobs, "--checkpoint-activations", "none");  // offload is the only way to fit
+  dsc_run_knobs_set(&ao.base.knobs, "--checkpoint-activations",
+                    "none");  // offload is the only way to fit
   ao.memory_budget = none.rank.peak - 50000;
   ao.rates = {100, 10, 10, 1, 0};
   dsc_autocfg_result *r = new dsc_autocfg_result;
   ASSERT_EQ(dsc_autocfg_search(ctx, &ao, r), DSC_OK) << diags(ctx);
   bool host_planned = false;
-  for (int i = 0; i < r->n; i++) host_planned |= r->cand[i].knobs.offload_optimizer == DSC_OFFLOAD_HOST;
+  for (int i = 0; i < r->n; i++)
+    host_planned |= r->cand[i].knobs.offload_optimizer == DSC_OFFLOAD_HOST;
   // auto fits, so moving every state (host) is dominated and not planned
   EXPECT_STREQ(dsc_offload_name(r->cand[0].knobs.offload_optimizer), "auto");
   EXPECT_TRUE(r->cand[0].fits);

@@ -15,7 +15,8 @@ namespace {
 
 std::string all_diags(dsc_context *ctx) {
   std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
+  for (int i = 0; i < dsc_diag_count(ctx); i++)
+    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
   return s;
 }
 
