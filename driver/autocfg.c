@@ -1,22 +1,8 @@
 /* Auto-configuration (include/dsc/autocfg.h; docs/memory.md
- * "Auto-configuration"): a cost model of the lowered step program and a
- * search over ZeRO stage, offload, activation checkpointing, bucket and
- * prefetch sizes that plans each candidate (dsc_plan_memory_work), keeps
- * those that fit the memory budget and ranks them by predicted step time.
- *
- * The model, in one paragraph. Compute: every GEMM is 2*m*n*k*batch FLOPs;
- * every kernel stage costs its domain points (over the inner dims for
- * reductions and inner stores, the outer dims otherwise) times its
- * arithmetic nodes (at least 1: a copy still touches every element); copies
- * and embedding gradients one per element. All of it runs at the measured
- * GEMM rate: elementwise work is memory bound and slower than that, but it
- * is a few percent of a transformer's FLOPs, and what the search compares
- * (recompute of checkpointing, which is in the program, against
- * communication and offload) is dominated by GEMMs. Communication: ring
- * formulas (dsc_ring_bytes) over the link rate plus a fixed latency per
- * collective, replayed against the compute stream in program order
- * (dsc_step_cost_eval), so what the schedule pass overlaps is not counted.
- * Offload: host and disk bytes read and written once per step, half hidden. */
+ * "Auto-configuration"): a search over ZeRO stage, offload, activation
+ * checkpointing, bucket and prefetch sizes that plans each candidate
+ * (dsc_plan_memory_work), keeps those that fit the memory budget and ranks
+ * them by the predicted step time of driver/cost.c's model. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,203 +13,18 @@
 #include "dsc/autocfg.h"
 
 /* ---------------------------------------------------------------------------
- * The program summary */
-
-double dsc_ring_bytes(dsc_coll_kind k, double payload, int64_t world) {
-  if (world <= 1 || payload <= 0) return 0;
-  double n = (double)world;
-  switch (k) {
-    case DSC_COLL_ALL_REDUCE:
-      return 2 * (n - 1) / n * payload; /* reduce-scatter + all-gather */
-    case DSC_COLL_REDUCE_SCATTER:
-    case DSC_COLL_ALL_GATHER:
-      return (n - 1) / n * payload;
-    case DSC_COLL_BROADCAST:
-      return payload; /* pipelined ring: each rank forwards the whole tensor once */
-  }
-  return 0;
-}
-
-void dsc_step_work_free(dsc_step_work *w) {
-  if (!w) return;
-  free(w->events);
-  memset(w, 0, sizeof *w);
-}
-
-/* Arithmetic nodes of an expression DAG, each counted once (emitters
- * evaluate a shared node once per point). seen: the nodes met so far. */
-typedef struct {
-  const kir_expr *seen[512];
-  int n;
-} op_count;
-
-static double expr_ops(const kir_expr *e, op_count *c) {
-  if (!e) return 0;
-  for (int i = 0; i < c->n; i++)
-    if (c->seen[i] == e) return 0;
-  if (c->n < (int)(sizeof c->seen / sizeof c->seen[0])) c->seen[c->n++] = e;
-  double self = e->kind == KIR_UNARY || e->kind == KIR_BINARY || e->kind == KIR_SELECT ||
-                        e->kind == KIR_CAST
-                    ? 1
-                    : 0;
-  double gather = e->kind == KIR_LOAD ? expr_ops(e->access.gather, c) : 0;
-  return self + gather + expr_ops(e->a, c) + expr_ops(e->b, c) + expr_ops(e->c, c);
-}
-
-static double kernel_flops(const kir_kernel *k) {
-  double outer = 1, all = 1;
-  for (int d = 0; d < k->rank; d++) {
-    all *= (double)k->dims[d];
-    if (d < k->n_outer) outer *= (double)k->dims[d];
-  }
-  double f = 0;
-  for (int s = 0; s < k->n_stages; s++) {
-    const kir_stage *st = &k->stages[s];
-    bool inner = st->kind == KIR_STAGE_REDUCE || (st->kind == KIR_STAGE_STORE && st->over_inner);
-    op_count c;
-    c.n = 0;
-    double ops = expr_ops(st->expr, &c);
-    f += (inner ? all : outer) * (ops < 1 ? 1 : ops);
-  }
-  return f;
-}
-
-static bool push_event(dsc_step_work *w, int *cap, dsc_step_event ev) {
-  /* consecutive compute merges into one event */
-  if (ev.kind == DSC_EV_COMPUTE && w->n_events > 0 &&
-      w->events[w->n_events - 1].kind == DSC_EV_COMPUTE) {
-    w->events[w->n_events - 1].flops += ev.flops;
-    return true;
-  }
-  if (w->n_events == *cap) {
-    int nc = *cap ? 2 * *cap : 64;
-    dsc_step_event *e = realloc(w->events, sizeof *e * (size_t)nc);
-    if (!e) return false;
-    w->events = e, *cap = nc;
-  }
-  w->events[w->n_events++] = ev;
-  return true;
-}
-
-dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world,
-                         dsc_step_work *out) {
-  memset(out, 0, sizeof *out);
-  int cap = 0;
-  for (int i = 0; i < p->n_instrs; i++) {
-    const cg_instr *in = &p->instrs[i];
-    dsc_step_event ev = {DSC_EV_COMPUTE, 0, 0, 0};
-    switch (in->kind) {
-      case CG_INS_LAUNCH:
-        ev.flops = kernel_flops(p->kernels[in->kernel]);
-        out->kernel_flops += ev.flops;
-        break;
-      case CG_INS_GEMM: {
-        const cg_gemm *g = &in->gemm;
-        ev.flops = 2.0 * (double)g->m * (double)g->n * (double)g->k * (double)g->batch[0] *
-                   (double)g->batch[1];
-        out->gemm_flops += ev.flops;
-        break;
-      }
-      case CG_INS_EMBEDDING_GRAD:
-        ev.flops = (double)in->n_ids * (double)in->cols;
-        out->kernel_flops += ev.flops;
-        break;
-      case CG_INS_COPY:
-        ev.flops = (double)in->numel;
-        out->kernel_flops += ev.flops;
-        break;
-      case CG_INS_COLLECTIVE_START: {
-        const cg_collective *c = &in->coll;
-        dsc_coll_kind k = c->kind == CG_COLL_ALL_REDUCE       ? DSC_COLL_ALL_REDUCE
-                          : c->kind == CG_COLL_REDUCE_SCATTER ? DSC_COLL_REDUCE_SCATTER
-                          : c->kind == CG_COLL_ALL_GATHER     ? DSC_COLL_ALL_GATHER
-                                                              : DSC_COLL_BROADCAST;
-        /* the op's world (module meta zero.world is absent at stage 0) */
-        int64_t n = c->world > 0 ? c->world : world;
-        double payload = (double)c->count * (double)dsc_dtype_size(c->dtype);
-        if (k == DSC_COLL_ALL_GATHER) payload *= (double)n; /* count: what each rank sends */
-        ev.kind = DSC_EV_START;
-        ev.coll = c->id;
-        ev.link_bytes = dsc_ring_bytes(k, payload, n);
-        out->coll_bytes[k] += payload;
-        out->link_bytes[k] += ev.link_bytes;
-        out->coll_count[k]++;
-        if (c->id + 1 > out->n_coll) out->n_coll = c->id + 1;
-        break;
-      }
-      case CG_INS_COLLECTIVE_WAIT:
-        ev.kind = DSC_EV_WAIT;
-        ev.coll = in->coll.id;
-        break;
-      case CG_INS_TIER_START: /* disk transfers: overlapped, not compute */
-      case CG_INS_TIER_WAIT:
-        break;
-    }
-    if (!push_event(out, &cap, ev)) {
-      dsc_step_work_free(out);
-      ir_error(ctx, ir_no_loc, "auto: out of memory");
-      return DSC_ERR_INTERNAL;
-    }
-  }
-  return DSC_OK;
-}
-
-/* ---------------------------------------------------------------------------
- * The cost */
-
-#define DEFAULT_LATENCY_US 10.0
-#define OFFLOAD_HIDDEN 0.5 /* share of offload transfers overlapped with compute */
-
-void dsc_step_cost_eval(const dsc_step_work *w, const dsc_rates *r, int64_t host_bytes,
-                        int64_t disk_bytes, dsc_step_cost *out) {
-  memset(out, 0, sizeof *out);
-  double rate = r->compute_gflops * 1e9, link = r->link_gbps * 1e9;
-  double lat = (r->coll_latency_us > 0 ? r->coll_latency_us : DEFAULT_LATENCY_US) * 1e-6;
-  out->compute_s = (w->gemm_flops + w->kernel_flops) / rate;
-  /* one compute stream (t) and one communication stream (comm_free) */
-  double *end = w->n_coll > 0 ? calloc((size_t)w->n_coll, sizeof *end) : NULL;
-  double t = 0, comm_free = 0;
-  for (int i = 0; i < w->n_events; i++) {
-    const dsc_step_event *e = &w->events[i];
-    if (e->kind == DSC_EV_COMPUTE) {
-      t += e->flops / rate;
-    } else if (e->kind == DSC_EV_START) {
-      double dur = lat + e->link_bytes / link;
-      double begin = t > comm_free ? t : comm_free;
-      comm_free = begin + dur;
-      out->comm_s += dur;
-      if (end && e->coll >= 0 && e->coll < w->n_coll) end[e->coll] = comm_free;
-    } else if (end && e->coll >= 0 && e->coll < w->n_coll && end[e->coll] > t) {
-      t = end[e->coll]; /* the wait stalls compute */
-    }
-  }
-  if (w->n_coll > 0 && !end) t = out->compute_s + out->comm_s; /* no memory: nothing overlaps */
-  free(end);
-  out->exposed_comm_s = t - out->compute_s;
-  if (out->exposed_comm_s < 0) out->exposed_comm_s = 0; /* rounding */
-  double xfer = 0;
-  if (host_bytes > 0) xfer += 2.0 * (double)host_bytes / (r->host_gbps * 1e9);
-  if (disk_bytes > 0) xfer += 2.0 * (double)disk_bytes / (r->disk_gbps * 1e9);
-  double hidden = OFFLOAD_HIDDEN * xfer;
-  if (hidden > out->compute_s) hidden = out->compute_s;
-  out->offload_s = xfer - hidden;
-  out->step_s = out->compute_s + out->exposed_comm_s + out->offload_s;
-}
-
-/* ---------------------------------------------------------------------------
  * The search */
 
 /* lightest first: auto (driver/offload_auto.c) moves only what the budget
  * requires, so it sits between none and moving a whole class to host */
-static const char *const tier_name[4] = {"none", "auto", "host", "disk"};
+static const dsc_offload_tier tier_at[4] = {DSC_OFFLOAD_NONE, DSC_OFFLOAD_AUTO, DSC_OFFLOAD_HOST,
+                                            DSC_OFFLOAD_DISK};
 #define TIER_DISK 3
-static const char *const act_name[3] = {"none", "selective", "blocks"};
+static const dsc_remat_policy act_at[3] = {DSC_REMAT_NONE, DSC_REMAT_SELECTIVE, DSC_REMAT_BLOCKS};
 
-static int tier_of(const char *s) {
-  dsc_offload_tier t;
-  if (dsc_offload_from_name(s, &t) != 0) return -1; /* DeepSpeed's names too */
+static int tier_of(dsc_offload_tier t) {
   for (int i = 0; i < 4; i++)
-    if (strcmp(dsc_offload_name(t), tier_name[i]) == 0) return i;
+    if (tier_at[i] == t) return i;
   return -1;
 }
 
@@ -249,21 +50,28 @@ static void bytes_flag(char *buf, size_t n, int64_t b) {
 }
 
 void dsc_autocfg_flags(const dsc_autocfg_candidate *c, int64_t world, char *buf, size_t n) {
-  char b1[32], b2[32];
-  int k = snprintf(buf, n, "--zero-stage %d --checkpoint-activations %s", world > 1 ? c->zero_stage : 0,
-                   c->checkpoint_activations);
+  const dsc_run_knobs *kb = &c->knobs;
+  char b1[32], b2[32], act[32];
+  if (kb->remat == DSC_REMAT_BLOCKS && kb->remat_every > 1)
+    snprintf(act, sizeof act, "blocks:%" PRId64, kb->remat_every);
+  else
+    snprintf(act, sizeof act, "%s", dsc_remat_name(kb->remat));
+  int k = snprintf(buf, n, "--zero-stage %" PRId64 " --checkpoint-activations %s",
+                   world > 1 ? kb->zero_stage : 0, act);
   if (k < 0 || (size_t)k >= n) return;
-  if (strcmp(c->offload_optimizer, "none") != 0)
-    k += snprintf(buf + k, n - (size_t)k, " --offload-optimizer %s", c->offload_optimizer);
+  if (kb->offload_optimizer != DSC_OFFLOAD_NONE)
+    k += snprintf(buf + k, n - (size_t)k, " --offload-optimizer %s",
+                  dsc_offload_name(kb->offload_optimizer));
   if ((size_t)k >= n) return;
-  if (strcmp(c->offload_param, "none") != 0)
-    k += snprintf(buf + k, n - (size_t)k, " --offload-param %s", c->offload_param);
+  if (kb->offload_param != DSC_OFFLOAD_NONE)
+    k += snprintf(buf + k, n - (size_t)k, " --offload-param %s",
+                  dsc_offload_name(kb->offload_param));
   if ((size_t)k >= n) return;
-  bytes_flag(b1, sizeof b1, c->bucket_bytes);
-  bytes_flag(b2, sizeof b2, c->prefetch_bytes);
-  if (c->has_bucket_bytes) k += snprintf(buf + k, n - (size_t)k, " --bucket-bytes %s", b1);
+  bytes_flag(b1, sizeof b1, kb->bucket_bytes);
+  bytes_flag(b2, sizeof b2, kb->prefetch_bytes);
+  if (kb->has_bucket_bytes) k += snprintf(buf + k, n - (size_t)k, " --bucket-bytes %s", b1);
   if ((size_t)k >= n) return;
-  if (c->has_prefetch_bytes) snprintf(buf + k, n - (size_t)k, " --prefetch-bytes %s", b2);
+  if (kb->has_prefetch_bytes) snprintf(buf + k, n - (size_t)k, " --prefetch-bytes %s", b2);
 }
 
 typedef struct {
@@ -280,14 +88,10 @@ typedef struct {
 static int try_candidate(search *s, dsc_autocfg_candidate c) {
   if (s->r->n_planned >= s->max_plans || s->r->n >= DSC_AUTOCFG_MAX) return -2;
   dsc_plan_options po = s->o->base;
-  po.has_zero_stage = true, po.zero_stage = c.zero_stage;
-  po.checkpoint_activations = c.checkpoint_activations;
-  po.offload_optimizer = c.offload_optimizer, po.offload_param = c.offload_param;
+  po.knobs = c.knobs; /* the base's with the candidate's choices */
   /* offload auto fits this budget; when it cannot, the candidate does not fit */
   po.memory_budget = s->o->memory_budget, po.host_memory_budget = s->o->host_memory_budget;
   po.offload_auto_lenient = true;
-  po.has_bucket_bytes = c.has_bucket_bytes, po.bucket_bytes = c.bucket_bytes;
-  po.has_prefetch_bytes = c.has_prefetch_bytes, po.prefetch_bytes = c.prefetch_bytes;
   dsc_step_work w;
   s->r->n_planned++;
   dsc_status st = dsc_plan_memory_work(s->ctx, &po, &c.plan, &w);
@@ -331,23 +135,23 @@ static void rank_candidates(dsc_autocfg_result *r) {
 static int refine(search *s) {
   static const int64_t buckets[] = {(int64_t)4 << 20, (int64_t)100 << 20};
   static const int64_t prefetches[] = {(int64_t)16 << 20, (int64_t)256 << 20};
-  const dsc_plan_options *b = &s->o->base;
+  const dsc_run_knobs *b = &s->o->base.knobs;
   if (s->r->n_fit == 0 || s->o->base.world <= 1) return 0;
   dsc_autocfg_candidate best = s->r->cand[0];
-  if (best.zero_stage >= 2 && !b->has_bucket_bytes) {
+  if (best.knobs.zero_stage >= 2 && !b->has_bucket_bytes) {
     for (size_t i = 0; i < sizeof buckets / sizeof buckets[0]; i++) {
       dsc_autocfg_candidate c = best;
-      c.has_bucket_bytes = true, c.bucket_bytes = buckets[i];
+      c.knobs.has_bucket_bytes = true, c.knobs.bucket_bytes = buckets[i];
       int k = try_candidate(s, c);
       if (k == -1) return -1;
     }
     rank_candidates(s->r);
     best = s->r->cand[0];
   }
-  if (best.zero_stage == 3 && !b->has_prefetch_bytes) {
+  if (best.knobs.zero_stage == 3 && !b->has_prefetch_bytes) {
     for (size_t i = 0; i < sizeof prefetches / sizeof prefetches[0]; i++) {
       dsc_autocfg_candidate c = best;
-      c.has_prefetch_bytes = true, c.prefetch_bytes = prefetches[i];
+      c.knobs.has_prefetch_bytes = true, c.knobs.prefetch_bytes = prefetches[i];
       if (try_candidate(s, c) == -1) return -1;
     }
     rank_candidates(s->r);
@@ -370,9 +174,10 @@ dsc_status dsc_autocfg_search(dsc_context *ctx, const dsc_autocfg_options *o,
     ir_error(ctx, ir_no_loc, "auto: every rate (compute, link, host, disk) must be positive");
     return DSC_ERR_USER;
   }
-  int fixed_opt = b->offload_optimizer ? tier_of(b->offload_optimizer) : -1;
-  int fixed_param = b->offload_param ? tier_of(b->offload_param) : -1;
-  if ((b->offload_optimizer && fixed_opt < 0) || (b->offload_param && fixed_param < 0)) {
+  const dsc_run_knobs *kb = &b->knobs;
+  int fixed_opt = kb->has_offload_optimizer ? tier_of(kb->offload_optimizer) : -1;
+  int fixed_param = kb->has_offload_param ? tier_of(kb->offload_param) : -1;
+  if ((kb->has_offload_optimizer && fixed_opt < 0) || (kb->has_offload_param && fixed_param < 0)) {
     ir_error(ctx, ir_no_loc, "auto: offload must be none, host, disk or auto");
     return DSC_ERR_USER;
   }
@@ -385,7 +190,7 @@ dsc_status dsc_autocfg_search(dsc_context *ctx, const dsc_autocfg_options *o,
   if (s.max_plans > DSC_AUTOCFG_MAX) s.max_plans = DSC_AUTOCFG_MAX;
   int64_t world = b->world > 1 ? b->world : 1;
   int s_lo = 0, s_hi = world > 1 ? 3 : 0;
-  if (b->has_zero_stage) s_lo = s_hi = b->zero_stage;
+  if (kb->has_zero_stage) s_lo = s_hi = (int)kb->zero_stage;
   bool stopped = false;
   for (int stage = s_lo; stage <= s_hi && !stopped; stage++) {
     /* offload combinations, lightest first: (optimizer tier, param tier);
@@ -420,17 +225,17 @@ dsc_status dsc_autocfg_search(dsc_context *ctx, const dsc_autocfg_options *o,
       int ao = ot == 2 ? 1 : ot, ap = pt == 2 ? 1 : pt; /* host -> auto */
       int no = ot == 1 ? 0 : ot, np = pt == 1 ? 0 : pt; /* auto -> none */
       for (int a = 0; a < 3; a++) {
-        if (b->checkpoint_activations && a > 0) break;
+        if (kb->has_remat && a > 0) break;
         if ((ao != ot || ap != pt) && auto_failed[ao][ap][a]) continue;
         if ((no != ot || np != pt) && fit_at[no][np][a]) continue;
         dsc_autocfg_candidate c;
         memset(&c, 0, sizeof c);
-        c.zero_stage = stage;
-        c.offload_optimizer = tier_name[combos[ci][0]];
-        c.offload_param = tier_name[combos[ci][1]];
-        c.checkpoint_activations = b->checkpoint_activations ? b->checkpoint_activations : act_name[a];
-        c.has_bucket_bytes = b->has_bucket_bytes, c.bucket_bytes = b->bucket_bytes;
-        c.has_prefetch_bytes = b->has_prefetch_bytes, c.prefetch_bytes = b->prefetch_bytes;
+        c.knobs = *kb; /* the fixed choices and the rest of the run's knobs */
+        c.knobs.has_zero_stage = true, c.knobs.zero_stage = stage;
+        c.knobs.has_offload_optimizer = true, c.knobs.offload_optimizer = tier_at[ot];
+        c.knobs.has_offload_param = true, c.knobs.offload_param = tier_at[pt];
+        if (!kb->has_remat)
+          c.knobs.has_remat = true, c.knobs.remat = act_at[a], c.knobs.remat_every = 1;
         int k = try_candidate(&s, c);
         if (k == -1) return s.st; /* the model or a setting is at fault: say so, stop */
         if (k == -2) {

@@ -13,15 +13,23 @@
 #include "dsc/trainer.h"
 #include "runtime/runtime.h"
 
-/* ======================= driver/train.c =======================
- * The modules of a training run, shared with dsc compile (driver/program.c)
- * so that a .dsx holds exactly the graphs `dsc train MODEL.dsm` builds. */
+/* ======================= driver/build.c =======================
+ * The build steps every job shares (dsc train, plan, compile, sample,
+ * offload auto, auto-configuration): the other driver files call these and
+ * this file calls none of them but driver/cost.c (scripts/check-layers.sh
+ * keeps it so). A .dsx thus holds exactly the graphs `dsc train MODEL.dsm`
+ * builds, and a plan is of the step the trainer runs. */
 typedef struct {
   int64_t B, T, vocab;
 } drv_model_facts;
 /* A .dsx path: the magic, or the extension (a renamed model file must then
  * fail as a program file, not be compiled as a model). */
 bool drv_is_program(const char *path);
+/* The model file compiled with dims B and T bound where > 0. */
+dsc_status drv_compile_model(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+                             dsc_module **out);
+/* forward(tokens: int[B, T], targets: int[B, T]) -> scalar loss. */
+dsc_status drv_check_forward(dsc_context *ctx, const char *path, const dsc_graph *g);
 /* Compiles the step module of model `path` at batch B, seq T (0: the
  * model's), checks forward(tokens, targets) -> loss and the context. */
 dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T,
@@ -35,56 +43,32 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
                             dsc_module **fwd);
 /* train_step(tokens[rows, T], targets[rows, T], lr: f32[]) -> 2 or 3 outputs. */
 dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T);
-
-/* ======================= driver/settings.c =======================
- * The run settings that override the model's train section, applied the
- * same way by dsc train (driver/train.c), dsc plan (driver/plan.c) and dsc
- * compile (driver/program.c): precision, grad_accum (or from the global
- * batch: global = B x grad_accum x world), the world, ZeRO's knobs, the
- * remat policy, the offload tiers. Unset fields (0, NULL, has_ false) keep
- * the section's values. Errors start with `who` ("trainer", "plan", ...). */
-typedef struct {
-  const char *who;
-  int64_t B, world, grad_accum, global_batch;
-  const char *precision;
-  bool has_zero_stage;
-  int zero_stage;
-  bool has_prefetch_bytes, has_bucket_bytes, has_persist_threshold, has_unshard_bytes;
-  int64_t prefetch_bytes, bucket_bytes, persist_threshold, unshard_bytes;
-  const char *checkpoint_activations;
-  const char *offload_optimizer, *offload_param;
-  /* the disk tier's streaming: > 0 overrides (--offload-prefetch-bytes with
-   * has_, --offload-io-threads) */
-  bool has_offload_prefetch_bytes;
-  int64_t offload_prefetch_bytes, offload_io_threads;
-} drv_run_settings;
-dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
-                                  dsc_train_config *cfg);
-/* The knobs dsc_plan_options and dsc_trainer_options share (same names in
- * both public structs), as designated initialisers of a drv_run_settings:
- * drv_run_settings rs = {.who = "plan", ..., DRV_RUN_KNOBS(o)}. */
-#define DRV_RUN_KNOBS(o)                                                                        \
-  .global_batch = (o)->global_batch, .has_zero_stage = (o)->has_zero_stage,                      \
-  .zero_stage = (o)->zero_stage, .has_prefetch_bytes = (o)->has_prefetch_bytes,                  \
-  .has_bucket_bytes = (o)->has_bucket_bytes, .has_persist_threshold = (o)->has_persist_threshold, \
-  .has_unshard_bytes = (o)->has_unshard_bytes, .prefetch_bytes = (o)->prefetch_bytes,            \
-  .bucket_bytes = (o)->bucket_bytes, .persist_threshold = (o)->persist_threshold,                \
-  .unshard_bytes = (o)->unshard_bytes, .checkpoint_activations = (o)->checkpoint_activations,    \
-  .offload_optimizer = (o)->offload_optimizer, .offload_param = (o)->offload_param,              \
-  .has_offload_prefetch_bytes = (o)->has_offload_prefetch_bytes,                                 \
-  .offload_prefetch_bytes = (o)->offload_prefetch_bytes,                                         \
-  .offload_io_threads = (o)->offload_io_threads
-
-/* ======================= driver/plan.c =======================
- * The memory plan of step module m's train_step (codegen/memplan.c) with
+/* The memory plan of step module m's train_step (codegen/memplan.c) with
  * the CPU runtime's GEMM scratch for `threads` (0: one per core, the
  * executor's default: drv_default_threads). */
 int drv_default_threads(int threads);
 dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out);
 /* drv_plan_step that also summarises the lowered program for the cost
- * model into *work when work is not NULL (driver/autocfg.c). */
+ * model into *work when work is not NULL (driver/cost.c). */
 dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
                               dsc_step_work *work);
+
+/* ======================= driver/settings.c =======================
+ * The run settings that override the model's train section, applied the
+ * same way by dsc train (driver/train.c), dsc plan (driver/plan.c) and dsc
+ * compile (driver/program.c): precision, grad_accum (or from the global
+ * batch: global = B x grad_accum x world), the world and the run knobs
+ * (include/dsc/settings.h: ZeRO's, the remat policy, the offload tiers).
+ * Unset fields (0, NULL, has_ false) keep the section's values. Errors
+ * start with `who` ("trainer", "plan", ...). */
+typedef struct {
+  const char *who;
+  int64_t B, world, grad_accum;
+  const char *precision;
+  const dsc_run_knobs *knobs; /* NULL: none set */
+} drv_run_settings;
+dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
+                                  dsc_train_config *cfg);
 
 /* ======================= driver/limits.c ======================= */
 /* Refuses a grad_accum whose unrolled step IR would not fit this host
@@ -138,7 +122,7 @@ void drv_offload_report_to_plan(const drv_offload_report *rep, dsc_memory_plan *
 dsc_status drv_offload_auto_keep(dsc_context *ctx, const char *path, dsc_train_config *cfg,
                                  const drv_offload_budget *b, ir_arena *keep, char **text);
 
-/* ======================= driver/autocfg.c =======================
+/* ======================= driver/cost.c =======================
  * The cost model's summary of a step program of `world` ranks: FLOPs and
  * collectives in program order (include/dsc/autocfg.h). */
 dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world,

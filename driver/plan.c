@@ -1,5 +1,5 @@
 /* dsc_plan_memory (include/dsc/memplan.h): the modules `dsc train` builds
- * (driver/train.c's drv_compile_step and drv_build_graphs, the same
+ * (driver/build.c: drv_compile_step and drv_build_graphs, the same
  * settings), lowered and read by codegen/memplan.c. Nothing is allocated for
  * the model's values and nothing runs, so a plan for 64 ranks of GPT-2 takes
  * the time of one compile on any machine. */
@@ -11,41 +11,6 @@
 #include "driver/driver.h"
 #include "dsc/autocfg.h"
 #include "dsc/memplan.h"
-
-static int64_t sgemm_scratch(const cg_gemm *g) { return rt_sgemm_scratch_floats(g); }
-
-int drv_default_threads(int threads) {
-  if (threads > 0) return threads;
-  long n = sysconf(_SC_NPROCESSORS_ONLN); /* runtime/exec.c's default */
-  return n < 1 ? 1 : (int)n;
-}
-
-dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out) {
-  return drv_plan_step_work(ctx, m, threads, out, NULL);
-}
-
-dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
-                              dsc_step_work *work) {
-  const dsc_graph *g = dsc_module_find_graph(m, "train_step");
-  if (!g) {
-    ir_error(ctx, ir_no_loc, "memory plan: the module has no graph 'train_step'");
-    return DSC_ERR_INTERNAL;
-  }
-  ir_arena a;
-  ir_arena_init(&a, ctx);
-  cg_memplan_options o = {drv_default_threads(threads), NULL};
-#ifdef DSC_HAVE_LLVM
-  if (rt_sgemm_supported()) o.gemm_scratch_floats = sgemm_scratch; /* runtime/gemm_cpu.c */
-#else
-  (void)sgemm_scratch;
-#endif
-  cg_program *prog = NULL;
-  dsc_status st = cg_memplan_graph(g, &a, &o, out, work ? &prog : NULL);
-  /* the cost model's summary of the program (driver/autocfg.c) */
-  if (st == DSC_OK && work) st = drv_step_work(ctx, prog, out->world, work);
-  ir_arena_release(&a);
-  return st;
-}
 
 static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_module **m,
                              dsc_memory_plan *out, dsc_step_work *work) {
@@ -59,14 +24,9 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
     return DSC_ERR_USER;
   }
   int64_t world = o->world > 1 ? o->world : 1;
-  if (o->batch < 0 || o->seq < 0 || o->grad_accum < 0 || o->global_batch < 0 || world > INT32_MAX) {
+  if (o->batch < 0 || o->seq < 0 || o->grad_accum < 0 || world > INT32_MAX) {
     ir_error(ctx, ir_no_loc,
-             "plan: batch, seq, grad_accum and global_batch must not be negative, "
-             "world at most 2^31-1");
-    return DSC_ERR_USER;
-  }
-  if (o->has_zero_stage && (o->zero_stage < 0 || o->zero_stage > 3)) {
-    ir_error(ctx, ir_no_loc, "plan: the ZeRO stage must be 0, 1, 2 or 3, got %d", o->zero_stage);
+             "plan: batch, seq and grad_accum must not be negative, world at most 2^31-1");
     return DSC_ERR_USER;
   }
   drv_model_facts f;
@@ -75,8 +35,12 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   dsc_train_config cfg;
   if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;
   cfg.batch = f.B, cfg.seq = f.T;
-  drv_run_settings rs = {.who = "plan", .B = f.B, .world = world, .grad_accum = o->grad_accum,
-                         .precision = o->precision, DRV_RUN_KNOBS(o)};
+  drv_run_settings rs = {.who = "plan",
+                         .B = f.B,
+                         .world = world,
+                         .grad_accum = o->grad_accum,
+                         .precision = o->precision,
+                         .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, &cfg)) != DSC_OK) return st;
   /* offload auto: the values the budget requires (driver/offload_auto.c) */
   drv_offload_budget ob = {o->memory_budget, o->host_memory_budget, o->offload_dir != NULL,

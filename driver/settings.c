@@ -14,32 +14,13 @@ dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
              s->precision);
     return DSC_ERR_USER;
   }
-  /* Data parallelism: the world, the stage, and grad_accum from a global
-   * batch (DeepSpeed's train_batch_size = micro x accum x world). */
+  /* Data parallelism: the world, the knobs (ZeRO's, remat, offload, the
+   * global batch: range-checked by the settings table), and grad_accum from
+   * a global batch (DeepSpeed's train_batch_size = micro x accum x world). */
   cfg->world = s->world > 1 ? s->world : 1;
-  if (s->has_zero_stage) cfg->zero.stage = s->zero_stage;
-  if (s->has_prefetch_bytes) cfg->zero.prefetch_bytes = s->prefetch_bytes;
-  if (s->has_bucket_bytes) cfg->zero.bucket_bytes = s->bucket_bytes;
-  if (s->has_persist_threshold) cfg->zero.persist_threshold = s->persist_threshold;
-  if (s->has_unshard_bytes) cfg->zero.unshard_bytes = s->unshard_bytes;
-  if (s->checkpoint_activations &&
-      dsc_remat_parse(s->checkpoint_activations, &cfg->remat, &cfg->remat_every) != 0) {
-    ir_error(ctx, ir_no_loc,
-             "%s: checkpoint_activations '%s' is not none, selective, block, blocks:K or offload", who,
-             s->checkpoint_activations);
-    return DSC_ERR_USER;
-  }
-  const char *names[2] = {s->offload_optimizer, s->offload_param};
-  dsc_offload_tier *dst[2] = {&cfg->offload.optimizer, &cfg->offload.param};
-  for (int i = 0; i < 2; i++)
-    if (names[i] && dsc_offload_from_name(names[i], dst[i]) != 0) {
-      ir_error(ctx, ir_no_loc, "%s: --offload-%s '%s' is not one of none, host (cpu), disk (nvme), auto",
-               who, i ? "param" : "optimizer", names[i]);
-      return DSC_ERR_USER;
-    }
-  if (s->has_offload_prefetch_bytes) cfg->offload.prefetch_bytes = s->offload_prefetch_bytes;
-  if (s->offload_io_threads > 0) cfg->offload.io_threads = s->offload_io_threads;
-  if (s->global_batch > 0) cfg->global_batch = s->global_batch;
+  static const dsc_run_knobs none;
+  dsc_status st = dsc_run_knobs_apply(ctx, who, s->knobs ? s->knobs : &none, cfg);
+  if (st != DSC_OK) return st;
   if (cfg->global_batch > 0) {
     int64_t per = s->B * cfg->world, G = cfg->global_batch;
     if (G % per != 0) {

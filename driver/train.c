@@ -20,39 +20,6 @@
 
 #include "driver/driver.h"
 
-/* ------------------------------------------------------------ model facts */
-
-int64_t dsc_model_vocab(const dsc_graph *g) {
-  if (!g || dsc_graph_input_count(g) < 1) return -1;
-  const dsc_node *first = dsc_graph_input_at(g, 0);
-  int64_t emb = -1, ce = -1;
-  for (int i = 0; i < dsc_graph_node_count(g); i++) {
-    const dsc_node *n = dsc_graph_node(g, i);
-    if (dsc_node_op(n) == DSC_OP_EMBEDDING && dsc_node_input(n, 1) == first) {
-      int64_t rows = dsc_node_type(dsc_node_input(n, 0)).dims[0];
-      if (emb < 0 || rows < emb) emb = rows;
-    }
-    if (dsc_node_op(n) == DSC_OP_CROSS_ENTROPY &&
-        dsc_node_op(dsc_node_input(n, 1)) == DSC_OP_INPUT) {
-      dsc_type lt = dsc_node_type(dsc_node_input(n, 0));
-      int64_t classes = lt.dims[lt.rank - 1];
-      if (ce < 0 || classes < ce) ce = classes;
-    }
-  }
-  if (emb > 0 && ce > 0) return emb < ce ? emb : ce;
-  return emb > 0 ? emb : ce;
-}
-
-int64_t dsc_model_context(const dsc_graph *g) {
-  if (!g) return -1;
-  for (int i = 0; i < dsc_graph_node_count(g); i++) {
-    const dsc_node *n = dsc_graph_node(g, i);
-    if (dsc_node_op(n) == DSC_OP_EMBEDDING && dsc_node_op(dsc_node_input(n, 1)) == DSC_OP_IOTA)
-      return dsc_node_type(dsc_node_input(n, 0)).dims[0];
-  }
-  return -1;
-}
-
 dsc_status dsc_make_logits_graph(dsc_graph *g) {
   dsc_context *ctx = dsc_module_context(dsc_graph_module(g));
   const dsc_node *out = dsc_graph_output_count(g) == 1 ? dsc_graph_output_at(g, 0) : NULL;
@@ -302,9 +269,10 @@ static dsc_status full_values(dsc_trainer *t) {
   dsc_status st = sync_params(t);
   if (st != DSC_OK || !t->shard_world || t->full_fresh) return st;
   ir_error(t->ctx, ir_no_loc,
-           "trainer: the params are sharded (ZeRO stage %s): every rank calls "
+           "trainer: the params are sharded (ZeRO stage %" PRId64
+           "): every rank calls "
            "dsc_trainer_gather first",
-           dsc_module_get_meta(t->m, "zero.stage"));
+           t->cfg.zero.stage);
   return DSC_ERR_USER;
 }
 
@@ -352,42 +320,6 @@ void dsc_trainer_free(dsc_trainer *t) {
   dsc_program_free(t->prog);
   ir_arena_release(&t->arena);
   ir_free(ctx, t, sizeof *t);
-}
-
-static dsc_status compile(dsc_context *ctx, const char *path, int64_t B, int64_t T,
-                          dsc_module **out) {
-  dsc_dim_binding dims[2];
-  int n = 0;
-  if (B > 0) dims[n++] = (dsc_dim_binding){"B", B};
-  if (T > 0) dims[n++] = (dsc_dim_binding){"T", T};
-  dsc_frontend_options fo = {dims, n};
-  return dsc_compile_file(ctx, path, &fo, out);
-}
-
-/* The forward graph of a token model: forward(tokens: int[B, T], targets:
- * int[B, T]) -> scalar loss. */
-static dsc_status check_forward(dsc_context *ctx, const char *path, const dsc_graph *g) {
-  if (!g) {
-    ir_error(ctx, rt_loc(path), "the model has no graph 'forward'");
-    return DSC_ERR_USER;
-  }
-  bool ok = dsc_graph_input_count(g) == 2 && dsc_graph_output_count(g) == 1;
-  for (int i = 0; ok && i < 2; i++) {
-    dsc_type ty = dsc_node_type(dsc_graph_input_at(g, i));
-    dsc_type t0 = dsc_node_type(dsc_graph_input_at(g, 0));
-    ok = (ty.dtype == DSC_I32 || ty.dtype == DSC_I64) && ty.rank == 2 && dsc_type_equal(&ty, &t0);
-  }
-  if (ok) {
-    dsc_type lt = dsc_node_type(dsc_graph_output_at(g, 0));
-    ok = lt.rank == 0 && dsc_dtype_is_float(lt.dtype);
-  }
-  if (!ok) {
-    ir_error(ctx, rt_loc(path),
-             "dsc train needs a token model: forward(tokens: i32[B, T], targets: i32[B, T]) "
-             "returning a scalar loss");
-    return DSC_ERR_USER;
-  }
-  return DSC_OK;
 }
 
 /* Settings recorded in a checkpoint must agree with explicit flags. */
@@ -520,83 +452,6 @@ static void restore_set(const dsc_tensor_set *s, dsc_tensor **dst, const char **
   }
 }
 
-bool drv_is_program(const char *path) {
-  size_t n = strlen(path);
-  return dsc_program_is_file(path) || (n >= 4 && strcmp(path + n - 4, ".dsx") == 0);
-}
-
-/* ------------------------------------------------ the modules of a run
- * Shared with dsc compile (driver/program.c), so that a .dsx holds exactly
- * the graphs `dsc train MODEL.dsm` would build. */
-
-dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T,
-                            dsc_module **m, drv_model_facts *f) {
-  dsc_status st = compile(ctx, path, B, T, m);
-  if (st != DSC_OK) return st;
-  dsc_graph *fg = dsc_module_find_graph(*m, "forward");
-  if ((st = check_forward(ctx, path, fg)) != DSC_OK) return st;
-  dsc_type in_t = dsc_node_type(dsc_graph_input_at(fg, 0));
-  f->B = in_t.dims[0];
-  f->T = in_t.dims[1];
-  f->vocab = dsc_model_vocab(fg);
-  if (f->vocab <= 0) {
-    ir_error(ctx, rt_loc(path),
-             "cannot tell the vocabulary: the first input of 'forward' indexes no embedding and "
-             "no cross_entropy takes an input as targets");
-    return DSC_ERR_USER;
-  }
-  /* Positions beyond the position table would fail at the first step. */
-  int64_t context = dsc_model_context(fg);
-  if (context > 0 && f->T > context) {
-    ir_error(ctx, rt_loc(path),
-             "sequence length %" PRId64 " is longer than the model's context of %" PRId64
-             " positions (its position table); use --seq %" PRId64 " or less",
-             f->T, context, context);
-    return DSC_ERR_USER;
-  }
-  return DSC_OK;
-}
-
-dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
-                            const dsc_train_config *cfg, dsc_backend backend, bool want_fwd,
-                            dsc_module **fwd) {
-  dsc_status st = DSC_OK;
-  /* The forward module shares the step module's param values: executors
-   * and the interpreter look params up by name. */
-  if (want_fwd && (st = compile(ctx, path, cfg->batch, cfg->seq, fwd)) != DSC_OK) return st;
-  dsc_pipeline_options po;
-  memset(&po, 0, sizeof po);
-  po.train = cfg;
-  /* The interpreter runs composite ops itself; compiled backends need the
-   * codegen passes (decompose, fuse) too. */
-  /* the interpreter: up to the tiers (pass offload only sets module meta) */
-  if (backend == DSC_BACKEND_INTERP) po.stop_after = "offload";
-  if ((st = dsc_run_pipeline(m, &po)) != DSC_OK) return st;
-  if (want_fwd && backend != DSC_BACKEND_INTERP) st = dsc_run_codegen_passes(*fwd);
-  return st;
-}
-
-dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T) {
-  const dsc_graph *g = dsc_module_find_graph(m, "train_step");
-  bool shape_ok = g && dsc_graph_input_count(g) == 3 && dsc_graph_output_count(g) >= 2 &&
-                  dsc_graph_output_count(g) <= 3;
-  for (int i = 0; shape_ok && i < 2; i++) {
-    dsc_type ty = dsc_node_type(dsc_graph_input_at(g, i));
-    shape_ok = ty.rank == 2 && ty.dims[0] == rows && ty.dims[1] == T;
-  }
-  if (shape_ok) {
-    dsc_type lt = dsc_node_type(dsc_graph_input_at(g, 2));
-    shape_ok = lt.rank == 0 && lt.dtype == DSC_F32;
-  }
-  if (!shape_ok) {
-    ir_error(ctx, ir_no_loc,
-             "trainer: the pipeline did not produce train_step(tokens[B*K, T], targets[B*K, T], "
-             "lr: f32[]) -> (loss, grad_norm)");
-    return DSC_ERR_INTERNAL;
-  }
-  return DSC_OK;
-}
-
 /* A setting the program was compiled with must agree with an explicit
  * flag (0: not given): the graphs are fixed in the file. */
 static dsc_status program_agrees(dsc_trainer *t, const char *key, const char *flag, int64_t want,
@@ -699,197 +554,237 @@ static dsc_status open_offload_file(dsc_trainer *t, const dsc_trainer_options *o
   return dsc_exec_set_offload_file(t->step_x, path);
 }
 
-static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
-  dsc_context *ctx = t->ctx;
-  ir_arena *a = &t->arena;
-  dsc_checkpoint *ck = NULL;
-  dsc_status st = DSC_OK;
-  int64_t B = o->batch, T = o->seq, K = o->grad_accum;
-  if (B < 0 || T < 0 || K < 0 || o->steps < 0 || o->eval_batches < 0 || o->stop_at < 0 ||
-      o->global_batch < 0) {
-    ir_error(ctx, ir_no_loc,
-             "trainer: batch, seq, grad_accum, global_batch, steps, eval_batches and stop_at "
-             "must not be negative");
+/* ------------------------------------------------ opening a trainer
+ * dsc_trainer_open in named steps: resume (the checkpoint), open the
+ * program (model or .dsx), resolve the settings, open the data, build the
+ * graphs, restore, open the executors, open the output. */
+
+typedef struct {
+  const dsc_trainer_options *o;
+  dsc_checkpoint *ck; /* the checkpoint resumed from, or NULL */
+  int64_t B, T, K;    /* the flags', then the checkpoint's, then the model's */
+  const char *model_path, *prefix;
+  int64_t ck_global; /* a resume at another world keeps the global batch */
+  const char *train_path, *val_path;
+  bool has_val; /* this rank evaluates */
+  dsc_backend backend;
+} open_state;
+
+static dsc_status check_options(dsc_trainer *t, const dsc_trainer_options *o) {
+  if (o->batch < 0 || o->seq < 0 || o->grad_accum < 0 || o->steps < 0 || o->eval_batches < 0 ||
+      o->stop_at < 0) {
+    ir_error(t->ctx, ir_no_loc,
+             "trainer: batch, seq, grad_accum, steps, eval_batches and stop_at must not be "
+             "negative");
     return DSC_ERR_USER;
   }
-  if ((st = drv_check_ranks_here(ctx, o->comm)) != DSC_OK ||
-      (o->threads > 0 && (st = rt_check_threads(ctx, o->threads)) != DSC_OK))
+  dsc_status st;
+  if ((st = drv_check_ranks_here(t->ctx, o->comm)) != DSC_OK ||
+      (o->threads > 0 && (st = rt_check_threads(t->ctx, o->threads)) != DSC_OK))
     return st; /* driver/limits.c: before anything is loaded or compiled */
   t->comm = o->comm;
   t->rank = o->comm ? dsc_comm_rank(o->comm) : 0;
   t->world = o->comm ? dsc_comm_world(o->comm) : 1;
   t->info.rank = t->rank, t->info.world = t->world;
-  if ((o->has_prefetch_bytes && o->prefetch_bytes < 0) ||
-      (o->has_bucket_bytes && o->bucket_bytes < 0) ||
-      (o->has_persist_threshold && o->persist_threshold < 0) ||
-      (o->has_unshard_bytes && o->unshard_bytes < 0)) {
-    ir_error(ctx, ir_no_loc, "trainer: prefetch_bytes, bucket_bytes, persist_threshold and "
-             "unshard_bytes must not be negative");
-    return DSC_ERR_USER;
-  }
-  if (o->has_zero_stage && (o->zero_stage < 0 || o->zero_stage > 3)) {
-    ir_error(ctx, ir_no_loc, "trainer: the ZeRO stage must be 0, 1, 2 or 3, got %d",
-             o->zero_stage);
-    return DSC_ERR_USER;
-  }
-  const char *model_path = o->model_path, *prefix = o->data_prefix;
-  int64_t ck_global = 0, ck_stage = -1; /* a resume at another world keeps the global batch */
+  return DSC_OK;
+}
+
+/* --resume: the checkpoint, and what it records of the model, the data and
+ * the shape of a step (batch, seq, grad_accum must agree with the flags). */
+static dsc_status open_resume(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
+  const dsc_trainer_options *o = s->o;
   if (o->resume) {
-    st = dsc_checkpoint_load(ctx, o->resume, NULL, 0, NULL, 0, &ck);
+    dsc_status st = dsc_checkpoint_load(ctx, o->resume, NULL, 0, NULL, 0, &s->ck);
     if (st != DSC_OK) return st;
-    t->info.resumed_from = ir_arena_strdup(a, ck->dir);
-    if (!model_path) model_path = ck_extra(ck, "model");
-    if (!prefix) prefix = ck_extra(ck, "data");
-    if ((st = agree(ctx, ck, "batch", &B)) != DSC_OK ||
-        (st = agree(ctx, ck, "seq", &T)) != DSC_OK ||
-        (st = agree(ctx, ck, "grad_accum", &K)) != DSC_OK)
-      goto done;
-    int64_t ck_w = 1;
+    const dsc_checkpoint *ck = s->ck;
+    t->info.resumed_from = ir_arena_strdup(&t->arena, ck->dir);
+    if (!s->model_path) s->model_path = ck_extra(ck, "model");
+    if (!s->prefix) s->prefix = ck_extra(ck, "data");
+    if ((st = agree(ctx, ck, "batch", &s->B)) != DSC_OK ||
+        (st = agree(ctx, ck, "seq", &s->T)) != DSC_OK ||
+        (st = agree(ctx, ck, "grad_accum", &s->K)) != DSC_OK)
+      return st;
+    int64_t ck_w = 1, B = s->B, K = s->K;
     if (ck_extra(ck, "world") && parse_i64(ck_extra(ck, "world"), &ck_w) && ck_w != t->world &&
         o->grad_accum <= 0 && K > 0 && ck_w > 0 && B > 0 && K <= INT64_MAX / B / ck_w)
-      ck_global = B * K * ck_w, K = 0; /* grad_accum follows from the world below */
-    if (ck_extra(ck, "zero_stage") && !parse_i64(ck_extra(ck, "zero_stage"), &ck_stage))
-      ck_stage = -1;
-    if (!model_path || !prefix) {
+      s->ck_global = B * K * ck_w, s->K = 0; /* grad_accum follows from the world */
+    if (!s->model_path || !s->prefix) {
       ir_error(ctx, rt_loc(ck->dir), "the checkpoint does not record its %s; give it explicitly",
-               !model_path ? "model file" : "data prefix");
-      st = DSC_ERR_USER;
-      goto done;
+               !s->model_path ? "model file" : "data prefix");
+      return DSC_ERR_USER;
     }
   }
-  if (!model_path || !prefix) {
+  if (!s->model_path || !s->prefix) {
     ir_error(ctx, ir_no_loc, "trainer: %s is required",
-             !model_path ? "a model file" : "a data prefix");
-    st = DSC_ERR_USER;
-    goto done;
+             !s->model_path ? "a model file" : "a data prefix");
+    return DSC_ERR_USER;
   }
-  t->info.model_path = absolute(a, model_path);
-  t->data_prefix = absolute(a, prefix);
-  if (!t->info.model_path || !t->data_prefix) {
-    st = oom(ctx);
-    goto done;
-  }
-  if (drv_is_program(model_path)) {
+  return DSC_OK;
+}
+
+/* The step module: from a program file, else compiled (the forward
+ * signature checked, the vocabulary found). */
+static dsc_status open_program(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
+  t->info.model_path = absolute(&t->arena, s->model_path);
+  t->data_prefix = absolute(&t->arena, s->prefix);
+  if (!t->info.model_path || !t->data_prefix) return oom(ctx);
+  dsc_status st;
+  if (drv_is_program(s->model_path)) {
     if (t->world > 1) {
       /* Its step graph is one rank's, without the gradient all-reduce. */
-      ir_error(ctx, rt_loc(model_path),
+      ir_error(ctx, rt_loc(s->model_path),
                "a .dsx program trains on one rank; data-parallel runs (%d ranks) need the model "
                "file (.dsm)",
                t->world);
-      st = DSC_ERR_USER;
-      goto done;
+      return DSC_ERR_USER;
     }
-    if ((st = dsc_program_open(ctx, model_path, &t->prog)) != DSC_OK) goto done;
+    if ((st = dsc_program_open(ctx, s->model_path, &t->prog)) != DSC_OK) return st;
     t->info.program_path = t->info.model_path;
-  }
-
-  /* The step module: from the program file, else compiled (the forward
-   * signature checked, the vocabulary found). */
-  if (t->prog) {
-    if ((st = program_modules(t, &B, &T, &K, o->precision)) != DSC_OK) goto done;
+    if ((st = program_modules(t, &s->B, &s->T, &s->K, s->o->precision)) != DSC_OK) return st;
   } else {
     drv_model_facts facts;
-    if ((st = drv_compile_step(ctx, model_path, B, T, &t->m, &facts)) != DSC_OK) goto done;
-    B = facts.B, T = facts.T;
+    if ((st = drv_compile_step(ctx, s->model_path, s->B, s->T, &t->m, &facts)) != DSC_OK) return st;
+    s->B = facts.B, s->T = facts.T;
     t->info.vocab = facts.vocab;
   }
-  t->B = B, t->T = T;
+  t->B = s->B, t->T = s->T;
   t->info.model_name = dsc_module_name(t->m);
+  return DSC_OK;
+}
 
-  /* Settings: the train section, then the overrides. */
-  if ((st = dsc_train_config_from_module(t->m, &t->cfg)) != DSC_OK) goto done;
+/* The settings in layers, each over the one before: the defaults and the
+ * train section (dsc_train_config_from_module), the checkpoint's state.json,
+ * the flags. One row per setting a checkpoint records; the run knobs' flags
+ * (ZeRO, remat, offload) are the last layer, drv_apply_run_settings. */
+typedef enum {
+  LAYER_COUNT,   /* int64 >= 1 */
+  LAYER_CADENCE, /* int64 >= 0 */
+  LAYER_RATE,    /* double > 0, finite */
+  LAYER_SEED,    /* uint64 */
+  LAYER_STAGE,   /* the ZeRO stage, in the settings table's range */
+} layer_kind;
+typedef struct {
+  const char *ck_key; /* in the checkpoint's state; NULL: not recorded */
+  layer_kind kind;
+  void *field;   /* of dsc_train_config */
+  bool flag_set; /* the flag's value below overrides */
+  int64_t flag_i;
+  double flag_f;
+} setting_layer;
+
+static void apply_layers(const setting_layer *rows, int n, const dsc_checkpoint *ck) {
+  for (int i = 0; i < n; i++) {
+    const setting_layer *r = &rows[i];
+    const char *s = ck && r->ck_key ? ck_extra(ck, r->ck_key) : NULL;
+    int64_t v = 0;
+    uint64_t u = 0;
+    if (s && r->kind == LAYER_RATE) {
+      char *end;
+      double f = strtod(s, &end);
+      if (!*end && f > 0 && isfinite(f)) *(double *)r->field = f;
+    } else if (s && r->kind == LAYER_SEED) {
+      if (sscanf(s, "%" SCNu64, &u) == 1) *(uint64_t *)r->field = u;
+    } else if (s && r->kind == LAYER_STAGE) {
+      /* the range of the settings table's row (include/dsc/settings.h) */
+      dsc_setting_value sv;
+      if (dsc_setting_parse(dsc_setting_find("zero.stage"), s, true, &sv))
+        *(int64_t *)r->field = sv.i;
+    } else if (s && parse_i64(s, &v) && (r->kind == LAYER_COUNT ? v > 0 : v >= 0)) {
+      *(int64_t *)r->field = v;
+    }
+    if (!r->flag_set) continue;
+    if (r->kind == LAYER_RATE)
+      *(double *)r->field = r->flag_f;
+    else if (r->kind == LAYER_SEED)
+      *(uint64_t *)r->field = (uint64_t)r->flag_i;
+    else
+      *(int64_t *)r->field = r->flag_i;
+  }
+}
+
+/* A resumed run keeps its precision (its optimizer states depend on it); a
+ * program file's graphs fix it (agreed with the flag in program_modules)
+ * and, with muon's separate adam_lr, the ratio of the two rates. */
+static dsc_status resolve_precision(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
   dsc_train_config *cfg = &t->cfg;
-  cfg->batch = B, cfg->seq = T;
-  if (K > 0) cfg->grad_accum = K;
-  /* A resumed run keeps its schedule (steps, lr) unless told otherwise. */
-  int64_t ck_steps = 0;
-  if (ck && parse_i64(ck_extra(ck, "steps"), &ck_steps) && ck_steps > 0) cfg->steps = ck_steps;
-  if (ck && ck_extra(ck, "lr")) {
-    char *end;
-    double lr = strtod(ck_extra(ck, "lr"), &end);
-    if (!*end && lr > 0 && isfinite(lr)) cfg->opt.lr = lr;
+  const char *flag = s->o->precision;
+  if (flag && dsc_precision_from_name(flag, &cfg->precision) != 0) {
+    ir_error(ctx, ir_no_loc, "trainer: precision '%s' is not one of f32, bf16, fp16", flag);
+    return DSC_ERR_USER;
   }
-  if (o->steps > 0) cfg->steps = o->steps;
-  if (o->lr > 0) cfg->opt.lr = o->lr;
-  if (o->precision && dsc_precision_from_name(o->precision, &cfg->precision) != 0) {
-    ir_error(ctx, ir_no_loc, "trainer: precision '%s' is not one of f32, bf16, fp16", o->precision);
-    st = DSC_ERR_USER;
-    goto done;
-  }
-  /* A resumed run keeps its precision (its optimizer states depend on it)
-   * and, unless told otherwise, its checkpoint and evaluation cadence. */
-  const char *ck_prec = ck ? ck_extra(ck, "precision") : NULL;
+  const char *ck_prec = s->ck ? ck_extra(s->ck, "precision") : NULL;
   if (ck_prec) {
     dsc_precision p;
     if (dsc_precision_from_name(ck_prec, &p) != 0) {
-      ir_error(ctx, rt_loc(ck->dir), "malformed checkpoint state: \"precision\" is '%s'", ck_prec);
-      st = DSC_ERR_USER;
-      goto done;
+      ir_error(ctx, rt_loc(s->ck->dir), "malformed checkpoint state: \"precision\" is '%s'",
+               ck_prec);
+      return DSC_ERR_USER;
     }
-    if (o->precision && p != cfg->precision) {
-      ir_error(ctx, rt_loc(ck->dir),
+    if (flag && p != cfg->precision) {
+      ir_error(ctx, rt_loc(s->ck->dir),
                "the checkpoint was trained with precision %s, not %s (a resumed run keeps its "
                "precision)",
-               ck_prec, o->precision);
-      st = DSC_ERR_USER;
-      goto done;
+               ck_prec, flag);
+      return DSC_ERR_USER;
     }
     cfg->precision = p;
   }
-  if (t->prog) {
-    /* The graphs fix the precision (agreed with the flag above) and, with
-     * muon's separate adam_lr, the ratio of the two rates. */
-    dsc_precision have = cfg->precision;
-    dsc_precision_from_name(dsc_program_meta(t->prog, "precision"), &have);
-    if (ck_prec && have != cfg->precision) {
-      ir_error(ctx, rt_loc(ck->dir), "the checkpoint was trained with precision %s, %s holds %s",
-               ck_prec, dsc_program_path(t->prog), dsc_precision_name(have));
-      st = DSC_ERR_USER;
-      goto done;
-    }
-    cfg->precision = have;
-    const char *plr = dsc_program_meta(t->prog, "lr");
-    if (cfg->opt.kind == DSC_OPT_MUON && cfg->opt.adam_lr > 0 &&
-        (!plr || strtod(plr, NULL) != cfg->opt.lr)) {
-      ir_error(ctx, rt_loc(dsc_program_path(t->prog)),
-               "was compiled for lr %s, not %g (muon with adam_lr: the ratio is in the graph; "
-               "recompile with dsc compile --lr %g)",
-               plr ? plr : "?", cfg->opt.lr, cfg->opt.lr);
-      st = DSC_ERR_USER;
-      goto done;
-    }
+  if (!t->prog) return DSC_OK;
+  dsc_precision have = cfg->precision;
+  dsc_precision_from_name(dsc_program_meta(t->prog, "precision"), &have);
+  if (ck_prec && have != cfg->precision) {
+    ir_error(ctx, rt_loc(s->ck->dir), "the checkpoint was trained with precision %s, %s holds %s",
+             ck_prec, dsc_program_path(t->prog), dsc_precision_name(have));
+    return DSC_ERR_USER;
   }
-  int64_t ck_every = 0;
-  if (ck && parse_i64(ck_extra(ck, "save_every"), &ck_every) && ck_every >= 0)
-    cfg->save_every = ck_every;
-  if (ck && parse_i64(ck_extra(ck, "eval_every"), &ck_every) && ck_every >= 0)
-    cfg->eval_every = ck_every;
-  if (o->log_every > 0) cfg->log_every = o->log_every;
-  if (o->save_every >= 0) cfg->save_every = o->save_every;
-  if (o->eval_every >= 0) cfg->eval_every = o->eval_every;
-  if (o->has_seed)
-    cfg->seed = o->seed;
-  else if (ck && ck_extra(ck, "seed")) {
-    uint64_t s = 0;
-    if (sscanf(ck_extra(ck, "seed"), "%" SCNu64, &s) == 1) cfg->seed = s;
+  cfg->precision = have;
+  const char *plr = dsc_program_meta(t->prog, "lr");
+  if (cfg->opt.kind == DSC_OPT_MUON && cfg->opt.adam_lr > 0 &&
+      (!plr || strtod(plr, NULL) != cfg->opt.lr)) {
+    ir_error(ctx, rt_loc(dsc_program_path(t->prog)),
+             "was compiled for lr %s, not %g (muon with adam_lr: the ratio is in the graph; "
+             "recompile with dsc compile --lr %g)",
+             plr ? plr : "?", cfg->opt.lr, cfg->opt.lr);
+    return DSC_ERR_USER;
   }
-  /* The run settings over the train section (driver/settings.c, as dsc
-   * plan applies them); a checkpoint's stage and global batch first. */
-  if (ck_stage >= 0 && ck_stage <= 3) cfg->zero.stage = ck_stage;
-  if (ck_global > 0) cfg->global_batch = ck_global;
-  drv_run_settings rs = {.who = "trainer", .B = B, .world = t->world, .grad_accum = K,
-                         DRV_RUN_KNOBS(o)};
-  if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) goto done;
-  if (ck) { /* checkpoints hold full tensors: any world and stage resumes them */
+  return DSC_OK;
+}
+
+static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
+  const dsc_trainer_options *o = s->o;
+  dsc_train_config *cfg = &t->cfg;
+  dsc_status st;
+  if ((st = dsc_train_config_from_module(t->m, cfg)) != DSC_OK) return st;
+  cfg->batch = s->B, cfg->seq = s->T;
+  if (s->K > 0) cfg->grad_accum = s->K;
+  const setting_layer layers[] = {
+      {"steps", LAYER_COUNT, &cfg->steps, o->steps > 0, o->steps, 0},
+      {"lr", LAYER_RATE, &cfg->opt.lr, o->lr > 0, 0, o->lr},
+      {"save_every", LAYER_CADENCE, &cfg->save_every, o->save_every >= 0, o->save_every, 0},
+      {"eval_every", LAYER_CADENCE, &cfg->eval_every, o->eval_every >= 0, o->eval_every, 0},
+      {NULL, LAYER_COUNT, &cfg->log_every, o->log_every > 0, o->log_every, 0},
+      {"seed", LAYER_SEED, &cfg->seed, o->has_seed, (int64_t)o->seed, 0},
+      {"zero_stage", LAYER_STAGE, &cfg->zero.stage, false, 0, 0}, /* flag: the knobs below */
+  };
+  apply_layers(layers, (int)(sizeof layers / sizeof layers[0]), s->ck);
+  if ((st = resolve_precision(t, s)) != DSC_OK) return st;
+  if (s->ck_global > 0) cfg->global_batch = s->ck_global;
+  drv_run_settings rs = {
+      .who = "trainer", .B = s->B, .world = t->world, .grad_accum = s->K, .knobs = &o->knobs};
+  if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
+  if (s->ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
-    const char *w = ck_extra(ck, "world");
+    const char *w = ck_extra(s->ck, "world");
     if (w && (!parse_i64(w, &ck_world) || ck_world <= 0)) {
-      ir_error(ctx, rt_loc(ck->dir), "malformed checkpoint state: \"world\" is '%s'", w);
-      st = DSC_ERR_USER;
-      goto done;
+      ir_error(ctx, rt_loc(s->ck->dir), "malformed checkpoint state: \"world\" is '%s'", w);
+      return DSC_ERR_USER;
     }
   }
-  t->K = K = cfg->grad_accum;
+  int64_t B = s->B, T = s->T, K = t->K = s->K = cfg->grad_accum;
   t->seed = cfg->seed;
   t->info.cfg = cfg;
   t->info.global_batch = B * K * t->world;
@@ -897,65 +792,69 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   t->keep_last = o->keep_last;
   if (B > INT64_MAX / K || B * K > INT64_MAX / t->world || B * K * t->world > INT64_MAX / T) {
     ir_error(ctx, ir_no_loc, "trainer: batch * grad_accum * world * seq overflows");
-    st = DSC_ERR_USER;
-    goto done;
+    return DSC_ERR_USER;
   }
+  return DSC_OK;
+}
 
-  /* Data: the training shard must exist, the validation shard may. */
-  const char *train_path = ir_arena_printf(a, "%s_train.bin", t->data_prefix);
-  const char *val_path = ir_arena_printf(a, "%s_val.bin", t->data_prefix);
-  if (!train_path || !val_path) {
-    st = oom(ctx);
-    goto done;
-  }
+/* Data: the training shard must exist, the validation shard may. */
+static dsc_status open_data(dsc_trainer *t, open_state *s) {
+  ir_arena *a = &t->arena;
+  s->train_path = ir_arena_printf(a, "%s_train.bin", t->data_prefix);
+  s->val_path = ir_arena_printf(a, "%s_val.bin", t->data_prefix);
+  if (!s->train_path || !s->val_path) return oom(t->ctx);
   struct stat sb;
-  bool has_val = stat(val_path, &sb) == 0;
+  bool has_val = stat(s->val_path, &sb) == 0;
   /* A validation shard shorter than one window cannot be evaluated: say so
    * and train without it rather than refusing the whole run. */
   if (has_val && sb.st_size >= 0 &&
-      (sb.st_size - (off_t)(DSC_SHARD_HEADER_INTS * 4)) / 2 < T + 1) {
-    ir_diag(ctx, DSC_DIAG_WARNING, rt_loc(val_path),
-            "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation", T + 1);
+      (sb.st_size - (off_t)(DSC_SHARD_HEADER_INTS * 4)) / 2 < s->T + 1) {
+    ir_diag(t->ctx, DSC_DIAG_WARNING, rt_loc(s->val_path),
+            "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation", s->T + 1);
     has_val = false;
   }
   t->val_any = has_val;
-  has_val = has_val && t->rank == 0; /* rank 0 alone evaluates */
-  t->info.data_train = train_path;
-  t->info.data_val = has_val ? val_path : NULL;
+  s->has_val = has_val && t->rank == 0; /* rank 0 alone evaluates */
+  t->info.data_train = s->train_path;
+  t->info.data_val = s->has_val ? s->val_path : NULL;
+  return DSC_OK;
+}
 
-  dsc_backend backend = dsc_backend_default();
-  if (o->backend && dsc_backend_from_name(o->backend, &backend) != 0) {
+/* The graphs: a program file holds them ready (any backend runs them, the
+ * interpreter included); a model file goes through the pipeline. Then the
+ * params, initialised for this rank. */
+static dsc_status open_graphs(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
+  const dsc_trainer_options *o = s->o;
+  dsc_status st;
+  s->backend = dsc_backend_default();
+  if (o->backend && dsc_backend_from_name(o->backend, &s->backend) != 0) {
     ir_error(ctx, ir_no_loc, "unknown backend '%s' (interp, cpu or cuda)", o->backend);
-    st = DSC_ERR_USER;
-    goto done;
+    return DSC_ERR_USER;
   }
-  /* The graphs: a program file holds them ready (any backend runs them, the
-   * interpreter included); a model file goes through the pipeline. */
   if (t->prog) {
-    if (has_val && (st = dsc_program_module(t->prog, "forward", &t->fwd)) != DSC_OK) goto done;
+    if (s->has_val && (st = dsc_program_module(t->prog, "forward", &t->fwd)) != DSC_OK) return st;
   } else {
     /* offload auto: the values the budget requires (driver/offload_auto.c) */
     drv_offload_budget ob = {o->memory_budget, o->host_memory_budget,
                              o->offload_dir && o->offload_dir[0], o->threads, false};
     char *auto_text = NULL;
-    if ((st = drv_check_unroll(ctx, t->m, cfg->grad_accum)) != DSC_OK) goto done;
-    if ((st = drv_offload_auto_keep(ctx, model_path, cfg, &ob, a, &auto_text)) != DSC_OK ||
-        (st = drv_build_graphs(ctx, model_path, t->m, cfg, backend, has_val, &t->fwd)) != DSC_OK)
-      goto done;
+    if ((st = drv_check_unroll(ctx, t->m, t->cfg.grad_accum)) != DSC_OK) return st;
+    if ((st = drv_offload_auto_keep(ctx, s->model_path, &t->cfg, &ob, &t->arena, &auto_text)) !=
+            DSC_OK ||
+        (st = drv_build_graphs(ctx, s->model_path, t->m, &t->cfg, s->backend, s->has_val,
+                               &t->fwd)) != DSC_OK)
+      return st;
     t->info.offload_auto = auto_text;
   }
   if (t->fwd) {
     t->fwd_g = dsc_module_find_graph(t->fwd, "forward");
-    if ((st = check_forward(ctx, model_path, t->fwd_g)) != DSC_OK) goto done;
+    if ((st = drv_check_forward(ctx, s->model_path, t->fwd_g)) != DSC_OK) return st;
   }
-  if ((st = drv_check_step(ctx, t->m, B * K, T)) != DSC_OK) goto done;
+  if ((st = drv_check_step(ctx, t->m, s->B * s->K, s->T)) != DSC_OK) return st;
   t->step_g = dsc_module_find_graph(t->m, "train_step");
-
-  if (!(t->params = dsc_params_init_rank(t->m, cfg->seed, t->rank))) {
-    st = DSC_ERR_INTERNAL;
-    goto done;
-  }
-  if ((st = build_specs(t)) != DSC_OK) goto done;
+  if (!(t->params = dsc_params_init_rank(t->m, t->cfg.seed, t->rank))) return DSC_ERR_INTERNAL;
+  if ((st = build_specs(t)) != DSC_OK) return st;
   for (int i = 0; t->fwd && i < dsc_module_param_count(t->fwd); i++) {
     const char *name = dsc_module_param_name(t->fwd, i);
     int j = dsc_module_find_param(t->m, name);
@@ -965,85 +864,98 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     if (j >= 0 && dsc_module_param_shard(t->m, j, &b_t, &w) < 0) j = -1;
     if (j < 0 || !dsc_type_equal(&a_t, &b_t)) {
       ir_error(ctx, ir_no_loc,
-               "trainer: the validation module's param '%s' is not in the step "
-               "module",
-               name);
-      st = DSC_ERR_INTERNAL;
-      goto done;
+               "trainer: the validation module's param '%s' is not in the step module", name);
+      return DSC_ERR_INTERNAL;
     }
   }
+  return DSC_OK;
+}
 
-  /* Restore: the files must hold exactly this model's params and states. */
-  if (ck) {
-    char *mp = ir_arena_printf(a, "%s/model.safetensors", ck->dir);
-    char *op = ir_arena_printf(a, "%s/optimizer.safetensors", ck->dir);
-    if (!mp || !op) {
-      st = oom(ctx);
-      goto done;
-    }
-    if ((st = dsc_tensor_set_check(ctx, mp, ck->model, t->model_spec, t->n_model)) != DSC_OK ||
-        (st = dsc_tensor_set_check(ctx, op, ck->optimizer, t->opt_spec, t->n_opt)) != DSC_OK)
-      goto done;
-    restore_set(ck->model, t->model_t, t->model_names, t->n_model);
-    restore_set(ck->optimizer, t->opt_t, t->opt_names, t->n_opt);
-    scatter_full(t);
-    t->step = t->info.start_step = ck->state.step;
-    int64_t end = o->stop_at > 0 && o->stop_at < cfg->steps ? o->stop_at : cfg->steps;
-    if (t->step >= end) {
-      ir_error(ctx, rt_loc(ck->dir),
-               "the checkpoint is already at step %" PRId64 "; give --steps (or --stop-at) "
-               "above it to train further",
-               t->step);
-      st = DSC_ERR_USER;
-      goto done;
-    }
-    memcpy(t->rng.s, ck->state.rng, sizeof t->rng.s);
-  } else {
-    ir_rng_seed(&t->rng, cfg->seed);
+/* Restore: the files must hold exactly this model's params and states. */
+static dsc_status restore_checkpoint(dsc_trainer *t, open_state *s) {
+  const dsc_checkpoint *ck = s->ck;
+  if (!ck) {
+    ir_rng_seed(&t->rng, t->cfg.seed);
+    t->last_saved = -1;
+    return DSC_OK;
   }
-  t->last_saved = ck ? t->step : -1;
+  dsc_context *ctx = t->ctx;
+  char *mp = ir_arena_printf(&t->arena, "%s/model.safetensors", ck->dir);
+  char *op = ir_arena_printf(&t->arena, "%s/optimizer.safetensors", ck->dir);
+  if (!mp || !op) return oom(ctx);
+  dsc_status st;
+  if ((st = dsc_tensor_set_check(ctx, mp, ck->model, t->model_spec, t->n_model)) != DSC_OK ||
+      (st = dsc_tensor_set_check(ctx, op, ck->optimizer, t->opt_spec, t->n_opt)) != DSC_OK)
+    return st;
+  restore_set(ck->model, t->model_t, t->model_names, t->n_model);
+  restore_set(ck->optimizer, t->opt_t, t->opt_names, t->n_opt);
+  scatter_full(t);
+  t->step = t->info.start_step = ck->state.step;
+  int64_t end = s->o->stop_at > 0 && s->o->stop_at < t->cfg.steps ? s->o->stop_at : t->cfg.steps;
+  if (t->step >= end) {
+    ir_error(ctx, rt_loc(ck->dir),
+             "the checkpoint is already at step %" PRId64
+             "; give --steps (or --stop-at) "
+             "above it to train further",
+             t->step);
+    return DSC_ERR_USER;
+  }
+  memcpy(t->rng.s, ck->state.rng, sizeof t->rng.s);
+  t->last_saved = t->step;
+  return DSC_OK;
+}
 
-  /* Loaders: ids must be below the vocabulary. */
-  /* Every rank draws the whole global batch (same seed, same order) and
-   * trains on its rows, so a step's sequences do not depend on the world. */
-  dsc_loader_options lo = {B * K * t->world, T, t->info.vocab, cfg->seed, DSC_LOADER_SHUFFLE};
-  if ((st = dsc_loader_open(ctx, train_path, &lo, &t->train)) != DSC_OK) goto done;
-  if (ck && (st = dsc_loader_seek(t->train, ck->state.loader)) != DSC_OK) {
-    ir_error(ctx, rt_loc(ck->dir), "the checkpoint's loader position does not fit %s", train_path);
-    goto done;
+/* Loaders: ids must be below the vocabulary. Every rank draws the whole
+ * global batch (same seed, same order) and trains on its rows, so a step's
+ * sequences do not depend on the world. */
+static dsc_status open_loaders(dsc_trainer *t, open_state *s) {
+  int64_t B = s->B, T = s->T, seed = (int64_t)t->cfg.seed;
+  dsc_loader_options lo = {B * s->K * t->world, T, t->info.vocab, (uint64_t)seed,
+                           DSC_LOADER_SHUFFLE};
+  dsc_status st = dsc_loader_open(t->ctx, s->train_path, &lo, &t->train);
+  if (st != DSC_OK) return st;
+  if (s->ck && (st = dsc_loader_seek(t->train, s->ck->state.loader)) != DSC_OK) {
+    ir_error(t->ctx, rt_loc(s->ck->dir), "the checkpoint's loader position does not fit %s",
+             s->train_path);
+    return st;
   }
   t->info.train_tokens = dsc_loader_tokens(t->train);
-  if (has_val) {
-    dsc_loader_options vo = {B, T, t->info.vocab, cfg->seed, DSC_LOADER_SEQUENTIAL};
-    if ((st = dsc_loader_open(ctx, val_path, &vo, &t->val)) != DSC_OK) goto done;
-    t->info.val_tokens = dsc_loader_tokens(t->val);
-    int64_t per_epoch = dsc_loader_windows(t->val) / B;
-    if (per_epoch < 1) per_epoch = 1;
-    if (t->eval_batches > per_epoch) t->eval_batches = per_epoch;
-  }
+  if (!s->has_val) return DSC_OK;
+  dsc_loader_options vo = {B, T, t->info.vocab, (uint64_t)seed, DSC_LOADER_SEQUENTIAL};
+  if ((st = dsc_loader_open(t->ctx, s->val_path, &vo, &t->val)) != DSC_OK) return st;
+  t->info.val_tokens = dsc_loader_tokens(t->val);
+  int64_t per_epoch = dsc_loader_windows(t->val) / B;
+  if (per_epoch < 1) per_epoch = 1;
+  if (t->eval_batches > per_epoch) t->eval_batches = per_epoch;
+  return DSC_OK;
+}
 
-  /* Executors, holding the params (initialised or restored above). */
+/* Executors, holding the params (initialised or restored above). Memory:
+ * the plan of the step (the same lowering as the executor's) against the
+ * budgets, and the RSS growth over creating the executor (its arenas),
+ * completed by the first step's (dsc_trainer_step). */
+static dsc_status open_executor(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
+  const dsc_trainer_options *o = s->o;
+  dsc_backend backend = s->backend;
   dsc_exec_options xo = {backend, o->threads, NULL};
   char why[1200];
   if (t->prog && backend == DSC_BACKEND_CPU && !dsc_program_cpu_usable(t->prog, why, sizeof why))
     ir_diag(ctx, DSC_DIAG_WARNING, rt_loc(dsc_program_path(t->prog)),
             "compiling the kernels from the IR: %s", why);
-  /* Memory: the plan of the step (the same lowering as the executor's),
-   * and the RSS growth over creating the executor (its arenas), completed
-   * by the first step's (dsc_trainer_step). */
   cg_memplan mplan;
+  dsc_status st;
   if (backend == DSC_BACKEND_CPU && (st = drv_plan_step(ctx, t->m, o->threads, &mplan)) != DSC_OK)
-    goto done;
+    return st;
   if (backend == DSC_BACKEND_CPU && (st = drv_check_step_memory(ctx, &mplan, t->comm)) != DSC_OK)
-    goto done;
+    return st;
   if (o->memory_budget > 0 && (st = check_budget(t, backend, &mplan, o->memory_budget)) != DSC_OK)
-    goto done;
+    return st;
   if (o->host_memory_budget > 0 &&
       (st = check_host_budget(t, backend, &mplan, o->host_memory_budget)) != DSC_OK)
-    goto done;
+    return st;
   int64_t rss0 = rss_now();
-  if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK)
-    goto done;
+  if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK) return st;
   if (backend == DSC_BACKEND_CPU) {
     int64_t rss1 = rss_now();
     /* on the CPU the host tier is the same RAM: the RSS growth covers both */
@@ -1053,56 +965,59 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
     t->rss_exec = rss0 < 0 || rss1 < 0 ? -1 : rss1 - rss0;
   }
   dsc_exec_kernel_counts(t->step_x, &t->info.kernels_compiled, &t->info.kernels_prebuilt);
-  if ((st = open_offload_file(t, o)) != DSC_OK) goto done;
-  if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) goto done;
-  if (t->comm && (st = dsc_exec_set_comm(t->step_x, t->comm)) != DSC_OK) goto done;
+  if ((st = open_offload_file(t, o)) != DSC_OK) return st;
+  if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) return st;
+  if (t->comm && (st = dsc_exec_set_comm(t->step_x, t->comm)) != DSC_OK) return st;
   if (o->profile) dsc_exec_set_profiling(t->step_x, true);
   if (t->fwd) {
     if ((st = dsc_exec_new_with_program(t->fwd, &xo, t->prog, "forward", &t->fwd_x)) != DSC_OK)
-      goto done;
+      return st;
     int c, p;
     dsc_exec_kernel_counts(t->fwd_x, &c, &p);
     t->info.kernels_compiled += c, t->info.kernels_prebuilt += p;
-    if (!(t->fwd_params = dsc_params_init(t->fwd, 0))) {
-      st = oom(ctx);
-      goto done;
-    }
+    if (!(t->fwd_params = dsc_params_init(t->fwd, 0))) return oom(ctx);
   }
-
   /* Tracing: pid = rank. */
   t->trace = o->trace;
   if (t->trace && ((st = dsc_exec_set_trace(t->step_x, t->trace, t->rank)) != DSC_OK ||
                    (t->fwd_x && (st = dsc_exec_set_trace(t->fwd_x, t->trace, t->rank)) != DSC_OK)))
-    goto done;
+    return st;
+  return DSC_OK;
+}
 
-  /* Buffers and input tensors. */
-  t->buf_bytes = sizeof(int32_t) * (size_t)(B * K * t->world * T);
+/* Buffers of the global batch and the graphs' input tensors. */
+static dsc_status open_buffers(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
+  t->buf_bytes = sizeof(int32_t) * (size_t)(s->B * s->K * t->world * s->T);
   t->buf_in = ir_alloc(ctx, t->buf_bytes);
   t->buf_tgt = ir_alloc(ctx, t->buf_bytes);
   t->in_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 0)));
   t->in_tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 1)));
   t->in_lr = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 2)));
-  if (has_val) {
+  if (s->has_val) {
     t->v_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 0)));
     t->v_tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 1)));
   }
   if (!t->buf_in || !t->buf_tgt || !t->in_tok || !t->in_tgt || !t->in_lr ||
-      (has_val && (!t->v_tok || !t->v_tgt))) {
-    st = oom(ctx);
-    goto done;
-  }
+      (s->has_val && (!t->v_tok || !t->v_tgt)))
+    return oom(ctx);
+  return DSC_OK;
+}
 
-  /* Output: created and writable before the first step. A resumed run
-   * writes next to the checkpoint it came from unless told otherwise. */
-  /* Rank 0 alone writes, except the shards of a ZeRO checkpoint, which
-   * every rank writes into the same step directory. */
+/* Output: created and writable before the first step. A resumed run
+ * writes next to the checkpoint it came from unless told otherwise. Rank 0
+ * alone writes, except the shards of a ZeRO checkpoint, which every rank
+ * writes into the same step directory. */
+static dsc_status open_output(dsc_trainer *t, open_state *s) {
+  dsc_context *ctx = t->ctx;
+  ir_arena *a = &t->arena;
+  const dsc_trainer_options *o = s->o;
+  const dsc_checkpoint *ck = s->ck;
   const char *out = o->out_dir;
+  dsc_status st;
   if (!out && ck) {
     char *p = rt_parent_dir(ctx, ck->dir);
-    if (!p) {
-      st = oom(ctx);
-      goto done;
-    }
+    if (!p) return oom(ctx);
     out = ir_arena_strdup(a, p);
     ir_free(ctx, p, strlen(p) + 1);
   }
@@ -1111,43 +1026,52 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
   /* The writer's lock first: nothing is written before it is held. */
   if (out && ((st = make_dirs(ctx, a, out)) != DSC_OK ||
               (st = rt_run_lock_take(ctx, out, &t->lock)) != DSC_OK))
-    goto done;
+    return st;
   if (out && !ck) {
     /* A fresh run must not mix with (and prune) another run's checkpoints. */
     char *latest = ir_arena_printf(a, "%s/latest", out);
-    if (!latest) {
-      st = oom(ctx);
-      goto done;
-    }
+    if (!latest) return oom(ctx);
+    struct stat sb;
     if (lstat(latest, &sb) == 0) {
       ir_error(ctx, rt_loc(out),
                "already holds checkpoints (%s): continue with --resume %s, or choose another "
                "--out",
                latest, out);
-      st = DSC_ERR_USER;
-      goto done;
+      return DSC_ERR_USER;
     }
   }
   t->saving = o->out_dir || ck;
   if (out) {
     t->out_dir = ir_arena_strdup(a, out);
     const char *mpath = ir_arena_printf(a, "%s/metrics.jsonl", out);
-    if (!t->out_dir || !mpath) {
-      st = oom(ctx);
-      goto done;
-    }
+    if (!t->out_dir || !mpath) return oom(ctx);
     t->metrics_path = mpath;
-    if ((st = open_log(ctx, mpath, t->step, &t->metrics)) != DSC_OK) goto done;
+    if ((st = open_log(ctx, mpath, t->step, &t->metrics)) != DSC_OK) return st;
   }
   t->log_path = o->log_path;
   if (o->log_path && t->rank == 0 &&
       (st = open_log(ctx, o->log_path, t->step, &t->log)) != DSC_OK)
-    goto done;
-  t->end = cfg->steps;
+    return st;
+  t->end = t->cfg.steps;
   if (o->stop_at > 0 && o->stop_at < t->end) t->end = o->stop_at;
+  return DSC_OK;
+}
 
-done:
-  dsc_checkpoint_free(ctx, ck);
+static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
+  open_state s = {.o = o,
+                  .B = o->batch,
+                  .T = o->seq,
+                  .K = o->grad_accum,
+                  .model_path = o->model_path,
+                  .prefix = o->data_prefix};
+  dsc_status st;
+  if ((st = check_options(t, o)) == DSC_OK && (st = open_resume(t, &s)) == DSC_OK &&
+      (st = open_program(t, &s)) == DSC_OK && (st = resolve_settings(t, &s)) == DSC_OK &&
+      (st = open_data(t, &s)) == DSC_OK && (st = open_graphs(t, &s)) == DSC_OK &&
+      (st = restore_checkpoint(t, &s)) == DSC_OK && (st = open_loaders(t, &s)) == DSC_OK &&
+      (st = open_executor(t, &s)) == DSC_OK && (st = open_buffers(t, &s)) == DSC_OK)
+    st = open_output(t, &s);
+  dsc_checkpoint_free(t->ctx, s.ck);
   return st;
 }
 
@@ -1513,16 +1437,16 @@ static dsc_status sampler_inner(dsc_sampler *s, const dsc_sampler_options *o) {
     model = source;
   }
   /* B = 1; T = the position table's rows when the model has one. */
-  if ((st = compile(ctx, model, 1, T, &s->m)) != DSC_OK) goto done;
+  if ((st = drv_compile_model(ctx, model, 1, T, &s->m)) != DSC_OK) goto done;
   s->g = dsc_module_find_graph(s->m, "forward");
-  if ((st = check_forward(ctx, model, s->g)) != DSC_OK) goto done;
+  if ((st = drv_check_forward(ctx, model, s->g)) != DSC_OK) goto done;
   int64_t cl = dsc_model_context(s->g);
   if (cl > 0 && cl != dsc_node_type(dsc_graph_input_at(s->g, 0)).dims[1]) {
     dsc_module_free(s->m);
     s->m = NULL;
-    if ((st = compile(ctx, model, 1, cl, &s->m)) != DSC_OK) goto done;
+    if ((st = drv_compile_model(ctx, model, 1, cl, &s->m)) != DSC_OK) goto done;
     s->g = dsc_module_find_graph(s->m, "forward");
-    if ((st = check_forward(ctx, model, s->g)) != DSC_OK) goto done;
+    if ((st = drv_check_forward(ctx, model, s->g)) != DSC_OK) goto done;
   }
   s->T = dsc_node_type(dsc_graph_input_at(s->g, 0)).dims[1];
   if ((st = dsc_make_logits_graph(s->g)) != DSC_OK) goto done;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dsc/settings.h"
 #include "frontend/frontend.h"
 
 /* ---------------------------------------------------------------- values */
@@ -1848,55 +1849,27 @@ static void add_params(fe_state *st) {
 
 /* ----------------------------------------------------------------- train */
 
-enum {
-  TK_POS_INT,
-  TK_INT,
-  TK_NUM,
-  TK_BOOL,
-  TK_SIZE,
-  TK_OPT,
-  TK_SCHED,
-  TK_PREC,
-  TK_DEVICE,
-  TK_CKPT,
-  TK_STAGE,
-  TK_SECTION
-};
+/* The train section's keys are the settings table's (passes/settings.c,
+ * include/dsc/settings.h): a key of section S is "S.key" there. */
+static const dsc_setting *train_key(const char *section, const char *key) {
+  char full[128];
+  snprintf(full, sizeof full, "%s%s%s", section, *section ? "." : "", key);
+  const dsc_setting *s = dsc_setting_find(full);
+  /* the table's aliases are ds_config's metadata spellings, not the language's */
+  return s && strcmp(s->key, full) == 0 ? s : NULL;
+}
 
-static const struct {
-  const char *section, *key;
-  int kind;
-} train_keys[] = {
-    {"", "batch", TK_POS_INT},
-    {"", "seq", TK_POS_INT},
-    {"", "grad_accum", TK_POS_INT},
-    {"", "steps", TK_POS_INT},
-    {"", "lr", TK_NUM},
-    {"", "clip", TK_NUM},
-    {"", "weight_decay", TK_NUM},
-    {"", "optimizer", TK_OPT},
-    {"", "schedule", TK_SCHED},
-    {"", "precision", TK_PREC},
-    {"", "seed", TK_INT},
-    {"", "eval_every", TK_POS_INT},
-    {"", "save_every", TK_POS_INT},
-    {"", "log_every", TK_POS_INT},
-    {"", "checkpoint_activations", TK_CKPT},
-    {"", "checkpoint_every", TK_POS_INT},
-    {"", "zero", TK_SECTION},
-    {"", "offload", TK_SECTION},
-    {"zero", "stage", TK_STAGE},
-    {"zero", "overlap", TK_BOOL},
-    {"zero", "prefetch", TK_INT},
-    {"zero", "bucket", TK_SIZE},
-    {"zero", "persist_threshold", TK_SIZE},
-    {"zero", "prefetch_bytes", TK_SIZE},
-    {"zero", "bucket_bytes", TK_SIZE},
-    {"zero", "unshard_bytes", TK_SIZE},
-    {"offload", "optimizer", TK_DEVICE},
-    {"offload", "param", TK_DEVICE},
-};
-#define N_TRAIN_KEYS ((int)(sizeof train_keys / sizeof train_keys[0]))
+/* The keys of one section (for suggestions): n of them into out[]. */
+static int section_keys(const char *section, const char **out, int cap) {
+  size_t sl = strlen(section);
+  int n = 0;
+  for (int i = 0; i < dsc_setting_count() && n < cap; i++) {
+    const char *k = dsc_setting_at(i)->key, *dot = strchr(k, '.');
+    if (!*section ? !dot : dot && (size_t)(dot - k) == sl && strncmp(k, section, sl) == 0)
+      out[n++] = *section ? dot + 1 : k;
+  }
+  return n;
+}
 
 /* Train values: numbers fold (global consts visible), other names stay symbolic. */
 static fe_value tv(fe_state *st, const fe_expr *e) {
@@ -1987,13 +1960,6 @@ static void print_value(const fe_value *v, char *buf, size_t n) {
   }
 }
 
-static bool is_one_of(const fe_value *v, const char *const *names, int n) {
-  if (v->kind != V_SYM) return false;
-  for (int i = 0; i < n; i++)
-    if (strcmp(v->name, names[i]) == 0) return true;
-  return false;
-}
-
 /* Checks an optimizer or schedule: a known name, alone or called with keyword settings. */
 static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const char *what,
                              const char *const *names, int n_names, const char *const (*keys)[6]) {
@@ -2053,7 +2019,12 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
   return true;
 }
 
-static bool check_train_value(fe_state *st, const fe_setting *s, int kind, const fe_value *v) {
+/* A value of setting k: optimizers and schedules by their names and
+ * keywords (with suggestions), every other kind by the settings table's
+ * one parse of the printed value (`text`), which the pipeline's reader of
+ * the module metadata applies again. */
+static bool check_train_value(fe_state *st, const fe_setting *s, const dsc_setting *k,
+                              const fe_value *v, const char *text) {
   static const char *const opts[] = {"adamw", "adam", "sgd", "muon"};
   static const char *const opt_keys[][6] = {{"lr", "betas", "eps", "weight_decay"},
                                             {"lr", "betas", "eps", "weight_decay"},
@@ -2066,54 +2037,13 @@ static bool check_train_value(fe_state *st, const fe_setting *s, int kind, const
                                               {"warmup", "min_lr", "decay_steps"},
                                               {"warmup", "min_lr", "decay_steps"},
                                               {"warmup", "min_lr", "decay_steps"}};
-  static const char *const precs[] = {"f32", "bf16", "fp16"};
-  static const char *const devices[] = {"none", "cpu", "host", "nvme", "disk"};
   dsc_loc loc = s->value->loc;
-  const char *k = s->key;
-  bool is_int = v->kind == V_NUM && v->is_int;
-  switch (kind) {
-    case TK_POS_INT:
-      if (is_int && v->i > 0) return true;
-      ERR(loc, "'%s' must be a positive integer", k);
-      return false;
-    case TK_INT:
-      if (is_int && v->i >= 0) return true;
-      ERR(loc, "'%s' must be a non-negative integer", k);
-      return false;
-    case TK_NUM:
-      if (v->kind == V_NUM && num(v) >= 0) return true;
-      ERR(loc, "'%s' must be a non-negative number", k);
-      return false;
-    case TK_BOOL:
-      if (v->kind == V_BOOL) return true;
-      ERR(loc, "'%s' must be true or false", k);
-      return false;
-    case TK_SIZE:
-      if (is_int && v->i >= 0) return true;
-      ERR(loc, "'%s' must be a size in bytes (an integer or a size such as 25MB)", k);
-      return false;
-    case TK_STAGE:
-      if (is_int && v->i >= 0 && v->i <= 3) return true;
-      ERR(loc, "'stage' must be 0, 1, 2 or 3");
-      return false;
-    case TK_OPT:
-      return check_named_call(st, v, loc, "optimizer", opts, 4, opt_keys);
-    case TK_SCHED:
-      return check_named_call(st, v, loc, "schedule", scheds, 5, sched_keys);
-    case TK_PREC:
-      if (v->kind == V_DTYPE && (v->dt == DSC_F32 || v->dt == DSC_BF16)) return true;
-      if (is_one_of(v, precs, 3)) return true;
-      ERR(loc, "'precision' must be f32, bf16 or fp16");
-      return false;
-    case TK_DEVICE:
-      if (is_one_of(v, devices, 5)) return true;
-      ERR(loc, "'%s' must be one of none, cpu, host, nvme, disk", k);
-      return false;
-    case TK_CKPT:
-      if (v->kind == V_SYM || v->kind == V_BOOL) return true;
-      ERR(loc, "'%s' must be a name or true/false", k);
-      return false;
-  }
+  if (k->kind == DSC_SETTING_OPTIMIZER)
+    return check_named_call(st, v, loc, "optimizer", opts, 4, opt_keys);
+  if (k->kind == DSC_SETTING_SCHEDULE)
+    return check_named_call(st, v, loc, "schedule", scheds, 5, sched_keys);
+  if (dsc_setting_parse(k, text, false, NULL)) return true;
+  ERR(loc, "'%s' must be %s", s->key, dsc_setting_want(k, false));
   return false;
 }
 
@@ -2125,15 +2055,10 @@ static void lower_settings(fe_state *st, const fe_list *settings, const char *se
         ERR(s->loc, "train setting '%s' is set twice", s->key);
         goto next;
       }
-    int kind = -1;
-    for (int k = 0; k < N_TRAIN_KEYS; k++)
-      if (strcmp(train_keys[k].section, section) == 0 && strcmp(train_keys[k].key, s->key) == 0)
-        kind = train_keys[k].kind;
-    if (kind < 0) {
-      const char *cands[N_TRAIN_KEYS];
-      int n = 0;
-      for (int k = 0; k < N_TRAIN_KEYS; k++)
-        if (strcmp(train_keys[k].section, section) == 0) cands[n++] = train_keys[k].key;
+    const dsc_setting *k = train_key(section, s->key);
+    if (!k) {
+      const char *cands[64];
+      int n = section_keys(section, cands, 64);
       const char *sug = fe_suggest(s->key, cands, n);
       char where[64] = "";
       if (*section) snprintf(where, sizeof where, " in '%s'", section);
@@ -2143,7 +2068,7 @@ static void lower_settings(fe_state *st, const fe_list *settings, const char *se
         ERR(s->loc, "unknown train setting '%s'%s", s->key, where);
       continue;
     }
-    if (kind == TK_SECTION) {
+    if (k->kind == DSC_SETTING_SECTION) {
       if (s->value) {
         ERR(s->loc, "'%s' is a section: write %s { ... }", s->key, s->key);
         continue;
@@ -2156,7 +2081,11 @@ static void lower_settings(fe_state *st, const fe_list *settings, const char *se
       continue;
     }
     fe_value v = tv(st, s->value);
-    if (v.kind == V_ERR || !check_train_value(st, s, kind, &v)) continue;
+    if (v.kind == V_ERR) continue;
+    char key[160], val[1024] = "";
+    snprintf(key, sizeof key, "train.%s", k->key);
+    print_value(&v, val, sizeof val);
+    if (!check_train_value(st, s, k, &v, val)) continue;
     if (!*section && strcmp(s->key, "batch") == 0) {
       st->has_batch = true;
       st->batch = v.i;
@@ -2165,9 +2094,6 @@ static void lower_settings(fe_state *st, const fe_list *settings, const char *se
       st->has_seq = true;
       st->seq = v.i;
     }
-    char key[160], val[1024] = "";
-    snprintf(key, sizeof key, "train.%s%s%s", section, *section ? "." : "", s->key);
-    print_value(&v, val, sizeof val);
     if (st->m && dsc_module_set_meta(st->m, key, val) != DSC_OK) st->oom = true;
   next:;
   }

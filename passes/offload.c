@@ -79,8 +79,8 @@ dsc_status pass_offload_run(ir_module *m, const dsc_train_config *cfg) {
     return DSC_ERR_USER;
   }
   if (par != DSC_OFFLOAD_NONE) {
-    const char *st = dsc_module_get_meta(m, "zero.stage");
-    if (cfg->world <= 1 || cfg->zero.stage != 3 || !st || strcmp(st, "3") != 0) {
+    /* the typed settings: pass zero, which ran before, shards at stage 3 */
+    if (cfg->world <= 1 || cfg->zero.stage != 3) {
       ir_error(m->ctx, ir_no_loc,
                "--offload-param %s needs ZeRO stage 3 at world > 1 (the param shards are what "
                "is offloaded), got stage %lld at world %lld; use --zero-stage 3 with --ranks N, "

@@ -12,6 +12,40 @@
 extern "C" {
 #endif
 
+/* ======================= passes/settings.c =======================
+ * The printed train values (module meta train.*: numbers, true/false,
+ * names, tuples, name(key = value, ...)) as a tree, for the settings table
+ * (include/dsc/settings.h) and the optimizer and schedule readers of
+ * passes/train_config.c. */
+enum { PASS_TV_NUM, PASS_TV_BOOL, PASS_TV_NAME, PASS_TV_TUPLE, PASS_TV_CALL };
+#define PASS_TV_MAX_ITEMS 8
+typedef struct pass_tv pass_tv;
+struct pass_tv {
+  int kind;
+  double num;
+  bool is_int; /* a number written without '.', 'e', inf or nan */
+  bool b;
+  char name[48];
+  int n; /* tuple items or call arguments */
+  pass_tv *items[PASS_TV_MAX_ITEMS];
+  char keys[PASS_TV_MAX_ITEMS][32]; /* call arguments: "" when positional */
+};
+typedef struct {
+  const char *s, *key;
+  pass_tv *pool;
+  int used, cap;
+  dsc_context *ctx; /* NULL: no diagnostic */
+  bool failed;
+} pass_tv_parser;
+/* Parses the whole of `text` (the value of `key`) with nodes from
+ * pool[0..cap); NULL, with a diagnostic on ctx, when malformed. */
+pass_tv *pass_tv_parse(pass_tv_parser *p, pass_tv *pool, int cap, dsc_context *ctx, const char *key,
+                       const char *text);
+/* Stores a parsed value into the setting's dsc_train_config field; false
+ * when it has none. */
+bool pass_setting_store_config(dsc_train_config *cfg, const dsc_setting *s,
+                               const dsc_setting_value *v);
+
 /* ======================= passes/autodiff.c =======================
  * Reverse-mode differentiation of a graph whose single output is a rank-0
  * float loss. Appends the backward nodes to g and sets g's outputs to

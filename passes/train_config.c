@@ -10,127 +10,7 @@
 
 #include "passes/passes.h"
 
-/* ---------------------------------------------------- printed values */
-
-enum { TV_NUM, TV_BOOL, TV_NAME, TV_TUPLE, TV_CALL };
-#define TV_MAX_ITEMS 8
-#define TV_POOL 64
-
-typedef struct tv_val tv_val;
-struct tv_val {
-  int kind;
-  double num;
-  bool is_int; /* a number written without '.', 'e', inf or nan */
-  bool b;
-  char name[48];
-  int n; /* tuple items or call arguments */
-  tv_val *items[TV_MAX_ITEMS];
-  char keys[TV_MAX_ITEMS][32]; /* call arguments: "" when positional */
-};
-
-typedef struct {
-  const char *s, *key;
-  tv_val pool[TV_POOL];
-  int used;
-  dsc_context *ctx;
-  bool failed;
-} tv_parser;
-
-static void tv_fail(tv_parser *p, const char *what) {
-  if (!p->failed) ir_error(p->ctx, ir_no_loc, "train setting '%s': %s in '%s'", p->key, what, p->s);
-  p->failed = true;
-}
-
-static void skip_ws(const char **s) {
-  while (isspace((unsigned char)**s)) (*s)++;
-}
-
-static size_t ident_len(const char *s) {
-  size_t n = 0;
-  if (!(isalpha((unsigned char)s[0]) || s[0] == '_')) return 0;
-  while (isalnum((unsigned char)s[n]) || s[n] == '_') n++;
-  return n;
-}
-
-static tv_val *tv_parse(tv_parser *p, const char **s, int depth) {
-  skip_ws(s);
-  if (p->used == TV_POOL || depth > 4) return tv_fail(p, "value nested too deeply"), NULL;
-  tv_val *v = &p->pool[p->used++];
-  memset(v, 0, sizeof *v);
-  size_t il = ident_len(*s);
-  if (il && !(il == 3 && strncmp(*s, "inf", 3) == 0) && !(il == 3 && strncmp(*s, "nan", 3) == 0)) {
-    if (il >= sizeof v->name) return tv_fail(p, "name too long"), NULL;
-    memcpy(v->name, *s, il);
-    *s += il;
-    if (strcmp(v->name, "true") == 0 || strcmp(v->name, "false") == 0) {
-      v->kind = TV_BOOL;
-      v->b = v->name[0] == 't';
-      return v;
-    }
-    v->kind = TV_NAME;
-    skip_ws(s);
-    if (**s != '(') return v;
-    v->kind = TV_CALL;
-  } else if (**s == '(') {
-    v->kind = TV_TUPLE;
-  } else {
-    char *end;
-    errno = 0;
-    v->num = strtod(*s, &end);
-    if (end == *s || errno == ERANGE) return tv_fail(p, "expected a value"), NULL;
-    v->kind = TV_NUM;
-    v->is_int = strcspn(*s, ".eEin") >= (size_t)(end - *s) && v->num == floor(v->num);
-    *s = end;
-    return v;
-  }
-  (*s)++; /* '(' */
-  skip_ws(s);
-  if (**s == ')') {
-    (*s)++;
-    return v;
-  }
-  for (;;) {
-    if (v->n == TV_MAX_ITEMS) return tv_fail(p, "too many items"), NULL;
-    skip_ws(s);
-    if (v->kind == TV_CALL) {
-      size_t kl = ident_len(*s);
-      const char *after = *s + kl;
-      skip_ws(&after);
-      if (kl && *after == '=') {
-        if (kl >= sizeof v->keys[0]) return tv_fail(p, "name too long"), NULL;
-        memcpy(v->keys[v->n], *s, kl);
-        *s = after + 1;
-      }
-    }
-    tv_val *it = tv_parse(p, s, depth + 1);
-    if (!it) return NULL;
-    v->items[v->n++] = it;
-    skip_ws(s);
-    if (**s == ',') {
-      (*s)++;
-      continue;
-    }
-    if (**s == ')') {
-      (*s)++;
-      return v;
-    }
-    return tv_fail(p, "expected ',' or ')'"), NULL;
-  }
-}
-
-/* Parses a whole value; NULL (with a diagnostic) on trailing text. */
-static tv_val *tv_parse_all(tv_parser *p, dsc_context *ctx, const char *key, const char *text) {
-  memset(p, 0, sizeof *p);
-  p->s = text;
-  p->key = key;
-  p->ctx = ctx;
-  const char *s = text;
-  tv_val *v = tv_parse(p, &s, 0);
-  if (!v) return NULL;
-  skip_ws(&s);
-  if (*s) return tv_fail(p, "unexpected text after the value"), NULL;
-  return v;
-}
+#define TV_POOL 64 /* nodes of one printed value */
 
 /* ------------------------------------------------------ setting checks */
 
@@ -139,42 +19,42 @@ static bool bad(dsc_context *ctx, const char *key, const char *raw, const char *
   return false;
 }
 
-static bool get_int(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+static bool get_int(dsc_context *ctx, const char *key, const char *raw, const pass_tv *v,
                     int64_t min, int64_t *out) {
-  if (v->kind != TV_NUM || !v->is_int || v->num < (double)min || v->num > 9.0e15)
+  if (v->kind != PASS_TV_NUM || !v->is_int || v->num < (double)min || v->num > 9.0e15)
     return bad(ctx, key, raw, min > 0 ? "a positive integer" : "a non-negative integer");
   *out = (int64_t)v->num;
   return true;
 }
 
-static bool get_num(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+static bool get_num(dsc_context *ctx, const char *key, const char *raw, const pass_tv *v,
                     double *out) {
-  if (v->kind != TV_NUM || !(v->num >= 0) || isinf(v->num))
+  if (v->kind != PASS_TV_NUM || !(v->num >= 0) || isinf(v->num))
     return bad(ctx, key, raw, "a non-negative number");
   *out = v->num;
   return true;
 }
 
-static bool get_fraction(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+static bool get_fraction(dsc_context *ctx, const char *key, const char *raw, const pass_tv *v,
                          double *out) {
-  if (v->kind != TV_NUM || !(v->num >= 0 && v->num < 1))
+  if (v->kind != PASS_TV_NUM || !(v->num >= 0 && v->num < 1))
     return bad(ctx, key, raw, "a number in [0, 1)");
   *out = v->num;
   return true;
 }
 
-static bool get_bool(dsc_context *ctx, const char *key, const char *raw, const tv_val *v,
+static bool get_bool(dsc_context *ctx, const char *key, const char *raw, const pass_tv *v,
                      bool *out) {
-  if (v->kind != TV_BOOL) return bad(ctx, key, raw, "true or false");
+  if (v->kind != PASS_TV_BOOL) return bad(ctx, key, raw, "true or false");
   *out = v->b;
   return true;
 }
 
 /* optimizer = NAME or NAME(key = value, ...) */
-static bool set_optimizer(dsc_context *ctx, const char *raw, const tv_val *v,
+static bool set_optimizer(dsc_context *ctx, const char *raw, const pass_tv *v,
                           dsc_train_config *cfg) {
   static const char *const names[] = {"adamw", "adam", "sgd", "muon"};
-  if (v->kind != TV_NAME && v->kind != TV_CALL)
+  if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL)
     return bad(ctx, "train.optimizer", raw, "one of adamw, adam, sgd, muon");
   int which = -1;
   for (int i = 0; i < 4; i++)
@@ -183,7 +63,7 @@ static bool set_optimizer(dsc_context *ctx, const char *raw, const tv_val *v,
   cfg->opt.kind = which <= 1 ? DSC_OPT_ADAMW : which == 2 ? DSC_OPT_SGD : DSC_OPT_MUON;
   for (int i = 0; i < v->n; i++) {
     const char *k = v->keys[i];
-    const tv_val *a = v->items[i];
+    const pass_tv *a = v->items[i];
     char key[80];
     snprintf(key, sizeof key, "train.optimizer.%s", *k ? k : "?");
     bool adam_key = which <= 1 || which == 3, mom_key = which >= 2;
@@ -199,7 +79,7 @@ static bool set_optimizer(dsc_context *ctx, const char *raw, const tv_val *v,
     } else if (strcmp(k, "weight_decay") == 0) {
       ok = get_num(ctx, key, raw, a, &cfg->opt.weight_decay);
     } else if (strcmp(k, "betas") == 0 && adam_key) {
-      if (a->kind != TV_TUPLE || a->n != 2)
+      if (a->kind != PASS_TV_TUPLE || a->n != 2)
         return bad(ctx, key, raw, "a pair of numbers in [0, 1), as in (0.9, 0.95)");
       ok = get_fraction(ctx, key, raw, a->items[0], &cfg->opt.beta1) &&
            get_fraction(ctx, key, raw, a->items[1], &cfg->opt.beta2);
@@ -224,14 +104,15 @@ static bool set_optimizer(dsc_context *ctx, const char *raw, const tv_val *v,
 }
 
 /* schedule = NAME or NAME(warmup = N, min_lr = X, decay_steps = N) */
-static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
+static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
                          dsc_train_config *cfg) {
   static const char *const names[] = {"constant", "cosine", "linear", "warmup_cosine",
                                       "warmup_linear"};
   static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
                                             DSC_SCHED_COSINE, DSC_SCHED_LINEAR};
   const char *want = "one of constant, cosine, linear, warmup_cosine, warmup_linear";
-  if (v->kind != TV_NAME && v->kind != TV_CALL) return bad(ctx, "train.schedule", raw, want);
+  if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL)
+    return bad(ctx, "train.schedule", raw, want);
   int which = -1;
   for (int i = 0; i < 5; i++)
     if (strcmp(v->name, names[i]) == 0) which = i;
@@ -239,7 +120,7 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
   cfg->sched.kind = kinds[which];
   for (int i = 0; i < v->n; i++) {
     const char *k = v->keys[i];
-    const tv_val *a = v->items[i];
+    const pass_tv *a = v->items[i];
     char key[80];
     snprintf(key, sizeof key, "train.schedule.%s", *k ? k : "?");
     bool ok;
@@ -263,26 +144,6 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const tv_val *v,
     if (!ok) return false;
   }
   return true;
-}
-
-/* The ZeRO stage: train.zero.stage, or ds_config's spelling
- * train.zero_optimization.stage. */
-static bool is_zero_stage(const char *key) {
-  return strcmp(key, "train.zero.stage") == 0 ||
-         strcmp(key, "train.zero_optimization.stage") == 0;
-}
-
-/* Keys other passes read (zero's other knobs, offload, remat): accepted
- * here. */
-static bool handled_elsewhere(const char *key) {
-  if (is_zero_stage(key) || strcmp(key, "train.zero.prefetch_bytes") == 0 ||
-      strcmp(key, "train.zero.bucket_bytes") == 0 || strcmp(key, "train.zero.unshard_bytes") == 0 ||
-      strcmp(key, "train.zero.bucket") == 0 ||
-      strcmp(key, "train.zero.persist_threshold") == 0 ||
-      strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0)
-    return false;
-  return strncmp(key, "train.zero.", 11) == 0 ||
-         strncmp(key, "train.zero_optimization.", 24) == 0;
 }
 
 int dsc_offload_from_name(const char *name, dsc_offload_tier *out) {
@@ -383,89 +244,55 @@ int dsc_precision_from_name(const char *name, dsc_precision *out) {
   return -1;
 }
 
+/* A train.* key the table does not know: ds_config's other zero keys are
+ * accepted and not used (docs/training.md). */
+static bool accepted_unused(const char *k) {
+  return strncmp(k, "zero.", 5) == 0 || strncmp(k, "zero_optimization.", 18) == 0;
+}
+
+/* One train.* metadata value through the settings table
+ * (passes/settings.c): the scalars by dsc_setting_parse, the optimizer and
+ * schedule calls by their readers above. */
+static bool read_setting(dsc_context *ctx, pass_tv_parser *p, pass_tv *pool, const char *key,
+                         const char *raw, dsc_train_config *cfg, double *lr, bool *has_lr,
+                         double *wd, bool *has_wd) {
+  const char *k = key + 6;
+  const dsc_setting *s = dsc_setting_find(k);
+  if (!s && accepted_unused(k)) return true;
+  if (!s || s->kind == DSC_SETTING_SECTION) {
+    ir_error(ctx, ir_no_loc, "unknown train setting '%s'", key);
+    return false;
+  }
+  if (s->kind == DSC_SETTING_OPTIMIZER || s->kind == DSC_SETTING_SCHEDULE) {
+    const pass_tv *v = pass_tv_parse(p, pool, TV_POOL, ctx, key, raw);
+    if (!v) return false;
+    return s->kind == DSC_SETTING_OPTIMIZER ? set_optimizer(ctx, raw, v, cfg)
+                                            : set_schedule(ctx, raw, v, cfg);
+  }
+  dsc_setting_value v;
+  if (!dsc_setting_parse(s, raw, false, &v)) return bad(ctx, key, raw, dsc_setting_want(s, false));
+  /* top-level lr / weight_decay override the optimizer's, whatever the order */
+  if (strcmp(s->key, "lr") == 0) return *lr = v.num, *has_lr = true;
+  if (strcmp(s->key, "weight_decay") == 0) return *wd = v.num, *has_wd = true;
+  pass_setting_store_config(cfg, s, &v);
+  return true;
+}
+
 dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *cfg) {
   dsc_context *ctx = dsc_module_context(m);
   set_defaults(cfg);
   bool ok = true, has_lr = false, has_wd = false;
   double lr = 0, wd = 0;
-  tv_parser *p = ir_alloc(ctx, sizeof *p);
-  if (!p) return ir_error(ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
+  size_t pool_bytes = sizeof(pass_tv) * TV_POOL;
+  pass_tv *pool = ir_alloc(ctx, pool_bytes);
+  if (!pool) return ir_error(ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
+  pass_tv_parser p;
   for (int i = 0; i < dsc_module_meta_count(m); i++) {
     const char *key = dsc_module_meta_key(m, i), *raw = dsc_module_meta_value(m, i);
-    if (strncmp(key, "train.", 6) != 0 || handled_elsewhere(key)) continue;
-    const tv_val *v = tv_parse_all(p, ctx, key, raw);
-    if (!v) {
-      ok = false;
-      continue;
-    }
-    const char *k = key + 6;
-    int64_t iv = 0;
-    bool r;
-    if (strcmp(k, "batch") == 0) {
-      r = get_int(ctx, key, raw, v, 1, &cfg->batch);
-    } else if (strcmp(k, "seq") == 0) {
-      r = get_int(ctx, key, raw, v, 1, &cfg->seq);
-    } else if (strcmp(k, "grad_accum") == 0) {
-      r = get_int(ctx, key, raw, v, 1, &cfg->grad_accum);
-    } else if (strcmp(k, "steps") == 0) {
-      r = get_int(ctx, key, raw, v, 1, &cfg->steps);
-    } else if (strcmp(k, "seed") == 0) {
-      r = get_int(ctx, key, raw, v, 0, &iv);
-      cfg->seed = (uint64_t)iv;
-    } else if (strcmp(k, "eval_every") == 0) {
-      r = get_int(ctx, key, raw, v, 0, &cfg->eval_every);
-    } else if (strcmp(k, "save_every") == 0) {
-      r = get_int(ctx, key, raw, v, 0, &cfg->save_every);
-    } else if (strcmp(k, "log_every") == 0) {
-      r = get_int(ctx, key, raw, v, 1, &cfg->log_every);
-    } else if (strcmp(k, "clip") == 0) {
-      r = get_num(ctx, key, raw, v, &cfg->clip);
-    } else if (strcmp(k, "lr") == 0) {
-      r = has_lr = get_num(ctx, key, raw, v, &lr);
-    } else if (strcmp(k, "weight_decay") == 0) {
-      r = has_wd = get_num(ctx, key, raw, v, &wd);
-    } else if (strcmp(k, "optimizer") == 0) {
-      r = set_optimizer(ctx, raw, v, cfg);
-    } else if (strcmp(k, "schedule") == 0) {
-      r = set_schedule(ctx, raw, v, cfg);
-    } else if (is_zero_stage(key)) {
-      r = get_int(ctx, key, raw, v, 0, &cfg->zero.stage);
-      if (r && cfg->zero.stage > 3) r = bad(ctx, key, raw, "0, 1, 2 or 3");
-    } else if (strcmp(key, "train.zero.prefetch_bytes") == 0) {
-      r = get_int(ctx, key, raw, v, 0, &cfg->zero.prefetch_bytes);
-    } else if (strcmp(k, "checkpoint_activations") == 0) {
-      int64_t every;
-      r = v->kind == TV_NAME && dsc_remat_from_name(v->name, &cfg->remat) == 0 &&
-          (dsc_remat_parse(v->name, &cfg->remat, &every), true);
-      if (!r) bad(ctx, key, raw, "none, selective or blocks");
-    } else if (strcmp(k, "checkpoint_every") == 0) {
-      r = get_int(ctx, key, raw, v, 1, &cfg->remat_every);
-    } else if (strcmp(key, "train.zero.unshard_bytes") == 0) {
-      r = get_int(ctx, key, raw, v, 0, &cfg->zero.unshard_bytes);
-    } else if (strcmp(key, "train.zero.bucket_bytes") == 0 || strcmp(key, "train.zero.bucket") == 0) {
-      r = get_int(ctx, key, raw, v, 0, &cfg->zero.bucket_bytes);
-    } else if (strcmp(key, "train.zero.persist_threshold") == 0 ||
-               strcmp(key, "train.zero_optimization.stage3_param_persistence_threshold") == 0) {
-      r = get_int(ctx, key, raw, v, 0, &cfg->zero.persist_threshold);
-    } else if (strcmp(key, "train.offload.optimizer") == 0 ||
-               strcmp(key, "train.offload.param") == 0) {
-      dsc_offload_tier *dst =
-          key[14] == 'o' ? &cfg->offload.optimizer : &cfg->offload.param;
-      r = v->kind == TV_NAME && dsc_offload_from_name(v->name, dst) == 0;
-      if (!r) bad(ctx, key, raw, "one of none, host (cpu), disk (nvme)");
-    } else if (strcmp(k, "train_batch_size") == 0) {
-      r = get_int(ctx, key, raw, v, 1, &cfg->global_batch);
-    } else if (strcmp(k, "precision") == 0) {
-      r = v->kind == TV_NAME && dsc_precision_from_name(v->name, &cfg->precision) == 0;
-      if (!r) bad(ctx, key, raw, "one of f32, bf16, fp16");
-    } else {
-      ir_error(ctx, ir_no_loc, "unknown train setting '%s'", key);
-      r = false;
-    }
-    ok = ok && r;
+    if (strncmp(key, "train.", 6) != 0) continue;
+    ok = read_setting(ctx, &p, pool, key, raw, cfg, &lr, &has_lr, &wd, &has_wd) && ok;
   }
-  ir_free(ctx, p, sizeof *p);
-  /* top-level lr / weight_decay override the optimizer's, whatever the order */
+  ir_free(ctx, pool, pool_bytes);
   if (has_lr) cfg->opt.lr = lr;
   if (has_wd) cfg->opt.weight_decay = wd;
   if (ok && cfg->opt.nesterov && cfg->opt.momentum <= 0) {

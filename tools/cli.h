@@ -40,6 +40,10 @@ dsc_status cli_load_module(dsc_context *ctx, const char *path, const cli_dims *d
                            dsc_module **out);
 int cli_parse_dim_flag(const char *cmd, int argc, char **argv, int *i, cli_dims *d);
 
+/* knobs.c: a run-knob flag (include/dsc/settings.h) into k. 1: argv[*i]
+ * (and its value) was one, 0: not one, -1: a usage error (printed). */
+int cli_knob_flag(const char *cmd, int argc, char **argv, int *i, dsc_run_knobs *k);
+
 /* cmd_auto.c: --auto of dsc plan and dsc train (include/dsc/autocfg.h) */
 typedef struct {
   bool on, recalibrate;

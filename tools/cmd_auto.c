@@ -120,22 +120,34 @@ static void json_str(const char *s) {
   putchar('"');
 }
 
+/* The candidate's activation checkpointing as its flag value. */
+static const char *remat_text(const dsc_run_knobs *k, char *buf, size_t n) {
+  if (k->remat == DSC_REMAT_BLOCKS && k->remat_every > 1)
+    snprintf(buf, n, "blocks:%" PRId64, k->remat_every);
+  else
+    snprintf(buf, n, "%s", dsc_remat_name(k->remat));
+  return buf;
+}
+
 static void json_cand(const dsc_autocfg_candidate *c, int64_t world) {
-  char flags[256];
+  const dsc_run_knobs *k = &c->knobs;
+  char flags[256], act[32];
   dsc_autocfg_flags(c, world, flags, sizeof flags);
   printf("{\"flags\": ");
   json_str(flags);
-  printf(", \"zero_stage\": %d, \"offload_optimizer\": \"%s\", \"offload_param\": \"%s\", "
+  printf(", \"zero_stage\": %" PRId64
+         ", \"offload_optimizer\": \"%s\", \"offload_param\": \"%s\", "
          "\"checkpoint_activations\": ",
-         world > 1 ? c->zero_stage : 0, c->offload_optimizer, c->offload_param);
-  json_str(c->checkpoint_activations);
+         world > 1 ? k->zero_stage : 0, dsc_offload_name(k->offload_optimizer),
+         dsc_offload_name(k->offload_param));
+  json_str(remat_text(k, act, sizeof act));
   printf(", ");
-  if (c->has_bucket_bytes)
-    printf("\"bucket_bytes\": %" PRId64 ", ", c->bucket_bytes);
+  if (k->has_bucket_bytes)
+    printf("\"bucket_bytes\": %" PRId64 ", ", k->bucket_bytes);
   else
     printf("\"bucket_bytes\": null, ");
-  if (c->has_prefetch_bytes)
-    printf("\"prefetch_bytes\": %" PRId64 ", ", c->prefetch_bytes);
+  if (k->has_prefetch_bytes)
+    printf("\"prefetch_bytes\": %" PRId64 ", ", k->prefetch_bytes);
   else
     printf("\"prefetch_bytes\": null, ");
   printf("\"fits\": %s, \"peak\": %" PRId64 ", \"host_bytes\": %" PRId64 ", \"disk_bytes\": %" PRId64
@@ -217,14 +229,15 @@ static void print_text(FILE *out, const dsc_autocfg_options *o, const dsc_autocf
           "comm ms", "fits");
   for (int i = 0; i < r->n && i < 12; i++) {
     const dsc_autocfg_candidate *c = &r->cand[i];
-    char bk[32] = "model", pf[32] = "model";
-    if (c->has_bucket_bytes) human(bk, sizeof bk, c->bucket_bytes);
-    if (c->has_prefetch_bytes) human(pf, sizeof pf, c->prefetch_bytes);
+    const dsc_run_knobs *k = &c->knobs;
+    char bk[32] = "model", pf[32] = "model", act[32];
+    if (k->has_bucket_bytes) human(bk, sizeof bk, k->bucket_bytes);
+    if (k->has_prefetch_bytes) human(pf, sizeof pf, k->prefetch_bytes);
     human(b, sizeof b, c->plan.rank.peak);
     fprintf(out, "  %-3d %-6d %-9s %-6s %-11s %-10s %-10s %11s %9.3f %9.3f  %s\n", i + 1,
-            world > 1 ? c->zero_stage : 0, c->offload_optimizer, c->offload_param,
-            c->checkpoint_activations, bk, pf, b, c->cost.step_s * 1e3,
-            c->cost.exposed_comm_s * 1e3, c->fits ? "yes" : "no");
+            world > 1 ? (int)k->zero_stage : 0, dsc_offload_name(k->offload_optimizer),
+            dsc_offload_name(k->offload_param), remat_text(k, act, sizeof act), bk, pf, b,
+            c->cost.step_s * 1e3, c->cost.exposed_comm_s * 1e3, c->fits ? "yes" : "no");
   }
   if (r->n > 12) fprintf(out, "  (%d more; --json lists all)\n", r->n - 12);
   fprintf(out, "  (step ms: predicted; comm ms: exposed communication)\n");

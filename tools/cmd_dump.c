@@ -30,16 +30,9 @@ static const char dump_help[] =
 
 /* Runs the pipeline as the flags ask; the train settings come from the
  * model's train section, with --batch/--seq/--grad-accum on top. */
-typedef struct {
-  int64_t world, stage, bucket, prefetch, persist, unshard; /* -1: the model's */
-  const char *remat;                                        /* NULL: the model's */
-  const char *offload_optimizer, *offload_param;            /* NULL: the model's */
-  int64_t offload_prefetch, offload_threads;                /* -1: the default */
-} dump_zero;
-
 static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_accum,
-                             const char *precision, const dump_zero *z, const char *after,
-                             bool print_all, bool verify, FILE *out) {
+                             const char *precision, int64_t world, const dsc_run_knobs *knobs,
+                             const char *after, bool print_all, bool verify, FILE *out) {
   dsc_train_config cfg;
   dsc_status st = dsc_train_config_from_module(m, &cfg);
   if (st != DSC_OK) return st;
@@ -49,18 +42,9 @@ static dsc_status run_passes(dsc_module *m, const cli_dims *dims, int64_t grad_a
   }
   if (grad_accum > 0) cfg.grad_accum = grad_accum;
   if (precision) dsc_precision_from_name(precision, &cfg.precision); /* checked by the caller */
-  if (z->world > 0) cfg.world = z->world;
-  if (z->stage >= 0) cfg.zero.stage = z->stage;
-  if (z->bucket >= 0) cfg.zero.bucket_bytes = z->bucket;
-  if (z->prefetch >= 0) cfg.zero.prefetch_bytes = z->prefetch;
-  if (z->persist >= 0) cfg.zero.persist_threshold = z->persist;
-  if (z->unshard >= 0) cfg.zero.unshard_bytes = z->unshard;
-  if (z->remat) dsc_remat_parse(z->remat, &cfg.remat, &cfg.remat_every); /* checked by the caller */
-  /* checked by the caller */
-  if (z->offload_optimizer) dsc_offload_from_name(z->offload_optimizer, &cfg.offload.optimizer);
-  if (z->offload_param) dsc_offload_from_name(z->offload_param, &cfg.offload.param);
-  if (z->offload_prefetch >= 0) cfg.offload.prefetch_bytes = z->offload_prefetch;
-  if (z->offload_threads >= 0) cfg.offload.io_threads = z->offload_threads;
+  if (world > 0) cfg.world = world;
+  /* the run knobs (checked by the settings table as they were parsed) */
+  if ((st = dsc_run_knobs_apply(dsc_module_context(m), "dump", knobs, &cfg)) != DSC_OK) return st;
   dsc_pipeline_options po = {&cfg, after, print_all, out, verify};
   return dsc_run_pipeline(m, &po);
 }
@@ -71,7 +55,9 @@ int cli_dump(int argc, char **argv) {
   dsc_precision prec;
   bool dot = false, print_all = false, verify = false;
   int64_t grad_accum = 0;
-  dump_zero z = {-1, -1, -1, -1, -1, -1, NULL, NULL, NULL, -1, -1};
+  int64_t world = -1; /* -1: the model's */
+  dsc_run_knobs knobs;
+  memset(&knobs, 0, sizeof knobs);
   cli_dims dims = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -107,50 +93,16 @@ int cli_dump(int argc, char **argv) {
                                i + 1 < argc ? argv[i + 1] : ""),
                CLI_EXIT_USER;
       precision = argv[++i];
-    } else if (strcmp(argv[i], "--world") == 0 || strcmp(argv[i], "--zero-stage") == 0 ||
-               strcmp(argv[i], "--persist-threshold") == 0) {
-      const char *a = argv[i];
-      int64_t v = -1, max = a[2] == 'w' ? 1 << 20 : a[2] == 'z' ? 3 : INT64_MAX;
-      if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &v) || v < (a[2] == 'w') || v > max)
-        return cli_usage_error("dump", "%s: '%s' is out of range", a, i + 1 < argc ? argv[i + 1] : ""),
-               CLI_EXIT_USER;
-      *(a[2] == 'w' ? &z.world : a[2] == 'z' ? &z.stage : &z.persist) = v;
-      i++;
-    } else if (strcmp(argv[i], "--offload-prefetch-bytes") == 0 ||
-               strcmp(argv[i], "--offload-io-threads") == 0) {
-      bool bytes = argv[i][10] == 'p';
+    } else if ((r = cli_knob_flag("dump", argc, argv, &i, &knobs)) != 0) {
+      if (r < 0) return CLI_EXIT_USER;
+    } else if (strcmp(argv[i], "--world") == 0) {
       int64_t v = -1;
-      bool ok = i + 1 < argc &&
-                (bytes ? cli_parse_bytes(argv[i + 1], &v) : cli_parse_i64(argv[i + 1], &v));
-      if (!ok || v < (bytes ? 0 : 1) || (!bytes && v > 64))
+      if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &v) || v < 1 || v > (1 << 20))
         return cli_usage_error("dump", "%s: '%s' is out of range", argv[i],
                                i + 1 < argc ? argv[i + 1] : ""),
                CLI_EXIT_USER;
-      *(bytes ? &z.offload_prefetch : &z.offload_threads) = v;
+      world = v;
       i++;
-    } else if (strcmp(argv[i], "--bucket-bytes") == 0 || strcmp(argv[i], "--prefetch-bytes") == 0 ||
-               strcmp(argv[i], "--unshard-bytes") == 0) {
-      const char *a = argv[i];
-      int64_t v;
-      if (i + 1 >= argc || !cli_parse_bytes(argv[i + 1], &v))
-        return cli_usage_error("dump", "%s needs a byte count such as 0, 4096 or 25MB", a),
-               CLI_EXIT_USER;
-      *(a[2] == 'b' ? &z.bucket : a[2] == 'p' ? &z.prefetch : &z.unshard) = v;
-      i++;
-    } else if (strcmp(argv[i], "--offload-optimizer") == 0 ||
-               strcmp(argv[i], "--offload-param") == 0) {
-      dsc_offload_tier tier;
-      const char *a = argv[i];
-      if (i + 1 >= argc || dsc_offload_from_name(argv[i + 1], &tier) != 0)
-        return cli_usage_error("dump", "%s needs none, host (cpu) or disk (nvme)", a),
-               CLI_EXIT_USER;
-      *(a[10] == 'o' ? &z.offload_optimizer : &z.offload_param) = argv[++i];
-    } else if (strcmp(argv[i], "--checkpoint-activations") == 0) {
-      dsc_remat_policy pol;
-      if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("dump", "--checkpoint-activations needs none, selective, block, blocks:K or offload"),
-               CLI_EXIT_USER;
-      z.remat = argv[++i];
     } else if (strcmp(argv[i], "-o") == 0) {
       if (i + 1 >= argc) return cli_usage_error("dump", "-o needs a file"), CLI_EXIT_USER;
       out_path = argv[++i];
@@ -179,7 +131,8 @@ int cli_dump(int argc, char **argv) {
       st = DSC_ERR_USER;
     } else {
       if (after || print_all || verify)
-        st = run_passes(m, &dims, grad_accum, precision, &z, after, print_all, verify, out);
+        st = run_passes(m, &dims, grad_accum, precision, world, &knobs, after, print_all, verify,
+                        out);
       if (st == DSC_OK && !print_all)
         st = dot ? dsc_module_print_dot(m, out) : dsc_module_print(m, out);
       if (fflush(out) != 0 || ferror(out)) {

@@ -134,9 +134,9 @@ static const char *formula_text(int stage) {
 static bool host_verdict(const dsc_plan_options *o, dsc_context *ctx) {
   bool any = false;
   for (int s = 0; s < 4; s++) {
-    if (o->has_zero_stage && s != o->zero_stage) continue;
+    if (o->knobs.has_zero_stage && s != o->knobs.zero_stage) continue;
     dsc_plan_options so = *o;
-    so.has_zero_stage = true, so.zero_stage = s;
+    so.knobs.has_zero_stage = true, so.knobs.zero_stage = s;
     dsc_memory_plan p;
     dsc_diag_clear(ctx);
     if (dsc_plan_memory(ctx, &so, &p) != DSC_OK) continue;
@@ -348,7 +348,7 @@ int cli_plan(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int64_t v = 0;
-    int auto_k;
+    int auto_k, knob_k;
     bool has_val = i + 1 < argc;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(plan_help, stdout);
@@ -362,67 +362,28 @@ int cli_plan(int argc, char **argv) {
       if (!has_val || dsc_precision_from_name(argv[i + 1], &pr) != 0)
         return cli_usage_error("plan", "--precision needs one of f32, bf16, fp16"), CLI_EXIT_USER;
       o.precision = argv[++i];
-    } else if (strcmp(a, "--world") == 0 || strcmp(a, "--zero-stage") == 0 ||
-               strcmp(a, "--batch") == 0 || strcmp(a, "--seq") == 0 ||
-               strcmp(a, "--grad-accum") == 0 || strcmp(a, "--global-batch") == 0 ||
-               strcmp(a, "--threads") == 0) {
-      bool stage = strcmp(a, "--zero-stage") == 0;
-      int64_t lo = stage ? 0 : 1;
-      int64_t hi = stage                         ? 3
-                   : strcmp(a, "--world") == 0   ? 65536
+    } else if ((knob_k = cli_knob_flag("plan", argc, argv, &i, &o.knobs)) != 0) {
+      if (knob_k < 0) return CLI_EXIT_USER;
+    } else if (strcmp(a, "--world") == 0 || strcmp(a, "--batch") == 0 || strcmp(a, "--seq") == 0 ||
+               strcmp(a, "--grad-accum") == 0 || strcmp(a, "--threads") == 0) {
+      int64_t hi = strcmp(a, "--world") == 0     ? 65536
                    : strcmp(a, "--threads") == 0 ? 1024
                                                  : ((int64_t)1 << 40);
-      if (!has_val || !cli_parse_i64(argv[i + 1], &v) || v < lo || v > hi)
-        return cli_usage_error("plan",
-                               "%s needs an integer in [%" PRId64 ", %" PRId64 "], got '%s'", a, lo,
-                               hi, has_val ? argv[i + 1] : ""),
+      if (!has_val || !cli_parse_i64(argv[i + 1], &v) || v < 1 || v > hi)
+        return cli_usage_error("plan", "%s needs an integer in [1, %" PRId64 "], got '%s'", a, hi,
+                               has_val ? argv[i + 1] : ""),
                CLI_EXIT_USER;
       i++;
       if (strcmp(a, "--world") == 0)
         o.world = v;
-      else if (stage)
-        o.zero_stage = (int)v, o.has_zero_stage = true;
       else if (strcmp(a, "--batch") == 0)
         o.batch = v;
       else if (strcmp(a, "--seq") == 0)
         o.seq = v;
       else if (strcmp(a, "--grad-accum") == 0)
         o.grad_accum = v;
-      else if (strcmp(a, "--global-batch") == 0)
-        o.global_batch = v;
       else
         o.threads = (int)v;
-    } else if (strcmp(a, "--offload-prefetch-bytes") == 0) {
-      if (!has_val || !cli_parse_bytes(argv[i + 1], &o.offload_prefetch_bytes))
-        return cli_usage_error("plan", "%s needs a byte count such as 0, 4096 or 64MiB", a),
-               CLI_EXIT_USER;
-      o.has_offload_prefetch_bytes = true;
-      i++;
-    } else if (strcmp(a, "--offload-io-threads") == 0) {
-      if (!has_val || !cli_parse_i64(argv[i + 1], &o.offload_io_threads) ||
-          o.offload_io_threads < 1 || o.offload_io_threads > 64)
-        return cli_usage_error("plan", "--offload-io-threads needs 1 to 64"), CLI_EXIT_USER;
-      i++;
-    } else if (strcmp(a, "--bucket-bytes") == 0 || strcmp(a, "--prefetch-bytes") == 0 ||
-               strcmp(a, "--unshard-bytes") == 0) {
-      int64_t *dst = a[2] == 'b' ? &o.bucket_bytes : a[2] == 'p' ? &o.prefetch_bytes : &o.unshard_bytes;
-      if (!has_val || !cli_parse_bytes(argv[i + 1], dst))
-        return cli_usage_error("plan", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
-               CLI_EXIT_USER;
-      *(a[2] == 'b' ? &o.has_bucket_bytes : a[2] == 'p' ? &o.has_prefetch_bytes : &o.has_unshard_bytes) = true;
-      i++;
-    } else if (strcmp(a, "--checkpoint-activations") == 0) {
-      dsc_remat_policy pol;
-      if (!has_val || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("plan", "--checkpoint-activations needs none, selective, block, blocks:K or offload"),
-               CLI_EXIT_USER;
-      o.checkpoint_activations = argv[++i];
-    } else if (strcmp(a, "--offload-optimizer") == 0 || strcmp(a, "--offload-param") == 0) {
-      dsc_offload_tier tier;
-      if (!has_val || dsc_offload_from_name(argv[i + 1], &tier) != 0)
-        return cli_usage_error("plan", "%s needs none, host (cpu) or disk (nvme), or auto", a),
-               CLI_EXIT_USER;
-      *(a[10] == 'o' ? &o.offload_optimizer : &o.offload_param) = argv[++i];
     } else if (strcmp(a, "--host-memory-budget") == 0) {
       if (!has_val || !cli_parse_bytes(argv[i + 1], &host_budget) || host_budget <= 0)
         return cli_usage_error("plan", "--host-memory-budget needs a byte count such as 64GiB"),
@@ -433,12 +394,6 @@ int cli_plan(int argc, char **argv) {
       if (!has_val || !cli_parse_bytes(argv[i + 1], &budget) || budget <= 0)
         return cli_usage_error("plan", "--memory-budget needs a byte count such as 16GiB"),
                CLI_EXIT_USER;
-      i++;
-    } else if (strcmp(a, "--persist-threshold") == 0) {
-      if (!has_val || !cli_parse_i64(argv[i + 1], &o.persist_threshold) || o.persist_threshold < 0)
-        return cli_usage_error("plan", "--persist-threshold needs a number of elements (>= 0)"),
-               CLI_EXIT_USER;
-      o.has_persist_threshold = true;
       i++;
     } else if ((auto_k = cli_auto_flag("plan", argc, argv, &i, &au)) != 0) {
       if (auto_k < 0) return CLI_EXIT_USER;
@@ -460,7 +415,7 @@ int cli_plan(int argc, char **argv) {
   cli_catch_signals(ctx); /* Ctrl-C stops the build of the graphs (exit 130) */
   int code = CLI_EXIT_OK;
   bool fits_any = false;
-  if (json || o.has_zero_stage) {
+  if (json || o.knobs.has_zero_stage) {
     dsc_memory_plan p;
     dsc_status st = dsc_plan_memory(ctx, &o, &p);
     dsc_diag_print(ctx, stderr);
@@ -478,10 +433,11 @@ int cli_plan(int argc, char **argv) {
       char errs[4][600];
       for (int s = 0; s < 4; s++) {
         plans[s] = p;
-        snprintf(errs[s], sizeof errs[s], "not planned (--zero-stage %d)", o.zero_stage);
+        snprintf(errs[s], sizeof errs[s], "not planned (--zero-stage %" PRId64 ")",
+                 o.knobs.zero_stage);
       }
-      ok[o.zero_stage] = true;
-      if (o.zero_stage != 0) plans[0] = p; /* the header's facts */
+      ok[o.knobs.zero_stage] = true;
+      if (o.knobs.zero_stage != 0) plans[0] = p; /* the header's facts */
       print_table(o.model_path, plans, ok, errs);
       if (budget > 0) budget_verdict(&p, 1, stdout);
     }
@@ -491,7 +447,7 @@ int cli_plan(int argc, char **argv) {
     char errs[4][600];
     for (int s = 0; s < 4 && code == CLI_EXIT_OK; s++) {
       dsc_plan_options so = o;
-      so.has_zero_stage = true, so.zero_stage = s;
+      so.knobs.has_zero_stage = true, so.knobs.zero_stage = s;
       dsc_diag_clear(ctx);
       dsc_status st = dsc_plan_memory(ctx, &so, &plans[s]);
       ok[s] = st == DSC_OK;
@@ -499,7 +455,7 @@ int cli_plan(int argc, char **argv) {
       if (ok[s]) continue;
       /* the model itself is at fault: say so and stop (param offload plans
        * at stage 3 only) */
-      bool param_offload = o.offload_param && strcmp(o.offload_param, "none") != 0;
+      bool param_offload = o.knobs.has_offload_param && o.knobs.offload_param != DSC_OFFLOAD_NONE;
       if ((s == 0 && !param_offload) || st == DSC_ERR_INTERRUPTED || cli_signal) {
         dsc_diag_print(ctx, stderr);
         code = cli_exit_code(st);

@@ -351,21 +351,11 @@ static int train_auto(dsc_trainer_options *o, const cli_auto *au, int64_t world,
   dsc_plan_options *b = &ao.base;
   b->model_path = o->model_path;
   b->batch = o->batch, b->seq = o->seq, b->grad_accum = o->grad_accum;
-  b->global_batch = o->global_batch;
   b->precision = o->precision;
   b->world = world;
   b->threads = o->threads;
-  b->has_zero_stage = o->has_zero_stage, b->zero_stage = o->zero_stage;
-  b->has_bucket_bytes = o->has_bucket_bytes, b->bucket_bytes = o->bucket_bytes;
-  b->has_prefetch_bytes = o->has_prefetch_bytes, b->prefetch_bytes = o->prefetch_bytes;
-  b->has_persist_threshold = o->has_persist_threshold, b->persist_threshold = o->persist_threshold;
-  b->has_unshard_bytes = o->has_unshard_bytes, b->unshard_bytes = o->unshard_bytes;
-  b->checkpoint_activations = o->checkpoint_activations;
-  b->offload_optimizer = o->offload_optimizer, b->offload_param = o->offload_param;
+  b->knobs = o->knobs; /* what the user fixed; the search chooses the rest */
   b->offload_dir = o->offload_dir;
-  b->has_offload_prefetch_bytes = o->has_offload_prefetch_bytes;
-  b->offload_prefetch_bytes = o->offload_prefetch_bytes;
-  b->offload_io_threads = o->offload_io_threads;
   b->host_memory_budget = o->host_memory_budget;
   ao.memory_budget = o->memory_budget;
   int code = cli_auto_run("train", ctx, au, &ao, false, quiet ? stderr : stdout, res);
@@ -373,11 +363,7 @@ static int train_auto(dsc_trainer_options *o, const cli_auto *au, int64_t world,
     const dsc_autocfg_candidate *c = &res->cand[0];
     char flags[256];
     dsc_autocfg_flags(c, world, flags, sizeof flags);
-    o->has_zero_stage = true, o->zero_stage = c->zero_stage;
-    o->checkpoint_activations = c->checkpoint_activations;
-    o->offload_optimizer = c->offload_optimizer, o->offload_param = c->offload_param;
-    o->has_bucket_bytes = c->has_bucket_bytes, o->bucket_bytes = c->bucket_bytes;
-    o->has_prefetch_bytes = c->has_prefetch_bytes, o->prefetch_bytes = c->prefetch_bytes;
+    o->knobs = c->knobs; /* the choice, with the knobs the user fixed */
     fprintf(quiet ? stderr : stdout, "auto: training with %s\n\n", flags);
     fflush(quiet ? stderr : stdout);
   }
@@ -386,158 +372,147 @@ static int train_auto(dsc_trainer_options *o, const cli_auto *au, int64_t world,
   return code;
 }
 
-int cli_train(int argc, char **argv) {
+/* What the command line gives besides the trainer options. */
+typedef struct {
   dsc_trainer_options o;
-  memset(&o, 0, sizeof o);
-  o.save_every = o.eval_every = -1;
-  bool quiet = false;
-  int64_t ranks = 0;
-  const char *trace_path = NULL;
+  bool quiet;
+  int64_t ranks;
+  const char *trace_path;
   cli_auto au;
-  memset(&au, 0, sizeof au);
+} train_args;
+
+/* A flag of the run itself (paths, shape, schedule, cadence). 1: handled,
+ * 0: not one of these, -1: a usage error (printed). */
+static int run_flag(int argc, char **argv, int *i, dsc_trainer_options *o) {
+  const char *a = argv[*i];
+  int64_t v;
+  bool ok;
+  if (strcmp(a, "--data") == 0)
+    ok = want_str(argc, argv, i, &o->data_prefix);
+  else if (strcmp(a, "--out") == 0)
+    ok = want_str(argc, argv, i, &o->out_dir);
+  else if (strcmp(a, "--resume") == 0)
+    ok = want_str(argc, argv, i, &o->resume);
+  else if (strcmp(a, "--log") == 0)
+    ok = want_str(argc, argv, i, &o->log_path);
+  else if (strcmp(a, "--steps") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->steps);
+  else if (strcmp(a, "--batch") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->batch);
+  else if (strcmp(a, "--seq") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->seq);
+  else if (strcmp(a, "--grad-accum") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->grad_accum);
+  else if (strcmp(a, "--save-every") == 0)
+    ok = want_i64(argc, argv, i, 0, &o->save_every);
+  else if (strcmp(a, "--eval-every") == 0)
+    ok = want_i64(argc, argv, i, 0, &o->eval_every);
+  else if (strcmp(a, "--eval-batches") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->eval_batches);
+  else if (strcmp(a, "--log-every") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->log_every);
+  else if (strcmp(a, "--stop-at") == 0)
+    ok = want_i64(argc, argv, i, 1, &o->stop_at);
+  else if (strcmp(a, "--keep-last") == 0) {
+    ok = want_i64(argc, argv, i, 1, &v) && v < 1000000;
+    o->keep_last = (int)v;
+  } else if (strcmp(a, "--seed") == 0) {
+    ok = want_i64(argc, argv, i, 0, &v);
+    o->seed = (uint64_t)v;
+    o->has_seed = true;
+  } else if (strcmp(a, "--lr") == 0) {
+    if (!cli_parse_positive(*i + 1 < argc ? argv[*i + 1] : "", &o->lr))
+      return cli_usage_error("train", "--lr needs a positive number"), -1;
+    ok = true, ++*i;
+  } else if (strcmp(a, "--precision") == 0) {
+    dsc_precision prec;
+    ok = want_str(argc, argv, i, &o->precision);
+    if (ok && dsc_precision_from_name(o->precision, &prec) != 0)
+      return cli_usage_error("train", "--precision: '%s' is not one of f32, bf16, fp16",
+                             o->precision),
+             -1;
+  } else {
+    return 0;
+  }
+  return ok ? 1 : -1;
+}
+
+/* A flag of where and how it runs (backend, ranks, memory, offload,
+ * tracing). 1: handled, 0: not one of these, -1: a usage error. */
+static int machine_flag(int argc, char **argv, int *i, train_args *ta) {
+  dsc_trainer_options *o = &ta->o;
+  const char *a = argv[*i];
+  int64_t v;
+  if (strcmp(a, "--backend") == 0) {
+    dsc_backend b;
+    if (!want_str(argc, argv, i, &o->backend)) return -1;
+    if (dsc_backend_from_name(o->backend, &b) != 0)
+      return cli_usage_error("train", "--backend: '%s' is not one of interp, cpu, cuda",
+                             o->backend),
+             -1;
+  } else if (strcmp(a, "--threads") == 0) {
+    if (!(want_i64(argc, argv, i, 1, &v) && v <= 1024)) return -1;
+    o->threads = (int)v;
+  } else if (strcmp(a, "--ranks") == 0) {
+    if (!(want_i64(argc, argv, i, 1, &ta->ranks) && ta->ranks <= 1024))
+      return cli_usage_error("train", "--ranks needs an integer in [1, 1024]"), -1;
+  } else if (strcmp(a, "--memory-budget") == 0) {
+    if (!want_bytes(argc, argv, i, &o->memory_budget) || o->memory_budget <= 0)
+      return cli_usage_error("train", "--memory-budget needs a byte count such as 16GiB"), -1;
+  } else if (strcmp(a, "--offload-dir") == 0) {
+    if (*i + 1 >= argc || !argv[*i + 1][0])
+      return cli_usage_error("train", "--offload-dir needs a directory"), -1;
+    o->offload_dir = argv[++*i];
+  } else if (strcmp(a, "--host-memory-budget") == 0) {
+    if (!want_bytes(argc, argv, i, &o->host_memory_budget) || o->host_memory_budget <= 0)
+      return cli_usage_error("train", "--host-memory-budget needs a byte count such as 16GiB"), -1;
+  } else if (strcmp(a, "--trace") == 0) {
+    if (!want_str(argc, argv, i, &ta->trace_path)) return -1;
+  } else if (strcmp(a, "--profile") == 0) {
+    o->profile = true;
+  } else if (strcmp(a, "--quiet") == 0) {
+    ta->quiet = true;
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+/* The command line into ta; -1 to go on, else the exit code. */
+static int parse_train_args(int argc, char **argv, train_args *ta) {
+  memset(ta, 0, sizeof *ta);
+  ta->o.save_every = ta->o.eval_every = -1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    int64_t v;
-    int auto_k;
-    bool ok = true;
+    int k;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(train_help, stdout);
       return CLI_EXIT_OK;
-    } else if (strcmp(a, "--data") == 0)
-      ok = want_str(argc, argv, &i, &o.data_prefix);
-    else if (strcmp(a, "--out") == 0)
-      ok = want_str(argc, argv, &i, &o.out_dir);
-    else if (strcmp(a, "--resume") == 0)
-      ok = want_str(argc, argv, &i, &o.resume);
-    else if (strcmp(a, "--log") == 0)
-      ok = want_str(argc, argv, &i, &o.log_path);
-    else if (strcmp(a, "--steps") == 0)
-      ok = want_i64(argc, argv, &i, 1, &o.steps);
-    else if (strcmp(a, "--batch") == 0)
-      ok = want_i64(argc, argv, &i, 1, &o.batch);
-    else if (strcmp(a, "--seq") == 0)
-      ok = want_i64(argc, argv, &i, 1, &o.seq);
-    else if (strcmp(a, "--grad-accum") == 0)
-      ok = want_i64(argc, argv, &i, 1, &o.grad_accum);
-    else if (strcmp(a, "--save-every") == 0)
-      ok = want_i64(argc, argv, &i, 0, &o.save_every);
-    else if (strcmp(a, "--eval-every") == 0)
-      ok = want_i64(argc, argv, &i, 0, &o.eval_every);
-    else if (strcmp(a, "--eval-batches") == 0)
-      ok = want_i64(argc, argv, &i, 1, &o.eval_batches);
-    else if (strcmp(a, "--log-every") == 0)
-      ok = want_i64(argc, argv, &i, 1, &o.log_every);
-    else if (strcmp(a, "--stop-at") == 0)
-      ok = want_i64(argc, argv, &i, 1, &o.stop_at);
-    else if (strcmp(a, "--keep-last") == 0) {
-      ok = want_i64(argc, argv, &i, 1, &v) && v < 1000000;
-      o.keep_last = (int)v;
-    } else if (strcmp(a, "--seed") == 0) {
-      ok = want_i64(argc, argv, &i, 0, &v);
-      o.seed = (uint64_t)v;
-      o.has_seed = true;
-    } else if (strcmp(a, "--lr") == 0) {
-      if (!cli_parse_positive(i + 1 < argc ? argv[i + 1] : "", &o.lr))
-        return cli_usage_error("train", "--lr needs a positive number"), CLI_EXIT_USER;
-      i++;
-    } else if (strcmp(a, "--precision") == 0) {
-      dsc_precision prec;
-      ok = want_str(argc, argv, &i, &o.precision);
-      if (ok && dsc_precision_from_name(o.precision, &prec) != 0)
-        return cli_usage_error("train", "--precision: '%s' is not one of f32, bf16, fp16",
-                               o.precision),
-               CLI_EXIT_USER;
-    } else if (strcmp(a, "--backend") == 0) {
-      dsc_backend b;
-      ok = want_str(argc, argv, &i, &o.backend);
-      if (ok && dsc_backend_from_name(o.backend, &b) != 0)
-        return cli_usage_error("train", "--backend: '%s' is not one of interp, cpu, cuda",
-                               o.backend),
-               CLI_EXIT_USER;
-    } else if (strcmp(a, "--threads") == 0) {
-      ok = want_i64(argc, argv, &i, 1, &v) && v <= 1024;
-      o.threads = (int)v;
-    } else if (strcmp(a, "--ranks") == 0) {
-      ok = want_i64(argc, argv, &i, 1, &ranks) && ranks <= 1024;
-      if (!ok)
-        return cli_usage_error("train", "--ranks needs an integer in [1, 1024]"), CLI_EXIT_USER;
-    } else if (strcmp(a, "--global-batch") == 0) {
-      ok = want_i64(argc, argv, &i, 1, &o.global_batch);
-    } else if (strcmp(a, "--zero-stage") == 0) {
-      ok = want_i64(argc, argv, &i, 0, &v) && v <= 3;
-      if (!ok) return cli_usage_error("train", "--zero-stage needs 0, 1, 2 or 3"), CLI_EXIT_USER;
-      o.zero_stage = (int)v;
-      o.has_zero_stage = true;
-    } else if (strcmp(a, "--prefetch-bytes") == 0 || strcmp(a, "--bucket-bytes") == 0 ||
-               strcmp(a, "--unshard-bytes") == 0) {
-      int64_t *dst = a[2] == 'p' ? &o.prefetch_bytes : a[2] == 'b' ? &o.bucket_bytes : &o.unshard_bytes;
-      ok = want_bytes(argc, argv, &i, dst);
-      if (!ok)
-        return cli_usage_error("train", "%s needs a byte count such as 0, 4096, 25MB or 1GiB", a),
-               CLI_EXIT_USER;
-      *(a[2] == 'p' ? &o.has_prefetch_bytes : a[2] == 'b' ? &o.has_bucket_bytes : &o.has_unshard_bytes) = true;
-    } else if (strcmp(a, "--offload-prefetch-bytes") == 0) {
-      if (!want_bytes(argc, argv, &i, &o.offload_prefetch_bytes))
-        return cli_usage_error("train", "%s needs a byte count such as 0, 4096 or 64MiB", a),
-               CLI_EXIT_USER;
-      o.has_offload_prefetch_bytes = true;
-    } else if (strcmp(a, "--offload-io-threads") == 0) {
-      if (!want_i64(argc, argv, &i, 1, &o.offload_io_threads) || o.offload_io_threads > 64)
-        return cli_usage_error("train", "--offload-io-threads needs 1 to 64"), CLI_EXIT_USER;
-    } else if (strcmp(a, "--memory-budget") == 0) {
-      if (!want_bytes(argc, argv, &i, &o.memory_budget) || o.memory_budget <= 0)
-        return cli_usage_error("train", "--memory-budget needs a byte count such as 16GiB"),
-               CLI_EXIT_USER;
-    } else if (strcmp(a, "--offload-optimizer") == 0 || strcmp(a, "--offload-param") == 0) {
-      dsc_offload_tier tier;
-      if (i + 1 >= argc || dsc_offload_from_name(argv[i + 1], &tier) != 0)
-        return cli_usage_error("train", "%s needs none, host (cpu) or disk (nvme), or auto", a),
-               CLI_EXIT_USER;
-      *(a[10] == 'o' ? &o.offload_optimizer : &o.offload_param) = argv[++i];
-    } else if (strcmp(a, "--offload-dir") == 0) {
-      if (i + 1 >= argc || !argv[i + 1][0])
-        return cli_usage_error("train", "--offload-dir needs a directory"), CLI_EXIT_USER;
-      o.offload_dir = argv[++i];
-    } else if (strcmp(a, "--host-memory-budget") == 0) {
-      if (!want_bytes(argc, argv, &i, &o.host_memory_budget) || o.host_memory_budget <= 0)
-        return cli_usage_error("train", "--host-memory-budget needs a byte count such as 16GiB"),
-               CLI_EXIT_USER;
-    } else if (strcmp(a, "--checkpoint-activations") == 0) {
-      dsc_remat_policy pol;
-      if (i + 1 >= argc || dsc_remat_from_name(argv[i + 1], &pol) != 0)
-        return cli_usage_error("train", "--checkpoint-activations needs none, selective, block, blocks:K or offload"),
-               CLI_EXIT_USER;
-      o.checkpoint_activations = argv[++i];
-    } else if (strcmp(a, "--persist-threshold") == 0) {
-      ok = want_i64(argc, argv, &i, 0, &o.persist_threshold);
-      if (!ok)
-        return cli_usage_error("train", "--persist-threshold needs a number of elements (>= 0)"),
-               CLI_EXIT_USER;
-      o.has_persist_threshold = true;
-    } else if (strcmp(a, "--trace") == 0) {
-      ok = want_str(argc, argv, &i, &trace_path);
-    } else if (strcmp(a, "--profile") == 0) {
-      o.profile = true;
-    } else if (strcmp(a, "--quiet") == 0) {
-      quiet = true;
-    } else if ((auto_k = cli_auto_flag("train", argc, argv, &i, &au)) != 0) {
-      if (auto_k < 0) return CLI_EXIT_USER;
+    }
+    if ((k = run_flag(argc, argv, &i, &ta->o)) != 0 ||
+        (k = cli_knob_flag("train", argc, argv, &i, &ta->o.knobs)) != 0 ||
+        (k = machine_flag(argc, argv, &i, ta)) != 0 ||
+        (k = cli_auto_flag("train", argc, argv, &i, &ta->au)) != 0) {
+      if (k < 0) return CLI_EXIT_USER;
     } else if (a[0] == '-' && a[1]) {
       return cli_usage_error("train", "unknown option '%s'", a), CLI_EXIT_USER;
-    } else if (o.model_path) {
+    } else if (ta->o.model_path) {
       return cli_usage_error("train", "one model file at a time"), CLI_EXIT_USER;
     } else {
-      o.model_path = a;
+      ta->o.model_path = a;
     }
-    if (!ok) return CLI_EXIT_USER;
   }
-  if (!o.resume && !o.model_path)
+  if (!ta->o.resume && !ta->o.model_path)
     return cli_usage_error("train", "missing model file"), CLI_EXIT_USER;
-  if (!o.resume && !o.data_prefix)
+  if (!ta->o.resume && !ta->o.data_prefix)
     return cli_usage_error("train", "missing --data PREFIX (token shards from 'dsc data')"),
            CLI_EXIT_USER;
+  return -1;
+}
 
-  int64_t mpi_world = mpi_env_world();
+/* mpirun's world against --ranks and this build; -1 to go on, else the
+ * exit code. */
+static int check_world(int64_t mpi_world, int64_t ranks) {
   if (mpi_world > 1 && ranks > 0)
     return cli_usage_error("train",
                            "--ranks runs in-process ranks; under mpirun (%" PRId64
@@ -551,93 +526,108 @@ int cli_train(int argc, char **argv) {
             mpi_world);
     return CLI_EXIT_USER;
   }
+  return -1;
+}
 
-  if (au.on) {
-    int code = train_auto(&o, &au, ranks > 1 ? ranks : mpi_world > 1 ? mpi_world : 1,
-                          mpi_world > 1, quiet);
-    if (code != CLI_EXIT_OK) return code;
+/* The trace file exists and is writable before anything is compiled:
+ * rank 0's is FILE, rank R's under mpirun FILE.rankR. -1 to go on, else
+ * the exit code (the error printed). */
+static int open_trace(dsc_context *ctx, const char *path, int64_t mpi_world, dsc_trace **out) {
+  *out = NULL;
+  if (!path) return -1;
+  int64_t r = mpi_world > 1 ? mpi_env_rank() : 0;
+  char *p = malloc(strlen(path) + 32);
+  if (!p) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  if (r > 0)
+    sprintf(p, "%s.rank%" PRId64, path, r);
+  else
+    strcpy(p, path);
+  dsc_status st = dsc_trace_open(ctx, p, out);
+  free(p);
+  if (st != DSC_OK) return dsc_diag_print(ctx, stderr), cli_exit_code(st);
+  return -1;
+}
+
+/* One rank per process under mpirun: rank 0 reports; any failure ends the
+ * job. *trace is closed (and NULL) when the job is aborted. */
+static int train_mpi(dsc_context *ctx, train_job *job, const char *trace_path, int64_t mpi_world,
+                     dsc_trace **trace) {
+  dsc_comm *comm = NULL;
+  dsc_status st = dsc_comm_mpi_new(ctx, &comm);
+  if (st != DSC_OK) return dsc_diag_print(ctx, stderr), cli_exit_code(st);
+  cli_catch_signals(ctx);
+  st = train_rank(comm, job);
+  cli_release_signals();
+  if (st != DSC_OK) {
+    dsc_diag_print(ctx, stderr);
+    fflush(stderr);
+    dsc_trace_close(*trace); /* a valid file before MPI_Abort ends the process */
+    *trace = NULL;
+    char why[160];
+    snprintf(why, sizeof why, "dsc train failed on rank %d (exit %d)", dsc_comm_rank(comm),
+             cli_exit_code(st));
+    dsc_comm_abort(comm, why); /* ends every process of the job */
   }
+  if (*trace) {
+    /* every rank traced its own file: rank 0 prints the sums */
+    dsc_trace_overlap ov;
+    dsc_trace_get_overlap(*trace, &ov);
+    double v[3] = {ov.comm_s, ov.wait_s, (double)ov.collectives};
+    if (dsc_comm_all_reduce(comm, v, v, 3, DSC_F64, DSC_COMM_SUM, 0) == DSC_OK) {
+      ov.comm_s = v[0], ov.wait_s = v[1], ov.collectives = (int64_t)v[2];
+      ov.ranks = dsc_comm_world(comm);
+      if (dsc_comm_rank(comm) == 0 && !job->quiet) print_trace_line(trace_path, mpi_world, &ov);
+    } else {
+      dsc_diag_print(ctx, stderr);
+    }
+  }
+  dsc_comm_free(comm);
+  return job->code;
+}
 
-  /* The trace file exists and is writable before anything is compiled:
-   * rank 0's is FILE, rank R's under mpirun FILE.rankR. */
+/* In-process ranks (ranks > 1) or one rank, with the signal handlers set. */
+static int train_local(dsc_context *ctx, train_job *job, int64_t ranks, const char *trace_path,
+                       dsc_trace *trace) {
+  cli_catch_signals(ctx);
+  dsc_status st;
+  if (ranks > 1) {
+    st = dsc_comm_inproc_run(ctx, (int)ranks, train_rank_fn, job);
+  } else {
+    job->single_ctx = ctx;
+    st = train_rank(NULL, job);
+  }
+  cli_release_signals();
+  dsc_diag_print(ctx, stderr); /* the first failed rank's errors */
+  dsc_trace_overlap ov;
+  dsc_trace_get_overlap(trace, &ov);
+  if (trace && st == DSC_OK && !job->quiet) print_trace_line(trace_path, 0, &ov);
+  return st == DSC_OK ? job->code : cli_exit_code(st);
+}
+
+int cli_train(int argc, char **argv) {
+  train_args ta;
+  int code = parse_train_args(argc, argv, &ta);
+  if (code >= 0) return code;
+  int64_t mpi_world = mpi_env_world();
+  if ((code = check_world(mpi_world, ta.ranks)) >= 0) return code;
+  if (ta.au.on) {
+    int64_t world = ta.ranks > 1 ? ta.ranks : mpi_world > 1 ? mpi_world : 1;
+    if ((code = train_auto(&ta.o, &ta.au, world, mpi_world > 1, ta.quiet)) != CLI_EXIT_OK)
+      return code;
+  }
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   dsc_trace *trace = NULL;
-  if (trace_path) {
-    int64_t r = mpi_world > 1 ? mpi_env_rank() : 0;
-    char *p = malloc(strlen(trace_path) + 32);
-    if (!p) return dsc_context_free(ctx), fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
-    if (r > 0)
-      sprintf(p, "%s.rank%" PRId64, trace_path, r);
-    else
-      strcpy(p, trace_path);
-    dsc_status tst = dsc_trace_open(ctx, p, &trace);
-    free(p);
-    if (tst != DSC_OK) {
-      dsc_diag_print(ctx, stderr);
-      dsc_context_free(ctx);
-      return cli_exit_code(tst);
-    }
-    o.trace = trace;
+  if ((code = open_trace(ctx, ta.trace_path, mpi_world, &trace)) >= 0) {
+    dsc_context_free(ctx);
+    return code;
   }
-  train_job job = {o, quiet, NULL, CLI_EXIT_OK};
-  int code;
-  dsc_trace_overlap ov;
-  if (mpi_world > 1) {
-    /* One rank per process: rank 0 reports; any failure ends the job. */
-    dsc_comm *comm = NULL;
-    dsc_status st = dsc_comm_mpi_new(ctx, &comm);
-    if (st != DSC_OK) {
-      dsc_diag_print(ctx, stderr);
-      dsc_trace_close(trace);
-      dsc_context_free(ctx);
-      return cli_exit_code(st);
-    }
-    cli_catch_signals(ctx);
-    st = train_rank(comm, &job);
-    cli_release_signals();
-    if (st != DSC_OK) {
-      dsc_diag_print(ctx, stderr);
-      fflush(stderr);
-      dsc_trace_close(trace); /* a valid file before MPI_Abort ends the process */
-      trace = NULL;
-      char why[160];
-      snprintf(why, sizeof why, "dsc train failed on rank %d (exit %d)", dsc_comm_rank(comm),
-               cli_exit_code(st));
-      dsc_comm_abort(comm, why); /* ends every process of the job */
-    }
-    code = job.code;
-    if (trace) {
-      /* every rank traced its own file: rank 0 prints the sums */
-      dsc_trace_get_overlap(trace, &ov);
-      double v[3] = {ov.comm_s, ov.wait_s, (double)ov.collectives};
-      if (dsc_comm_all_reduce(comm, v, v, 3, DSC_F64, DSC_COMM_SUM, 0) == DSC_OK) {
-        ov.comm_s = v[0], ov.wait_s = v[1], ov.collectives = (int64_t)v[2];
-        ov.ranks = dsc_comm_world(comm);
-        if (dsc_comm_rank(comm) == 0 && !quiet) print_trace_line(trace_path, mpi_world, &ov);
-      } else {
-        dsc_diag_print(ctx, stderr);
-      }
-    }
-    dsc_comm_free(comm);
-  } else if (ranks > 1) {
-    cli_catch_signals(ctx);
-    dsc_status st = dsc_comm_inproc_run(ctx, (int)ranks, train_rank_fn, &job);
-    cli_release_signals();
-    dsc_diag_print(ctx, stderr); /* the first failed rank's errors */
-    code = st == DSC_OK ? job.code : cli_exit_code(st);
-    dsc_trace_get_overlap(trace, &ov);
-    if (trace && st == DSC_OK && !quiet) print_trace_line(trace_path, 0, &ov);
-  } else {
-    cli_catch_signals(ctx);
-    job.single_ctx = ctx;
-    dsc_status st = train_rank(NULL, &job);
-    cli_release_signals();
-    dsc_diag_print(ctx, stderr);
-    code = st == DSC_OK ? job.code : cli_exit_code(st);
-    dsc_trace_get_overlap(trace, &ov);
-    if (trace && st == DSC_OK && !quiet) print_trace_line(trace_path, 0, &ov);
-  }
+  ta.o.trace = trace;
+  train_job job = {ta.o, ta.quiet, NULL, CLI_EXIT_OK};
+  if (mpi_world > 1)
+    code = train_mpi(ctx, &job, ta.trace_path, mpi_world, &trace);
+  else
+    code = train_local(ctx, &job, ta.ranks, ta.trace_path, trace);
   if (dsc_trace_close(trace) != DSC_OK) {
     dsc_diag_print(ctx, stderr);
     if (code == CLI_EXIT_OK) code = CLI_EXIT_USER;

@@ -16,21 +16,7 @@
 
 /* ---------------------------------------------------------------- common */
 
-bool cli_parse_bytes(const char *s, int64_t *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (end == s || errno || !(v >= 0)) return false;
-  double unit = 1;
-  if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
-  else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
-  else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
-  if (unit > 1 && *end == 'i') end++;
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end || v * unit > 9.0e15) return false;
-  *out = (int64_t)(v * unit);
-  return true;
-}
+bool cli_parse_bytes(const char *s, int64_t *out) { return dsc_parse_bytes(s, out); }
 
 bool cli_parse_positive(const char *s, double *out) {
   char *end = NULL;

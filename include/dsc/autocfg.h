@@ -111,10 +111,10 @@ dsc_status dsc_plan_memory_work(dsc_context *ctx, const dsc_plan_options *o,
 
 /* ---- the search (driver/autocfg.c) ---- */
 typedef struct {
-  /* the run: model, world, batch, precision, ... Where a choice is set here
-   * it is fixed (not searched): has_zero_stage, checkpoint_activations,
-   * offload_optimizer, offload_param, has_bucket_bytes, has_prefetch_bytes.
-   * offload_dir enables the disk tier. */
+  /* the run: model, world, batch, precision, ... Where a choice is set in
+   * base.knobs it is fixed (not searched): has_zero_stage, has_remat,
+   * has_offload_optimizer, has_offload_param, has_bucket_bytes,
+   * has_prefetch_bytes. offload_dir enables the disk tier. */
   dsc_plan_options base;
   int64_t memory_budget;      /* device bytes per rank (> 0) */
   int64_t host_memory_budget; /* host bytes per rank for offload (0: no limit) */
@@ -123,11 +123,10 @@ typedef struct {
 } dsc_autocfg_options;
 
 typedef struct {
-  int zero_stage;
-  const char *offload_optimizer, *offload_param; /* "none" "host" "disk" */
-  const char *checkpoint_activations;            /* "none" "selective" "blocks" (or fixed) */
-  bool has_bucket_bytes, has_prefetch_bytes;     /* else the model's */
-  int64_t bucket_bytes, prefetch_bytes;
+  /* base.knobs with the choices set: zero_stage, offload_optimizer and
+   * offload_param (none, auto, host, disk), remat (none, selective, blocks;
+   * or fixed), bucket_bytes and prefetch_bytes (else the model's) */
+  dsc_run_knobs knobs;
   bool fits;
   dsc_memory_plan plan;
   dsc_step_cost cost;

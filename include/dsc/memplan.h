@@ -19,25 +19,14 @@ extern "C" {
 typedef struct {
   const char *model_path;         /* .dsm */
   int64_t batch, seq, grad_accum; /* 0: the model's */
-  int64_t global_batch;           /* 0: not given (as dsc train --global-batch) */
   const char *precision;          /* "f32" "bf16" "fp16"; NULL: the model's */
   int64_t world;                  /* ranks; <= 1: one */
-  bool has_zero_stage;            /* zero_stage overrides train.zero.stage */
-  int zero_stage;
-  /* overrides of the model's train.zero.* where the has_ flag is set (as
-   * dsc train's flags of these names) */
-  bool has_bucket_bytes, has_prefetch_bytes, has_persist_threshold, has_unshard_bytes;
-  const char *checkpoint_activations; /* "none" | "selective"; NULL: the model's */
-  int64_t bucket_bytes, prefetch_bytes, persist_threshold, unshard_bytes;
+  /* the run knobs over the model's train section, as dsc train's flags of
+   * the same names (include/dsc/settings.h) */
+  dsc_run_knobs knobs;
   int threads; /* CPU threads (GEMM scratch); 0: one per core */
-  /* Offload (issue 7, passes/offload.c): where the optimizer states and
-   * (stage 3) the param shards live: "none" (device), "host", "disk"; NULL:
-   * the model's train section, else none. offload_dir: the disk tier's
-   * directory (NULL: none given). */
-  const char *offload_optimizer, *offload_param, *offload_dir;
-  /* as dsc_trainer_options: --offload-prefetch-bytes, --offload-io-threads */
-  bool has_offload_prefetch_bytes;
-  int64_t offload_prefetch_bytes, offload_io_threads;
+  /* the disk tier's directory (NULL: none given) */
+  const char *offload_dir;
   /* > 0: host memory per rank for the offloaded values (dsc plan --host-memory-budget) */
   int64_t host_memory_budget;
   /* > 0: device bytes per rank (--memory-budget); what offload auto fits */

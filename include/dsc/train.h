@@ -30,6 +30,7 @@
 
 #include "dsc/core.h"
 #include "dsc/ir.h"
+#include "dsc/settings.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,13 +48,6 @@ typedef enum {
   DSC_PRECISION_FP16, /* f16 compute, f32 master weights, dynamic loss scaling */
 } dsc_precision;
 
-typedef enum {
-  DSC_REMAT_NONE = 0,
-  DSC_REMAT_SELECTIVE = 1, /* recompute the cheap forward values */
-  DSC_REMAT_BLOCKS = 2,    /* keep block inputs (every remat_every-th), recompute the rest */
-  DSC_REMAT_OFFLOAD = 3,   /* copy the kept forward values to the host and back (to_host /
-                            * to_device; passes/offload_host.c) instead of recomputing */
-} dsc_remat_policy;
 /* "none", "selective", "blocks" or "block" (every block) or "blocks:K"
  * (every K blocks) or "offload" -> policy and K (1 unless given); 0 on success, -1
  * otherwise. */
@@ -61,16 +55,6 @@ int dsc_remat_parse(const char *name, dsc_remat_policy *out, int64_t *every);
 int dsc_remat_from_name(const char *name, dsc_remat_policy *out); /* K ignored */
 const char *dsc_remat_name(dsc_remat_policy p);
 
-/* Where a module value lives (module meta "tier.<name>"; pass "offload"). */
-typedef enum {
-  DSC_OFFLOAD_NONE = 0, /* the device (on CPU-only runs: the device's arenas) */
-  DSC_OFFLOAD_HOST = 1, /* host memory, an arena of its own */
-  DSC_OFFLOAD_DISK = 2, /* a file per rank under the offload dir, two slots per value */
-  /* --offload-optimizer/--offload-param auto (DeepCompile's adaptive
-   * offloading, driver/offload_auto.c): only the values the memory budget
-   * requires move, each to the tier given in dsc_train_config.offload.values */
-  DSC_OFFLOAD_AUTO = 3,
-} dsc_offload_tier;
 /* One value's tier (adaptive offload): param/state `name` lives in `tier`. */
 typedef struct {
   const char *name;
@@ -179,6 +163,12 @@ typedef struct {
 /* Defaults (documented in docs/training.md), then the module's train.*
  * metadata. Unknown or malformed settings are diagnostics. */
 dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *cfg);
+/* The run knobs over cfg (dsc train, dsc plan, the auto-configuration):
+ * each knob whose has_ flag is set is range-checked by the settings table
+ * (include/dsc/settings.h) and stored; an error names `who` ("trainer",
+ * "plan"), the knob, its flag and its train key. */
+dsc_status dsc_run_knobs_apply(dsc_context *ctx, const char *who, const dsc_run_knobs *k,
+                               dsc_train_config *cfg);
 /* "f32", "bf16", "fp16"; NULL for a value out of range. */
 const char *dsc_precision_name(dsc_precision p);
 /* Returns 0 and sets *out when name is one of those (or "f16"). */

@@ -60,35 +60,25 @@ typedef struct {
    * Rank 0 alone writes out_dir (checkpoints, metrics.jsonl), log_path and
    * runs validation; every rank's steps report the same (global) loss. */
   dsc_comm *comm;
-  /* Sequences per step (DeepSpeed's train_batch_size; 0: the train
-   * section's, if any): grad_accum becomes global_batch / (batch x world),
-   * which must divide evenly (and agree with an explicit grad_accum). */
-  int64_t global_batch;
-  bool has_zero_stage; /* zero_stage overrides train.zero.stage */
-  int zero_stage;
-  /* overrides of train.zero.prefetch_bytes, bucket_bytes, persist_threshold
-   * (pass "schedule" and stage 3), each where its has_ flag is set */
-  const char *checkpoint_activations; /* "none" | "selective"; NULL: the model's */
+  /* The run knobs over the train section (include/dsc/settings.h): the
+   * global batch (DeepSpeed's train_batch_size: grad_accum becomes
+   * global_batch / (batch x world), which must divide evenly and agree with
+   * an explicit grad_accum), ZeRO's stage and sizes, activation
+   * checkpointing, the offload tiers and the disk tier's streaming; each
+   * where its has_ flag is set. */
+  dsc_run_knobs knobs;
   /* > 0: bytes one rank's training step may allocate (cpu backend: its
    * arenas, as dsc plan computes them); a step that needs more is refused
    * before anything is allocated, with what does not fit */
   int64_t memory_budget;
-  bool has_prefetch_bytes, has_bucket_bytes, has_persist_threshold, has_unshard_bytes;
-  int64_t prefetch_bytes, bucket_bytes, persist_threshold, unshard_bytes;
   /* Chrome trace (include/dsc/trace.h) of this rank (pid = rank): the
    * executors' events plus a span per step (step track), data loading and
    * checkpoint writes (copy track), validation (step track) and the
    * trainer's own stop-flag all-reduce (comm track, category "control").
    * NULL: off. Not owned; it must outlive the trainer. */
   dsc_trace *trace;
-  /* Offload (passes/offload.c; as dsc_plan_options): "none" "host" "disk";
-   * NULL: the model's train section, else none. offload_dir: the disk
-   * tier's directory (required for "disk"). */
-  const char *offload_optimizer, *offload_param, *offload_dir;
-  /* the disk tier's streaming (--offload-prefetch-bytes with has_;
-   * --offload-io-threads when > 0); else 64 MiB and 4 threads */
-  bool has_offload_prefetch_bytes;
-  int64_t offload_prefetch_bytes, offload_io_threads;
+  /* the disk tier's directory (required for offload to disk) */
+  const char *offload_dir;
   /* > 0: bytes of host memory one rank's offloaded values may take (the
    * host arena plus the disk tier's staging), checked like memory_budget */
   int64_t host_memory_budget;

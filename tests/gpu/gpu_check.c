@@ -740,7 +740,7 @@ static dsc_status coll_rank(dsc_comm *comm, void *ud) {
   o.precision = "f32";
   o.backend = j->backend;
   o.comm = comm;
-  o.has_zero_stage = true, o.zero_stage = j->stage;
+  o.knobs.has_zero_stage = true, o.knobs.zero_stage = j->stage;
   dsc_trainer *t = NULL;
   dsc_status st = dsc_trainer_open(ctx, &o, &t);
   for (int s = 0; s < j->steps && st == DSC_OK; s++) {

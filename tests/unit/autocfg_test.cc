@@ -170,7 +170,7 @@ TEST(AutocfgWork, CollectiveBytesOfPlannedSteps) {
   for (int64_t world : {2, 4}) {
     Planned s0;
     dsc_plan_options o = tiny_options(path, world);
-    o.has_zero_stage = true, o.zero_stage = 0;
+    o.knobs.has_zero_stage = true, o.knobs.zero_stage = 0;
     ASSERT_EQ(dsc_plan_memory_work(s0.ctx, &o, &s0.plan, &s0.work), DSC_OK) << diags(s0.ctx);
     double psi = (double)s0.plan.param_count;
     EXPECT_GE(s0.work.coll_bytes[DSC_COLL_ALL_REDUCE], 4 * psi);
@@ -180,7 +180,7 @@ TEST(AutocfgWork, CollectiveBytesOfPlannedSteps) {
     EXPECT_EQ(s0.work.coll_bytes[DSC_COLL_ALL_GATHER], 0);
     EXPECT_GT(s0.work.gemm_flops, 0);
     Planned s3;
-    o.zero_stage = 3;
+    o.knobs.zero_stage = 3;
     ASSERT_EQ(dsc_plan_memory_work(s3.ctx, &o, &s3.plan, &s3.work), DSC_OK) << diags(s3.ctx);
     EXPECT_GT(s3.work.coll_bytes[DSC_COLL_ALL_GATHER], 3 * 4 * psi);
     EXPECT_LE(s3.work.coll_bytes[DSC_COLL_ALL_GATHER], 4 * 4 * psi + 4096);
@@ -199,11 +199,11 @@ TEST(AutocfgWork, RecomputationIsCounted) {
   std::string path = tiny();
   Planned none, sel, blocks;
   dsc_plan_options o = tiny_options(path, 1);
-  o.checkpoint_activations = "none";
+  dsc_run_knobs_set(&o.knobs, "--checkpoint-activations", "none");
   ASSERT_EQ(dsc_plan_memory_work(none.ctx, &o, &none.plan, &none.work), DSC_OK);
-  o.checkpoint_activations = "selective";
+  dsc_run_knobs_set(&o.knobs, "--checkpoint-activations", "selective");
   ASSERT_EQ(dsc_plan_memory_work(sel.ctx, &o, &sel.plan, &sel.work), DSC_OK);
-  o.checkpoint_activations = "blocks";
+  dsc_run_knobs_set(&o.knobs, "--checkpoint-activations", "blocks");
   ASSERT_EQ(dsc_plan_memory_work(blocks.ctx, &o, &blocks.plan, &blocks.work), DSC_OK);
   EXPECT_GT(sel.work.kernel_flops, none.work.kernel_flops);
   EXPECT_DOUBLE_EQ(sel.work.gemm_flops, none.work.gemm_flops);
@@ -227,8 +227,8 @@ struct Search {
   ~Search() { dsc_context_free(ctx); }
   int64_t peak(int stage, const char *act) {
     dsc_plan_options p = o.base;
-    p.has_zero_stage = true, p.zero_stage = stage;
-    p.checkpoint_activations = act;
+    p.knobs.has_zero_stage = true, p.knobs.zero_stage = stage;
+    EXPECT_TRUE(dsc_run_knobs_set(&p.knobs, "--checkpoint-activations", act));
     dsc_memory_plan m;
     EXPECT_EQ(dsc_plan_memory(ctx, &p, &m), DSC_OK) << diags(ctx);
     return m.rank.peak;
@@ -236,15 +236,15 @@ struct Search {
 };
 
 bool is_plain_stage0(const dsc_autocfg_candidate &c) {
-  return c.zero_stage == 0 && std::string(c.offload_optimizer) == "none" &&
-         std::string(c.offload_param) == "none";
+  return c.knobs.zero_stage == 0 && c.knobs.offload_optimizer == DSC_OFFLOAD_NONE &&
+         c.knobs.offload_param == DSC_OFFLOAD_NONE;
 }
 
 // Without checkpointing, one byte under stage 0's peak: the choice shards or
 // offloads, fits, and is the fastest fitting one; the runners-up are ranked.
 TEST(AutocfgSearch, BudgetBelowStage0PicksShardedOrOffloaded) {
   Search s(2);
-  s.o.base.checkpoint_activations = "none";
+  dsc_run_knobs_set(&s.o.base.knobs, "--checkpoint-activations", "none");
   s.o.memory_budget = s.peak(0, "none") - 1;
   ASSERT_EQ(dsc_autocfg_search(s.ctx, &s.o, &s.r), DSC_OK) << diags(s.ctx);
   ASSERT_GT(s.r.n_fit, 0);
@@ -253,7 +253,7 @@ TEST(AutocfgSearch, BudgetBelowStage0PicksShardedOrOffloaded) {
   EXPECT_FALSE(is_plain_stage0(c));
   EXPECT_LE(c.plan.rank.peak, s.o.memory_budget);
   for (int i = 0; i < s.r.n; i++) {
-    EXPECT_STREQ(s.r.cand[i].checkpoint_activations, "none");
+    EXPECT_STREQ(dsc_remat_name(s.r.cand[i].knobs.remat), "none");
     if (i > 0 && i < s.r.n_fit) {
       EXPECT_LE(s.r.cand[i - 1].cost.step_s, s.r.cand[i].cost.step_s);
     }
@@ -270,21 +270,23 @@ TEST(AutocfgSearch, BudgetBelowStage0PicksShardedOrOffloaded) {
 // A fixed stage and offload stay fixed; the disk tier needs a directory.
 TEST(AutocfgSearch, FixedChoicesAreRespected) {
   Search s(2);
-  s.o.base.has_zero_stage = true, s.o.base.zero_stage = 1;
+  s.o.base.knobs.has_zero_stage = true, s.o.base.knobs.zero_stage = 1;
   s.o.memory_budget = (int64_t)1 << 40;
   ASSERT_EQ(dsc_autocfg_search(s.ctx, &s.o, &s.r), DSC_OK) << diags(s.ctx);
   for (int i = 0; i < s.r.n; i++) {
-    EXPECT_EQ(s.r.cand[i].zero_stage, 1);
-    EXPECT_STRNE(s.r.cand[i].offload_optimizer, "disk"); // no --offload-dir
+    EXPECT_EQ(s.r.cand[i].knobs.zero_stage, 1);
+    EXPECT_STRNE(dsc_offload_name(s.r.cand[i].knobs.offload_optimizer),
+                 "disk");  // no --offload-dir
   }
-  EXPECT_STREQ(s.r.cand[0].checkpoint_activations, "none"); // fits: no recompute needed
+  EXPECT_STREQ(dsc_remat_name(s.r.cand[0].knobs.remat), "none");  // fits: no recompute needed
   Search h(2);
-  h.o.base.offload_optimizer = "host";
+  dsc_run_knobs_set(&h.o.base.knobs, "--offload-optimizer", "host");
   h.o.memory_budget = (int64_t)1 << 40;
   ASSERT_EQ(dsc_autocfg_search(h.ctx, &h.o, &h.r), DSC_OK) << diags(h.ctx);
-  for (int i = 0; i < h.r.n; i++) EXPECT_STREQ(h.r.cand[i].offload_optimizer, "host");
+  for (int i = 0; i < h.r.n; i++)
+    EXPECT_STREQ(dsc_offload_name(h.r.cand[i].knobs.offload_optimizer), "host");
   Search d(2);
-  d.o.base.offload_optimizer = "disk";
+  dsc_run_knobs_set(&d.o.base.knobs, "--offload-optimizer", "disk");
   d.o.memory_budget = (int64_t)1 << 40;
   EXPECT_EQ(dsc_autocfg_search(d.ctx, &d.o, &d.r), DSC_ERR_USER);
   EXPECT_NE(diags(d.ctx).find("--offload-dir"), std::string::npos) << diags(d.ctx);
@@ -296,8 +298,8 @@ TEST(AutocfgSearch, WorldOneAndThePlanBound) {
   s.o.memory_budget = (int64_t)1 << 40;
   ASSERT_EQ(dsc_autocfg_search(s.ctx, &s.o, &s.r), DSC_OK) << diags(s.ctx);
   for (int i = 0; i < s.r.n; i++) {
-    EXPECT_EQ(s.r.cand[i].zero_stage, 0);
-    EXPECT_STREQ(s.r.cand[i].offload_param, "none");
+    EXPECT_EQ(s.r.cand[i].knobs.zero_stage, 0);
+    EXPECT_STREQ(dsc_offload_name(s.r.cand[i].knobs.offload_param), "none");
   }
   Search b(2);
   b.o.memory_budget = 1;

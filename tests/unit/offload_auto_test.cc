@@ -99,7 +99,7 @@ dsc_plan_options tiny_plan() {
   o.model_path = kModel.c_str();
   o.batch = 2, o.seq = 32, o.world = 1;
   o.precision = "f32";
-  o.has_zero_stage = true, o.zero_stage = 0;
+  o.knobs.has_zero_stage = true, o.knobs.zero_stage = 0;
   o.threads = 2;
   return o;
 }
@@ -113,7 +113,7 @@ TEST(OffloadAuto, BudgetBelowThePeakMovesOnlyWhatItRequiresInOrder) {
   // budgets from just below the peak to where most states must move
   for (int64_t below : {int64_t(1), int64_t(100000), none.rank.optimizer - 70000}) {
     SCOPED_TRACE(below);
-    o.offload_optimizer = "auto";
+    dsc_run_knobs_set(&o.knobs, "--offload-optimizer", "auto");
     o.memory_budget = none.rank.peak - below;
     ASSERT_EQ(dsc_plan_memory(ctx, &o, &p), DSC_OK) << diags(ctx);
     ASSERT_TRUE(p.offload_auto);
@@ -153,7 +153,7 @@ TEST(OffloadAuto, BudgetAtThePeakMovesNothing) {
   dsc_plan_options o = tiny_plan();
   dsc_memory_plan none, p;
   ASSERT_EQ(dsc_plan_memory(ctx, &o, &none), DSC_OK) << diags(ctx);
-  o.offload_optimizer = "auto";
+  dsc_run_knobs_set(&o.knobs, "--offload-optimizer", "auto");
   o.memory_budget = none.rank.peak;
   ASSERT_EQ(dsc_plan_memory(ctx, &o, &p), DSC_OK) << diags(ctx);
   EXPECT_TRUE(p.offload_auto);
@@ -170,7 +170,7 @@ TEST(OffloadAuto, TooSmallABudgetFailsNamingWhatIsOver) {
   dsc_plan_options o = tiny_plan();
   dsc_memory_plan none, p;
   ASSERT_EQ(dsc_plan_memory(ctx, &o, &none), DSC_OK) << diags(ctx);
-  o.offload_optimizer = "auto";
+  dsc_run_knobs_set(&o.knobs, "--offload-optimizer", "auto");
   o.memory_budget = none.rank.peak - none.rank.optimizer - 65536;
   EXPECT_EQ(dsc_plan_memory(ctx, &o, &p), DSC_ERR_USER);
   std::string d = diags(ctx);
@@ -200,7 +200,7 @@ TEST(OffloadAuto, AHostBudgetWithoutTheDiskTierIsAClearError) {
   dsc_plan_options o = tiny_plan();
   dsc_memory_plan none, p;
   ASSERT_EQ(dsc_plan_memory(ctx, &o, &none), DSC_OK) << diags(ctx);
-  o.offload_optimizer = "auto";
+  dsc_run_knobs_set(&o.knobs, "--offload-optimizer", "auto");
   o.memory_budget = none.rank.peak - none.rank.optimizer / 2;
   o.host_memory_budget = 4096;  // far less than half the states
   EXPECT_EQ(dsc_plan_memory(ctx, &o, &p), DSC_ERR_USER);
@@ -219,16 +219,18 @@ TEST(OffloadAuto, TheSearchPlansAutoAsAnOffloadChoice) {
   dsc_autocfg_options ao;
   memset(&ao, 0, sizeof ao);
   ao.base = o;
-  ao.base.has_zero_stage = false;
-  ao.base.checkpoint_activations = "none";  // offload is the only way to fit
+  ao.base.knobs.has_zero_stage = false;
+  dsc_run_knobs_set(&ao.base.knobs, "--checkpoint-activations",
+                    "none");  // offload is the only way to fit
   ao.memory_budget = none.rank.peak - 50000;
   ao.rates = {100, 10, 10, 1, 0};
   dsc_autocfg_result *r = new dsc_autocfg_result;
   ASSERT_EQ(dsc_autocfg_search(ctx, &ao, r), DSC_OK) << diags(ctx);
   bool host_planned = false;
-  for (int i = 0; i < r->n; i++) host_planned |= strcmp(r->cand[i].offload_optimizer, "host") == 0;
+  for (int i = 0; i < r->n; i++)
+    host_planned |= r->cand[i].knobs.offload_optimizer == DSC_OFFLOAD_HOST;
   // auto fits, so moving every state (host) is dominated and not planned
-  EXPECT_STREQ(r->cand[0].offload_optimizer, "auto");
+  EXPECT_STREQ(dsc_offload_name(r->cand[0].knobs.offload_optimizer), "auto");
   EXPECT_TRUE(r->cand[0].fits);
   EXPECT_LE(r->cand[0].plan.rank.peak, ao.memory_budget);
   EXPECT_GT(r->cand[0].plan.n_offloaded, 0);

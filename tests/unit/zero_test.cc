@@ -452,11 +452,12 @@ struct World {
     memset(&j.o, 0, sizeof j.o);
     j.o.model_path = kTiny.c_str();
     j.o.data_prefix = prefix.c_str();
-    j.o.batch = 2, j.o.seq = 8, j.o.grad_accum = K, j.o.steps = 100, j.o.global_batch = global;
+    j.o.batch = 2, j.o.seq = 8, j.o.grad_accum = K, j.o.steps = 100;
+    if (global > 0) j.o.knobs.has_global_batch = true, j.o.knobs.global_batch = global;
     j.o.save_every = -1, j.o.eval_every = 0;
     j.o.backend = backend;
     j.o.threads = 1;
-    if (stage >= 0) j.o.has_zero_stage = true, j.o.zero_stage = stage;
+    if (stage >= 0) j.o.knobs.has_zero_stage = true, j.o.knobs.zero_stage = stage;
     j.steps = steps;
     j.bad_prefix = bad;
     j.ranks.resize(world);
