@@ -30,6 +30,7 @@
 
 #ifdef DSC_HAVE_LLVM
 
+#include <fcntl.h>
 #include <math.h>
 #include <llvm-c/Analysis.h>
 #include <llvm-c/BitWriter.h>
@@ -1380,9 +1381,16 @@ static void path_free(const cg_llvm_jit *j, char *p) {
 static LLVMMemoryBufferRef cache_read(cg_llvm_jit *j, uint64_t key) {
   char *path = cache_path(j, key, "");
   if (!path) return NULL;
-  FILE *f = fopen(path, "rb");
+  /* O_NONBLOCK: a FIFO in the cache directory is skipped, never waited on
+   * (the flag does nothing to a regular file's reads). */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   path_free(j, path);
-  if (!f) return NULL;
+  struct stat sb;
+  FILE *f = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    if (fd >= 0) close(fd);
+    return NULL;
+  }
   LLVMMemoryBufferRef buf = NULL;
   cache_header h;
   void *data = NULL;
