@@ -49,11 +49,13 @@ std::string many_tensors(int n, const std::string &last) {
 // Process CPU time: the bound then holds on a loaded machine too (the
 // quadratic name check it guards against is CPU time as well).
 using cpu_clock = std::clock_t;
+const double kBound = 10.0;
 double seconds_since(cpu_clock t0) { return (double)(std::clock() - t0) / CLOCKS_PER_SEC; }
 
 // 300k tensors: a pairwise name check took more than 200 s. The bound (CPU
-// seconds) is for a 2-core CI machine under ASan; a release build takes
-// about half a second.
+// seconds) leaves room for ASan on a slow CI core: a release build reads
+// them in about 0.7 s, an ASan build in about 2.7 s (measured on a loaded
+// 2-core machine).
 TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   TempDir dir;
   const int n = 300000;
@@ -66,7 +68,7 @@ TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   double read_s = seconds_since(t0);
   ASSERT_EQ(s->n, n);
   EXPECT_NE(dsc_tensor_set_find(s, "t1299999"), nullptr);
-  EXPECT_LT(read_s, 5.0) << "reading " << n << " tensors";
+  EXPECT_LT(read_s, kBound) << "reading " << n << " tensors";
   // the writer: the name check and the data order sort (names reversed, so
   // an insertion sort would be quadratic too)
   std::vector<const char *> names(s->names, s->names + n);
@@ -78,7 +80,7 @@ TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   t0 = std::clock();
   ASSERT_EQ(dsc_safetensors_write(ctx, q.c_str(), &rev), DSC_OK) << diags(ctx);
   double write_s = seconds_since(t0);
-  EXPECT_LT(write_s, 5.0) << "writing " << n << " tensors";
+  EXPECT_LT(write_s, kBound) << "writing " << n << " tensors";
   EXPECT_EQ(read_bytes(q), read_bytes(p));  // same data order: by name
   // checking a set against a spec of as many names is O(n log n) as well
   std::vector<dsc_tensor_spec> spec;
@@ -86,7 +88,7 @@ TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   t0 = std::clock();
   EXPECT_EQ(dsc_tensor_set_check(ctx, p.c_str(), s, spec.data(), n), DSC_OK) << diags(ctx);
   double check_s = seconds_since(t0);
-  EXPECT_LT(check_s, 5.0) << "checking " << n << " tensors against a spec";
+  EXPECT_LT(check_s, kBound) << "checking " << n << " tensors against a spec";
   printf("%d tensors: read %.2f s, write %.2f s, check %.2f s\n", n, read_s, write_s, check_s);
   dsc_tensor_set_free(ctx, s);
   dsc_context_free(ctx);
@@ -100,7 +102,7 @@ TEST(HostileSafetensors, DuplicateNameAtTheEndOfAHugeHeaderIsFound) {
   dsc_tensor_set *s = nullptr;
   cpu_clock t0 = std::clock();
   EXPECT_EQ(dsc_safetensors_read(ctx, p.c_str(), &s), DSC_ERR_USER);
-  EXPECT_LT(seconds_since(t0), 5.0);
+  EXPECT_LT(seconds_since(t0), kBound);
   EXPECT_EQ(diags(ctx), p + ": tensor 't1000000' appears twice in the header\n");
   dsc_context_free(ctx);
 }
