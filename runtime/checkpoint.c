@@ -416,9 +416,9 @@ static const char *check_extra(const cJSON *ex, int64_t step, char *why, size_t 
     const char *key;
     uint64_t lo, hi;
   } ints[] = {
-      {"batch", 1, 1ull << 31},     {"seq", 1, 1ull << 31},         {"grad_accum", 1, 1ull << 31},
-      {"vocab", 1, 1ull << 31},     {"world", 1, 100000},           {"zero_world", 1, 100000},
-      {"zero_stage", 0, 3},         {"steps", 0, (1ull << 53) - 1}, {"save_every", 0, 1ull << 53},
+      {"batch", 1, 1ull << 31},      {"seq", 1, 1ull << 31},         {"grad_accum", 1, 1ull << 31},
+      {"vocab", 1, 1ull << 31},      {"world", 1, 100000},           {"zero_world", 1, 100000},
+      {"zero_stage", 0, 3},          {"steps", 0, (1ull << 53) - 1}, {"save_every", 0, 1ull << 53},
       {"eval_every", 0, 1ull << 53}, {"seed", 0, UINT64_MAX},
   };
   for (const cJSON *x = ex ? ex->child : NULL; x; x = x->next) {
@@ -458,8 +458,11 @@ static dsc_status check_finite(dsc_context *ctx, const char *path, const dsc_ten
     int64_t n = dsc_type_numel(&t->type);
     for (int64_t e = 0; e < n; e++)
       if (!isfinite(t->data[e])) {
-        ir_error(ctx, rt_loc(path), "tensor '%s': element %" PRId64 " is %s (a checkpoint holds "
-                 "finite values only)", s->names[i], e, isnan(t->data[e]) ? "NaN" : "infinite");
+        ir_error(ctx, rt_loc(path),
+                 "tensor '%s': element %" PRId64
+                 " is %s (a checkpoint holds "
+                 "finite values only)",
+                 s->names[i], e, isnan(t->data[e]) ? "NaN" : "infinite");
         return DSC_ERR_USER;
       }
   }
@@ -700,8 +703,8 @@ static dsc_status assemble_shards(dsc_context *ctx, dsc_checkpoint *c) {
     }
     n_full = dims ? dsc_type_numel(&full) : 0;
     if (!dims || !set || sh[0]->tensors[i]->type.rank != 1 ||
-        (strcmp(set, "model") != 0 && strcmp(set, "optimizer") != 0) ||
-        s > INT64_MAX / world || n_full > s * world || n_full <= s * (world - 1)) {
+        (strcmp(set, "model") != 0 && strcmp(set, "optimizer") != 0) || s > INT64_MAX / world ||
+        n_full > s * world || n_full <= s * (world - 1)) {
       ir_error(ctx, rt_loc(first), "malformed shard '%s': its full shape or set is missing or "
                "does not fit %lld chunks", name, world);
       st = DSC_ERR_USER;

@@ -109,7 +109,8 @@ typedef struct {
 
 static int cmp_span(const void *a, const void *b) {
   const dsx_span *x = a, *y = b;
-  return x->off != y->off ? (x->off > y->off) - (x->off < y->off) : (x->len > y->len) - (x->len < y->len);
+  return x->off != y->off ? (x->off > y->off) - (x->off < y->off)
+                          : (x->len > y->len) - (x->len < y->len);
 }
 static int cmp_span_name(const void *a, const void *b) {
   return strcmp(((const dsx_span *)a)->name, ((const dsx_span *)b)->name);
@@ -124,7 +125,8 @@ static dsc_status check_layout(dsc_context *ctx, const char *path, const rt_dsx 
     ir_error(ctx, rt_loc(path), "out of memory");
     return DSC_ERR_INTERNAL;
   }
-  for (int i = 0; i < d->n; i++) sp[i] = (dsx_span){offs[3 * i], offs[3 * i + 1], d->sections[i].name};
+  for (int i = 0; i < d->n; i++)
+    sp[i] = (dsx_span){offs[3 * i], offs[3 * i + 1], d->sections[i].name};
   dsc_status st = DSC_OK;
   qsort(sp, (size_t)d->n, sizeof *sp, cmp_span);
   for (int i = 0; i < d->n && st == DSC_OK; i++) {

@@ -819,7 +819,8 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
   if (text) ir_free(ctx, text, (size_t)hlen + 1);
   /* The data in file order, through one buffer: a pread per tensor would
    * be 10^5 system calls for a header of 10^5 small tensors. */
-  st_entry **by_begin = st == DSC_OK ? ir_alloc(ctx, sizeof *by_begin * (size_t)(n > 0 ? n : 1)) : NULL;
+  st_entry **by_begin =
+      st == DSC_OK ? ir_alloc(ctx, sizeof *by_begin * (size_t)(n > 0 ? n : 1)) : NULL;
   if (st == DSC_OK && !by_begin) {
     ir_error(ctx, loc, "out of memory");
     st = DSC_ERR_INTERNAL;
@@ -850,7 +851,8 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
       }
       size_t avail = (r.len - r.at) / es;
       int64_t take = (int64_t)avail < count - e ? (int64_t)avail : count - e;
-      for (int64_t j = 0; j < take; j++, r.at += es) t->data[e++] = decode(t->type.dtype, r.buf + r.at);
+      for (int64_t j = 0; j < take; j++, r.at += es)
+        t->data[e++] = decode(t->type.dtype, r.buf + r.at);
     }
   }
   if (by_begin) ir_free(ctx, by_begin, sizeof *by_begin * (size_t)(n > 0 ? n : 1));

@@ -24,7 +24,8 @@ static void paths(void) {
   if (in_path[0]) return;
   atexit(cleanup);
   const char *tmp = getenv("TMPDIR");
-  snprintf(in_path, sizeof in_path, "%.32s/fuzz_st_%d.in", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+  snprintf(in_path, sizeof in_path, "%.32s/fuzz_st_%d.in", tmp && *tmp ? tmp : "/tmp",
+           (int)getpid());
   snprintf(out_path, sizeof out_path, "%.32s/fuzz_st_%d.out", tmp && *tmp ? tmp : "/tmp",
            (int)getpid());
 }
@@ -47,8 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
    * writer refuses those, with a diagnostic. */
   if (s && dsc_safetensors_write(ctx, out_path, s) == DSC_OK) {
     dsc_tensor_set *again = NULL;
-    if (dsc_safetensors_read(ctx, out_path, &again) != DSC_OK || again->n != s->n)
-      __builtin_trap();
+    if (dsc_safetensors_read(ctx, out_path, &again) != DSC_OK || again->n != s->n) __builtin_trap();
     for (int i = 0; i < s->n; i++) {
       const dsc_tensor *t = dsc_tensor_set_find(again, s->names[i]);
       if (!t || !dsc_type_equal(&t->type, &s->tensors[i]->type)) __builtin_trap();

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <ctime>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "runtime_test_util.h"
@@ -49,11 +49,13 @@ std::string many_tensors(int n, const std::string &last) {
 // Process CPU time: the bound then holds on a loaded machine too (the
 // quadratic name check it guards against is CPU time as well).
 using cpu_clock = std::clock_t;
+const double kBound = 10.0;
 double seconds_since(cpu_clock t0) { return (double)(std::clock() - t0) / CLOCKS_PER_SEC; }
 
 // 300k tensors: a pairwise name check took more than 200 s. The bound (CPU
-// seconds) is for a 2-core CI machine under ASan; a release build takes
-// about half a second.
+// seconds) leaves room for ASan on a slow CI core: a release build reads
+// them in about 0.7 s, an ASan build in about 2.7 s (measured on a loaded
+// 2-core machine).
 TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   TempDir dir;
   const int n = 300000;
@@ -66,7 +68,7 @@ TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   double read_s = seconds_since(t0);
   ASSERT_EQ(s->n, n);
   EXPECT_NE(dsc_tensor_set_find(s, "t1299999"), nullptr);
-  EXPECT_LT(read_s, 5.0) << "reading " << n << " tensors";
+  EXPECT_LT(read_s, kBound) << "reading " << n << " tensors";
   // the writer: the name check and the data order sort (names reversed, so
   // an insertion sort would be quadratic too)
   std::vector<const char *> names(s->names, s->names + n);
@@ -78,7 +80,7 @@ TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   t0 = std::clock();
   ASSERT_EQ(dsc_safetensors_write(ctx, q.c_str(), &rev), DSC_OK) << diags(ctx);
   double write_s = seconds_since(t0);
-  EXPECT_LT(write_s, 5.0) << "writing " << n << " tensors";
+  EXPECT_LT(write_s, kBound) << "writing " << n << " tensors";
   EXPECT_EQ(read_bytes(q), read_bytes(p));  // same data order: by name
   // checking a set against a spec of as many names is O(n log n) as well
   std::vector<dsc_tensor_spec> spec;
@@ -86,7 +88,7 @@ TEST(HostileSafetensors, ThreeHundredThousandTensorsParseAndWriteQuickly) {
   t0 = std::clock();
   EXPECT_EQ(dsc_tensor_set_check(ctx, p.c_str(), s, spec.data(), n), DSC_OK) << diags(ctx);
   double check_s = seconds_since(t0);
-  EXPECT_LT(check_s, 5.0) << "checking " << n << " tensors against a spec";
+  EXPECT_LT(check_s, kBound) << "checking " << n << " tensors against a spec";
   printf("%d tensors: read %.2f s, write %.2f s, check %.2f s\n", n, read_s, write_s, check_s);
   dsc_tensor_set_free(ctx, s);
   dsc_context_free(ctx);
@@ -100,7 +102,7 @@ TEST(HostileSafetensors, DuplicateNameAtTheEndOfAHugeHeaderIsFound) {
   dsc_tensor_set *s = nullptr;
   cpu_clock t0 = std::clock();
   EXPECT_EQ(dsc_safetensors_read(ctx, p.c_str(), &s), DSC_ERR_USER);
-  EXPECT_LT(seconds_since(t0), 5.0);
+  EXPECT_LT(seconds_since(t0), kBound);
   EXPECT_EQ(diags(ctx), p + ": tensor 't1000000' appears twice in the header\n");
   dsc_context_free(ctx);
 }
@@ -187,9 +189,10 @@ struct Dir {
   Dir() : step(tmp / "step-000005") { mkdir(step.c_str(), 0777); }
 };
 
-std::string state_json(const std::string &extra, const std::string &rng =
-                                                      "[\"0123456789abcdef\",\"0000000000000001\","
-                                                      "\"0000000000000002\",\"0000000000000003\"]",
+std::string state_json(const std::string &extra,
+                       const std::string &rng =
+                           "[\"0123456789abcdef\",\"0000000000000001\","
+                           "\"0000000000000002\",\"0000000000000003\"]",
                        int step = 5) {
   return "{\"format\":\"dsc-checkpoint\",\"version\":1,\"step\":" + std::to_string(step) +
          ",\"rng\":" + rng + ",\"loader\":{\"epoch\":0,\"index\":1},\"extra\":{" + extra + "}}";
@@ -226,8 +229,9 @@ TEST(HostileCheckpoint, ShardFullShapeOverflowingInt64IsNamed) {
   write_bytes(shard, f32_file("wte", {1, 2, 3, 4},
                               "\"full.wte\":\"16384x1125899906842625\",\"set.wte\":\"model\""));
   EXPECT_EQ(load_error(d.step),
-            shard + ": malformed shard metadata: \"full.wte\" is '16384x1125899906842625', not a "
-                    "shape d0xd1x... of positive dims whose element count fits 64 bits\n");
+            shard +
+                ": malformed shard metadata: \"full.wte\" is '16384x1125899906842625', not a "
+                "shape d0xd1x... of positive dims whose element count fits 64 bits\n");
   write_bytes(shard, f32_file("wte", {1, 2, 3, 4}, "\"full.wte\":\"2x2\",\"set.wte\":\"model\""));
   EXPECT_EQ(load_error(d.step), "loaded");
 }
@@ -237,15 +241,18 @@ TEST(HostileCheckpoint, NonFiniteValuesAreNamedByTensorAndFile) {
   write_bytes(d.step + "/state.json", state_json(""));
   write_bytes(d.step + "/optimizer.safetensors", st_file("{}", ""));
   write_bytes(d.step + "/model.safetensors", f32_file("wte", {1, 2, NAN, 4}));
-  EXPECT_EQ(load_error(d.step), d.step + "/model.safetensors: tensor 'wte': element 2 is NaN (a "
-                                         "checkpoint holds finite values only)\n");
+  EXPECT_EQ(load_error(d.step), d.step +
+                                    "/model.safetensors: tensor 'wte': element 2 is NaN (a "
+                                    "checkpoint holds finite values only)\n");
   write_bytes(d.step + "/model.safetensors", f32_file("wte", {1, 2, 3, 4}));
   write_bytes(d.step + "/optimizer.safetensors", f32_file("wte.m", {-INFINITY}));
-  EXPECT_EQ(load_error(d.step), d.step + "/optimizer.safetensors: tensor 'wte.m': element 0 is "
-                                         "infinite (a checkpoint holds finite values only)\n");
+  EXPECT_EQ(load_error(d.step), d.step +
+                                    "/optimizer.safetensors: tensor 'wte.m': element 0 is "
+                                    "infinite (a checkpoint holds finite values only)\n");
   write_bytes(d.step + "/optimizer.safetensors", f32_file("opt.loss_scale", {0}));
-  EXPECT_EQ(load_error(d.step), d.step + "/optimizer.safetensors: tensor 'opt.loss_scale' is 0, "
-                                         "not a positive number\n");
+  EXPECT_EQ(load_error(d.step), d.step +
+                                    "/optimizer.safetensors: tensor 'opt.loss_scale' is 0, "
+                                    "not a positive number\n");
   write_bytes(d.step + "/optimizer.safetensors", f32_file("opt.loss_scale", {65536}));
   EXPECT_EQ(load_error(d.step), "loaded");
 }
@@ -269,8 +276,9 @@ TEST(HostileCheckpoint, JunkStateValuesAreNamedByField) {
       {state_json("\"batch\":\"0\""), "\"extra.batch\" is '0', not an integer in [1, 2147483648]"},
       {state_json("\"zero_stage\":\"4\""), "\"extra.zero_stage\" is '4', not an integer in [0, 3]"},
       {state_json("\"steps\":\"4\""), "\"step\" 5 is past \"extra.steps\" 4"},
-      {state_json("", "[\"0000000000000000\",\"0000000000000000\",\"0000000000000000\","
-                      "\"0000000000000000\"]"),
+      {state_json("",
+                  "[\"0000000000000000\",\"0000000000000000\",\"0000000000000000\","
+                  "\"0000000000000000\"]"),
        "\"rng\" is all zero (xoshiro256** never leaves that state: not a saved RNG)"},
       {state_json("", "[\"0123456789abcdef\",\"1\",\"2\",\"3\"]"),
        "\"rng\" is not an array of 4 hex strings"},
@@ -308,10 +316,11 @@ TEST(HostileDsx, OverlappingDuplicateAndTableSectionsAreRefused) {
   // entry 1 (at 16 + 36): its offset set to entry 0's, checksum kept right
   std::string b = good;
   size_t e1 = 16 + 32 + 4;
-  memcpy(&b[e1], &good[16], 8);     // same offset as "meta"
-  memcpy(&b[e1 + 8], &good[24], 8);  // same length
+  memcpy(&b[e1], &good[16], 8);       // same offset as "meta"
+  memcpy(&b[e1 + 8], &good[24], 8);   // same length
   memcpy(&b[e1 + 16], &good[32], 8);  // same checksum
-  EXPECT_EQ(read_error(b), p + ": not a valid .dsx file: sections 'meta' and 'module.step' overlap\n");
+  EXPECT_EQ(read_error(b),
+            p + ": not a valid .dsx file: sections 'meta' and 'module.step' overlap\n");
   b = good;
   uint64_t zero = 16;  // inside the table
   memcpy(&b[16], &zero, 8);
