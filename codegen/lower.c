@@ -1461,7 +1461,7 @@ static bool place_work(L *l) {
     int na = 0;
     int64_t peak = 0;
     for (int i = 0; i < nw; i++) {
-      if ((i & 255) == 0 &&
+      if ((i & 15) == 0 &&
           (l->status = ir_check_interrupt(l->ctx, "placing the buffers of '%s'", l->g->name)))
         return false;
       cg_buffer *b = &p->buffers[order[i]];
@@ -1722,7 +1722,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   if (!group_done) return oom(&l), DSC_ERR_INTERNAL;
   for (int i = 0; i < n && l.status == DSC_OK; i++) {
     ir_node *x = g->nodes[i];
-    if ((i & 255) == 0 && (l.status = ir_check_interrupt(l.ctx, "lowering graph '%s'", g->name)))
+    if ((i & 15) == 0 && (l.status = ir_check_interrupt(l.ctx, "lowering graph '%s'", g->name)))
       break;
     if (x->group > 0) {
       if (group_done[x->group]) {

@@ -14,6 +14,13 @@ stop_after() {
   shift 3
   "$@" >"$log.out" 2>"$log.err" &
   local pid=$!
+  # the signal once dsc catches SIGINT and SIGTERM (SigCgt bits 2 and 15;
+  # a sanitizer build takes a while to get there), then DELAY seconds on
+  for _ in $(seq 600); do
+    local cgt=$(awk '/^SigCgt:/ {print $2}' /proc/$pid/status 2>/dev/null)
+    [ -n "$cgt" ] && [ $(( (0x$cgt >> 1) & (0x$cgt >> 14) & 1 )) -eq 1 ] && break
+    sleep 0.05
+  done
   sleep "$delay"
   kill -"$sig" $pid
   local t0=$(date +%s%N)
