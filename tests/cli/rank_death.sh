@@ -22,7 +22,7 @@ RUN=(--data "$TMP/gpl" --batch 2 --seq 16 --save-every 3 --log-every 1)
 "$DSC" train "$MODEL" "${RUN[@]}" --steps 100000 --ranks 2 --out "$TMP/inproc" \
   >"$TMP/inproc.out" 2>"$TMP/inproc.err" &
 tp=$!
-for _ in $(seq 1200); do [ -d "$TMP/inproc/step-000003" ] && break; sleep 0.05; done
+for _ in $(seq 4800); do [ -d "$TMP/inproc/step-000003" ] && break; sleep 0.05; done
 mv "$TMP/inproc" "$TMP/inproc.moved" && touch "$TMP/inproc" # atomic: a save may be under way
 start=$(date +%s%N)
 for _ in $(seq 100); do kill -0 $tp 2>/dev/null || break; sleep 0.05; done
