@@ -53,7 +53,7 @@ static const dsc_setting table[] = {
     {"log_every", NULL, NULL, "log_every", DSC_SETTING_INT, 1, I64MAX, pos_int, NULL,
      CFG(log_every), NOKNOB},
     {"checkpoint_activations", NULL, "--checkpoint-activations", "checkpoint_activations",
-     DSC_SETTING_REMAT, 0, 0, "none, selective, blocks or offload",
+     DSC_SETTING_REMAT, 0, 0, "none, selective or blocks, or offload",
      "none, selective, block, blocks:K or offload", CFG(remat), KNOB(remat)},
     {"checkpoint_every", NULL, NULL, "checkpoint_every", DSC_SETTING_INT, 1, 1000000, pos_int, NULL,
      CFG(remat_every), NOKNOB},

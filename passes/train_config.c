@@ -270,7 +270,10 @@ static bool read_setting(dsc_context *ctx, pass_tv_parser *p, pass_tv *pool, con
                                             : set_schedule(ctx, raw, v, cfg);
   }
   dsc_setting_value v;
-  if (!dsc_setting_parse(s, raw, false, &v)) return bad(ctx, key, raw, dsc_setting_want(s, false));
+  /* the metadata's own wording for the precision, as before the table */
+  const char *want =
+      s->kind == DSC_SETTING_PRECISION ? "one of f32, bf16, fp16" : dsc_setting_want(s, false);
+  if (!dsc_setting_parse(s, raw, false, &v)) return bad(ctx, key, raw, want);
   /* top-level lr / weight_decay override the optimizer's, whatever the order */
   if (strcmp(s->key, "lr") == 0) return *lr = v.num, *has_lr = true;
   if (strcmp(s->key, "weight_decay") == 0) return *wd = v.num, *has_wd = true;
