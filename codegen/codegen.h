@@ -28,6 +28,7 @@
 
 #include "dsc/core.h"
 #include "ir/ir.h"
+#include "program/program.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,7 +124,7 @@ typedef struct {
   bool read, written;
 } kir_arg;
 
-typedef struct {
+struct kir_kernel { /* program/program.h holds it opaque */
   const char *name; /* a C identifier, unique within a program */
   int rank, n_outer;
   int64_t dims[KIR_MAX_RANK];
@@ -133,7 +134,7 @@ typedef struct {
   dsc_dtype *slot_types;
   int n_stages;
   kir_stage *stages;
-} kir_kernel;
+};
 
 /* Construction helpers: every object lives in arena `a` (NULL on failure,
  * and NULL operands give NULL, so a chain needs one check at the end). */
@@ -166,178 +167,6 @@ uint64_t kir_hash(const kir_kernel *k);
  * range, after finishing the kernel. */
 bool kir_eval(const kir_kernel *k, void *const *args);
 
-/* Storage conversions shared by the evaluator and the runtimes: a double
- * read from / written to an element of `dtype` at p (bf16/f16 round once to
- * nearest even: ir_bf16_bits; integers truncate toward zero; bool is != 0). */
-double cg_load_elem(dsc_dtype dtype, const void *p);
-void cg_store_elem(dsc_dtype dtype, void *p, double v);
-
-/* ======================= codegen/program.c: the Program =======================
- * A linear list of instructions over planned buffers. Buffers live in two
- * arenas: STATE (every param and state of the module, in module order,
- * persistent across runs) and WORK (graph inputs, outputs and temporaries,
- * placed by liveness). A view is a buffer plus an element offset. */
-
-typedef enum { CG_ARENA_STATE, CG_ARENA_WORK } cg_arena_kind;
-
-typedef enum {
-  CG_BUF_PARAM, /* module param/state `index` (module order); STATE arena */
-  CG_BUF_INPUT, /* graph input `index`; WORK arena */
-  CG_BUF_TEMP,  /* WORK arena */
-} cg_buf_kind;
-
-typedef struct {
-  cg_buf_kind kind;
-  int index;
-  dsc_dtype dtype;
-  int64_t numel;
-  int64_t offset; /* bytes within its arena (64-byte aligned) */
-  int first_use, last_use; /* instruction indices (liveness), -1 for STATE */
-  int tier; /* CG_BUF_PARAM: cg_tier of the value (its arena); 0 (device) otherwise */
-  /* (CG_BUF_TEMP with tier CG_TIER_HOST: a host work buffer, placed by
-   * liveness in the program's host work arena (cg_program.host_work_bytes):
-   * to_host results and the values of nodes placed on the host) */
-} cg_buffer;
-
-typedef enum {
-  CG_INS_LAUNCH,         /* kernel `kernel` with argument buffers args[] */
-  CG_INS_GEMM,           /* see cg_gemm */
-  CG_INS_EMBEDDING_GRAD, /* dst[rows, D] = 0 (unless accumulate); dst[ids[i], :] += src[i, :] */
-  CG_INS_COPY,           /* dst = src, `numel` elements, same dtype, contiguous */
-  CG_INS_COLLECTIVE_START, /* starts collective `coll` (asynchronous): src -> dst */
-  CG_INS_COLLECTIVE_WAIT,  /* completes the collective `coll.id` started earlier */
-  CG_INS_TIER_START,       /* starts disk transfer `tier` (asynchronous) of buffer src */
-  CG_INS_TIER_WAIT,        /* completes disk transfer `tier.id` started earlier */
-} cg_ins_kind;
-
-/* A disk tier transfer (tier_read_start/_wait, tier_write_start/_wait;
- * passes/offload_disk.c): module param/state `param` (disk tier) read from
- * the file's active slot into buffer src (a WORK buffer holding the whole
- * value, contiguous), or written from it into the other slot, which becomes
- * the active one only when the run completes. The buffer belongs to the
- * transfer from its START to its WAIT (liveness covers both; the WAIT
- * repeats the START's fields). Ids 0..cg_program.n_tier_ios-1, in start
- * order; every START has one WAIT later in the program. */
-typedef struct {
-  int id;
-  int param;
-  bool write;
-} cg_tier_io;
-
-typedef enum {
-  CG_COLL_ALL_REDUCE,     /* dst[i] = sum over ranks of src[i], count elements */
-  CG_COLL_REDUCE_SCATTER, /* src: count elements; dst: chunk `rank` of the sum (count/world) */
-  CG_COLL_ALL_GATHER,     /* src: count elements; dst: world*count, rank r's at r*count */
-  CG_COLL_BROADCAST,      /* dst (count elements) = the root's dst; the lowering copies src
-                           * into dst before the start */
-} cg_coll_kind;
-
-/* A collective instruction (dsc_comm_* of include/dsc/comm.h). Buffers src
- * and dst (contiguous, offset 0; cg_instr.src/.dst) belong to the
- * collective from its START to its WAIT: their liveness covers both, and no
- * instruction in between writes them. Every START has exactly one WAIT,
- * later in the program (the lowering adds waits for starts the graph never
- * waits, at the end). The WAIT repeats the START's fields. */
-typedef struct {
-  cg_coll_kind kind;
-  int id;          /* 0..cg_program.n_collectives-1, in start order */
-  dsc_dtype dtype; /* of src and dst */
-  int64_t count;   /* elements, as the dsc_comm_*_start count argument */
-  int op;          /* dsc_comm_op of a reduction (DSC_COMM_SUM) */
-  int root;        /* BROADCAST */
-  int64_t world;   /* the op's world attribute: must equal the communicator's */
-  int64_t tag;     /* the op's tag attribute (the step label in comm messages) */
-} cg_collective;
-
-/* A strided matrix operand: element (b0, b1, r, c) is at
- * offset + b0*batch_stride[0] + b1*batch_stride[1] + r*row_stride + c*col_stride
- * (elements of the buffer's dtype). Transposes and permuted or sliced views
- * are strides, never copies. */
-typedef struct {
-  int buffer;
-  int64_t offset;
-  int64_t batch_stride[2], row_stride, col_stride;
-} cg_matrix;
-
-/* C[b0,b1] = alpha * A[b0,b1] (m x k) . B[b0,b1] (k x n) + beta * C[b0,b1]. */
-typedef struct {
-  int64_t batch[2]; /* 1 when absent */
-  int64_t m, n, k;
-  cg_matrix a, b, c;
-  double alpha, beta;
-} cg_gemm;
-
-typedef struct {
-  cg_ins_kind kind;
-  /* LAUNCH */
-  int kernel;
-  int n_args;
-  int *args; /* buffer per kernel argument (views: the kir_access offsets) */
-  /* GEMM */
-  cg_gemm gemm;
-  /* EMBEDDING_GRAD: ids (n_ids integers), src [n_ids, cols] contiguous, dst [rows, cols] */
-  int ids, src, dst;
-  int64_t n_ids, rows, cols;
-  bool accumulate; /* EMBEDDING_GRAD adds into dst's values (no zero-fill first) */
-  /* COPY: src -> dst, numel elements (from src_offset to dst_offset, elements) */
-  int64_t numel, src_offset, dst_offset;
-  /* COPY of a local_shard: the source range starts at src_offset + rank *
-   * numel, rank of the communicator (whose world must be coll.world); the
-   * source has src_len elements from src_offset, past them dst gets zeros */
-  bool src_rank_chunk;
-  int64_t src_len;
-  /* COLLECTIVE_START / COLLECTIVE_WAIT (buffers: src, dst) */
-  cg_collective coll;
-  /* TIER_START / TIER_WAIT (buffer: src; dst == src) */
-  cg_tier_io tier;
-  const ir_node *node; /* the IR node it came from, for errors and traces (may be NULL) */
-} cg_instr;
-
-/* A graph output: the buffer (and element offset) holding it after a run. */
-typedef struct {
-  int buffer;
-  int64_t offset;
-  dsc_type type;
-} cg_output;
-
-/* An `assign`: after the run, param/state `param` holds the value of
- * buffer `buffer` (nothing to do when the lowering wrote it in place). */
-typedef struct {
-  int param, buffer;
-  bool in_place;
-} cg_assign;
-
-typedef struct {
-  const char *graph_name;
-  int n_buffers, cap_buffers;
-  cg_buffer *buffers;
-  int n_kernels, cap_kernels;
-  kir_kernel **kernels;
-  int n_instrs, cap_instrs;
-  cg_instr *instrs;
-  int n_outputs;
-  cg_output *outputs;
-  int n_assigns;
-  cg_assign *assigns;
-  int64_t arena_bytes[2]; /* STATE, WORK */
-  /* per cg_tier, the bytes of the arena holding that tier's params and
-   * states ([CG_TIER_DEVICE] == arena_bytes[STATE]; [CG_TIER_DISK]: the
-   * size of a slot of the disk tier's file, laid out by
-   * cg_state_layout_tiers; no memory: the disk values are streamed through
-   * WORK buffers by TIER_START/TIER_WAIT) */
-  int64_t tier_bytes[3];
-  /* the host work arena (per program, like WORK): CG_BUF_TEMP buffers of
-   * tier CG_TIER_HOST (passes/offload_host.c), counted as host memory */
-  int64_t host_work_bytes;
-  int n_collectives;      /* COLLECTIVE_START instructions (ids 0..n-1) */
-  int n_tier_ios;         /* TIER_START instructions (ids 0..n-1) */
-  bool needs_rank;        /* has rank-chunk copies (local_shard): needs a communicator */
-  /* Per node id of the lowered graph: the buffer holding the node's value
-   * contiguously (offset 0), -1 for none (recomputed, a view, fused away).
-   * What the memory plan (memplan.c) classifies buffers by. */
-  int n_nodes;
-  const int *node_buffer;
-} cg_program;
 
 /* ======================= codegen/lower.c =======================
  * Lowers graph g (after passes/fuse.c has set node groups) to a program:
@@ -346,25 +175,12 @@ typedef struct {
  * possible, buffers placed by liveness. Allocates in arena `a`. */
 dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out);
 
-/* The STATE arena layout shared by every graph of module m: param/state i
- * (module order) at byte offset offsets[i] (64-byte aligned); *total is the
- * arena size. False when the sizes overflow. */
-bool cg_state_layout(const ir_module *m, int64_t *offsets, int64_t *total);
-
-/* Memory tiers (passes/offload.c): param/state i lives on the device
- * (default), in host memory or on disk, by module meta "tier.<name>" =
- * "host" | "disk". cg_param_tier returns the tier, -1 when the meta is
- * malformed. cg_state_layout_tiers lays out each tier's values in its own
- * arena: offsets[i] within tier tiers[i]'s arena of totals[tier] bytes
- * (the device's is the STATE arena; the disk tier's is the layout of a
- * slot of its file, which no memory mirrors: the values are streamed). False when a size
- * overflows or a tier is malformed. */
-typedef enum { CG_TIER_DEVICE = 0, CG_TIER_HOST = 1, CG_TIER_DISK = 2, CG_TIER_COUNT = 3 } cg_tier;
-int cg_param_tier(const ir_module *m, int i);
-bool cg_state_layout_tiers(const ir_module *m, int64_t *offsets, int *tiers, int64_t *totals);
-
 /* A readable listing of a program (instructions, buffers, kernels). */
 char *cg_program_print(ir_arena *a, const cg_program *p);
+/* Fills p->kernel_info (the executors' view of p's kernels, program/program.h)
+ * from the kernel IR, in arena a: after the last change to the kernels
+ * (cg_lower_graph calls it; a program built by hand calls it itself). */
+dsc_status cg_program_kernel_table(ir_arena *a, cg_program *p);
 
 /* ======================= codegen/memplan.c =======================
  * The memory plan of one rank's step (dsc plan, the trainer's "memory:"

@@ -206,22 +206,22 @@ bool dsc_program_cpu_usable(const dsc_program *p, char *why, size_t n) {
 
 /* "DSKO" u32 n, then per kernel: u64 kir_hash, u64 object length, u32 name
  * length, u32 0, the name, the object. */
-void *rt_pack_kernel_objects(dsc_context *ctx, kir_kernel *const *k, int n, void *const *objs,
+void *rt_pack_kernel_objects(dsc_context *ctx, const cg_kernel_info *k, int n, void *const *objs,
                              const size_t *lens, size_t *out_len) {
   size_t total = 8;
-  for (int i = 0; i < n; i++) total += 24 + strlen(k[i]->name) + lens[i];
+  for (int i = 0; i < n; i++) total += 24 + strlen(k[i].name) + lens[i];
   unsigned char *b = ir_alloc(ctx, total);
   if (!b) return NULL;
   memcpy(b, "DSKO", 4);
   rt_put_le32(b + 4, (uint32_t)n);
   size_t pos = 8;
   for (int i = 0; i < n; i++) {
-    size_t nl = strlen(k[i]->name);
-    rt_put_le64(b + pos, kir_hash(k[i]));
+    size_t nl = strlen(k[i].name);
+    rt_put_le64(b + pos, k[i].hash);
     rt_put_le64(b + pos + 8, lens[i]);
     rt_put_le32(b + pos + 16, (uint32_t)nl);
     rt_put_le32(b + pos + 20, 0);
-    memcpy(b + pos + 24, k[i]->name, nl);
+    memcpy(b + pos + 24, k[i].name, nl);
     memcpy(b + pos + 24 + nl, objs[i], lens[i]);
     pos += 24 + nl + lens[i];
   }
@@ -229,7 +229,7 @@ void *rt_pack_kernel_objects(dsc_context *ctx, kir_kernel *const *k, int n, void
   return b;
 }
 
-int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k, int n,
+int rt_unpack_kernel_objects(const void *data, size_t size, const cg_kernel_info *k, int n,
                              const void **objs, size_t *lens) {
   const unsigned char *b = data;
   for (int i = 0; i < n; i++) objs[i] = NULL, lens[i] = 0;
@@ -245,8 +245,8 @@ int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k
     const char *name = (const char *)b + pos + 24;
     /* Kernel i of the file serves kernel i of the lowering only if it is
      * the same kernel: same name, same kir_hash. */
-    if (i < (uint32_t)n && strlen(k[i]->name) == nl && memcmp(k[i]->name, name, nl) == 0 &&
-        kir_hash(k[i]) == hash && len > 0) {
+    if (i < (uint32_t)n && strlen(k[i].name) == nl && memcmp(k[i].name, name, nl) == 0 &&
+        k[i].hash == hash && len > 0) {
       objs[i] = b + pos + 24 + nl;
       lens[i] = (size_t)len;
       found++;

@@ -148,7 +148,7 @@ static dsc_status cpu_kernels(dsc_exec *e, const char *graph, cg_program *p,
   dsc_status st = objs && lens ? DSC_OK : DSC_ERR_INTERNAL;
   if (st == DSC_OK) {
     int found =
-        rt_unpack_kernel_objects(sec->data, sec->size, p->kernels, p->n_kernels, objs, lens);
+        rt_unpack_kernel_objects(sec->data, sec->size, p->kernel_info, p->n_kernels, objs, lens);
     if (found < 0) {
       ir_error(e->ctx, rt_loc(dsc_program_path(prog)),
                "not a valid .dsx file: section '%s' is malformed", sec->name);
@@ -701,7 +701,7 @@ dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE 
     const cg_instr *in = &p->instrs[best];
     char what[160] = "";
     if (in->kind == CG_INS_LAUNCH)
-      snprintf(what, sizeof what, "%s", p->kernels[in->kernel]->name);
+      snprintf(what, sizeof what, "%s", p->kernel_info[in->kernel].name);
     else if (in->kind == CG_INS_GEMM)
       snprintf(what, sizeof what, "%lldx%lld [%lld x %lld x %lld]", (long long)in->gemm.batch[0],
                (long long)in->gemm.batch[1], (long long)in->gemm.m, (long long)in->gemm.n,
@@ -714,7 +714,7 @@ dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE 
     }
     fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, instr_kind_name(in->kind),
             (double)ns[best] / 1e6 / (double)runs, 100 * (double)ns[best] / (total > 0 ? total : 1),
-            what, in->node ? "  from " : "", in->node ? dsc_op_name(in->node->op) : "");
+            what, in->op ? "  from " : "", in->op ? in->op : "");
   }
   ir_free(e->ctx, shown, (size_t)n + 1);
   return DSC_OK;

@@ -218,77 +218,6 @@ dsc_status rt_cuda_compile_program(dsc_context *ctx, ir_arena *a, const cg_progr
   return rt_cuda_compile_cached(ctx, src, name, arch, cache_dir, cubin, len, from_cache);
 }
 
-/* The executor's own kernels. bf16/f16 are unsigned shorts converted as
- * codegen/cuda.c's prelude does (round to nearest even); embedding
- * gradients accumulate with atomicAdd in f32 (f64 for an f64 destination),
- * so their sums are not bitwise deterministic. */
-static const char helpers_source[] =
-    "struct dsc_bf16 { unsigned short h; };\n"
-    "struct dsc_f16 { unsigned short h; };\n"
-    "static __device__ __forceinline__ double dsc_ld(float x) { return x; }\n"
-    "static __device__ __forceinline__ double dsc_ld(double x) { return x; }\n"
-    "static __device__ __forceinline__ double dsc_ld(dsc_bf16 x) {\n"
-    "  return __uint_as_float((unsigned)x.h << 16);\n"
-    "}\n"
-    "static __device__ __forceinline__ double dsc_ld(dsc_f16 x) {\n"
-    "  float f;\n"
-    "  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(x.h));\n"
-    "  return f;\n"
-    "}\n"
-    "static __device__ __forceinline__ dsc_bf16 dsc_to_bf16(float f) {\n"
-    "  unsigned u = __float_as_uint(f);\n"
-    "  dsc_bf16 r;\n"
-    "  if ((u & 0x7fffffffu) > 0x7f800000u) { r.h = (unsigned short)((u >> 16) | 0x40u); return r; }\n"
-    "  u += 0x7fffu + ((u >> 16) & 1u);\n"
-    "  r.h = (unsigned short)(u >> 16);\n"
-    "  return r;\n"
-    "}\n"
-    "static __device__ __forceinline__ dsc_f16 dsc_to_f16(float f) {\n"
-    "  dsc_f16 r;\n"
-    "  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(r.h) : \"f\"(f));\n"
-    "  return r;\n"
-    "}\n"
-    "#define DSC_GRID_LOOP(i, n) \\\n"
-    "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \\\n"
-    "       i += (long long)gridDim.x * blockDim.x)\n"
-    "template <typename S, typename A, typename I>\n"
-    "static __device__ void dsc_embgrad(const I *ids, const S *src, A *acc, long long n_ids,\n"
-    "                                   long long rows, long long cols, int *status,\n"
-    "                                   unsigned long long *bad_pos) {\n"
-    "  DSC_GRID_LOOP(t, n_ids * cols) {\n"
-    "    long long i = t / cols, c = t - i * cols;\n"
-    "    long long id = (long long)ids[i];\n"
-    "    if (id < 0 || id >= rows) {\n"
-    "      if (c == 0) { atomicMin(bad_pos, (unsigned long long)i); *status = 1; }\n"
-    "      continue;\n"
-    "    }\n"
-    "    atomicAdd(&acc[id * cols + c], (A)dsc_ld(src[t]));\n"
-    "  }\n"
-    "}\n"
-    "#define DSC_EMB(sn, S, an, A, in, I) \\\n"
-    "  extern \"C\" __global__ void dsc_embgrad_##sn##_##an##_##in(const I *ids, const S *src, \\\n"
-    "      A *acc, long long n_ids, long long rows, long long cols, int *status, \\\n"
-    "      unsigned long long *bad_pos) { \\\n"
-    "    dsc_embgrad<S, A, I>(ids, src, acc, n_ids, rows, cols, status, bad_pos); \\\n"
-    "  }\n"
-    "#define DSC_EMB_S(an, A, in, I) DSC_EMB(f32, float, an, A, in, I) \\\n"
-    "  DSC_EMB(f64, double, an, A, in, I) DSC_EMB(bf16, dsc_bf16, an, A, in, I) \\\n"
-    "  DSC_EMB(f16, dsc_f16, an, A, in, I)\n"
-    "DSC_EMB_S(f32, float, i32, int) DSC_EMB_S(f32, float, i64, long long)\n"
-    "DSC_EMB_S(f64, double, i32, int) DSC_EMB_S(f64, double, i64, long long)\n"
-    "extern \"C\" __global__ void dsc_bf16_to_f32(const dsc_bf16 *in, float *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = (float)dsc_ld(in[i]);\n"
-    "}\n"
-    "extern \"C\" __global__ void dsc_f16_to_f32(const dsc_f16 *in, float *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = (float)dsc_ld(in[i]);\n"
-    "}\n"
-    "extern \"C\" __global__ void dsc_f32_to_bf16(const float *in, dsc_bf16 *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = dsc_to_bf16(in[i]);\n"
-    "}\n"
-    "extern \"C\" __global__ void dsc_f32_to_f16(const float *in, dsc_f16 *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = dsc_to_f16(in[i]);\n"
-    "}\n";
-
 /* The helpers' cubin, kept for the process: every executor loads them, and
  * a program that creates many (dsc_gpu_check) should compile them once. */
 static pthread_mutex_t helpers_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -310,8 +239,15 @@ dsc_status rt_cuda_compile_helpers(dsc_context *ctx, int arch, const char *cache
       st = DSC_ERR_INTERNAL;
     }
   } else {
-    st = rt_cuda_compile_cached(ctx, helpers_source, "dsc_cuda_helpers.cu", arch, cache_dir, cubin,
-                                len, from_cache);
+    /* kernels/helpers.cuh, embedded at build time */
+    const char *helpers_source = cg_cuda_kernel_file("helpers.cuh");
+    if (!helpers_source) {
+      ir_error(ctx, ir_no_loc, "backend cuda: kernels/helpers.cuh is not embedded in this build");
+      st = DSC_ERR_INTERNAL;
+    } else {
+      st = rt_cuda_compile_cached(ctx, helpers_source, "dsc_cuda_helpers.cu", arch, cache_dir,
+                                  cubin, len, from_cache);
+    }
     void *keep = st == DSC_OK ? malloc(*len) : NULL;
     if (keep) {
       memcpy(keep, *cubin, *len);
@@ -408,7 +344,7 @@ static int emb_src_index(dsc_dtype t) {
 }
 
 static const char *instr_op(const cg_instr *in) {
-  if (in->node) return dsc_op_name(in->node->op);
+  if (in->op) return in->op;
   switch (in->kind) {
     case CG_INS_LAUNCH: return "kernel";
     case CG_INS_GEMM: return "matmul";
@@ -471,7 +407,7 @@ static bool check_prog(rt_cuda_exec *e, const cg_program *p) {
       case CG_INS_LAUNCH: {
         if (in->kernel < 0 || in->kernel >= p->n_kernels)
           return bad(e, p, i, "kernel %d does not exist", in->kernel);
-        const kir_kernel *k = p->kernels[in->kernel];
+        const cg_kernel_info *k = &p->kernel_info[in->kernel];
         if (in->n_args != k->n_args)
           return bad(e, p, i, "kernel '%s' takes %d arguments, not %d", k->name, k->n_args,
                      in->n_args);
@@ -720,7 +656,7 @@ static bool load_prog(rt_cuda_exec *e, cu_prog *cp, const char *cache_dir) {
     free(cubin);
     if (!ok) return false;
     for (int k = 0; k < p->n_kernels; k++) {
-      if (!get_fn(e, cp->mod, p->kernels[k]->name, &cp->fns[k])) return false;
+      if (!get_fn(e, cp->mod, p->kernel_info[k].name, &cp->fns[k])) return false;
       if (!cg_cuda_launch_config(e->ctx, p->kernels[k], &cp->launch[k])) return false;
     }
   }
@@ -1348,7 +1284,7 @@ static bool run_instr(rt_cuda_exec *e, cu_prog *cp, int i) {
       return CU(a->LaunchKernel(cp->fns[in->kernel], l->grid[0], l->grid[1], l->grid[2],
                                 l->block[0], l->block[1], l->block[2], l->shared_bytes,
                                 e->compute, cp->params[i], NULL),
-                "cuLaunchKernel(%s, instruction %d of graph '%s')", p->kernels[in->kernel]->name,
+                "cuLaunchKernel(%s, instruction %d of graph '%s')", p->kernel_info[in->kernel].name,
                 i, p->graph_name);
     }
     case CG_INS_GEMM: {
@@ -1418,7 +1354,7 @@ static bool status_error(rt_cuda_exec *e, cu_prog *cp) {
     } else {
       ir_error(e->ctx, ir_no_loc, "graph '%s': %s: index out of range (instruction %d, kernel %s)",
                g, instr_op(in), i,
-               in->kind == CG_INS_LAUNCH ? p->kernels[in->kernel]->name : "-");
+               in->kind == CG_INS_LAUNCH ? p->kernel_info[in->kernel].name : "-");
     }
     return true;
   }
@@ -1641,14 +1577,14 @@ dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *ou
     const cg_instr *in = &p->instrs[best];
     char what[160] = "";
     if (in->kind == CG_INS_LAUNCH)
-      snprintf(what, sizeof what, "%s", p->kernels[in->kernel]->name);
+      snprintf(what, sizeof what, "%s", p->kernel_info[in->kernel].name);
     else if (in->kind == CG_INS_GEMM)
       snprintf(what, sizeof what, "%lldx%lld [%lld x %lld x %lld]", (long long)in->gemm.batch[0],
                (long long)in->gemm.batch[1], (long long)in->gemm.m, (long long)in->gemm.n,
                (long long)in->gemm.k);
     fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, kind_name(in->kind),
             cp->prof_ms[best] / runs, 100 * cp->prof_ms[best] / (total > 0 ? total : 1), what,
-            in->node ? "  from " : "", in->node ? dsc_op_name(in->node->op) : "");
+            in->op ? "  from " : "", in->op ? in->op : "");
   }
   ir_free(e->ctx, shown, (size_t)p->n_instrs + 1);
   return DSC_OK;

@@ -162,6 +162,10 @@ void rt_comm_divide(void *buf, int64_t count, dsc_dtype dt, int world);
 /* Seconds on CLOCK_MONOTONIC. */
 double rt_comm_now(void);
 
+/* ======================= runtime/interp_comm.c =======================
+ * The interpreter's collectives (ir_collectives) over a dsc_comm. */
+extern const ir_collectives rt_interp_collectives;
+
 /* ======================= runtime/comm_inproc.c ======================= */
 extern const rt_comm_backend rt_comm_inproc_backend;
 
