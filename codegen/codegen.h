@@ -260,8 +260,7 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
  *               int32_t *status)
  * and runs the outer indices [outer_begin, outer_end) (flattened row-major
  * over the outer dims), so a thread pool splits the outer loop. */
-typedef void (*cg_cpu_kernel_fn)(void *const *args, int64_t outer_begin, int64_t outer_end,
-                                 int32_t *status);
+/* (cg_cpu_kernel_fn: program/program.h) */
 typedef struct cg_llvm_jit cg_llvm_jit;
 /* cache_dir: on-disk object cache keyed by kir_hash + target + dsc version
  * (NULL: no cache). */
@@ -282,6 +281,9 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
 void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len);
 /* "triple cpu features llvm-version": objects only load on an equal host. */
 void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len);
+/* The same string for this process's host, without a JIT (a target machine
+ * only); false (a diagnostic) when LLVM cannot make one. */
+bool cg_llvm_host_string(dsc_context *ctx, char *buf, size_t len);
 /* The LLVM IR text of kernels before optimisation (for dumps and tests). */
 char *cg_llvm_print_ir(dsc_context *ctx, kir_kernel *const *kernels, int n); /* ir_free-able via free() */
 /* Bitcode of the kernels' module, for .dsx files (malloc'd; *len set). */
@@ -297,10 +299,7 @@ void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits);
  * Mapping: a kernel with reductions runs one thread block per outer index
  * (threads stride the inner dims, block-wide reductions in shared memory);
  * a kernel without reductions runs one thread per domain point. */
-typedef struct {
-  unsigned grid[3], block[3];
-  unsigned shared_bytes;
-} cg_cuda_launch;
+/* (cg_cuda_launch: program/program.h) */
 /* CUDA C source of one kernel (extern "C" __global__, named k->name), with
  * its launch configuration. The kernel's parameters are the argument
  * pointers in order, then `int *status`. Allocated in `a`. */
@@ -419,57 +418,56 @@ typedef struct {
   float pad_;
 } cg_adamw_tensor;
 
-/* ======================= codegen/cublaslt.c (DSC_HAVE_CUDA) =======================
- * A cg_gemm as cuBLASLt descriptors. dsc is row-major, cuBLASLt
- * column-major: a row-major X (r x c, row stride ld) read column-major is
- * X^T (c x r, ld). So for a row-major C the plan computes
- *   C^T (n x m) = B^T (n x k) . A^T (k x m)
- * i.e. cuBLASLt's A is dsc's B and its B is dsc's A, no data moved. Per
- * operand, a unit column stride is a column-major X^T (op N), a unit row
- * stride a column-major X (op T); a C with unit row stride is column-major
- * already and the operands are not swapped. The two batch dims collapse to
- * one strided batch when batch_stride[0] == batch[1] * batch_stride[1] for
- * every operand (or one of them is 1); otherwise the plan keeps batch[0] as
- * an outer loop (outer_count > 1) run as separate matmuls. Stride-0 batch
- * strides (broadcast A or B) are kept as cuBLASLt strided batches. */
-typedef enum {
-  CG_GEMM_F32,  /* f32 in/out, f32 compute */
-  CG_GEMM_TF32, /* f32 in/out, TF32 tensor cores */
-  CG_GEMM_BF16, /* bf16 A, B; C bf16 or f32; f32 accumulation */
-  CG_GEMM_F16,  /* f16 A, B; C f16 or f32; f32 accumulation */
-} cg_gemm_precision;
+/* ======================= codegen/cache.c =======================
+ * The kernel cache, one for both targets: compiled objects in directory
+ * dir as <key>.<ext> ("o": LLVM objects, "cubin"), each a header (magic,
+ * key, length, FNV-1a of the payload) then the payload. A file absent,
+ * short, of another key or corrupt is a miss (NULL); writes are atomic and
+ * best effort (a failure only costs a recompile). magic: 8 bytes. */
+#define CG_FNV_INIT 0xcbf29ce484222325ull
+uint64_t cg_fnv1a(uint64_t h, const void *p, size_t n);
+void *cg_cache_read(dsc_context *ctx, const char *dir, uint64_t key, const char *ext,
+                    const char *magic, uint64_t max_len, size_t *len); /* malloc'd */
+void cg_cache_write(dsc_context *ctx, const char *dir, uint64_t key, const char *ext,
+                    const char *magic, const void *data, size_t len);
 
+/* ======================= codegen/compile_cuda.c (DSC_HAVE_CUDA) =======================
+ * Compiling, separate from any device (testable without a GPU): the cubin
+ * of program p's kernels for sm_<arch> (malloc'd; free()), from the kernel
+ * cache in cache_dir when present there (*from_cache), else compiled by
+ * NVRTC and stored there (cache_dir NULL: no cache). A program without
+ * kernels gives *cubin NULL and DSC_OK. */
+dsc_status cg_cuda_compile_program(dsc_context *ctx, ir_arena *a, const cg_program *p, int arch,
+                                   const char *cache_dir, void **cubin, size_t *len,
+                                   bool *from_cache);
+/* The CUDA executor's own kernels (kernels/helpers.cuh: embedding gradient
+ * accumulation, f32 scratch conversions), compiled the same way. */
+dsc_status cg_cuda_compile_helpers(dsc_context *ctx, int arch, const char *cache_dir,
+                                   void **cubin, size_t *len, bool *from_cache);
+/* NVRTC compile of source with the kernel cache (the key: a hash of the
+ * source, the arch and the dsc and NVRTC versions). */
+dsc_status cg_cuda_compile_cached(dsc_context *ctx, const char *source, const char *name, int arch,
+                                  const char *cache_dir, void **cubin, size_t *len,
+                                  bool *from_cache);
+
+/* ======================= codegen/compile.c =======================
+ * The compile step: every graph of m lowered (cg_lower_graph) and its
+ * kernels compiled for target (cpu: LLVM objects linked into a JIT session,
+ * prebuilt ones taken from `program`'s module `program_module` when they
+ * fit this host; cuda: NVRTC cubins for sm_<cuda_arch>), through the kernel
+ * cache (cg_kernel_cache_dir(cache_dir)). *out is released with
+ * (*out)->release((*out)->owner): by the executor that takes it. */
 typedef struct {
-  void *desc;               /* cublasLtMatmulDesc_t */
-  void *layout[3];          /* cublasLtMatrixLayout_t of cuBLASLt's A, B, C (= D) */
-  bool swapped;             /* cuBLASLt A = dsc B (row-major C) */
-  int trans[2];             /* cublasOperation_t of cuBLASLt's A, B */
-  int64_t rows[3], cols[3], ld[3]; /* layouts as created (column-major) */
-  int64_t batch_count;      /* the strided batch of each launch */
-  int64_t batch_stride[3];  /* cuBLASLt A, B, C, elements */
-  int64_t outer_count;      /* matmuls per run (1 when the batch dims collapsed) */
-  int64_t outer_stride[3];  /* per outer step: cuBLASLt A, B, C, elements */
-  int64_t offset[3];        /* element offsets into the buffers: cuBLASLt A, B, C */
-  size_t elem_size[3];
-  float alpha, beta;
-  uint64_t algo[8];         /* cublasLtMatmulAlgo_t, chosen on the first run */
-  bool has_algo;
-} cg_cublaslt_plan;
-
-/* Fills plan for g with A, B of dtype ab and C of dtype c (see
- * cg_gemm_precision for the combinations). Needs no GPU. Every cuBLASLt
- * status is checked; the failing call is named in the diagnostic. On
- * failure nothing is left allocated. */
-dsc_status cg_cublaslt_plan_init(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dtype c,
-                                 cg_gemm_precision prec, cg_cublaslt_plan *plan);
-void cg_cublaslt_plan_destroy(cg_cublaslt_plan *plan);
-/* Runs the plan (needs a device): handle is a cublasLtHandle_t, stream a
- * cudaStream_t, a/b/c the buffers' base device pointers (the plan adds the
- * operand offsets), workspace optional. Picks the algorithm by heuristic on
- * the first call. */
-dsc_status cg_cublaslt_run(dsc_context *ctx, cg_cublaslt_plan *plan, void *handle, void *stream,
-                           const void *a, const void *b, void *c, void *workspace,
-                           size_t workspace_bytes);
+  cg_target target;
+  int cuda_arch;
+  const char *cache_dir; /* NULL: $DSC_CACHE_DIR if set, else none */
+  const dsc_program *program;
+  const char *program_module;
+} cg_compile_options;
+dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
+                             cg_compiled_module **out);
+/* The kernel cache directory: option, else $DSC_CACHE_DIR, else NULL. */
+const char *cg_kernel_cache_dir(const char *option);
 
 #ifdef __cplusplus
 }

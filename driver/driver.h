@@ -13,6 +13,14 @@
 #include "dsc/trainer.h"
 #include "runtime/runtime.h"
 
+/* ======================= driver/exec_new.c =======================
+ * The compile step the driver runs where it makes an executor: checks the
+ * backend, compiles m for it (codegen/compile.c), hands the result to the
+ * runtime (rt_exec_new). dsc_exec_new and dsc_exec_new_with_program are
+ * this function. */
+dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_program *program,
+                        const char *program_module, dsc_exec **out);
+
 /* ======================= driver/train.c =======================
  * The modules of a training run, shared with dsc compile (driver/program.c)
  * so that a .dsx holds exactly the graphs `dsc train MODEL.dsm` builds. */

@@ -212,6 +212,56 @@ typedef struct {
   const int *node_buffer;
 } cg_program;
 
+/* ======================= compiled kernels (this header) =======================
+ * What an executor receives from the compile step (codegen/compile.c): the
+ * Program of every graph of a module, in module graph order, and per
+ * Program its compiled kernels. Compiled code is opaque here:
+ *   cpu   an entry table: entries[k] runs kernel k (loaded by the compile
+ *         step's linker, the LLVM JIT session, which lives until release),
+ *         with the ABI
+ *           void kernel(void *const *args, int64_t outer_begin,
+ *                       int64_t outer_end, int32_t *status)
+ *         over the outer indices [outer_begin, outer_end), so a thread
+ *         pool splits the outer loop;
+ *   cuda  one object (a cubin) holding every kernel of the Program under
+ *         its cg_kernel_info name, and each kernel's launch shape; plus the
+ *         executor's own kernels (kernels/helpers.cuh) as one more object.
+ * The executor that takes a cg_compiled_module calls release(owner) when it
+ * is freed (or fails to be made). */
+typedef void (*cg_cpu_kernel_fn)(void *const *args, int64_t outer_begin, int64_t outer_end,
+                                 int32_t *status);
+
+/* A CUDA launch shape (grid-stride kernels: any grid is correct; the block
+ * size is the one the kernel was generated for). */
+typedef struct {
+  unsigned grid[3], block[3];
+  unsigned shared_bytes;
+} cg_cuda_launch;
+
+typedef enum { CG_TARGET_CPU, CG_TARGET_CUDA } cg_target;
+
+typedef struct {
+  const cg_cpu_kernel_fn *entries; /* cpu: per kernel */
+  const void *object;              /* cuda: the cubin (NULL: no kernels) */
+  size_t object_len;
+  const cg_cuda_launch *launch;    /* cuda: per kernel */
+} cg_kernel_objects;
+
+typedef struct {
+  cg_target target;
+  int cuda_arch; /* cuda: the SM the objects are for (sm_<arch>) */
+  int n_programs;
+  cg_program *const *programs;      /* per module graph */
+  const cg_kernel_objects *kernels; /* per program */
+  const void *helpers;              /* cuda: kernels/helpers.cuh compiled */
+  size_t helpers_len;
+  /* kernels compiled now, loaded from a program file (.dsx), and objects
+   * taken from the kernel cache */
+  int compiled, prebuilt, cached;
+  void *owner;
+  void (*release)(void *owner);
+} cg_compiled_module;
+
 /* ======================= program/layout.c =======================
  * Where a module's params and states live: the layout every graph of the
  * module shares, so that the code generator plans it and executors allocate
@@ -288,10 +338,9 @@ void *rt_pack_kernel_objects(dsc_context *ctx, const cg_kernel_info *k, int n,
 int rt_unpack_kernel_objects(const void *data, size_t size, const cg_kernel_info *k, int n,
                              const void **objs, size_t *lens);
 const rt_dsx *rt_program_dsx(const dsc_program *p);
+dsc_context *rt_program_context(const dsc_program *p);
 /* Whether p holds cpu kernels from this dsc version for host (cg_llvm_host). */
 bool rt_program_cpu_fits(const dsc_program *p, const char *host);
-/* cg_llvm_host of a JIT for this process's host (false if LLVM fails). */
-bool rt_llvm_host(dsc_context *ctx, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

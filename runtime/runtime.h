@@ -6,8 +6,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include "codegen/codegen.h"
 #include "dsc/comm.h"
 #include "dsc/exec.h"
 #include "dsc/runtime.h"
@@ -355,6 +355,65 @@ void rt_cpu_exec_set_tag(rt_cpu_exec *e, int64_t tag);
 bool rt_cpu_exec_set_trace(rt_cpu_exec *e, dsc_trace *trace, int pid);
 /* The GEMM plan of instruction ins of program prog (NULL: not a GEMM). */
 const rt_gemm_plan *rt_cpu_exec_gemm_plan(const rt_cpu_exec *e, int prog, int ins);
+
+/* ======================= runtime/exec.c: the executor interface =======================
+ * One backend of the public executor (include/dsc/exec.h), in the shape of
+ * rt_comm_backend: runtime/exec.c dispatches to it and keeps what every
+ * backend shares (the params' tiers and the disk tier's file, argument
+ * checks, traces of whole runs, the compiled module's lifetime). impl is
+ * the backend's own object. An entry a backend lacks is NULL. How to add a
+ * backend: docs/architecture.md. */
+typedef struct {
+  dsc_module *m;
+  const dsc_exec_options *opts;
+  const cg_compiled_module *compiled; /* the compile step's (compiled backends); not owned */
+  const int *tiers;                   /* per param: cg_tier */
+  const int64_t *tier_offsets;        /* per param: offset in its tier's arena */
+  const int64_t *tier_bytes;          /* per tier: the arena's bytes */
+} rt_exec_args;
+
+typedef struct {
+  const char *name;        /* dsc_backend_name */
+  dsc_backend id;
+  bool (*available)(void); /* built in */
+  const char *not_built;   /* the diagnostic when it is not */
+  bool compiled;           /* runs a cg_compiled_module of `target` */
+  cg_target target;
+  const char *run_label;   /* traces each whole run as "<graph> (<label>)"; NULL: traces itself */
+  dsc_status (*check)(const dsc_module *m); /* what it cannot run, before any compile work */
+  dsc_status (*create)(const rt_exec_args *a, void **impl);
+  void (*destroy)(void *impl);
+  /* params and states in and out, except the disk tier's (exec.c) */
+  dsc_status (*set_params)(void *impl, const dsc_params *p);
+  dsc_status (*get_params)(void *impl, dsc_params *p);
+  /* the doubles it runs on, when it keeps every value itself (then exec.c
+   * moves the disk tier's values around each run); NULL: it streams them */
+  dsc_params *(*values)(void *impl);
+  dsc_status (*run)(void *impl, int graph, const dsc_tensor *const *inputs, int n_inputs,
+                    dsc_tensor **outputs);
+  dsc_status (*set_comm)(void *impl, dsc_comm *comm);
+  void (*set_tag)(void *impl, int64_t tag);
+  dsc_status (*set_trace)(void *impl, dsc_trace *trace, int pid);
+  dsc_status (*set_offload)(void *impl, rt_offload *disk, const int *value_of_param, int n);
+  void (*set_profiling)(void *impl, bool on);
+  dsc_status (*print_profile)(void *impl, int graph, int top, FILE *out);
+  int64_t (*device_bytes)(const void *impl);
+} rt_executor;
+
+extern const rt_executor rt_exec_interp; /* runtime/exec_interp.c */
+extern const rt_executor rt_exec_cpu;    /* runtime/exec_cpu_backend.c */
+extern const rt_executor rt_exec_cuda;   /* runtime/exec_cuda.c */
+const rt_executor *rt_executor_of(dsc_backend b); /* NULL: no such backend */
+/* Whether m can run on backend b: built in, the params' tiers well formed,
+ * the backend's own check; a diagnostic when not. */
+dsc_status rt_exec_check(dsc_module *m, dsc_backend b);
+/* The executor of m from the compile step's c (NULL for a backend that
+ * compiles nothing). Takes c: released with the executor, or here when
+ * creation fails. */
+dsc_status rt_exec_new(dsc_module *m, const dsc_exec_options *opts, const cg_compiled_module *c,
+                       dsc_exec **out);
+/* The CUDA device's SM (runtime/exec_cuda.c; see runtime/cuda_api.h). */
+dsc_status rt_cuda_device_arch(dsc_context *ctx, int *arch);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "dsc/dsc.h"
+#include "codegen/codegen.h"
 #include "runtime/runtime.h"
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "codegen/codegen.h"
 #include "runtime/runtime.h"
 
 namespace {
