@@ -28,6 +28,7 @@
 
 #include "dsc/core.h"
 #include "ir/ir.h"
+#include "program/program.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,7 +124,7 @@ typedef struct {
   bool read, written;
 } kir_arg;
 
-typedef struct {
+struct kir_kernel { /* program/program.h holds it opaque */
   const char *name; /* a C identifier, unique within a program */
   int rank, n_outer;
   int64_t dims[KIR_MAX_RANK];
@@ -133,7 +134,7 @@ typedef struct {
   dsc_dtype *slot_types;
   int n_stages;
   kir_stage *stages;
-} kir_kernel;
+};
 
 /* Construction helpers: every object lives in arena `a` (NULL on failure,
  * and NULL operands give NULL, so a chain needs one check at the end). */
@@ -166,178 +167,6 @@ uint64_t kir_hash(const kir_kernel *k);
  * range, after finishing the kernel. */
 bool kir_eval(const kir_kernel *k, void *const *args);
 
-/* Storage conversions shared by the evaluator and the runtimes: a double
- * read from / written to an element of `dtype` at p (bf16/f16 round once to
- * nearest even: ir_bf16_bits; integers truncate toward zero; bool is != 0). */
-double cg_load_elem(dsc_dtype dtype, const void *p);
-void cg_store_elem(dsc_dtype dtype, void *p, double v);
-
-/* ======================= codegen/program.c: the Program =======================
- * A linear list of instructions over planned buffers. Buffers live in two
- * arenas: STATE (every param and state of the module, in module order,
- * persistent across runs) and WORK (graph inputs, outputs and temporaries,
- * placed by liveness). A view is a buffer plus an element offset. */
-
-typedef enum { CG_ARENA_STATE, CG_ARENA_WORK } cg_arena_kind;
-
-typedef enum {
-  CG_BUF_PARAM, /* module param/state `index` (module order); STATE arena */
-  CG_BUF_INPUT, /* graph input `index`; WORK arena */
-  CG_BUF_TEMP,  /* WORK arena */
-} cg_buf_kind;
-
-typedef struct {
-  cg_buf_kind kind;
-  int index;
-  dsc_dtype dtype;
-  int64_t numel;
-  int64_t offset; /* bytes within its arena (64-byte aligned) */
-  int first_use, last_use; /* instruction indices (liveness), -1 for STATE */
-  int tier; /* CG_BUF_PARAM: cg_tier of the value (its arena); 0 (device) otherwise */
-  /* (CG_BUF_TEMP with tier CG_TIER_HOST: a host work buffer, placed by
-   * liveness in the program's host work arena (cg_program.host_work_bytes):
-   * to_host results and the values of nodes placed on the host) */
-} cg_buffer;
-
-typedef enum {
-  CG_INS_LAUNCH,         /* kernel `kernel` with argument buffers args[] */
-  CG_INS_GEMM,           /* see cg_gemm */
-  CG_INS_EMBEDDING_GRAD, /* dst[rows, D] = 0 (unless accumulate); dst[ids[i], :] += src[i, :] */
-  CG_INS_COPY,           /* dst = src, `numel` elements, same dtype, contiguous */
-  CG_INS_COLLECTIVE_START, /* starts collective `coll` (asynchronous): src -> dst */
-  CG_INS_COLLECTIVE_WAIT,  /* completes the collective `coll.id` started earlier */
-  CG_INS_TIER_START,       /* starts disk transfer `tier` (asynchronous) of buffer src */
-  CG_INS_TIER_WAIT,        /* completes disk transfer `tier.id` started earlier */
-} cg_ins_kind;
-
-/* A disk tier transfer (tier_read_start/_wait, tier_write_start/_wait;
- * passes/offload_disk.c): module param/state `param` (disk tier) read from
- * the file's active slot into buffer src (a WORK buffer holding the whole
- * value, contiguous), or written from it into the other slot, which becomes
- * the active one only when the run completes. The buffer belongs to the
- * transfer from its START to its WAIT (liveness covers both; the WAIT
- * repeats the START's fields). Ids 0..cg_program.n_tier_ios-1, in start
- * order; every START has one WAIT later in the program. */
-typedef struct {
-  int id;
-  int param;
-  bool write;
-} cg_tier_io;
-
-typedef enum {
-  CG_COLL_ALL_REDUCE,     /* dst[i] = sum over ranks of src[i], count elements */
-  CG_COLL_REDUCE_SCATTER, /* src: count elements; dst: chunk `rank` of the sum (count/world) */
-  CG_COLL_ALL_GATHER,     /* src: count elements; dst: world*count, rank r's at r*count */
-  CG_COLL_BROADCAST,      /* dst (count elements) = the root's dst; the lowering copies src
-                           * into dst before the start */
-} cg_coll_kind;
-
-/* A collective instruction (dsc_comm_* of include/dsc/comm.h). Buffers src
- * and dst (contiguous, offset 0; cg_instr.src/.dst) belong to the
- * collective from its START to its WAIT: their liveness covers both, and no
- * instruction in between writes them. Every START has exactly one WAIT,
- * later in the program (the lowering adds waits for starts the graph never
- * waits, at the end). The WAIT repeats the START's fields. */
-typedef struct {
-  cg_coll_kind kind;
-  int id;          /* 0..cg_program.n_collectives-1, in start order */
-  dsc_dtype dtype; /* of src and dst */
-  int64_t count;   /* elements, as the dsc_comm_*_start count argument */
-  int op;          /* dsc_comm_op of a reduction (DSC_COMM_SUM) */
-  int root;        /* BROADCAST */
-  int64_t world;   /* the op's world attribute: must equal the communicator's */
-  int64_t tag;     /* the op's tag attribute (the step label in comm messages) */
-} cg_collective;
-
-/* A strided matrix operand: element (b0, b1, r, c) is at
- * offset + b0*batch_stride[0] + b1*batch_stride[1] + r*row_stride + c*col_stride
- * (elements of the buffer's dtype). Transposes and permuted or sliced views
- * are strides, never copies. */
-typedef struct {
-  int buffer;
-  int64_t offset;
-  int64_t batch_stride[2], row_stride, col_stride;
-} cg_matrix;
-
-/* C[b0,b1] = alpha * A[b0,b1] (m x k) . B[b0,b1] (k x n) + beta * C[b0,b1]. */
-typedef struct {
-  int64_t batch[2]; /* 1 when absent */
-  int64_t m, n, k;
-  cg_matrix a, b, c;
-  double alpha, beta;
-} cg_gemm;
-
-typedef struct {
-  cg_ins_kind kind;
-  /* LAUNCH */
-  int kernel;
-  int n_args;
-  int *args; /* buffer per kernel argument (views: the kir_access offsets) */
-  /* GEMM */
-  cg_gemm gemm;
-  /* EMBEDDING_GRAD: ids (n_ids integers), src [n_ids, cols] contiguous, dst [rows, cols] */
-  int ids, src, dst;
-  int64_t n_ids, rows, cols;
-  bool accumulate; /* EMBEDDING_GRAD adds into dst's values (no zero-fill first) */
-  /* COPY: src -> dst, numel elements (from src_offset to dst_offset, elements) */
-  int64_t numel, src_offset, dst_offset;
-  /* COPY of a local_shard: the source range starts at src_offset + rank *
-   * numel, rank of the communicator (whose world must be coll.world); the
-   * source has src_len elements from src_offset, past them dst gets zeros */
-  bool src_rank_chunk;
-  int64_t src_len;
-  /* COLLECTIVE_START / COLLECTIVE_WAIT (buffers: src, dst) */
-  cg_collective coll;
-  /* TIER_START / TIER_WAIT (buffer: src; dst == src) */
-  cg_tier_io tier;
-  const ir_node *node; /* the IR node it came from, for errors and traces (may be NULL) */
-} cg_instr;
-
-/* A graph output: the buffer (and element offset) holding it after a run. */
-typedef struct {
-  int buffer;
-  int64_t offset;
-  dsc_type type;
-} cg_output;
-
-/* An `assign`: after the run, param/state `param` holds the value of
- * buffer `buffer` (nothing to do when the lowering wrote it in place). */
-typedef struct {
-  int param, buffer;
-  bool in_place;
-} cg_assign;
-
-typedef struct {
-  const char *graph_name;
-  int n_buffers, cap_buffers;
-  cg_buffer *buffers;
-  int n_kernels, cap_kernels;
-  kir_kernel **kernels;
-  int n_instrs, cap_instrs;
-  cg_instr *instrs;
-  int n_outputs;
-  cg_output *outputs;
-  int n_assigns;
-  cg_assign *assigns;
-  int64_t arena_bytes[2]; /* STATE, WORK */
-  /* per cg_tier, the bytes of the arena holding that tier's params and
-   * states ([CG_TIER_DEVICE] == arena_bytes[STATE]; [CG_TIER_DISK]: the
-   * size of a slot of the disk tier's file, laid out by
-   * cg_state_layout_tiers; no memory: the disk values are streamed through
-   * WORK buffers by TIER_START/TIER_WAIT) */
-  int64_t tier_bytes[3];
-  /* the host work arena (per program, like WORK): CG_BUF_TEMP buffers of
-   * tier CG_TIER_HOST (passes/offload_host.c), counted as host memory */
-  int64_t host_work_bytes;
-  int n_collectives;      /* COLLECTIVE_START instructions (ids 0..n-1) */
-  int n_tier_ios;         /* TIER_START instructions (ids 0..n-1) */
-  bool needs_rank;        /* has rank-chunk copies (local_shard): needs a communicator */
-  /* Per node id of the lowered graph: the buffer holding the node's value
-   * contiguously (offset 0), -1 for none (recomputed, a view, fused away).
-   * What the memory plan (memplan.c) classifies buffers by. */
-  int n_nodes;
-  const int *node_buffer;
-} cg_program;
 
 /* ======================= codegen/lower.c =======================
  * Lowers graph g (after passes/fuse.c has set node groups) to a program:
@@ -346,25 +175,12 @@ typedef struct {
  * possible, buffers placed by liveness. Allocates in arena `a`. */
 dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out);
 
-/* The STATE arena layout shared by every graph of module m: param/state i
- * (module order) at byte offset offsets[i] (64-byte aligned); *total is the
- * arena size. False when the sizes overflow. */
-bool cg_state_layout(const ir_module *m, int64_t *offsets, int64_t *total);
-
-/* Memory tiers (passes/offload.c): param/state i lives on the device
- * (default), in host memory or on disk, by module meta "tier.<name>" =
- * "host" | "disk". cg_param_tier returns the tier, -1 when the meta is
- * malformed. cg_state_layout_tiers lays out each tier's values in its own
- * arena: offsets[i] within tier tiers[i]'s arena of totals[tier] bytes
- * (the device's is the STATE arena; the disk tier's is the layout of a
- * slot of its file, which no memory mirrors: the values are streamed). False when a size
- * overflows or a tier is malformed. */
-typedef enum { CG_TIER_DEVICE = 0, CG_TIER_HOST = 1, CG_TIER_DISK = 2, CG_TIER_COUNT = 3 } cg_tier;
-int cg_param_tier(const ir_module *m, int i);
-bool cg_state_layout_tiers(const ir_module *m, int64_t *offsets, int *tiers, int64_t *totals);
-
 /* A readable listing of a program (instructions, buffers, kernels). */
 char *cg_program_print(ir_arena *a, const cg_program *p);
+/* Fills p->kernel_info (the executors' view of p's kernels, program/program.h)
+ * from the kernel IR, in arena a: after the last change to the kernels
+ * (cg_lower_graph calls it; a program built by hand calls it itself). */
+dsc_status cg_program_kernel_table(ir_arena *a, cg_program *p);
 
 /* ======================= codegen/memplan.c =======================
  * The memory plan of one rank's step (dsc plan, the trainer's "memory:"
@@ -444,8 +260,7 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
  *               int32_t *status)
  * and runs the outer indices [outer_begin, outer_end) (flattened row-major
  * over the outer dims), so a thread pool splits the outer loop. */
-typedef void (*cg_cpu_kernel_fn)(void *const *args, int64_t outer_begin, int64_t outer_end,
-                                 int32_t *status);
+/* (cg_cpu_kernel_fn: program/program.h) */
 typedef struct cg_llvm_jit cg_llvm_jit;
 /* cache_dir: on-disk object cache keyed by kir_hash + target + dsc version
  * (NULL: no cache). */
@@ -466,6 +281,9 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
 void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len);
 /* "triple cpu features llvm-version": objects only load on an equal host. */
 void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len);
+/* The same string for this process's host, without a JIT (a target machine
+ * only); false (a diagnostic) when LLVM cannot make one. */
+bool cg_llvm_host_string(dsc_context *ctx, char *buf, size_t len);
 /* The LLVM IR text of kernels before optimisation (for dumps and tests). */
 char *cg_llvm_print_ir(dsc_context *ctx, kir_kernel *const *kernels, int n); /* ir_free-able via free() */
 /* Bitcode of the kernels' module, for .dsx files (malloc'd; *len set). */
@@ -481,10 +299,7 @@ void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits);
  * Mapping: a kernel with reductions runs one thread block per outer index
  * (threads stride the inner dims, block-wide reductions in shared memory);
  * a kernel without reductions runs one thread per domain point. */
-typedef struct {
-  unsigned grid[3], block[3];
-  unsigned shared_bytes;
-} cg_cuda_launch;
+/* (cg_cuda_launch: program/program.h) */
 /* CUDA C source of one kernel (extern "C" __global__, named k->name), with
  * its launch configuration. The kernel's parameters are the argument
  * pointers in order, then `int *status`. Allocated in `a`. */
@@ -603,57 +418,56 @@ typedef struct {
   float pad_;
 } cg_adamw_tensor;
 
-/* ======================= codegen/cublaslt.c (DSC_HAVE_CUDA) =======================
- * A cg_gemm as cuBLASLt descriptors. dsc is row-major, cuBLASLt
- * column-major: a row-major X (r x c, row stride ld) read column-major is
- * X^T (c x r, ld). So for a row-major C the plan computes
- *   C^T (n x m) = B^T (n x k) . A^T (k x m)
- * i.e. cuBLASLt's A is dsc's B and its B is dsc's A, no data moved. Per
- * operand, a unit column stride is a column-major X^T (op N), a unit row
- * stride a column-major X (op T); a C with unit row stride is column-major
- * already and the operands are not swapped. The two batch dims collapse to
- * one strided batch when batch_stride[0] == batch[1] * batch_stride[1] for
- * every operand (or one of them is 1); otherwise the plan keeps batch[0] as
- * an outer loop (outer_count > 1) run as separate matmuls. Stride-0 batch
- * strides (broadcast A or B) are kept as cuBLASLt strided batches. */
-typedef enum {
-  CG_GEMM_F32,  /* f32 in/out, f32 compute */
-  CG_GEMM_TF32, /* f32 in/out, TF32 tensor cores */
-  CG_GEMM_BF16, /* bf16 A, B; C bf16 or f32; f32 accumulation */
-  CG_GEMM_F16,  /* f16 A, B; C f16 or f32; f32 accumulation */
-} cg_gemm_precision;
+/* ======================= codegen/cache.c =======================
+ * The kernel cache, one for both targets: compiled objects in directory
+ * dir as <key>.<ext> ("o": LLVM objects, "cubin"), each a header (magic,
+ * key, length, FNV-1a of the payload) then the payload. A file absent,
+ * short, of another key or corrupt is a miss (NULL); writes are atomic and
+ * best effort (a failure only costs a recompile). magic: 8 bytes. */
+#define CG_FNV_INIT 0xcbf29ce484222325ull
+uint64_t cg_fnv1a(uint64_t h, const void *p, size_t n);
+void *cg_cache_read(dsc_context *ctx, const char *dir, uint64_t key, const char *ext,
+                    const char *magic, uint64_t max_len, size_t *len); /* malloc'd */
+void cg_cache_write(dsc_context *ctx, const char *dir, uint64_t key, const char *ext,
+                    const char *magic, const void *data, size_t len);
 
+/* ======================= codegen/compile_cuda.c (DSC_HAVE_CUDA) =======================
+ * Compiling, separate from any device (testable without a GPU): the cubin
+ * of program p's kernels for sm_<arch> (malloc'd; free()), from the kernel
+ * cache in cache_dir when present there (*from_cache), else compiled by
+ * NVRTC and stored there (cache_dir NULL: no cache). A program without
+ * kernels gives *cubin NULL and DSC_OK. */
+dsc_status cg_cuda_compile_program(dsc_context *ctx, ir_arena *a, const cg_program *p, int arch,
+                                   const char *cache_dir, void **cubin, size_t *len,
+                                   bool *from_cache);
+/* The CUDA executor's own kernels (kernels/helpers.cuh: embedding gradient
+ * accumulation, f32 scratch conversions), compiled the same way. */
+dsc_status cg_cuda_compile_helpers(dsc_context *ctx, int arch, const char *cache_dir,
+                                   void **cubin, size_t *len, bool *from_cache);
+/* NVRTC compile of source with the kernel cache (the key: a hash of the
+ * source, the arch and the dsc and NVRTC versions). */
+dsc_status cg_cuda_compile_cached(dsc_context *ctx, const char *source, const char *name, int arch,
+                                  const char *cache_dir, void **cubin, size_t *len,
+                                  bool *from_cache);
+
+/* ======================= codegen/compile.c =======================
+ * The compile step: every graph of m lowered (cg_lower_graph) and its
+ * kernels compiled for target (cpu: LLVM objects linked into a JIT session,
+ * prebuilt ones taken from `program`'s module `program_module` when they
+ * fit this host; cuda: NVRTC cubins for sm_<cuda_arch>), through the kernel
+ * cache (cg_kernel_cache_dir(cache_dir)). *out is released with
+ * (*out)->release((*out)->owner): by the executor that takes it. */
 typedef struct {
-  void *desc;               /* cublasLtMatmulDesc_t */
-  void *layout[3];          /* cublasLtMatrixLayout_t of cuBLASLt's A, B, C (= D) */
-  bool swapped;             /* cuBLASLt A = dsc B (row-major C) */
-  int trans[2];             /* cublasOperation_t of cuBLASLt's A, B */
-  int64_t rows[3], cols[3], ld[3]; /* layouts as created (column-major) */
-  int64_t batch_count;      /* the strided batch of each launch */
-  int64_t batch_stride[3];  /* cuBLASLt A, B, C, elements */
-  int64_t outer_count;      /* matmuls per run (1 when the batch dims collapsed) */
-  int64_t outer_stride[3];  /* per outer step: cuBLASLt A, B, C, elements */
-  int64_t offset[3];        /* element offsets into the buffers: cuBLASLt A, B, C */
-  size_t elem_size[3];
-  float alpha, beta;
-  uint64_t algo[8];         /* cublasLtMatmulAlgo_t, chosen on the first run */
-  bool has_algo;
-} cg_cublaslt_plan;
-
-/* Fills plan for g with A, B of dtype ab and C of dtype c (see
- * cg_gemm_precision for the combinations). Needs no GPU. Every cuBLASLt
- * status is checked; the failing call is named in the diagnostic. On
- * failure nothing is left allocated. */
-dsc_status cg_cublaslt_plan_init(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dtype c,
-                                 cg_gemm_precision prec, cg_cublaslt_plan *plan);
-void cg_cublaslt_plan_destroy(cg_cublaslt_plan *plan);
-/* Runs the plan (needs a device): handle is a cublasLtHandle_t, stream a
- * cudaStream_t, a/b/c the buffers' base device pointers (the plan adds the
- * operand offsets), workspace optional. Picks the algorithm by heuristic on
- * the first call. */
-dsc_status cg_cublaslt_run(dsc_context *ctx, cg_cublaslt_plan *plan, void *handle, void *stream,
-                           const void *a, const void *b, void *c, void *workspace,
-                           size_t workspace_bytes);
+  cg_target target;
+  int cuda_arch;
+  const char *cache_dir; /* NULL: $DSC_CACHE_DIR if set, else none */
+  const dsc_program *program;
+  const char *program_module;
+} cg_compile_options;
+dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
+                             cg_compiled_module **out);
+/* The kernel cache directory: option, else $DSC_CACHE_DIR, else NULL. */
+const char *cg_kernel_cache_dir(const char *option);
 
 #ifdef __cplusplus
 }

@@ -30,7 +30,6 @@
 
 #ifdef DSC_HAVE_LLVM
 
-#include <fcntl.h>
 #include <math.h>
 #include <llvm-c/Analysis.h>
 #include <llvm-c/BitWriter.h>
@@ -1358,78 +1357,19 @@ static uint64_t cache_key(const cg_llvm_jit *j, const kir_kernel *k) {
   return fnv1a(h, &ver, sizeof ver);
 }
 
-/* Cache file: magic[8], u64 key, u64 payload length, u64 payload FNV-1a,
- * then the object file. */
-typedef struct {
-  char magic[8];
-  uint64_t key, len, sum;
-} cache_header;
-
-static char *cache_path(const cg_llvm_jit *j, uint64_t key, const char *suffix) {
-  size_t n = strlen(j->cache_dir) + 64;
-  char *p = ir_alloc(j->ctx, n);
-  if (p)
-    snprintf(p, n, "%s/%016llx.o%s", j->cache_dir, (unsigned long long)key, suffix);
-  return p;
-}
-
-static void path_free(const cg_llvm_jit *j, char *p) {
-  if (p) ir_free(j->ctx, p, strlen(j->cache_dir) + 64);
-}
-
-/* A memory buffer with the cached object, or NULL (absent, short, corrupt). */
+/* The kernel cache (codegen/cache.c): one object file per kernel, "<key>.o". */
 static LLVMMemoryBufferRef cache_read(cg_llvm_jit *j, uint64_t key) {
-  char *path = cache_path(j, key, "");
-  if (!path) return NULL;
-  /* O_NONBLOCK: a FIFO in the cache directory is skipped, never waited on
-   * (the flag does nothing to a regular file's reads). */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  path_free(j, path);
-  struct stat sb;
-  FILE *f = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? fdopen(fd, "rb") : NULL;
-  if (!f) {
-    if (fd >= 0) close(fd);
-    return NULL;
-  }
-  LLVMMemoryBufferRef buf = NULL;
-  cache_header h;
-  void *data = NULL;
-  if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CG_CACHE_MAGIC, 8) != 0 ||
-      h.key != key || h.len == 0 || h.len > ((uint64_t)1 << 30))
-    goto out;
-  data = ir_alloc(j->ctx, (size_t)h.len);
-  if (!data || fread(data, 1, (size_t)h.len, f) != (size_t)h.len || fgetc(f) != EOF) goto out;
-  if (fnv1a(FNV_INIT, data, (size_t)h.len) != h.sum) goto out;
-  buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(data, (size_t)h.len, "dsc_cached_kernel");
-out:
-  if (data) ir_free(j->ctx, data, (size_t)h.len);
-  fclose(f);
+  size_t len = 0;
+  void *data = cg_cache_read(j->ctx, j->cache_dir, key, "o", CG_CACHE_MAGIC, (uint64_t)1 << 30, &len);
+  if (!data) return NULL;
+  LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(data, len, "dsc_cached_kernel");
+  free(data);
   return buf;
 }
 
-/* Best effort: a cache that cannot be written only costs a recompile. */
 static void cache_write(cg_llvm_jit *j, uint64_t key, LLVMMemoryBufferRef obj) {
-  mkdir(j->cache_dir, 0777); /* EEXIST is fine; other failures show at fopen */
-  char suffix[48];
-  static unsigned counter;
-  snprintf(suffix, sizeof suffix, ".tmp%ld.%u", (long)getpid(),
-           __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-  char *tmp = cache_path(j, key, suffix), *path = cache_path(j, key, "");
-  if (!tmp || !path) goto out;
-  cache_header h;
-  memcpy(h.magic, CG_CACHE_MAGIC, 8);
-  h.key = key;
-  h.len = LLVMGetBufferSize(obj);
-  h.sum = fnv1a(FNV_INIT, LLVMGetBufferStart(obj), (size_t)h.len);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) goto out;
-  bool ok = fwrite(&h, sizeof h, 1, f) == 1 &&
-            fwrite(LLVMGetBufferStart(obj), 1, (size_t)h.len, f) == (size_t)h.len;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) remove(tmp);
-out:
-  path_free(j, tmp);
-  path_free(j, path);
+  cg_cache_write(j->ctx, j->cache_dir, key, "o", CG_CACHE_MAGIC, LLVMGetBufferStart(obj),
+                 LLVMGetBufferSize(obj));
 }
 
 static cg_cpu_kernel_fn find_sym(const cg_llvm_jit *j, const char *sym) {
@@ -1584,6 +1524,15 @@ void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len) {
            LLVM_VERSION_STRING, CG_LLVM_CACHE_VERSION);
 }
 
+bool cg_llvm_host_string(dsc_context *ctx, char *buf, size_t len) {
+  host_target h; /* a target machine, no JIT */
+  if (!host_target_init(ctx, &h)) return false;
+  snprintf(buf, len, "%s %s %s llvm-%s codegen-%u", h.triple, h.cpu, h.features,
+           LLVM_VERSION_STRING, CG_LLVM_CACHE_VERSION);
+  host_target_dispose(&h);
+  return true;
+}
+
 /* ======================= text and bitcode ======================= */
 
 static char *module_text(LLVMModuleRef m) {
@@ -1700,6 +1649,12 @@ void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
 void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len) {
   (void)j;
   snprintf(buf, len, "none");
+}
+
+bool cg_llvm_host_string(dsc_context *ctx, char *buf, size_t len) {
+  (void)ctx;
+  snprintf(buf, len, "none");
+  return false;
 }
 
 void *cg_llvm_bitcode(dsc_context *ctx, kir_kernel *const *kernels, int n, size_t *len) {

@@ -34,7 +34,6 @@
 
 #include "codegen/codegen.h"
 #include "dsc/comm.h"
-#include "passes/passes.h"
 
 typedef struct {
   int buffer;
@@ -65,7 +64,7 @@ typedef struct {
   int *input_buf;   /* graph input position -> buffer */
   /* kernel under construction */
   int cur_group;
-  pass_fuse_domain dom;
+  ir_domain dom;
   int *slot; /* node -> slot (current kernel), -1 */
   int n_args, cap_args, cap_arg_buf;
   kir_arg *args;
@@ -76,13 +75,16 @@ typedef struct {
   dsc_dtype *slot_types;
   /* memo of node expressions within one stage */
   int *memo_stamp;
-  pass_affine *memo_pt; /* n * DSC_MAX_RANK */
+  ir_affine *memo_pt; /* n * DSC_MAX_RANK */
   kir_expr **memo_expr;
   int stamp;
   /* collectives: node -> collective id (starts), and one record per id */
   int *coll_of;
   int n_coll, cap_coll;
   struct coll_rec *coll;
+  const ir_node **assign_src; /* per assign (node order): its value */
+  const ir_node **instr_node; /* per instruction: the node it came from (NULL: none) */
+  int cap_instr_node;
   dsc_status status;
 } L;
 
@@ -135,10 +137,14 @@ static cg_instr *new_instr(L *l, cg_ins_kind kind, const ir_node *node) {
   cg_program *p = l->p;
   if (!ir_grow(l->a, (void **)&p->instrs, &p->cap_instrs, p->n_instrs + 1, sizeof(cg_instr)))
     return oom(l), NULL;
+  if (!ir_grow(l->a, (void **)&l->instr_node, &l->cap_instr_node, p->n_instrs + 1,
+               sizeof(ir_node *)))
+    return oom(l), NULL;
+  l->instr_node[p->n_instrs] = node;
   cg_instr *in = &p->instrs[p->n_instrs++];
   memset(in, 0, sizeof *in);
   in->kind = kind;
-  in->node = node;
+  in->op = node ? dsc_op_name(node->op) : NULL;
   in->ids = in->src = in->dst = -1;
   return in;
 }
@@ -199,7 +205,7 @@ static bool view_reshape(const view *in, const dsc_type *to, view *out) {
 
 static void kb_clear(L *l) { l->n_args = l->n_stages = l->n_slots = 0; }
 
-static void kb_reset(L *l, int group, const pass_fuse_domain *d) {
+static void kb_reset(L *l, int group, const ir_domain *d) {
   l->cur_group = group;
   l->dom = *d;
   l->n_args = l->n_stages = l->n_slots = 0;
@@ -291,7 +297,7 @@ static bool resolve(L *l, const ir_node *n, view *v);
 static bool materialize(L *l, const ir_node *n);
 
 /* k + sum c[v] * index(v) as an i64 expression. */
-static kir_expr *affine_expr(L *l, const pass_affine *p) {
+static kir_expr *affine_expr(L *l, const ir_affine *p) {
   kir_expr *e = NULL;
   for (int v = 0; v < l->dom.rank; v++) {
     if (!p->c[v]) continue;
@@ -304,7 +310,7 @@ static kir_expr *affine_expr(L *l, const pass_affine *p) {
   return e;
 }
 
-static kir_access view_access(L *l, const view *v, const pass_affine *pt, bool write) {
+static kir_access view_access(L *l, const view *v, const ir_affine *pt, bool write) {
   kir_access acc;
   memset(&acc, 0, sizeof acc);
   acc.arg = kb_arg(l, v->buffer, write);
@@ -317,12 +323,12 @@ static kir_access view_access(L *l, const view *v, const pass_affine *pt, bool w
   return acc;
 }
 
-static kir_expr *expr(L *l, const ir_node *n, const pass_affine *pt);
+static kir_expr *expr(L *l, const ir_node *n, const ir_affine *pt);
 
-static kir_expr *input_expr(L *l, const ir_node *n, int i, const pass_affine *pt) {
-  pass_affine pin[DSC_MAX_RANK];
+static kir_expr *input_expr(L *l, const ir_node *n, int i, const ir_affine *pt) {
+  ir_affine pin[DSC_MAX_RANK];
   memset(pin, 0, sizeof pin);
-  if (!pass_fuse_input_point(n, i, &l->dom, pt, pin)) {
+  if (!ir_input_point(n, i, &l->dom, pt, pin)) {
     fail(l, n, DSC_ERR_INTERNAL, "input %s cannot be read at an affine point", i ? "1+" : "0");
     return NULL;
   }
@@ -340,7 +346,7 @@ static kir_expr *gelu_expr(ir_arena *a, kir_expr *x) {
 
 /* The value of n (an inlinable node or a member of the current group) at
  * point pt; other nodes are loads of their buffers or views. */
-static kir_expr *compute(L *l, const ir_node *n, const pass_affine *pt) {
+static kir_expr *compute(L *l, const ir_node *n, const ir_affine *pt) {
   ir_arena *a = l->a;
   dsc_dtype t = ct(n->type.dtype);
   kir_expr *x, *y;
@@ -366,7 +372,7 @@ static kir_expr *compute(L *l, const ir_node *n, const pass_affine *pt) {
       kir_access acc;
       memset(&acc, 0, sizeof acc);
       acc.arg = kb_arg(l, tv.buffer, false);
-      const pass_affine *col = &pt[n->type.rank - 1];
+      const ir_affine *col = &pt[n->type.rank - 1];
       acc.offset = tv.offset + tv.strides[1] * col->k;
       for (int v = 0; v < l->dom.rank; v++) acc.stride[v] = tv.strides[1] * col->c[v];
       acc.gather = ids->type == DSC_I64 ? ids : kir_cast(a, DSC_I64, ids);
@@ -422,11 +428,11 @@ static bool member(const L *l, const ir_node *n) {
   return l->cur_group != 0 && n->group == l->cur_group;
 }
 
-static kir_expr *expr(L *l, const ir_node *n, const pass_affine *pt) {
+static kir_expr *expr(L *l, const ir_node *n, const ir_affine *pt) {
   if (l->status != DSC_OK) return NULL;
   int r = n->type.rank;
-  pass_affine *mp = &l->memo_pt[(size_t)n->id * DSC_MAX_RANK];
-  if (l->memo_stamp[n->id] == l->stamp && pass_fuse_point_equal(&n->type, mp, pt))
+  ir_affine *mp = &l->memo_pt[(size_t)n->id * DSC_MAX_RANK];
+  if (l->memo_stamp[n->id] == l->stamp && ir_point_equal(&n->type, mp, pt))
     return l->memo_expr[n->id];
   kir_expr *e = NULL;
   if (l->alias[n->id]) { /* read from its buffer, as a value of another group */
@@ -452,7 +458,7 @@ static kir_expr *expr(L *l, const ir_node *n, const pass_affine *pt) {
     return NULL;
   }
   l->memo_stamp[n->id] = l->stamp;
-  memcpy(mp, pt, sizeof(pass_affine) * (size_t)(r > 0 ? r : 1));
+  memcpy(mp, pt, sizeof(ir_affine) * (size_t)(r > 0 ? r : 1));
   l->memo_expr[n->id] = e;
   return e;
 }
@@ -465,17 +471,17 @@ static bool materialize(L *l, const ir_node *n) {
   bool pure = l->pure[n->id] && n->group == 0;
   view v;
   if (!pure && !resolve(l, n, &v)) return false;
-  pass_fuse_domain d, saved_dom = l->dom;
+  ir_domain d, saved_dom = l->dom;
   int saved_group = l->cur_group;
   dsc_type shape = n->type;
-  pass_fuse_domain_make(&shape, 0, false, &d);
+  ir_domain_make(&shape, 0, false, &d);
   kb_reset(l, 0, &d);
   int b = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
   if (b < 0) return false;
-  pass_affine pt[DSC_MAX_RANK];
+  ir_affine pt[DSC_MAX_RANK];
   bool full;
   memset(pt, 0, sizeof pt);
-  pass_fuse_natural_map(&d, &n->type, pt, &full);
+  ir_natural_map(&d, &n->type, pt, &full);
   if (!kb_stage(l, KIR_STAGE_STORE)) return false;
   kir_expr *e = pure ? compute(l, n, pt)
                      : kir_load(l->a, ct(n->type.dtype), view_access(l, &v, pt, false));
@@ -585,14 +591,14 @@ static int contiguous_buffer(L *l, const ir_node *n, bool allow_state) {
 
 /* ------------------------------------------------------------ groups */
 
-static int natural(L *l, const ir_node *n, pass_affine *pt, bool *full) {
-  memset(pt, 0, sizeof(pass_affine) * DSC_MAX_RANK);
-  return pass_fuse_natural_map(&l->dom, &n->type, pt, full);
+static int natural(L *l, const ir_node *n, ir_affine *pt, bool *full) {
+  memset(pt, 0, sizeof(ir_affine) * DSC_MAX_RANK);
+  return ir_natural_map(&l->dom, &n->type, pt, full);
 }
 
 static bool lower_group(L *l, ir_node **m, int cnt) {
-  pass_fuse_domain d;
-  if (!pass_fuse_group_domain(m, cnt, &d))
+  ir_domain d;
+  if (!ir_group_domain(m, cnt, &d))
     return fail(l, m[0], DSC_ERR_INTERNAL, "fusion group %s has no common domain", "");
   /* Inputs read through views or copies first: materialization emits its
    * own kernels, which must not interleave with this one. */
@@ -615,7 +621,7 @@ static bool lower_group(L *l, ir_node **m, int cnt) {
   /* REDUCE and LET stages in node order */
   for (int i = 0; i < cnt; i++) {
     ir_node *n = m[i];
-    pass_affine pt[DSC_MAX_RANK];
+    ir_affine pt[DSC_MAX_RANK];
     bool full;
     if (!natural(l, n, pt, &full))
       return fail(l, n, DSC_ERR_INTERNAL, "shape does not fit its fusion group%s", "");
@@ -623,7 +629,7 @@ static bool lower_group(L *l, ir_node **m, int cnt) {
     bool inner_user = false; /* an in-group consumer over the whole domain */
     for (int u = 0; u < l->users[n->id]; u++) {
       const ir_node *c = l->g->nodes[l->user_list[n->id][u]];
-      pass_affine cp[DSC_MAX_RANK];
+      ir_affine cp[DSC_MAX_RANK];
       bool cfull = false;
       if (c->group != n->group)
         stored[i] = true;
@@ -632,10 +638,10 @@ static bool lower_group(L *l, ir_node **m, int cnt) {
     }
     if (l->alias[n->id]) stored[i] = inner_user = false; /* in its buffer already */
     uint32_t mask;
-    if (pass_fuse_reduction(n, &mask)) {
-      pass_affine pin[DSC_MAX_RANK];
+    if (ir_reduction_mask(n, &mask)) {
+      ir_affine pin[DSC_MAX_RANK];
       memset(pin, 0, sizeof pin);
-      if (!pass_fuse_input_point(n, 0, &d, pt, pin))
+      if (!ir_input_point(n, 0, &d, pt, pin))
         return fail(l, n, DSC_ERR_INTERNAL, "reduction does not fit its group's domain%s", "");
       kir_stage *st = kb_stage(l, KIR_STAGE_REDUCE);
       if (!st) return false;
@@ -667,7 +673,7 @@ static bool lower_group(L *l, ir_node **m, int cnt) {
   for (int i = 0; i < cnt; i++) {
     if (!stored[i]) continue;
     ir_node *n = m[i];
-    pass_affine pt[DSC_MAX_RANK];
+    ir_affine pt[DSC_MAX_RANK];
     bool full;
     natural(l, n, pt, &full);
     int b = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, dsc_type_numel(&n->type));
@@ -832,11 +838,11 @@ static bool lower_concat(L *l, const ir_node *n) {
   int64_t axis = ir_attr_int(n, "axis"), start = 0;
   for (int i = 0; i < n->n_in; i++) {
     const ir_node *x = n->in[i];
-    pass_fuse_domain d;
+    ir_domain d;
     dsc_type shape = x->type;
-    pass_fuse_domain_make(&shape, 0, false, &d);
+    ir_domain_make(&shape, 0, false, &d);
     kb_reset(l, 0, &d);
-    pass_affine pt[DSC_MAX_RANK];
+    ir_affine pt[DSC_MAX_RANK];
     bool full;
     natural(l, x, pt, &full);
     kir_stage *st = kb_stage(l, KIR_STAGE_STORE);
@@ -862,15 +868,15 @@ static bool lower_concat(L *l, const ir_node *n) {
 /* dst = src converted to dst's dtype, both contiguous of shape t (staging
  * of bf16/f16 sums through f32). */
 static bool convert_kernel(L *l, const ir_node *node, int src, int dst, const dsc_type *t) {
-  pass_fuse_domain d, saved_dom = l->dom;
+  ir_domain d, saved_dom = l->dom;
   int saved_group = l->cur_group;
   dsc_type shape = *t;
-  pass_fuse_domain_make(&shape, 0, false, &d);
+  ir_domain_make(&shape, 0, false, &d);
   kb_reset(l, 0, &d);
-  pass_affine pt[DSC_MAX_RANK];
+  ir_affine pt[DSC_MAX_RANK];
   bool full;
   memset(pt, 0, sizeof pt);
-  pass_fuse_natural_map(&d, &shape, pt, &full);
+  ir_natural_map(&d, &shape, pt, &full);
   if (!kb_stage(l, KIR_STAGE_STORE)) return false;
   view sv = contiguous_view(l->p, src, t), dv = contiguous_view(l->p, dst, t);
   kir_expr *e = kir_load(l->a, ct(l->p->buffers[src].dtype), view_access(l, &sv, pt, false));
@@ -992,7 +998,7 @@ static bool lower_tier(L *l, const ir_node *n) {
   }
   const cg_instr *start = NULL;
   for (int i = p->n_instrs - 1; i >= 0 && !start; i--)
-    if (p->instrs[i].kind == CG_INS_TIER_START && p->instrs[i].node == n->in[0])
+    if (p->instrs[i].kind == CG_INS_TIER_START && l->instr_node[i] == n->in[0])
       start = &p->instrs[i];
   if (!start) return fail(l, n, DSC_ERR_INTERNAL, "the wait's start was not lowered%s", "");
   cg_tier_io t = start->tier;
@@ -1016,7 +1022,7 @@ static bool wait_tier_ios(L *l) {
   for (int i = 0, end = p->n_instrs; i < end; i++) {
     if (p->instrs[i].kind != CG_INS_TIER_START || waited[p->instrs[i].tier.id]) continue;
     cg_instr s = p->instrs[i];
-    cg_instr *in = new_instr(l, CG_INS_TIER_WAIT, s.node);
+    cg_instr *in = new_instr(l, CG_INS_TIER_WAIT, l->instr_node[i]);
     if (!in) return false;
     in->src = in->dst = s.src, in->tier = s.tier;
     waited[s.tier.id] = true;
@@ -1336,7 +1342,7 @@ static bool inplace_kernel(L *l, int instr, int *assign_idx, int n) {
   }
   char err[256];
   if (!kir_validate(k, err, sizeof err))
-    return fail(l, in->node, DSC_ERR_INTERNAL, "in-place rewrite broke a kernel: %s", err);
+    return fail(l, l->instr_node[instr], DSC_ERR_INTERNAL, "in-place rewrite broke a kernel: %s", err);
   return true;
 }
 
@@ -1354,7 +1360,7 @@ static void inplace_transfers(L *l, const ir_node *const *assign_src) {
       continue;
     int at = -1;
     for (int i = 0; i < p->n_instrs; i++)
-      if (p->instrs[i].kind == CG_INS_COPY && p->instrs[i].node == x && p->instrs[i].dst == bt)
+      if (p->instrs[i].kind == CG_INS_COPY && l->instr_node[i] == x && p->instrs[i].dst == bt)
         at = i;
     bool ok = at >= 0;
     for (int j = at + 1; j < p->n_instrs && ok; j++)
@@ -1439,7 +1445,7 @@ static bool place_work(L *l) {
     cg_buffer *b = &p->buffers[i];
     if (b->kind != CG_BUF_TEMP || owned[i] || b->first_use < 0 || b->first_use >= p->n_instrs)
       continue;
-    const ir_node *w = p->instrs[b->first_use].node;
+    const ir_node *w = l->instr_node[b->first_use];
     if (w && w->place == IR_PLACE_HOST && w->op != DSC_OP_TO_DEVICE) b->tier = CG_TIER_HOST;
   }
   int *order = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
@@ -1594,7 +1600,7 @@ static bool split_scalar_reduction(L *l, int ins) {
   k->n_stages = tail + n_red;
   char err[256];
   if (!k2->name || !kir_validate(k, err, sizeof err) || !kir_validate(k2, err, sizeof err))
-    return fail(l, p->instrs[ins].node, DSC_ERR_INTERNAL, "splitting a reduction: %s",
+    return fail(l, l->instr_node[ins], DSC_ERR_INTERNAL, "splitting a reduction: %s",
                 k2->name ? err : "out of memory");
   if (!ir_grow(l->a, (void **)&p->kernels, &p->cap_kernels, p->n_kernels + 1, sizeof(kir_kernel *)) ||
       !new_instr(l, CG_INS_LAUNCH, NULL))
@@ -1602,6 +1608,9 @@ static bool split_scalar_reduction(L *l, int ins) {
   p->kernels[p->n_kernels] = k2;
   memmove(&p->instrs[ins + 2], &p->instrs[ins + 1],
           sizeof(cg_instr) * (size_t)(p->n_instrs - 1 - (ins + 1)));
+  memmove(&l->instr_node[ins + 2], &l->instr_node[ins + 1],
+          sizeof(ir_node *) * (size_t)(p->n_instrs - 1 - (ins + 1)));
+  l->instr_node[ins + 1] = l->instr_node[ins];
   p->instrs[ins].args = bufs;
   p->instrs[ins].n_args = n_args;
   p->instrs[ins + 1] = p->instrs[ins];
@@ -1611,236 +1620,283 @@ static bool split_scalar_reduction(L *l, int ins) {
 
 /* ------------------------------------------------------------ driver */
 
-dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
-  *out = NULL;
-  L l;
-  memset(&l, 0, sizeof l);
-  l.g = g, l.a = a, l.ctx = g->module->ctx, l.n = g->n_nodes;
-  cg_program *p = l.p = ir_arena_alloc(a, sizeof *p);
-  int n = l.n;
+/* The lowering's bookkeeping, one array per node (arena a). */
+static dsc_status lower_alloc(L *l, const ir_graph *g, ir_arena *a) {
+  l->g = g, l->a = a, l->ctx = g->module->ctx, l->n = g->n_nodes;
+  l->p = ir_arena_alloc(a, sizeof *l->p);
+  int n = l->n;
   size_t isz = sizeof(int) * (size_t)(n ? n : 1);
   const ir_module *m = g->module;
-  l.buf = ir_arena_alloc(a, isz);
-  l.pure = ir_arena_alloc(a, (size_t)(n ? n : 1));
-  l.users = ir_arena_alloc(a, isz);
-  l.user_list = ir_arena_alloc(a, sizeof(int *) * (size_t)(n ? n : 1));
-  l.is_output = ir_arena_alloc(a, (size_t)(n ? n : 1));
-  l.store_instr = ir_arena_alloc(a, isz);
-  l.alias = ir_arena_alloc(a, (size_t)(n ? n : 1));
-  l.slot = ir_arena_alloc(a, isz);
-  l.memo_stamp = ir_arena_alloc(a, isz);
-  l.memo_pt = ir_arena_alloc(a, sizeof(pass_affine) * DSC_MAX_RANK * (size_t)(n ? n : 1));
-  l.memo_expr = ir_arena_alloc(a, sizeof(kir_expr *) * (size_t)(n ? n : 1));
-  l.param_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(m->n_params + 1));
-  l.input_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(g->n_inputs + 1));
-  l.coll_of = ir_arena_alloc(a, isz);
-  int64_t *offsets = ir_arena_alloc(a, sizeof(int64_t) * (size_t)(m->n_params + 1));
-  if (!p || !l.buf || !l.pure || !l.users || !l.user_list || !l.is_output || !l.store_instr ||
-      !l.alias || !l.slot || !l.memo_stamp || !l.memo_pt || !l.memo_expr || !l.param_buf ||
-      !l.input_buf || !offsets || !l.coll_of) {
-    ir_error(l.ctx, ir_no_loc, "codegen: out of memory");
+  l->buf = ir_arena_alloc(a, isz);
+  l->pure = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  l->users = ir_arena_alloc(a, isz);
+  l->user_list = ir_arena_alloc(a, sizeof(int *) * (size_t)(n ? n : 1));
+  l->is_output = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  l->store_instr = ir_arena_alloc(a, isz);
+  l->alias = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  l->slot = ir_arena_alloc(a, isz);
+  l->memo_stamp = ir_arena_alloc(a, isz);
+  l->memo_pt = ir_arena_alloc(a, sizeof(ir_affine) * DSC_MAX_RANK * (size_t)(n ? n : 1));
+  l->memo_expr = ir_arena_alloc(a, sizeof(kir_expr *) * (size_t)(n ? n : 1));
+  l->param_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(m->n_params + 1));
+  l->input_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(g->n_inputs + 1));
+  l->coll_of = ir_arena_alloc(a, isz);
+  if (!l->p || !l->buf || !l->pure || !l->users || !l->user_list || !l->is_output ||
+      !l->store_instr || !l->alias || !l->slot || !l->memo_stamp || !l->memo_pt ||
+      !l->memo_expr || !l->param_buf || !l->input_buf || !l->coll_of) {
+    ir_error(l->ctx, ir_no_loc, "codegen: out of memory");
     return DSC_ERR_INTERNAL;
   }
-  p->graph_name = g->name;
-  /* Params and states by tier (passes/offload.c): the device's in STATE,
-   * host and disk (staging) values in arenas of their own. */
-  int *tiers = ir_arena_alloc(a, sizeof(int) * (size_t)(m->n_params + 1));
-  if (!tiers) return oom(&l), DSC_ERR_INTERNAL;
+  l->p->graph_name = g->name;
+  return DSC_OK;
+}
+
+/* Params and states by tier (passes/offload.c): the device's in STATE,
+ * host and disk (staging) values in arenas of their own. */
+static dsc_status lower_state_buffers(L *l) {
+  const ir_module *m = l->g->module;
+  cg_program *p = l->p;
+  int64_t *offsets = ir_arena_alloc(l->a, sizeof(int64_t) * (size_t)(m->n_params + 1));
+  int *tiers = ir_arena_alloc(l->a, sizeof(int) * (size_t)(m->n_params + 1));
+  if (!offsets || !tiers) return oom(l), DSC_ERR_INTERNAL;
   if (!cg_state_layout_tiers(m, offsets, tiers, p->tier_bytes)) {
-    ir_error(l.ctx, ir_no_loc,
+    ir_error(l->ctx, ir_no_loc,
              "codegen: the module's params do not fit in memory, or a tier.<name> meta is not "
              "host or disk");
     return DSC_ERR_USER;
   }
   p->arena_bytes[CG_ARENA_STATE] = p->tier_bytes[CG_TIER_DEVICE];
   for (int j = 0; j < m->n_params; j++) {
-    int b = new_buffer(&l, CG_BUF_PARAM, j, m->params[j].type.dtype,
+    int b = new_buffer(l, CG_BUF_PARAM, j, m->params[j].type.dtype,
                        dsc_type_numel(&m->params[j].type));
-    if (b < 0) return l.status;
+    if (b < 0) return l->status;
     p->buffers[b].offset = offsets[j];
     p->buffers[b].tier = tiers[j];
-    l.param_buf[j] = b;
+    l->param_buf[j] = b;
   }
+  return DSC_OK;
+}
+
+/* Per node: inlinable or not, its readers, whether it is an output; the
+ * graph inputs' buffers. */
+static dsc_status lower_scan_nodes(L *l) {
+  const ir_graph *g = l->g;
+  int n = l->n;
   for (int i = 0; i < n; i++) {
     ir_node *x = g->nodes[i];
     if (x->id != i) {
-      ir_error(l.ctx, ir_no_loc, "codegen: graph '%s' has inconsistent node ids", g->name);
+      ir_error(l->ctx, ir_no_loc, "codegen: graph '%s' has inconsistent node ids", g->name);
       return DSC_ERR_INTERNAL;
     }
-    l.buf[i] = l.store_instr[i] = l.coll_of[i] = -1;
-    l.alias[i] = false;
+    l->buf[i] = l->store_instr[i] = l->coll_of[i] = -1;
+    l->alias[i] = false;
     bool all = x->n_in > 0;
-    for (int j = 0; j < x->n_in; j++) all = all && l.pure[x->in[j]->id];
-    l.pure[i] = x->group == 0 && (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA ||
-                                  (all && pass_fuse_inlinable_op(x)));
-    for (int j = 0; j < x->n_in; j++) l.users[x->in[j]->id]++;
+    for (int j = 0; j < x->n_in; j++) all = all && l->pure[x->in[j]->id];
+    l->pure[i] = x->group == 0 && (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA ||
+                                   (all && ir_inlinable_op(x)));
+    for (int j = 0; j < x->n_in; j++) l->users[x->in[j]->id]++;
   }
   for (int i = 0; i < n; i++) {
-    l.user_list[i] = ir_arena_alloc(a, sizeof(int) * (size_t)(l.users[i] ? l.users[i] : 1));
-    if (!l.user_list[i]) return oom(&l), DSC_ERR_INTERNAL;
-    l.users[i] = 0;
+    l->user_list[i] = ir_arena_alloc(l->a, sizeof(int) * (size_t)(l->users[i] ? l->users[i] : 1));
+    if (!l->user_list[i]) return oom(l), DSC_ERR_INTERNAL;
+    l->users[i] = 0;
   }
   for (int i = 0; i < n; i++)
     for (int j = 0; j < g->nodes[i]->n_in; j++) {
       int s = g->nodes[i]->in[j]->id;
-      l.user_list[s][l.users[s]++] = i;
+      l->user_list[s][l->users[s]++] = i;
     }
-  for (int o = 0; o < g->n_outputs; o++) l.is_output[g->outputs[o]->id] = true;
+  for (int o = 0; o < g->n_outputs; o++) l->is_output[g->outputs[o]->id] = true;
   for (int i = 0; i < g->n_inputs; i++) {
     const ir_node *x = g->inputs[i];
-    int b = new_buffer(&l, CG_BUF_INPUT, i, x->type.dtype, dsc_type_numel(&x->type));
-    if (b < 0) return l.status;
-    l.input_buf[i] = b;
-    l.buf[x->id] = b;
+    int b = new_buffer(l, CG_BUF_INPUT, i, x->type.dtype, dsc_type_numel(&x->type));
+    if (b < 0) return l->status;
+    l->input_buf[i] = b;
+    l->buf[x->id] = b;
   }
   /* assigns are collected in node order */
   int n_assign = 0;
   for (int i = 0; i < n; i++) n_assign += g->nodes[i]->op == DSC_OP_ASSIGN;
-  p->assigns = ir_arena_alloc(a, sizeof(cg_assign) * (size_t)(n_assign + 1));
-  p->outputs = ir_arena_alloc(a, sizeof(cg_output) * (size_t)(g->n_outputs + 1));
-  const ir_node **assign_src = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n_assign + 1));
-  if (!p->assigns || !p->outputs || !assign_src) return oom(&l), DSC_ERR_INTERNAL;
+  l->p->assigns = ir_arena_alloc(l->a, sizeof(cg_assign) * (size_t)(n_assign + 1));
+  l->p->outputs = ir_arena_alloc(l->a, sizeof(cg_output) * (size_t)(g->n_outputs + 1));
+  l->assign_src = ir_arena_alloc(l->a, sizeof(ir_node *) * (size_t)(n_assign + 1));
+  if (!l->p->assigns || !l->p->outputs || !l->assign_src) return oom(l), DSC_ERR_INTERNAL;
+  return DSC_OK;
+}
 
+/* Only a wait may read a start. */
+static dsc_status lower_check_in_flight(L *l) {
   const ir_node *rd;
   int rj, rk;
-  if (ir_find_in_flight_read(g, &rd, &rj, &rk)) { /* only a wait may read a start */
-    if (rk < 0)
-      ir_error(l.ctx, rd->loc, "codegen: %s reads %%%d, a %s whose data is in flight",
-               dsc_op_name(rd->op), rd->in[rj]->id, dsc_op_name(rd->in[rj]->op));
-    else
-      ir_error(l.ctx, ir_no_loc, "codegen: output %d of graph '%s' is a %s whose data is in flight",
-               rk, g->name, dsc_op_name(rd->op));
-    return DSC_ERR_USER;
+  if (!ir_find_in_flight_read(l->g, &rd, &rj, &rk)) return DSC_OK;
+  if (rk < 0)
+    ir_error(l->ctx, rd->loc, "codegen: %s reads %%%d, a %s whose data is in flight",
+             dsc_op_name(rd->op), rd->in[rj]->id, dsc_op_name(rd->in[rj]->op));
+  else
+    ir_error(l->ctx, ir_no_loc, "codegen: output %d of graph '%s' is a %s whose data is in flight",
+             rk, l->g->name, dsc_op_name(rd->op));
+  return DSC_ERR_USER;
+}
+
+/* An assign: recorded now, resolved once every value has its buffer. */
+static void lower_assign(L *l, const ir_node *x) {
+  cg_program *p = l->p;
+  int j = param_index(l->g, x);
+  if (j < 0) {
+    fail(l, x, DSC_ERR_USER, "assign to unknown param '%s'", ir_attr_str(x, "name"));
+    return;
   }
+  if (p->buffers[l->param_buf[j]].tier == CG_TIER_DISK) {
+    fail(l, x, DSC_ERR_USER, "'%s' is on the disk tier: write it with tier_write_start "
+         "(pass offload)", ir_attr_str(x, "name"));
+    return;
+  }
+  p->assigns[p->n_assigns].param = j;
+  l->assign_src[p->n_assigns++] = x->in[0];
+}
+
+/* One node outside any fusion group. */
+static void lower_node(L *l, const ir_node *x) {
+  switch (x->op) {
+    case DSC_OP_MATMUL: lower_matmul(l, x); break;
+    case DSC_OP_EMBEDDING_GRAD: lower_embedding_grad(l, x); break;
+    case DSC_OP_CONCAT: lower_concat(l, x); break;
+    case DSC_OP_ASSIGN: lower_assign(l, x); break;
+    case DSC_OP_TIER_READ_START:
+    case DSC_OP_TIER_WRITE_START:
+    case DSC_OP_TIER_READ_WAIT:
+    case DSC_OP_TIER_WRITE_WAIT: lower_tier(l, x); break;
+    case DSC_OP_ALL_REDUCE_START:
+    case DSC_OP_REDUCE_SCATTER_START:
+    case DSC_OP_ALL_GATHER_START:
+    case DSC_OP_BROADCAST_START: lower_collective_start(l, x); break;
+    case DSC_OP_ALL_REDUCE_WAIT:
+    case DSC_OP_REDUCE_SCATTER_WAIT:
+    case DSC_OP_ALL_GATHER_WAIT:
+    case DSC_OP_BROADCAST_WAIT: lower_collective_wait(l, x); break;
+    case DSC_OP_LOCAL_SHARD: lower_local_shard(l, x); break;
+    case DSC_OP_TO_HOST:
+    case DSC_OP_TO_DEVICE: lower_transfer(l, x); break;
+    case DSC_OP_INPUT:
+    case DSC_OP_PARAM: break;
+    default:
+      if (l->pure[x->id] || x->op == DSC_OP_BROADCAST || x->op == DSC_OP_PERMUTE ||
+          x->op == DSC_OP_SLICE || x->op == DSC_OP_RESHAPE)
+        break; /* recomputed or a view: resolved where read */
+      if (ir_op(x->op)->cg == IR_CG_COMPOSITE)
+        fail(l, x, DSC_ERR_USER, "op %s has no code generation; run the decompose pass",
+             dsc_op_name(x->op));
+      else
+        fail(l, x, DSC_ERR_USER, "op %s is not in a fusion group; run the fuse pass",
+             dsc_op_name(x->op));
+      break;
+  }
+}
+
+/* The instructions, in node order: one kernel per fusion group (its nodes
+ * are contiguous), then the waits nobody asked for. */
+static void lower_nodes(L *l) {
+  const ir_graph *g = l->g;
+  int n = l->n;
   /* A group seen again after its run ended is not contiguous: one flag per
    * group (scanning the rest of the graph per group was quadratic: minutes
    * on an unrolled grad_accum). */
   int max_group = 0;
   for (int i = 0; i < n; i++)
     if (g->nodes[i]->group > max_group) max_group = g->nodes[i]->group;
-  unsigned char *group_done = ir_arena_alloc(a, (size_t)max_group + 1);
-  if (!group_done) return oom(&l), DSC_ERR_INTERNAL;
-  for (int i = 0; i < n && l.status == DSC_OK; i++) {
+  unsigned char *group_done = ir_arena_alloc(l->a, (size_t)max_group + 1);
+  if (!group_done) {
+    oom(l);
+    return;
+  }
+  memset(group_done, 0, (size_t)max_group + 1);
+  for (int i = 0; i < n && l->status == DSC_OK; i++) {
     ir_node *x = g->nodes[i];
-    if ((i & 15) == 0 && (l.status = ir_check_interrupt(l.ctx, "lowering graph '%s'", g->name)))
+    if ((i & 15) == 0 && (l->status = ir_check_interrupt(l->ctx, "lowering graph '%s'", g->name)))
       break;
-    if (x->group > 0) {
-      if (group_done[x->group]) {
-        fail(&l, x, DSC_ERR_INTERNAL, "fusion group %s is not contiguous", "");
-        break;
-      }
-      int j = i;
-      while (j < n && g->nodes[j]->group == x->group) j++;
-      group_done[x->group] = 1;
-      lower_group(&l, &g->nodes[i], j - i);
-      i = j - 1;
+    if (x->group == 0) {
+      lower_node(l, x);
       continue;
     }
-    switch (x->op) {
-      case DSC_OP_MATMUL:
-        lower_matmul(&l, x);
-        break;
-      case DSC_OP_EMBEDDING_GRAD:
-        lower_embedding_grad(&l, x);
-        break;
-      case DSC_OP_CONCAT:
-        lower_concat(&l, x);
-        break;
-      case DSC_OP_ASSIGN: {
-        int j = param_index(g, x);
-        if (j < 0) {
-          fail(&l, x, DSC_ERR_USER, "assign to unknown param '%s'", ir_attr_str(x, "name"));
-          break;
-        }
-        if (p->buffers[l.param_buf[j]].tier == CG_TIER_DISK) {
-          fail(&l, x, DSC_ERR_USER, "'%s' is on the disk tier: write it with tier_write_start "
-               "(pass offload)", ir_attr_str(x, "name"));
-          break;
-        }
-        p->assigns[p->n_assigns].param = j;
-        assign_src[p->n_assigns++] = x->in[0];
-        break;
-      }
-      case DSC_OP_TIER_READ_START:
-      case DSC_OP_TIER_WRITE_START:
-      case DSC_OP_TIER_READ_WAIT:
-      case DSC_OP_TIER_WRITE_WAIT:
-        lower_tier(&l, x);
-        break;
-      case DSC_OP_ALL_REDUCE_START:
-      case DSC_OP_REDUCE_SCATTER_START:
-      case DSC_OP_ALL_GATHER_START:
-      case DSC_OP_BROADCAST_START:
-        lower_collective_start(&l, x);
-        break;
-      case DSC_OP_ALL_REDUCE_WAIT:
-      case DSC_OP_REDUCE_SCATTER_WAIT:
-      case DSC_OP_ALL_GATHER_WAIT:
-      case DSC_OP_BROADCAST_WAIT:
-        lower_collective_wait(&l, x);
-        break;
-      case DSC_OP_LOCAL_SHARD:
-        lower_local_shard(&l, x);
-        break;
-      case DSC_OP_TO_HOST:
-      case DSC_OP_TO_DEVICE:
-        lower_transfer(&l, x);
-        break;
-      case DSC_OP_INPUT:
-      case DSC_OP_PARAM:
-        break;
-      default:
-        if (l.pure[i] || x->op == DSC_OP_BROADCAST || x->op == DSC_OP_PERMUTE ||
-            x->op == DSC_OP_SLICE || x->op == DSC_OP_RESHAPE)
-          break; /* recomputed or a view: resolved where read */
-        if (ir_op(x->op)->cg == IR_CG_COMPOSITE)
-          fail(&l, x, DSC_ERR_USER, "op %s has no code generation; run the decompose pass",
-               dsc_op_name(x->op));
-        else
-          fail(&l, x, DSC_ERR_USER, "op %s is not in a fusion group; run the fuse pass",
-               dsc_op_name(x->op));
-        break;
+    if (group_done[x->group]) {
+      fail(l, x, DSC_ERR_INTERNAL, "fusion group %s is not contiguous", "");
+      break;
     }
+    int j = i;
+    while (j < n && g->nodes[j]->group == x->group) j++;
+    group_done[x->group] = 1;
+    lower_group(l, &g->nodes[i], j - i);
+    i = j - 1;
   }
   /* Starts the graph never waits are waited at the end (as the
    * interpreter does), so their buffers stay theirs until then. */
-  for (int c = 0; c < l.n_coll && l.status == DSC_OK; c++)
-    if (!l.coll[c].waited) emit_wait(&l, &l.coll[c], l.coll[c].start, NULL);
-  if (l.status == DSC_OK) wait_tier_ios(&l); /* so do disk transfers */
-  /* graph outputs: WORK buffers (copies of params and strided views) */
-  for (int o = 0; o < g->n_outputs && l.status == DSC_OK; o++) {
+  for (int c = 0; c < l->n_coll && l->status == DSC_OK; c++)
+    if (!l->coll[c].waited) emit_wait(l, &l->coll[c], l->coll[c].start, NULL);
+  if (l->status == DSC_OK) wait_tier_ios(l); /* so do disk transfers */
+}
+
+/* Graph outputs: WORK buffers (copies of params and strided views). */
+static void lower_outputs(L *l) {
+  const ir_graph *g = l->g;
+  cg_program *p = l->p;
+  for (int o = 0; o < g->n_outputs && l->status == DSC_OK; o++) {
     const ir_node *x = g->outputs[o];
     view v;
-    if (!resolve(&l, x, &v)) break;
+    if (!resolve(l, x, &v)) break;
     if (!(view_is_contiguous(&v) && p->buffers[v.buffer].kind != CG_BUF_PARAM)) {
-      if (!materialize(&l, x)) break;
-      v = contiguous_view(p, l.buf[x->id], &x->type);
+      if (!materialize(l, x)) break;
+      v = contiguous_view(p, l->buf[x->id], &x->type);
     }
     p->outputs[o] = (cg_output){v.buffer, v.offset, x->type};
     p->n_outputs++;
   }
-  for (int s = 0; s < p->n_assigns && l.status == DSC_OK; s++) {
-    int b = contiguous_buffer(&l, assign_src[s], false);
+}
+
+/* The assigns' buffers, and the ones a kernel or a transfer can write in
+ * place. */
+static dsc_status lower_assigns(L *l) {
+  cg_program *p = l->p;
+  const ir_node **assign_src = l->assign_src;
+  for (int s = 0; s < p->n_assigns && l->status == DSC_OK; s++) {
+    int b = contiguous_buffer(l, assign_src[s], false);
     if (b >= 0) p->assigns[s].buffer = b;
   }
   /* in place: per kernel, the assigns whose value it stores */
-  if (l.status == DSC_OK && p->n_assigns > 0) {
-    int *idx = ir_arena_alloc(a, sizeof(int) * (size_t)p->n_assigns);
-    if (!idx) return oom(&l), DSC_ERR_INTERNAL;
-    for (int i = 0; i < p->n_instrs && l.status == DSC_OK; i++) {
+  if (l->status == DSC_OK && p->n_assigns > 0) {
+    int *idx = ir_arena_alloc(l->a, sizeof(int) * (size_t)p->n_assigns);
+    if (!idx) return oom(l), DSC_ERR_INTERNAL;
+    for (int i = 0; i < p->n_instrs && l->status == DSC_OK; i++) {
       int cnt = 0;
       for (int s = 0; s < p->n_assigns; s++)
-        if (l.store_instr[assign_src[s]->id] == i && l.buf[assign_src[s]->id] == p->assigns[s].buffer)
+        if (l->store_instr[assign_src[s]->id] == i &&
+            l->buf[assign_src[s]->id] == p->assigns[s].buffer)
           idx[cnt++] = s;
-      if (cnt) inplace_kernel(&l, i, idx, cnt);
+      if (cnt) inplace_kernel(l, i, idx, cnt);
     }
   }
-  if (l.status == DSC_OK && p->n_assigns > 0) inplace_transfers(&l, assign_src);
+  if (l->status == DSC_OK && p->n_assigns > 0) inplace_transfers(l, assign_src);
+  return l->status;
+}
+
+dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
+  *out = NULL;
+  L l;
+  memset(&l, 0, sizeof l);
+  dsc_status st = lower_alloc(&l, g, a);
+  if (st == DSC_OK) st = lower_state_buffers(&l);
+  if (st == DSC_OK) st = lower_scan_nodes(&l);
+  if (st == DSC_OK) st = lower_check_in_flight(&l);
+  if (st != DSC_OK) return st;
+  lower_nodes(&l);
+  lower_outputs(&l);
+  if (lower_assigns(&l) != DSC_OK) return l.status;
+  cg_program *p = l.p;
   for (int i = 0; i < p->n_instrs && l.status == DSC_OK; i++)
     if (p->instrs[i].kind == CG_INS_LAUNCH && !split_scalar_reduction(&l, i)) break;
   if (l.status == DSC_OK) place_work(&l);
+  if (l.status == DSC_OK && cg_program_kernel_table(a, p) != DSC_OK) oom(&l);
   if (l.status != DSC_OK) return l.status;
-  p->n_nodes = n, p->node_buffer = l.buf; /* for the memory plan (memplan.c) */
+  p->n_nodes = l.n, p->node_buffer = l.buf; /* for the memory plan (memplan.c) */
   *out = p;
   return DSC_OK;
 }

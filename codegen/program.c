@@ -1,48 +1,10 @@
-/* The Program: the STATE arena layout shared by a module's graphs, and a
- * readable listing (for dumps and test failures). */
+/* A readable listing of a Program (for dumps and test failures), and the
+ * executors' kernel table of a lowered program. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
-
-bool cg_state_layout(const ir_module *m, int64_t *offsets, int64_t *total) {
-  int64_t off = 0;
-  for (int i = 0; i < m->n_params; i++) {
-    int64_t numel = dsc_type_numel(&m->params[i].type);
-    int64_t size = (int64_t)dsc_dtype_size(m->params[i].type.dtype);
-    if (numel < 0 || (numel > 0 && size > (INT64_MAX / 2 - off) / numel)) return false;
-    offsets[i] = off;
-    off += (numel * size + 63) & ~(int64_t)63;
-  }
-  *total = off;
-  return true;
-}
-
-int cg_param_tier(const ir_module *m, int i) {
-  char key[600];
-  if ((size_t)snprintf(key, sizeof key, "tier.%s", m->params[i].name) >= sizeof key) return -1;
-  const char *v = dsc_module_get_meta(m, key);
-  if (!v || strcmp(v, "none") == 0 || strcmp(v, "device") == 0) return CG_TIER_DEVICE;
-  if (strcmp(v, "host") == 0) return CG_TIER_HOST;
-  if (strcmp(v, "disk") == 0) return CG_TIER_DISK;
-  return -1;
-}
-
-bool cg_state_layout_tiers(const ir_module *m, int64_t *offsets, int *tiers, int64_t *totals) {
-  for (int t = 0; t < CG_TIER_COUNT; t++) totals[t] = 0;
-  for (int i = 0; i < m->n_params; i++) {
-    int t = cg_param_tier(m, i);
-    if (t < 0) return false;
-    int64_t numel = dsc_type_numel(&m->params[i].type);
-    int64_t size = (int64_t)dsc_dtype_size(m->params[i].type.dtype);
-    if (numel < 0 || (numel > 0 && size > (INT64_MAX / 4 - totals[t]) / numel)) return false;
-    if (tiers) tiers[i] = t;
-    offsets[i] = totals[t];
-    totals[t] += (numel * size + 63) & ~(int64_t)63;
-  }
-  return true;
-}
 
 typedef struct {
   ir_arena *a;
@@ -162,4 +124,26 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
     sb_printf(&b, "%s", k ? k : "  (kernel listing failed)\n");
   }
   return b.failed ? NULL : b.buf;
+}
+
+dsc_status cg_program_kernel_table(ir_arena *a, cg_program *p) {
+  p->kernel_info = ir_arena_alloc(a, sizeof(cg_kernel_info) * (size_t)(p->n_kernels + 1));
+  if (!p->kernel_info) return DSC_ERR_INTERNAL;
+  for (int i = 0; i < p->n_kernels; i++) {
+    const kir_kernel *k = p->kernels[i];
+    cg_kernel_info *ki = &p->kernel_info[i];
+    cg_kernel_arg *args = ir_arena_alloc(a, sizeof *args * (size_t)(k->n_args + 1));
+    if (!args) return DSC_ERR_INTERNAL;
+    for (int j = 0; j < k->n_args; j++) args[j] = (cg_kernel_arg){k->args[j].dtype, k->args[j].numel};
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < k->rank; d++) {
+      if (d < k->n_outer)
+        outer *= k->dims[d];
+      else
+        inner *= k->dims[d];
+    }
+    int64_t work = inner * (k->n_stages > 0 ? k->n_stages : 1);
+    *ki = (cg_kernel_info){k->name, kir_hash(k), k->n_args, args, outer, work > 0 ? work : 1};
+  }
+  return DSC_OK;
 }

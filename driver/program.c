@@ -56,7 +56,7 @@ static dsc_status cpu_kernels(writer *w, cg_llvm_jit *jit, const char *sec, cg_p
     if (!(objs[k] = cg_llvm_kernel_object(jit, p->kernels[k], &lens[k]))) st = DSC_ERR_INTERNAL;
   size_t len = 0;
   void *packed = st == DSC_OK
-                     ? rt_pack_kernel_objects(w->ctx, p->kernels, p->n_kernels, objs, lens, &len)
+                     ? rt_pack_kernel_objects(w->ctx, p->kernel_info, p->n_kernels, objs, lens, &len)
                      : NULL;
   if (st == DSC_OK && (!packed || !add(w, sec, packed, len))) st = oom(w->ctx);
   if (packed) ir_free(w->ctx, packed, len);

@@ -260,9 +260,10 @@ typedef struct {
   int *last_use;     /* index of the last node reading node i; INT_MAX: an output */
   int *input_index;  /* for input nodes: position in g->inputs */
   const dsc_tensor **ins;
-  dsc_comm *comm;
-  bool collectives;        /* the graph has collective ops */
-  dsc_comm_request **reqs; /* for start nodes: the collective in flight (NULL once waited) */
+  const ir_collectives *coll; /* the communicator's calls (NULL: none) */
+  void *comm;
+  bool collectives; /* the graph has collective ops */
+  void **reqs;      /* for start nodes: the collective in flight (NULL once waited) */
   size_t bytes;
   void *block;
 } run_state;
@@ -273,7 +274,7 @@ static bool settle_requests(run_state *s) {
   bool ok = true;
   for (int i = 0; i < s->n; i++)
     if (s->reqs[i]) {
-      if (dsc_comm_wait(s->reqs[i]) != DSC_OK) ok = false;
+      if (s->coll->wait(s->reqs[i]) != DSC_OK) ok = false;
       s->reqs[i] = NULL;
     }
   return ok;
@@ -292,12 +293,12 @@ static void run_release(run_state *s) {
  * whole job (they fail promptly), then complete what is in flight. When the
  * communicator itself failed it is broken already and nothing is aborted. */
 static void run_fail(run_state *s, const dsc_graph *g, bool abort_comm) {
-  if (s->comm && s->collectives && abort_comm && !dsc_comm_broken(s->comm)) {
+  if (s->comm && s->collectives && abort_comm && !s->coll->broken(s->comm)) {
     char why[600];
     int nd = dsc_diag_count(s->ctx);
     snprintf(why, sizeof why, "graph '%s' failed: %s", g->name,
              nd > 0 ? dsc_diag_get(s->ctx, nd - 1)->message : "error");
-    dsc_comm_abort(s->comm, why);
+    s->coll->abort(s->comm, why);
   }
   run_release(s);
 }
@@ -305,7 +306,7 @@ static void run_fail(run_state *s, const dsc_graph *g, bool abort_comm) {
 /* Reports a failed collective at node nd. The communicator's message is on
  * its own context; repeat it here when the graph's context is another. */
 static void comm_error(run_state *s, const ir_node *nd) {
-  dsc_context *cc = dsc_comm_context(s->comm);
+  dsc_context *cc = s->coll->context(s->comm);
   int nd_cc = dsc_diag_count(cc);
   if (cc != s->ctx && nd_cc > 0)
     ir_error(s->ctx, nd->loc, "%s: %s", ir_op(nd->op)->name, dsc_diag_get(cc, nd_cc - 1)->message);
@@ -329,10 +330,10 @@ static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
       return DSC_ERR_USER;
     }
     if ((ir_is_collective_start(nd->op) || nd->op == DSC_OP_LOCAL_SHARD) &&
-        ir_attr_int(nd, "world") != dsc_comm_world(s->comm)) {
+        ir_attr_int(nd, "world") != s->coll->world(s->comm)) {
       ir_error(ctx, nd->loc, "%s: node %%%d has world %lld but the communicator's world is %d",
                ir_op(nd->op)->name, i, (long long)ir_attr_int(nd, "world"),
-               dsc_comm_world(s->comm));
+               s->coll->world(s->comm));
       return DSC_ERR_USER;
     }
   }
@@ -355,22 +356,21 @@ static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
 
 /* Starts the collective of start node nd from input x into out. */
 static dsc_status start_collective(run_state *s, const ir_node *nd, const dsc_tensor *x,
-                                   dsc_tensor *out, dsc_comm_request **req) {
+                                   dsc_tensor *out, void **req) {
   int64_t count = dsc_type_numel(&x->type), tag = ir_attr_int(nd, "tag");
   switch (nd->op) {
     case DSC_OP_ALL_REDUCE_START:
-      return dsc_comm_all_reduce_start(s->comm, x->data, out->data, count, DSC_F64, DSC_COMM_SUM,
-                                       tag, req);
+      return s->coll->start(s->comm, IR_COLL_ALL_REDUCE, x->data, out->data, count, 0, tag, req);
     case DSC_OP_REDUCE_SCATTER_START:
-      return dsc_comm_reduce_scatter_start(s->comm, x->data, out->data, count, DSC_F64,
-                                           DSC_COMM_SUM, tag, req);
+      return s->coll->start(s->comm, IR_COLL_REDUCE_SCATTER, x->data, out->data, count, 0, tag,
+                            req);
     case DSC_OP_ALL_GATHER_START:
-      return dsc_comm_all_gather_start(s->comm, x->data, out->data, count, DSC_F64, tag, req);
+      return s->coll->start(s->comm, IR_COLL_ALL_GATHER, x->data, out->data, count, 0, tag, req);
     case DSC_OP_BROADCAST_START:
       /* in place: the root's copy is sent, the others' overwritten */
       memcpy(out->data, x->data, sizeof(double) * (size_t)count);
-      return dsc_comm_broadcast_start(s->comm, out->data, count, DSC_F64,
-                                      (int)ir_attr_int(nd, "root"), tag, req);
+      return s->coll->start(s->comm, IR_COLL_BROADCAST, out->data, out->data, count,
+                            (int)ir_attr_int(nd, "root"), tag, req);
     default:
       ir_error(s->ctx, nd->loc, "internal: %s is not a collective start", ir_op(nd->op)->name);
       return DSC_ERR_INTERNAL;
@@ -485,12 +485,12 @@ static dsc_status check_graph(const dsc_graph *g, const dsc_params *params,
 
 dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
                           const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs) {
-  return dsc_interp_run_with(g, params, inputs, n_inputs, outputs, NULL);
+  return ir_interp_run(g, params, inputs, n_inputs, outputs, NULL, NULL);
 }
 
-dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
-                               const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs,
-                               const dsc_interp_options *opts) {
+dsc_status ir_interp_run(const ir_graph *g, const dsc_params *params,
+                         const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs,
+                         const ir_collectives *coll, void *comm) {
   if (!g) return DSC_ERR_USER;
   dsc_context *ctx = g->module->ctx;
   if (g->n_outputs > 0 && !outputs) {
@@ -504,14 +504,15 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
   memset(&s, 0, sizeof s);
   s.ctx = ctx;
   s.n = g->n_nodes;
-  s.comm = opts ? opts->comm : NULL;
+  s.coll = comm ? coll : NULL;
+  s.comm = s.coll ? comm : NULL;
   int max_in = 1;
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i] && g->nodes[i]->n_in > max_in) max_in = g->nodes[i]->n_in;
   /* One block for the bookkeeping arrays, pointer-sized pieces first. */
   size_t n = (size_t)(s.n ? s.n : 1);
   s.bytes = n * sizeof(dsc_tensor *) + (size_t)max_in * sizeof(dsc_tensor *) +
-            n * sizeof(dsc_comm_request *) + 2 * n * sizeof(int) + n * sizeof(bool);
+            n * sizeof(void *) + 2 * n * sizeof(int) + n * sizeof(bool);
   s.block = ir_alloc(ctx, s.bytes);
   if (!s.block) {
     ir_error(ctx, ir_no_loc, "out of memory: need %zu bytes to run graph '%s'", s.bytes, g->name);
@@ -521,7 +522,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
   unsigned char *p = s.block;
   s.vals = (dsc_tensor **)p, p += n * sizeof(dsc_tensor *);
   s.ins = (const dsc_tensor **)p, p += (size_t)max_in * sizeof(dsc_tensor *);
-  s.reqs = (dsc_comm_request **)p, p += n * sizeof(dsc_comm_request *);
+  s.reqs = (void **)p, p += n * sizeof(void *);
   s.last_use = (int *)p, p += n * sizeof(int);
   s.input_index = (int *)p, p += n * sizeof(int);
   s.owned = (bool *)p;
@@ -567,9 +568,9 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
     }
     if (ir_is_collective_wait(nd->op)) {
       int sid = nd->in[0]->id;
-      dsc_comm_request *req = s.reqs[sid];
+      void *req = s.reqs[sid];
       s.reqs[sid] = NULL;
-      if (req && dsc_comm_wait(req) != DSC_OK) {
+      if (req && s.coll->wait(req) != DSC_OK) {
         comm_error(&s, nd);
         run_fail(&s, g, false);
         return DSC_ERR_USER;
@@ -585,7 +586,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
     }
     for (int j = 0; j < nd->n_in; j++) s.ins[j] = s.vals[nd->in[j]->id];
     if (ir_is_collective_start(nd->op)) {
-      dsc_comm_request *req = NULL;
+      void *req = NULL;
       dsc_status cst = start_collective(&s, nd, s.ins[0], out, &req);
       if (cst != DSC_OK) {
         dsc_tensor_free(ctx, out);
@@ -601,7 +602,7 @@ dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,
     char err[512] = "";
     if (nd->op == DSC_OP_LOCAL_SHARD) { /* this rank's chunk: only the run knows the rank */
       int64_t chunk = dsc_type_numel(&nd->type), len = dsc_type_numel(&s.ins[0]->type);
-      int64_t first = (int64_t)dsc_comm_rank(s.comm) * chunk;
+      int64_t first = (int64_t)s.coll->rank(s.comm) * chunk;
       int64_t n = first >= len ? 0 : len - first < chunk ? len - first : chunk;
       if (n > 0) memcpy(out->data, s.ins[0]->data + first, sizeof(double) * (size_t)n);
       memset(out->data + (n > 0 ? n : 0), 0, sizeof(double) * (size_t)(chunk - (n > 0 ? n : 0)));

@@ -223,7 +223,80 @@ bool ir_is_collective_wait(dsc_op op);
  * *reader = the start); false when there is none. */
 bool ir_find_in_flight_read(const ir_graph *g, const ir_node **reader, int *input, int *output);
 
+/* ======================= ir/domain.c =======================
+ * A fusion group's iteration domain and the affine points its members are
+ * read at: passes/fuse.c decides groups with these, codegen/lower.c turns
+ * the same analysis into kernel IR, so what the pass accepts is exactly
+ * what the lowering can express. */
+/* An index expression k + sum_v c[v] * i_v over the kernel's domain vars. */
+typedef struct {
+  int64_t k;
+  int64_t c[DSC_MAX_RANK];
+} ir_affine;
+
+/* A group's domain: the full value shape D (in its own dim order) and the
+ * reduced dims R (a bit mask over D). Kernel vars: D's dims outside R in
+ * order (outer), then R's dims (inner). Without a reduction the last dim is
+ * the inner one. */
+typedef struct {
+  dsc_type full;
+  uint32_t rmask;
+  bool reduces;
+  int rank, n_outer;
+  int64_t dims[DSC_MAX_RANK]; /* kernel order */
+  int var_of[DSC_MAX_RANK];   /* D's dim j -> kernel var */
+} ir_domain;
+
+void ir_domain_make(const dsc_type *full, uint32_t rmask, bool reduces, ir_domain *d);
+/* The domain of a group from its members (any order). False when the
+ * members disagree (two reductions over different domains). */
+bool ir_group_domain(ir_node *const *members, int n, ir_domain *d);
+/* A sum/mean/max over a non-empty axis list: sets *mask and returns true. */
+bool ir_reduction_mask(const ir_node *n, uint32_t *mask);
+/* The natural position of a value of type t in domain d: a full value
+ * (t == D) or, when d reduces, a reduced one (D without R, or with R's dims
+ * kept as 1). *full tells which. False when t is neither. */
+bool ir_natural_map(const ir_domain *d, const dsc_type *t, ir_affine *p, bool *full);
+/* The point of input i of n read when n is evaluated at point pn (per dim
+ * of n): broadcasting, views, reductions (their reduced dims run over d's
+ * inner vars), the ids of an embedding. False when not affine (a reshape
+ * that splits a computed dim) or not an op a kernel evaluates. */
+bool ir_input_point(const ir_node *n, int i, const ir_domain *d, const ir_affine *pn,
+                           ir_affine *pin);
+/* Same point, ignoring dims of size 1 (always index 0). */
+bool ir_point_equal(const dsc_type *t, const ir_affine *a, const ir_affine *b);
+/* Ops a kernel recomputes wherever they are read when all their inputs are
+ * recomputable too (const, iota, elementwise, broadcast, permute, slice,
+ * affine reshape): they are never grouped and never stored by fusion. */
+bool ir_inlinable_op(const ir_node *n);
+
 /* ======================= ir/interp.c ======================= */
+/* The collectives the interpreter runs for the collective ops: an interface
+ * ir/ declares and runtime/ implements (runtime/interp_comm.c, over
+ * dsc_comm), so that ir/ calls nothing above it. comm and the requests are
+ * the implementation's objects. Data is f64; reductions sum; a broadcast
+ * sends from and receives into recv (send == recv). */
+typedef enum {
+  IR_COLL_ALL_REDUCE,
+  IR_COLL_REDUCE_SCATTER,
+  IR_COLL_ALL_GATHER,
+  IR_COLL_BROADCAST,
+} ir_coll_kind;
+typedef struct {
+  int (*world)(void *comm);
+  int (*rank)(void *comm);
+  dsc_context *(*context)(void *comm); /* where a failed collective is reported */
+  bool (*broken)(void *comm);
+  void (*abort)(void *comm, const char *why);
+  dsc_status (*start)(void *comm, ir_coll_kind kind, const double *send, double *recv,
+                      int64_t count, int root, int64_t tag, void **req);
+  dsc_status (*wait)(void *req);
+} ir_collectives;
+/* dsc_interp_run (include/dsc/interp.h) with the collectives of comm
+ * (coll NULL or comm NULL: none; a graph with collective ops then fails). */
+dsc_status ir_interp_run(const ir_graph *g, const dsc_params *params,
+                         const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs,
+                         const ir_collectives *coll, void *comm);
 /* Rounds every element of t to the precision of its dtype (f32, bf16, f16
  * round-to-nearest-even; integers truncate toward zero; bool to 0/1). */
 void ir_round_to_dtype(dsc_tensor *t);

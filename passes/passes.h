@@ -105,53 +105,10 @@ dsc_status pass_reorder(ir_graph *g, int n_orig, const pass_fixed_key *fixed, in
 
 /* ======================= passes/fuse.c =======================
  * Fusion: sets node->group so that each group becomes one kernel (the rules
- * are the comment at the top of fuse.c). The helpers below describe a
- * group's iteration domain; codegen/lower.c uses the same ones, so what the
- * pass accepts is exactly what the lowering can express. */
+ * are the comment at the top of fuse.c). A group's iteration domain is
+ * ir/domain.c's (shared with codegen/lower.c). */
 dsc_status pass_fuse_graph(ir_graph *g);
 dsc_status pass_fuse_run(ir_module *m); /* every graph of the module */
-
-/* An index expression k + sum_v c[v] * i_v over the kernel's domain vars. */
-typedef struct {
-  int64_t k;
-  int64_t c[DSC_MAX_RANK];
-} pass_affine;
-
-/* A group's domain: the full value shape D (in its own dim order) and the
- * reduced dims R (a bit mask over D). Kernel vars: D's dims outside R in
- * order (outer), then R's dims (inner). Without a reduction the last dim is
- * the inner one. */
-typedef struct {
-  dsc_type full;
-  uint32_t rmask;
-  bool reduces;
-  int rank, n_outer;
-  int64_t dims[DSC_MAX_RANK]; /* kernel order */
-  int var_of[DSC_MAX_RANK];   /* D's dim j -> kernel var */
-} pass_fuse_domain;
-
-void pass_fuse_domain_make(const dsc_type *full, uint32_t rmask, bool reduces, pass_fuse_domain *d);
-/* The domain of a group from its members (any order). False when the
- * members disagree (two reductions over different domains). */
-bool pass_fuse_group_domain(ir_node *const *members, int n, pass_fuse_domain *d);
-/* A sum/mean/max over a non-empty axis list: sets *mask and returns true. */
-bool pass_fuse_reduction(const ir_node *n, uint32_t *mask);
-/* The natural position of a value of type t in domain d: a full value
- * (t == D) or, when d reduces, a reduced one (D without R, or with R's dims
- * kept as 1). *full tells which. False when t is neither. */
-bool pass_fuse_natural_map(const pass_fuse_domain *d, const dsc_type *t, pass_affine *p, bool *full);
-/* The point of input i of n read when n is evaluated at point pn (per dim
- * of n): broadcasting, views, reductions (their reduced dims run over d's
- * inner vars), the ids of an embedding. False when not affine (a reshape
- * that splits a computed dim) or not an op a kernel evaluates. */
-bool pass_fuse_input_point(const ir_node *n, int i, const pass_fuse_domain *d, const pass_affine *pn,
-                           pass_affine *pin);
-/* Same point, ignoring dims of size 1 (always index 0). */
-bool pass_fuse_point_equal(const dsc_type *t, const pass_affine *a, const pass_affine *b);
-/* Ops a kernel recomputes wherever they are read when all their inputs are
- * recomputable too (const, iota, elementwise, broadcast, permute, slice,
- * affine reshape): they are never grouped and never stored by fusion. */
-bool pass_fuse_inlinable_op(const ir_node *n);
 
 /* ======================= passes/optimizer.c =======================
  * Builds the training-step graph "train_step" from graph "forward" (run

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "codegen/codegen.h"
+#include "program/program.h"
 #include "dsc/comm.h"
 #include "dsc/core.h"
 #include "dsc/interp.h"
@@ -103,30 +103,16 @@ bool rt_cuda_probe(char *why, size_t n, int *arch);
  * copies, the compute and the output copies. Not thread-safe. */
 typedef struct rt_cuda_exec rt_cuda_exec;
 
-/* Compiling, separate from any device (testable without a GPU): the cubin
- * of program p's kernels for sm_<arch> (malloc'd; free()), from the kernel
- * cache in cache_dir when present there (*from_cache), else compiled by
- * NVRTC and stored there (cache_dir NULL: no cache). A program without
- * kernels gives *cubin NULL and DSC_OK. */
-dsc_status rt_cuda_compile_program(dsc_context *ctx, ir_arena *a, const cg_program *p, int arch,
-                                   const char *cache_dir, void **cubin, size_t *len,
-                                   bool *from_cache);
-/* The executor's own kernels (embedding gradient accumulation, f32
- * scratch conversions), compiled the same way. */
-dsc_status rt_cuda_compile_helpers(dsc_context *ctx, int arch, const char *cache_dir,
-                                   void **cubin, size_t *len, bool *from_cache);
-/* NVRTC compile of source with the on-disk cache (the key: a hash of the
- * source, the arch and the dsc and NVRTC versions). */
-dsc_status rt_cuda_compile_cached(dsc_context *ctx, const char *source, const char *name, int arch,
-                                  const char *cache_dir, void **cubin, size_t *len,
-                                  bool *from_cache);
-
-/* Lowers every graph of m (fused: see include/dsc/exec.h), opens the
- * driver and device 0, compiles and loads the kernels and allocates the
- * arenas. Errors (DSC_ERR_USER for "no CUDA driver", "no CUDA device", a
- * program the backend cannot run, out of device memory) are diagnostics on
- * m's context. */
-dsc_status rt_cuda_exec_new(dsc_module *m, const char *cache_dir, rt_cuda_exec **out);
+/* Opens the driver and the device ($DSC_CUDA_DEVICE, else 0), loads the
+ * compile step's cubins of c (made for that device's SM, rt_cuda_device_arch;
+ * not owned, must outlive the executor) and allocates the arenas. Errors
+ * (DSC_ERR_USER for "no CUDA driver", "no CUDA device", a program the
+ * backend cannot run, out of device memory) are diagnostics on m's
+ * context. */
+dsc_status rt_cuda_exec_new(dsc_module *m, const cg_compiled_module *c, rt_cuda_exec **out);
+/* The SM (major * 10 + minor) of the device rt_cuda_exec_new would use,
+ * with its messages when there is no driver or no such device. */
+dsc_status rt_cuda_device_arch(dsc_context *ctx, int *arch);
 void rt_cuda_exec_free(rt_cuda_exec *e);
 /* Params and states in (doubles -> each one's dtype) and out; p must
  * match the module (the caller checks). */
@@ -141,11 +127,61 @@ dsc_status rt_cuda_exec_run(rt_cuda_exec *e, int gi, const dsc_tensor *const *in
 dsc_status rt_cuda_exec_set_comm(rt_cuda_exec *e, dsc_comm *comm);
 void rt_cuda_exec_set_profiling(rt_cuda_exec *e, bool on);
 dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *out);
-/* Kernels NVRTC compiled (not from the cache) and cubins from the cache. */
-void rt_cuda_exec_kernel_counts(const rt_cuda_exec *e, int *compiled, int *cached);
 /* Bytes allocated on the device: the arenas, the cuBLASLt workspace and
  * the helper kernels' scratch (everything a run uses is allocated up front). */
 int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e);
+
+/* ======================= runtime/cublaslt.c (DSC_HAVE_CUDA) =======================
+ * A cg_gemm as cuBLASLt descriptors. dsc is row-major, cuBLASLt
+ * column-major: a row-major X (r x c, row stride ld) read column-major is
+ * X^T (c x r, ld). So for a row-major C the plan computes
+ *   C^T (n x m) = B^T (n x k) . A^T (k x m)
+ * i.e. cuBLASLt's A is dsc's B and its B is dsc's A, no data moved. Per
+ * operand, a unit column stride is a column-major X^T (op N), a unit row
+ * stride a column-major X (op T); a C with unit row stride is column-major
+ * already and the operands are not swapped. The two batch dims collapse to
+ * one strided batch when batch_stride[0] == batch[1] * batch_stride[1] for
+ * every operand (or one of them is 1); otherwise the plan keeps batch[0] as
+ * an outer loop (outer_count > 1) run as separate matmuls. Stride-0 batch
+ * strides (broadcast A or B) are kept as cuBLASLt strided batches. */
+typedef enum {
+  RT_GEMM_F32,  /* f32 in/out, f32 compute */
+  RT_GEMM_TF32, /* f32 in/out, TF32 tensor cores */
+  RT_GEMM_BF16, /* bf16 A, B; C bf16 or f32; f32 accumulation */
+  RT_GEMM_F16,  /* f16 A, B; C f16 or f32; f32 accumulation */
+} rt_gemm_precision;
+
+typedef struct {
+  void *desc;               /* cublasLtMatmulDesc_t */
+  void *layout[3];          /* cublasLtMatrixLayout_t of cuBLASLt's A, B, C (= D) */
+  bool swapped;             /* cuBLASLt A = dsc B (row-major C) */
+  int trans[2];             /* cublasOperation_t of cuBLASLt's A, B */
+  int64_t rows[3], cols[3], ld[3]; /* layouts as created (column-major) */
+  int64_t batch_count;      /* the strided batch of each launch */
+  int64_t batch_stride[3];  /* cuBLASLt A, B, C, elements */
+  int64_t outer_count;      /* matmuls per run (1 when the batch dims collapsed) */
+  int64_t outer_stride[3];  /* per outer step: cuBLASLt A, B, C, elements */
+  int64_t offset[3];        /* element offsets into the buffers: cuBLASLt A, B, C */
+  size_t elem_size[3];
+  float alpha, beta;
+  uint64_t algo[8];         /* cublasLtMatmulAlgo_t, chosen on the first run */
+  bool has_algo;
+} rt_cublaslt_plan;
+
+/* Fills plan for g with A, B of dtype ab and C of dtype c (see
+ * rt_gemm_precision for the combinations). Needs no GPU. Every cuBLASLt
+ * status is checked; the failing call is named in the diagnostic. On
+ * failure nothing is left allocated. */
+dsc_status rt_cublaslt_plan_init(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dtype c,
+                                 rt_gemm_precision prec, rt_cublaslt_plan *plan);
+void rt_cublaslt_plan_destroy(rt_cublaslt_plan *plan);
+/* Runs the plan (needs a device): handle is a cublasLtHandle_t, stream a
+ * cudaStream_t, a/b/c the buffers' base device pointers (the plan adds the
+ * operand offsets), workspace optional. Picks the algorithm by heuristic on
+ * the first call. */
+dsc_status rt_cublaslt_run(dsc_context *ctx, rt_cublaslt_plan *plan, void *handle, void *stream,
+                           const void *a, const void *b, void *c, void *workspace,
+                           size_t workspace_bytes);
 
 #ifdef __cplusplus
 }

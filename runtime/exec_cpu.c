@@ -165,7 +165,7 @@ static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
     case CG_INS_LAUNCH: {
       if (in->kernel < 0 || in->kernel >= p->n_kernels)
         return bad(e, p, i, "kernel %d does not exist", in->kernel);
-      const kir_kernel *k = p->kernels[in->kernel];
+      const cg_kernel_info *k = &p->kernel_info[in->kernel];
       if (!rp->fns[in->kernel]) return bad(e, p, i, "kernel '%s' is not compiled", k->name);
       if (in->n_args != k->n_args)
         return bad(e, p, i, "kernel '%s' takes %d arguments, not %d", k->name, k->n_args,
@@ -540,16 +540,9 @@ static void launch_range(void *arg, int64_t begin, int64_t end, int chunk) {
 
 /* Outer index count and the smallest chunk worth a thread: about 16K inner
  * points (times stages) per chunk, so tiny kernels stay on one thread. */
-static void launch_split(const kir_kernel *k, int64_t *outer, int64_t *min_chunk) {
-  int64_t o = 1, inner = 1;
-  for (int d = 0; d < k->rank; d++) {
-    if (d < k->n_outer)
-      o *= k->dims[d];
-    else
-      inner *= k->dims[d];
-  }
-  int64_t work = inner * (k->n_stages > 0 ? k->n_stages : 1);
-  *outer = o;
+static void launch_split(const cg_kernel_info *k, int64_t *outer, int64_t *min_chunk) {
+  int64_t work = k->inner_work;
+  *outer = k->outer;
   *min_chunk = work >= 16384 ? 1 : 16384 / (work > 0 ? work : 1);
 }
 
@@ -577,7 +570,7 @@ static void embgrad_zero(void *arg, int64_t begin, int64_t end, int chunk) {
  * thread, accumulating the ids in order, so the sums are deterministic (and
  * equal to the sequential loop's, rounding to dst's dtype after each add). */
 
-/* Element i of a buffer of dtype dt (codegen/kir_eval.c's conversions). */
+/* Element i of a buffer of dtype dt (program/elem.c). */
 static double load_float(const char *base, dsc_dtype dt, int64_t i) {
   return cg_load_elem(dt, base + i * (int64_t)dsc_dtype_size(dt));
 }
@@ -636,7 +629,7 @@ static bool any_status(rt_cpu_exec *e) {
 }
 
 static const char *instr_op(const cg_instr *in) {
-  if (in->node) return dsc_op_name(in->node->op);
+  if (in->op) return in->op;
   switch (in->kind) {
     case CG_INS_LAUNCH:
       return "kernel";
@@ -780,7 +773,7 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
   int nt = rt_pool_threads(e->pool);
   switch (in->kind) {
     case CG_INS_LAUNCH: {
-      const kir_kernel *k = p->kernels[in->kernel];
+      const cg_kernel_info *k = &p->kernel_info[in->kernel];
       memset(e->status, 0, sizeof *e->status * (size_t)nt);
       launch_job j = {rp->fns[in->kernel], rp->args[i], e->status};
       int64_t outer, min_chunk;
@@ -873,7 +866,7 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
     case CG_INS_LAUNCH:
       snprintf(args, sizeof args, "{\"instr\":%d}", i);
       dsc_trace_span(tr, pid, DSC_TRACE_COMPUTE, "kernel", t0, t1, args,
-                     p->kernels[in->kernel]->name);
+                     p->kernel_info[in->kernel].name);
       return;
     case CG_INS_GEMM: {
       const cg_gemm *g = &in->gemm;

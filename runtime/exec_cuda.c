@@ -39,28 +39,12 @@ static dsc_status no_cuda(dsc_context *ctx) {
   ir_error(ctx, ir_no_loc, "backend cuda: this dsc was built without the CUDA toolkit");
   return DSC_ERR_USER;
 }
-dsc_status rt_cuda_compile_program(dsc_context *ctx, ir_arena *a, const cg_program *p, int arch,
-                                   const char *cache_dir, void **cubin, size_t *len,
-                                   bool *from_cache) {
-  (void)a, (void)p, (void)arch, (void)cache_dir, (void)from_cache;
-  *cubin = NULL, *len = 0;
+dsc_status rt_cuda_device_arch(dsc_context *ctx, int *arch) {
+  *arch = 0;
   return no_cuda(ctx);
 }
-dsc_status rt_cuda_compile_helpers(dsc_context *ctx, int arch, const char *cache_dir, void **cubin,
-                                   size_t *len, bool *from_cache) {
-  (void)arch, (void)cache_dir, (void)from_cache;
-  *cubin = NULL, *len = 0;
-  return no_cuda(ctx);
-}
-dsc_status rt_cuda_compile_cached(dsc_context *ctx, const char *source, const char *name, int arch,
-                                  const char *cache_dir, void **cubin, size_t *len,
-                                  bool *from_cache) {
-  (void)source, (void)name, (void)arch, (void)cache_dir, (void)from_cache;
-  *cubin = NULL, *len = 0;
-  return no_cuda(ctx);
-}
-dsc_status rt_cuda_exec_new(dsc_module *m, const char *cache_dir, rt_cuda_exec **out) {
-  (void)cache_dir;
+dsc_status rt_cuda_exec_new(dsc_module *m, const cg_compiled_module *c, rt_cuda_exec **out) {
+  (void)c;
   *out = NULL;
   return no_cuda(dsc_module_context(m));
 }
@@ -87,10 +71,6 @@ dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *ou
   (void)e, (void)gi, (void)top, (void)out;
   return DSC_ERR_INTERNAL;
 }
-void rt_cuda_exec_kernel_counts(const rt_cuda_exec *e, int *compiled, int *cached) {
-  (void)e;
-  *compiled = *cached = 0;
-}
 int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e) {
   (void)e;
   return 0;
@@ -99,236 +79,8 @@ int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e) {
 #else /* DSC_HAVE_CUDA */
 
 #include <cublasLt.h>
-#include <nvrtc.h>
 #include <pthread.h>
 #include <time.h>
-
-/* ---------------- compiling, with the on-disk cubin cache ---------------- */
-
-#define CUBIN_MAGIC "DSCCUBN1"
-
-typedef struct {
-  char magic[8];
-  uint64_t key, len, sum;
-} cubin_header;
-
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-  const unsigned char *s = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
-  return h;
-}
-#define FNV_INIT 1469598103934665603ull
-
-static uint64_t cache_key(const char *source, int arch) {
-  int major = 0, minor = 0;
-  if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) major = minor = -1;
-  char tag[128];
-  snprintf(tag, sizeof tag, "dsc %s nvrtc %d.%d sm_%d", DSC_VERSION, major, minor, arch);
-  uint64_t h = fnv1a(FNV_INIT, tag, strlen(tag));
-  return fnv1a(h, source, strlen(source));
-}
-
-static char *cache_path(dsc_context *ctx, const char *dir, uint64_t key, const char *suffix,
-                        size_t *size) {
-  *size = strlen(dir) + strlen(suffix) + 64;
-  char *p = ir_alloc(ctx, *size);
-  if (p) snprintf(p, *size, "%s/%016llx.cubin%s", dir, (unsigned long long)key, suffix);
-  return p;
-}
-
-/* The cached cubin (malloc'd) or NULL (absent, short, corrupt). */
-static void *cache_read(dsc_context *ctx, const char *dir, uint64_t key, size_t *len) {
-  size_t ps;
-  char *path = cache_path(ctx, dir, key, "", &ps);
-  if (!path) return NULL;
-  const char *kind;
-  int fd = rt_open_regular_fd(path, 0, &kind);
-  ir_free(ctx, path, ps);
-  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
-  if (!f) {
-    if (fd >= 0) close(fd);
-    return NULL;
-  }
-  cubin_header h;
-  void *data = NULL;
-  if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CUBIN_MAGIC, 8) != 0 || h.key != key ||
-      h.len == 0 || h.len > ((uint64_t)1 << 31))
-    goto fail;
-  data = malloc((size_t)h.len);
-  if (!data || fread(data, 1, (size_t)h.len, f) != (size_t)h.len || fgetc(f) != EOF) goto fail;
-  if (fnv1a(FNV_INIT, data, (size_t)h.len) != h.sum) goto fail;
-  fclose(f);
-  *len = (size_t)h.len;
-  return data;
-fail:
-  free(data);
-  fclose(f);
-  return NULL;
-}
-
-/* Best effort: a cache that cannot be written only costs a recompile. */
-static void cache_write(dsc_context *ctx, const char *dir, uint64_t key, const void *cubin,
-                        size_t len) {
-  mkdir(dir, 0777); /* EEXIST is fine; other failures show at fopen */
-  char suffix[48];
-  static unsigned counter;
-  snprintf(suffix, sizeof suffix, ".tmp%ld.%u", (long)getpid(),
-           __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-  size_t ts, ps;
-  char *tmp = cache_path(ctx, dir, key, suffix, &ts), *path = cache_path(ctx, dir, key, "", &ps);
-  if (tmp && path) {
-    cubin_header h;
-    memcpy(h.magic, CUBIN_MAGIC, 8);
-    h.key = key;
-    h.len = len;
-    h.sum = fnv1a(FNV_INIT, cubin, len);
-    FILE *f = fopen(tmp, "wb");
-    if (f) {
-      bool ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(cubin, 1, len, f) == len;
-      ok = (fclose(f) == 0) && ok;
-      if (!ok || rename(tmp, path) != 0) remove(tmp);
-    }
-  }
-  if (tmp) ir_free(ctx, tmp, ts);
-  if (path) ir_free(ctx, path, ps);
-}
-
-dsc_status rt_cuda_compile_cached(dsc_context *ctx, const char *source, const char *name, int arch,
-                                  const char *cache_dir, void **cubin, size_t *len,
-                                  bool *from_cache) {
-  *cubin = NULL;
-  *len = 0;
-  if (from_cache) *from_cache = false;
-  uint64_t key = cache_dir ? cache_key(source, arch) : 0;
-  if (cache_dir && (*cubin = cache_read(ctx, cache_dir, key, len))) {
-    if (from_cache) *from_cache = true;
-    return DSC_OK;
-  }
-  dsc_status st = cg_nvrtc_compile(ctx, source, name, arch, NULL, NULL, cubin, len);
-  if (st == DSC_OK && cache_dir) cache_write(ctx, cache_dir, key, *cubin, *len);
-  return st;
-}
-
-dsc_status rt_cuda_compile_program(dsc_context *ctx, ir_arena *a, const cg_program *p, int arch,
-                                   const char *cache_dir, void **cubin, size_t *len,
-                                   bool *from_cache) {
-  *cubin = NULL;
-  *len = 0;
-  if (from_cache) *from_cache = false;
-  if (p->n_kernels == 0) return DSC_OK;
-  char *src = cg_cuda_program_source(a, p->kernels, p->n_kernels);
-  if (!src) return DSC_ERR_INTERNAL;
-  char name[200];
-  snprintf(name, sizeof name, "%s.cu", p->graph_name ? p->graph_name : "dsc_program");
-  return rt_cuda_compile_cached(ctx, src, name, arch, cache_dir, cubin, len, from_cache);
-}
-
-/* The executor's own kernels. bf16/f16 are unsigned shorts converted as
- * codegen/cuda.c's prelude does (round to nearest even); embedding
- * gradients accumulate with atomicAdd in f32 (f64 for an f64 destination),
- * so their sums are not bitwise deterministic. */
-static const char helpers_source[] =
-    "struct dsc_bf16 { unsigned short h; };\n"
-    "struct dsc_f16 { unsigned short h; };\n"
-    "static __device__ __forceinline__ double dsc_ld(float x) { return x; }\n"
-    "static __device__ __forceinline__ double dsc_ld(double x) { return x; }\n"
-    "static __device__ __forceinline__ double dsc_ld(dsc_bf16 x) {\n"
-    "  return __uint_as_float((unsigned)x.h << 16);\n"
-    "}\n"
-    "static __device__ __forceinline__ double dsc_ld(dsc_f16 x) {\n"
-    "  float f;\n"
-    "  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(x.h));\n"
-    "  return f;\n"
-    "}\n"
-    "static __device__ __forceinline__ dsc_bf16 dsc_to_bf16(float f) {\n"
-    "  unsigned u = __float_as_uint(f);\n"
-    "  dsc_bf16 r;\n"
-    "  if ((u & 0x7fffffffu) > 0x7f800000u) { r.h = (unsigned short)((u >> 16) | 0x40u); return r; }\n"
-    "  u += 0x7fffu + ((u >> 16) & 1u);\n"
-    "  r.h = (unsigned short)(u >> 16);\n"
-    "  return r;\n"
-    "}\n"
-    "static __device__ __forceinline__ dsc_f16 dsc_to_f16(float f) {\n"
-    "  dsc_f16 r;\n"
-    "  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(r.h) : \"f\"(f));\n"
-    "  return r;\n"
-    "}\n"
-    "#define DSC_GRID_LOOP(i, n) \\\n"
-    "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \\\n"
-    "       i += (long long)gridDim.x * blockDim.x)\n"
-    "template <typename S, typename A, typename I>\n"
-    "static __device__ void dsc_embgrad(const I *ids, const S *src, A *acc, long long n_ids,\n"
-    "                                   long long rows, long long cols, int *status,\n"
-    "                                   unsigned long long *bad_pos) {\n"
-    "  DSC_GRID_LOOP(t, n_ids * cols) {\n"
-    "    long long i = t / cols, c = t - i * cols;\n"
-    "    long long id = (long long)ids[i];\n"
-    "    if (id < 0 || id >= rows) {\n"
-    "      if (c == 0) { atomicMin(bad_pos, (unsigned long long)i); *status = 1; }\n"
-    "      continue;\n"
-    "    }\n"
-    "    atomicAdd(&acc[id * cols + c], (A)dsc_ld(src[t]));\n"
-    "  }\n"
-    "}\n"
-    "#define DSC_EMB(sn, S, an, A, in, I) \\\n"
-    "  extern \"C\" __global__ void dsc_embgrad_##sn##_##an##_##in(const I *ids, const S *src, \\\n"
-    "      A *acc, long long n_ids, long long rows, long long cols, int *status, \\\n"
-    "      unsigned long long *bad_pos) { \\\n"
-    "    dsc_embgrad<S, A, I>(ids, src, acc, n_ids, rows, cols, status, bad_pos); \\\n"
-    "  }\n"
-    "#define DSC_EMB_S(an, A, in, I) DSC_EMB(f32, float, an, A, in, I) \\\n"
-    "  DSC_EMB(f64, double, an, A, in, I) DSC_EMB(bf16, dsc_bf16, an, A, in, I) \\\n"
-    "  DSC_EMB(f16, dsc_f16, an, A, in, I)\n"
-    "DSC_EMB_S(f32, float, i32, int) DSC_EMB_S(f32, float, i64, long long)\n"
-    "DSC_EMB_S(f64, double, i32, int) DSC_EMB_S(f64, double, i64, long long)\n"
-    "extern \"C\" __global__ void dsc_bf16_to_f32(const dsc_bf16 *in, float *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = (float)dsc_ld(in[i]);\n"
-    "}\n"
-    "extern \"C\" __global__ void dsc_f16_to_f32(const dsc_f16 *in, float *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = (float)dsc_ld(in[i]);\n"
-    "}\n"
-    "extern \"C\" __global__ void dsc_f32_to_bf16(const float *in, dsc_bf16 *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = dsc_to_bf16(in[i]);\n"
-    "}\n"
-    "extern \"C\" __global__ void dsc_f32_to_f16(const float *in, dsc_f16 *out, long long n) {\n"
-    "  DSC_GRID_LOOP(i, n) out[i] = dsc_to_f16(in[i]);\n"
-    "}\n";
-
-/* The helpers' cubin, kept for the process: every executor loads them, and
- * a program that creates many (dsc_gpu_check) should compile them once. */
-static pthread_mutex_t helpers_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *helpers_cubin;
-static size_t helpers_len;
-static int helpers_arch;
-
-dsc_status rt_cuda_compile_helpers(dsc_context *ctx, int arch, const char *cache_dir, void **cubin,
-                                   size_t *len, bool *from_cache) {
-  pthread_mutex_lock(&helpers_lock);
-  dsc_status st = DSC_OK;
-  if (helpers_cubin && helpers_arch == arch) {
-    *cubin = malloc(helpers_len);
-    *len = *cubin ? helpers_len : 0;
-    if (*cubin) memcpy(*cubin, helpers_cubin, helpers_len);
-    if (from_cache) *from_cache = true;
-    if (!*cubin) {
-      ir_error(ctx, ir_no_loc, "backend cuda: out of memory");
-      st = DSC_ERR_INTERNAL;
-    }
-  } else {
-    st = rt_cuda_compile_cached(ctx, helpers_source, "dsc_cuda_helpers.cu", arch, cache_dir, cubin,
-                                len, from_cache);
-    void *keep = st == DSC_OK ? malloc(*len) : NULL;
-    if (keep) {
-      memcpy(keep, *cubin, *len);
-      free(helpers_cubin);
-      helpers_cubin = keep;
-      helpers_len = *len;
-      helpers_arch = arch;
-    }
-  }
-  pthread_mutex_unlock(&helpers_lock);
-  return st;
-}
 
 /* ---------------- the executor ---------------- */
 
@@ -349,7 +101,7 @@ typedef struct {
   cg_cuda_launch *launch;   /* per kernel */
   CUdeviceptr **argv;       /* per instruction (LAUNCH): argument values, then status */
   void ***params;           /* per instruction (LAUNCH): kernelParams (pointers into argv) */
-  cg_cublaslt_plan *plans;  /* per instruction (GEMM) */
+  rt_cublaslt_plan *plans;  /* per instruction (GEMM) */
   cu_copy *assigns;         /* non-in-place assigns */
   int n_assigns;
   /* pinned staging: graph inputs, graph outputs, status words */
@@ -389,11 +141,10 @@ struct rt_cuda_exec {
   bool profiling;
   bool broken; /* a sticky CUDA error: the context is unusable */
   char broken_why[300];
-  int compiled, cached;
+  const cg_compiled_module *c; /* the compile step's Programs and cubins (not owned) */
   /* collectives (NCCL): the communicator is made on the first run with
    * collectives, for the dsc_comm bound then (nccl_of) */
-  int ordinal;     /* the CUDA device */
-  char *cache_dir; /* kept for a move to the rank's device */
+  int ordinal; /* the CUDA device */
   const rt_nccl_api *nccl;
   rt_nccl_comm nccl_comm;
   dsc_comm *nccl_of;
@@ -413,7 +164,7 @@ static int emb_src_index(dsc_dtype t) {
 }
 
 static const char *instr_op(const cg_instr *in) {
-  if (in->node) return dsc_op_name(in->node->op);
+  if (in->op) return in->op;
   switch (in->kind) {
     case CG_INS_LAUNCH: return "kernel";
     case CG_INS_GEMM: return "matmul";
@@ -476,7 +227,7 @@ static bool check_prog(rt_cuda_exec *e, const cg_program *p) {
       case CG_INS_LAUNCH: {
         if (in->kernel < 0 || in->kernel >= p->n_kernels)
           return bad(e, p, i, "kernel %d does not exist", in->kernel);
-        const kir_kernel *k = p->kernels[in->kernel];
+        const cg_kernel_info *k = &p->kernel_info[in->kernel];
         if (in->n_args != k->n_args)
           return bad(e, p, i, "kernel '%s' takes %d arguments, not %d", k->name, k->n_args,
                      in->n_args);
@@ -587,7 +338,7 @@ static bool get_fn(rt_cuda_exec *e, CUmodule mod, const char *name, CUfunction *
   return CU(e->api->ModuleGetFunction(f, mod, name), "cuModuleGetFunction(%s)", name);
 }
 
-static bool load_module(rt_cuda_exec *e, void *cubin, size_t len, bool cached, const char *what,
+static bool load_module(rt_cuda_exec *e, const void *cubin, size_t len, bool cached, const char *what,
                         CUmodule *mod) {
   (void)len;
   CUresult r = e->api->ModuleLoadData(mod, cubin);
@@ -600,7 +351,8 @@ static bool load_module(rt_cuda_exec *e, void *cubin, size_t len, bool cached, c
   return CU(r, "cuModuleLoadData(%s)", what);
 }
 
-static bool setup_device(rt_cuda_exec *e) {
+/* The driver, the device e->ordinal, its name and SM (e->arch). */
+static bool open_device(rt_cuda_exec *e) {
   char why[512];
   if (!(e->api = rt_cuda_api_get(why, sizeof why))) {
     ir_error(e->ctx, ir_no_loc, "backend cuda: no CUDA driver (%s)", why);
@@ -636,6 +388,12 @@ static bool setup_device(rt_cuda_exec *e) {
           "cuDeviceGetAttribute(compute capability minor)"))
     return false;
   e->arch = major * 10 + minor;
+  return true;
+}
+
+static bool setup_device(rt_cuda_exec *e) {
+  if (!open_device(e)) return false;
+  const rt_cuda_api *a = e->api;
   if (!CU(a->DevicePrimaryCtxRetain(&e->cuctx, e->dev), "cuDevicePrimaryCtxRetain(device %d)",
           e->ordinal))
     return false;
@@ -656,16 +414,10 @@ static bool setup_device(rt_cuda_exec *e) {
   return true;
 }
 
-static bool load_helpers(rt_cuda_exec *e, const char *cache_dir) {
-  void *cubin = NULL;
-  size_t len = 0;
-  bool cached = false;
-  if (rt_cuda_compile_helpers(e->ctx, e->arch, cache_dir, &cubin, &len, &cached) != DSC_OK)
+static bool load_helpers(rt_cuda_exec *e) {
+  if (!load_module(e, e->c->helpers, e->c->helpers_len, e->c->cached > 0,
+                   "the executor's helper kernels", &e->helpers))
     return false;
-  cached ? e->cached++ : e->compiled++;
-  bool ok = load_module(e, cubin, len, cached, "the executor's helper kernels", &e->helpers);
-  free(cubin);
-  if (!ok) return false;
   static const char *src_names[4] = {"f32", "f64", "bf16", "f16"};
   static const char *acc_names[2] = {"f32", "f64"}, *id_names[2] = {"i32", "i64"};
   char name[64];
@@ -686,7 +438,7 @@ static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 /* Everything of program pi that needs the device: its module, functions,
  * launch arrays, GEMM plans, pinned staging and status words. */
-static bool load_prog(rt_cuda_exec *e, cu_prog *cp, const char *cache_dir) {
+static bool load_prog(rt_cuda_exec *e, cu_prog *cp) {
   const cg_program *p = cp->p;
   const dsc_graph *g = dsc_module_graph(e->m, cp->graph);
   size_t n = (size_t)(p->n_instrs > 0 ? p->n_instrs : 1), nk = (size_t)(p->n_kernels + 1);
@@ -709,24 +461,14 @@ static bool load_prog(rt_cuda_exec *e, cu_prog *cp, const char *cache_dir) {
   memset(cp->prof_ms, 0, sizeof(double) * n);
   /* kernels: one module per program */
   if (p->n_kernels > 0) {
-    void *cubin = NULL;
-    size_t len = 0;
-    bool cached = false;
-    ir_arena scratch;
-    ir_arena_init(&scratch, e->ctx);
-    dsc_status st =
-        rt_cuda_compile_program(e->ctx, &scratch, p, e->arch, cache_dir, &cubin, &len, &cached);
-    ir_arena_release(&scratch);
-    if (st != DSC_OK) return false;
-    cached ? e->cached++ : (e->compiled += p->n_kernels);
+    const cg_kernel_objects *ko = &e->c->kernels[cp->graph];
     char what[200];
     snprintf(what, sizeof what, "the %d kernels of graph '%s'", p->n_kernels, p->graph_name);
-    bool ok = load_module(e, cubin, len, cached, what, &cp->mod);
-    free(cubin);
-    if (!ok) return false;
+    if (!ko->object || !load_module(e, ko->object, ko->object_len, e->c->cached > 0, what, &cp->mod))
+      return false;
     for (int k = 0; k < p->n_kernels; k++) {
-      if (!get_fn(e, cp->mod, p->kernels[k]->name, &cp->fns[k])) return false;
-      if (!cg_cuda_launch_config(e->ctx, p->kernels[k], &cp->launch[k])) return false;
+      if (!get_fn(e, cp->mod, p->kernel_info[k].name, &cp->fns[k])) return false;
+      cp->launch[k] = ko->launch[k];
     }
   }
   /* staging: inputs | outputs | status words */
@@ -771,9 +513,9 @@ static bool load_prog(rt_cuda_exec *e, cu_prog *cp, const char *cache_dir) {
     } else if (in->kind == CG_INS_GEMM) {
       const cg_gemm *gm = &in->gemm;
       dsc_dtype ab = p->buffers[gm->a.buffer].dtype, c = p->buffers[gm->c.buffer].dtype;
-      cg_gemm_precision prec = ab == DSC_BF16 ? CG_GEMM_BF16 : ab == DSC_F16 ? CG_GEMM_F16
-                                                                             : CG_GEMM_F32;
-      if (cg_cublaslt_plan_init(e->ctx, gm, ab, c, prec, &cp->plans[i]) != DSC_OK)
+      rt_gemm_precision prec = ab == DSC_BF16 ? RT_GEMM_BF16 : ab == DSC_F16 ? RT_GEMM_F16
+                                                                             : RT_GEMM_F32;
+      if (rt_cublaslt_plan_init(e->ctx, gm, ab, c, prec, &cp->plans[i]) != DSC_OK)
         return bad(e, p, i, "%s: no cuBLASLt plan (see the previous message)", instr_op(in));
     }
   }
@@ -805,7 +547,7 @@ void rt_cuda_exec_free(rt_cuda_exec *e) {
       cu_prog *cp = &e->progs[i];
       if (cp->plans)
         for (int j = 0; j < cp->p->n_instrs; j++)
-          if (cp->p->instrs[j].kind == CG_INS_GEMM) cg_cublaslt_plan_destroy(&cp->plans[j]);
+          if (cp->p->instrs[j].kind == CG_INS_GEMM) rt_cublaslt_plan_destroy(&cp->plans[j]);
       if (cp->prof)
         for (int j = 0; j <= cp->p->n_instrs; j++)
           if (cp->prof[j]) a->EventDestroy(cp->prof[j]);
@@ -834,7 +576,7 @@ void rt_cuda_exec_free(rt_cuda_exec *e) {
       if (e->progs[i].plans)
         for (int j = 0; j < e->progs[i].p->n_instrs; j++)
           if (e->progs[i].p->instrs[j].kind == CG_INS_GEMM)
-            cg_cublaslt_plan_destroy(&e->progs[i].plans[j]);
+            rt_cublaslt_plan_destroy(&e->progs[i].plans[j]);
   }
   ir_arena_release(&e->arena);
   ir_free(e->ctx, e, sizeof *e);
@@ -849,7 +591,7 @@ static int env_device(void) {
   return *end == 0 && v >= 0 && v < 1 << 20 ? (int)v : -1;
 }
 
-static dsc_status exec_new_on(dsc_module *m, const char *cache_dir, int ordinal,
+static dsc_status exec_new_on(dsc_module *m, const cg_compiled_module *c, int ordinal,
                               rt_cuda_exec **out) {
   *out = NULL;
   dsc_context *ctx = dsc_module_context(m);
@@ -863,13 +605,14 @@ static dsc_status exec_new_on(dsc_module *m, const char *cache_dir, int ordinal,
   e->m = m;
   e->ordinal = ordinal;
   ir_arena_init(&e->arena, ctx);
+  e->c = c;
   dsc_status st = DSC_ERR_USER;
-  if (cache_dir && !(e->cache_dir = ir_arena_strdup(&e->arena, cache_dir))) {
-    st = DSC_ERR_INTERNAL;
+  if (!setup_device(e)) goto fail;
+  if (e->arch != c->cuda_arch) {
+    ir_error(ctx, ir_no_loc, "backend cuda: %s is sm_%d, the kernels were compiled for sm_%d",
+             e->device_name, e->arch, c->cuda_arch);
     goto fail;
   }
-  /* The driver first: without one, say so before any compile work. */
-  if (!setup_device(e)) goto fail;
   int np = dsc_module_param_count(m);
   e->n_progs = dsc_module_graph_count(m);
   e->progs = ir_arena_alloc(&e->arena, sizeof *e->progs * (size_t)(e->n_progs + 1));
@@ -891,10 +634,14 @@ static dsc_status exec_new_on(dsc_module *m, const char *cache_dir, int ordinal,
                dsc_module_param_name(m, i), cg_param_tier(m, i) == CG_TIER_DISK ? "disk" : "host");
       goto fail;
     }
+  if (c->n_programs != e->n_progs) {
+    ir_error(ctx, ir_no_loc, "backend cuda: %d programs for the module's %d graphs",
+             c->n_programs, e->n_progs);
+    st = DSC_ERR_INTERNAL;
+    goto fail;
+  }
   for (int i = 0; i < e->n_progs; i++) {
-    cg_program *p = NULL;
-    if ((st = cg_lower_graph(dsc_module_graph(m, i), &e->arena, &p)) != DSC_OK) goto fail;
-    st = DSC_ERR_USER;
+    const cg_program *p = c->programs[i];
     e->progs[i].p = p;
     e->progs[i].graph = i;
     if (!check_prog(e, p)) goto fail;
@@ -928,9 +675,9 @@ static dsc_status exec_new_on(dsc_module *m, const char *cache_dir, int ordinal,
           "cuMemsetD8Async(STATE arena)") ||
       !CU(e->api->StreamSynchronize(e->compute), "cuStreamSynchronize(compute)"))
     goto fail;
-  if (!load_helpers(e, cache_dir)) goto fail;
+  if (!load_helpers(e)) goto fail;
   for (int i = 0; i < e->n_progs; i++)
-    if (!load_prog(e, &e->progs[i], cache_dir)) goto fail;
+    if (!load_prog(e, &e->progs[i])) goto fail;
   *out = e;
   return DSC_OK;
 fail:
@@ -939,9 +686,22 @@ fail:
   return st;
 }
 
-dsc_status rt_cuda_exec_new(dsc_module *m, const char *cache_dir, rt_cuda_exec **out) {
+dsc_status rt_cuda_exec_new(dsc_module *m, const cg_compiled_module *c, rt_cuda_exec **out) {
   int dev = env_device();
-  return exec_new_on(m, cache_dir, dev >= 0 ? dev : 0, out);
+  return exec_new_on(m, c, dev >= 0 ? dev : 0, out);
+}
+
+dsc_status rt_cuda_device_arch(dsc_context *ctx, int *arch) {
+  /* what setup_device finds, with its messages, and nothing made */
+  *arch = 0;
+  rt_cuda_exec probe;
+  memset(&probe, 0, sizeof probe);
+  probe.ctx = ctx;
+  int dev = env_device();
+  probe.ordinal = dev >= 0 ? dev : 0;
+  if (!open_device(&probe)) return DSC_ERR_USER;
+  *arch = probe.arch;
+  return DSC_OK;
 }
 
 /* A failed stream operation may have left the context broken (sticky
@@ -1031,7 +791,7 @@ dsc_status rt_cuda_exec_get_params(rt_cuda_exec *e, dsc_params *p) {
  * the caller binds the rank's communicator). */
 static dsc_status move_to_device(rt_cuda_exec *e, int ordinal) {
   rt_cuda_exec *n = NULL;
-  dsc_status st = exec_new_on(e->m, e->cache_dir, ordinal, &n);
+  dsc_status st = exec_new_on(e->m, e->c, ordinal, &n);
   if (st != DSC_OK) return st;
   dsc_params *p = dsc_params_init(e->m, 0);
   st = p ? rt_cuda_exec_get_params(e, p) : DSC_ERR_INTERNAL;
@@ -1042,8 +802,6 @@ static dsc_status move_to_device(rt_cuda_exec *e, int ordinal) {
     return st;
   }
   n->profiling = e->profiling;
-  n->compiled += e->compiled;
-  n->cached += e->cached;
   rt_cuda_exec old = *e;
   *e = *n;
   *n = old;
@@ -1073,10 +831,6 @@ dsc_status rt_cuda_exec_set_comm(rt_cuda_exec *e, dsc_comm *comm) {
   return st;
 }
 
-void rt_cuda_exec_kernel_counts(const rt_cuda_exec *e, int *compiled, int *cached) {
-  *compiled = e ? e->compiled : 0;
-  *cached = e ? e->cached : 0;
-}
 
 int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e) {
   return e ? e->state_bytes + e->work_bytes + (int64_t)WORKSPACE_BYTES + e->scratch_bytes : 0;
@@ -1353,12 +1107,12 @@ static bool run_instr(rt_cuda_exec *e, cu_prog *cp, int i) {
       return CU(a->LaunchKernel(cp->fns[in->kernel], l->grid[0], l->grid[1], l->grid[2],
                                 l->block[0], l->block[1], l->block[2], l->shared_bytes,
                                 e->compute, cp->params[i], NULL),
-                "cuLaunchKernel(%s, instruction %d of graph '%s')", p->kernels[in->kernel]->name,
+                "cuLaunchKernel(%s, instruction %d of graph '%s')", p->kernel_info[in->kernel].name,
                 i, p->graph_name);
     }
     case CG_INS_GEMM: {
       const cg_gemm *g = &in->gemm;
-      if (cg_cublaslt_run(e->ctx, &cp->plans[i], e->lt, e->compute,
+      if (rt_cublaslt_run(e->ctx, &cp->plans[i], e->lt, e->compute,
                           (const void *)(uintptr_t)buf_dev(e, p, g->a.buffer),
                           (const void *)(uintptr_t)buf_dev(e, p, g->b.buffer),
                           (void *)(uintptr_t)buf_dev(e, p, g->c.buffer),
@@ -1423,7 +1177,7 @@ static bool status_error(rt_cuda_exec *e, cu_prog *cp) {
     } else {
       ir_error(e->ctx, ir_no_loc, "graph '%s': %s: index out of range (instruction %d, kernel %s)",
                g, instr_op(in), i,
-               in->kind == CG_INS_LAUNCH ? p->kernels[in->kernel]->name : "-");
+               in->kind == CG_INS_LAUNCH ? p->kernel_info[in->kernel].name : "-");
     }
     return true;
   }
@@ -1646,17 +1400,92 @@ dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *ou
     const cg_instr *in = &p->instrs[best];
     char what[160] = "";
     if (in->kind == CG_INS_LAUNCH)
-      snprintf(what, sizeof what, "%s", p->kernels[in->kernel]->name);
+      snprintf(what, sizeof what, "%s", p->kernel_info[in->kernel].name);
     else if (in->kind == CG_INS_GEMM)
       snprintf(what, sizeof what, "%lldx%lld [%lld x %lld x %lld]", (long long)in->gemm.batch[0],
                (long long)in->gemm.batch[1], (long long)in->gemm.m, (long long)in->gemm.n,
                (long long)in->gemm.k);
     fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, kind_name(in->kind),
             cp->prof_ms[best] / runs, 100 * cp->prof_ms[best] / (total > 0 ? total : 1), what,
-            in->node ? "  from " : "", in->node ? dsc_op_name(in->node->op) : "");
+            in->op ? "  from " : "", in->op ? in->op : "");
   }
   ir_free(e->ctx, shown, (size_t)p->n_instrs + 1);
   return DSC_OK;
 }
 
 #endif /* DSC_HAVE_CUDA */
+
+/* ---------------- the executor backend (runtime/runtime.h rt_executor) ---------------- */
+
+static bool cuda_available(void) {
+#ifdef DSC_HAVE_CUDA
+  return true; /* built in; whether a driver and a GPU are there is creation's check */
+#else
+  return false;
+#endif
+}
+
+/* Whether a graph of m has nodes placed on the host (passes/offload_host.c). */
+static bool host_placed(const dsc_module *m) {
+  for (int i = 0; i < m->n_graphs; i++)
+    for (int j = 0; j < m->graphs[i]->n_nodes; j++)
+      if (m->graphs[i]->nodes[j]->place == IR_PLACE_HOST) return true;
+  return false;
+}
+
+static dsc_status cuda_check(const dsc_module *m) {
+  if (!host_placed(m)) return DSC_OK;
+  /* host work (passes/offload_host.c): exec_cuda has no host work arena yet */
+  ir_error(m->ctx, ir_no_loc,
+           "backend cuda does not run host-placed nodes yet (--offload-optimizer host, "
+           "--checkpoint-activations offload): use the cpu backend");
+  return DSC_ERR_USER;
+}
+
+static dsc_status cuda_create(const rt_exec_args *a, void **impl) {
+  rt_cuda_exec *e = NULL;
+  dsc_status st = rt_cuda_exec_new(a->m, a->compiled, &e);
+  *impl = e;
+  return st;
+}
+
+static void cuda_destroy(void *impl) { rt_cuda_exec_free(impl); }
+static dsc_status cuda_set_params(void *impl, const dsc_params *p) {
+  return rt_cuda_exec_set_params(impl, p);
+}
+static dsc_status cuda_get_params(void *impl, dsc_params *p) {
+  return rt_cuda_exec_get_params(impl, p);
+}
+static dsc_status cuda_run(void *impl, int gi, const dsc_tensor *const *inputs, int n_inputs,
+                           dsc_tensor **outputs) {
+  return rt_cuda_exec_run(impl, gi, inputs, n_inputs, outputs);
+}
+static dsc_status cuda_set_comm(void *impl, dsc_comm *comm) {
+  return rt_cuda_exec_set_comm(impl, comm) != DSC_OK ? DSC_ERR_USER : DSC_OK;
+}
+static void cuda_set_profiling(void *impl, bool on) { rt_cuda_exec_set_profiling(impl, on); }
+static dsc_status cuda_print_profile(void *impl, int gi, int top, FILE *out) {
+  return rt_cuda_exec_print_profile(impl, gi, top, out);
+}
+static int64_t cuda_device_bytes(const void *impl) { return rt_cuda_exec_device_bytes(impl); }
+
+const rt_executor rt_exec_cuda = {
+    .name = "cuda",
+    .id = DSC_BACKEND_CUDA,
+    .available = cuda_available,
+    .not_built = "backend cuda is not built in (configure with the CUDA toolkit: "
+                 "-DDSC_ENABLE_CUDA=ON)",
+    .compiled = true,
+    .target = CG_TARGET_CUDA,
+    .run_label = "cuda",
+    .check = cuda_check,
+    .create = cuda_create,
+    .destroy = cuda_destroy,
+    .set_params = cuda_set_params,
+    .get_params = cuda_get_params,
+    .run = cuda_run,
+    .set_comm = cuda_set_comm,
+    .set_profiling = cuda_set_profiling,
+    .print_profile = cuda_print_profile,
+    .device_bytes = cuda_device_bytes,
+};

@@ -173,7 +173,7 @@ static void rows_f32(const cg_gemm *g, const float *a, const float *b, float *c,
 
 /* Any float dtypes: double accumulation, one element at a time. */
 
-/* Element i of a buffer of dtype dt (codegen/kir_eval.c's conversions). */
+/* Element i of a buffer of dtype dt (program/elem.c). */
 static double load_elem(const char *base, dsc_dtype dt, int64_t i) {
   return cg_load_elem(dt, base + i * (int64_t)dsc_dtype_size(dt));
 }

@@ -268,7 +268,7 @@ bool rt_nccl_check_program(dsc_context *ctx, const cg_program *p) {
   const rt_nccl_api *api = rt_nccl_api_get(why, sizeof why);
   if (!api)
     return fail(ctx, p, first, "the program has collective ops (%s); %s",
-                p->instrs[first].node ? dsc_op_name(p->instrs[first].node->op) : "collective start",
+                p->instrs[first].op ? p->instrs[first].op : "collective start",
                 why);
   for (int i = 0; i < p->n_instrs; i++) {
     const cg_instr *in = &p->instrs[i];

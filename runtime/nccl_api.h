@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "codegen/codegen.h"
+#include "program/program.h"
 #include "dsc/core.h"
 
 #ifdef __cplusplus

@@ -6,13 +6,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include "codegen/codegen.h"
 #include "dsc/comm.h"
 #include "dsc/exec.h"
 #include "dsc/runtime.h"
 #include "dsc/trace.h"
 #include "ir/ir.h"
+#include "program/program.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,56 +65,6 @@ dsc_status rt_open_regular(dsc_context *ctx, const char *path, int flags, int *f
 /* Reads exactly n bytes at offset; false on a short read or an I/O error. */
 bool rt_pread_full(int fd, void *buf, size_t n, uint64_t offset);
 char *rt_strdup(dsc_context *ctx, const char *s); /* free: ir_free(ctx, s, strlen(s) + 1) */
-
-/* ======================= runtime/dsx.c =======================
- * The .dsx container of compiled programs: named sections, each with a
- * checksum, written atomically; reading checks everything against the file. */
-/* Little-endian integers in file formats (.dsx and its sections). */
-static inline void rt_put_le32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static inline void rt_put_le64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static inline uint32_t rt_get_le32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static inline uint64_t rt_get_le64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-typedef struct {
-  char *name; /* writer: const text; reader: owned */
-  void *data; /* reader: owned, NUL-terminated past size */
-  size_t size;
-} rt_dsx_section;
-typedef struct {
-  rt_dsx_section *sections;
-  int n, cap;
-} rt_dsx;
-dsc_status rt_dsx_write(dsc_context *ctx, const char *path, const rt_dsx_section *s, int n);
-dsc_status rt_dsx_read(dsc_context *ctx, const char *path, rt_dsx **out);
-void rt_dsx_free(dsc_context *ctx, rt_dsx *d);
-const rt_dsx_section *rt_dsx_find(const rt_dsx *d, const char *name);
-
-/* ======================= runtime/program_file.c =======================
- * Program files (include/dsc/exec.h dsc_program_*). One graph's CPU kernel
- * objects form one section: packed from kernels k[0..n) with their objects;
- * unpacking sets objs[i]/lens[i] (pointers into data) for each kernel i
- * whose name and kir_hash equal the file's entry i, NULL for the others.
- * Returns the number found, or -1 when the section is malformed. */
-void *rt_pack_kernel_objects(dsc_context *ctx, kir_kernel *const *k, int n,
-                             void *const *objs, const size_t *lens, size_t *out_len);
-int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k, int n,
-                             const void **objs, size_t *lens);
-const rt_dsx *rt_program_dsx(const dsc_program *p);
-/* Whether p holds cpu kernels from this dsc version for host (cg_llvm_host). */
-bool rt_program_cpu_fits(const dsc_program *p, const char *host);
-/* cg_llvm_host of a JIT for this process's host (false if LLVM fails). */
-bool rt_llvm_host(dsc_context *ctx, char *buf, size_t len);
 
 /* ======================= runtime/data.c ======================= */
 typedef struct dsc_loader rt_loader;
@@ -245,6 +196,10 @@ void rt_comm_accumulate(void *dst, const void *src, int64_t count, dsc_dtype dt)
 void rt_comm_divide(void *buf, int64_t count, dsc_dtype dt, int world);
 /* Seconds on CLOCK_MONOTONIC. */
 double rt_comm_now(void);
+
+/* ======================= runtime/interp_comm.c =======================
+ * The interpreter's collectives (ir_collectives) over a dsc_comm. */
+extern const ir_collectives rt_interp_collectives;
 
 /* ======================= runtime/comm_inproc.c ======================= */
 extern const rt_comm_backend rt_comm_inproc_backend;
@@ -448,6 +403,65 @@ int rt_online_cpus(void);
 dsc_status rt_check_host_memory(dsc_context *ctx, const char *what, int64_t bytes);
 dsc_status rt_check_threads(dsc_context *ctx, int64_t threads);
 dsc_status rt_check_inproc_ranks(dsc_context *ctx, int64_t ranks);
+
+/* ======================= runtime/exec.c: the executor interface =======================
+ * One backend of the public executor (include/dsc/exec.h), in the shape of
+ * rt_comm_backend: runtime/exec.c dispatches to it and keeps what every
+ * backend shares (the params' tiers and the disk tier's file, argument
+ * checks, traces of whole runs, the compiled module's lifetime). impl is
+ * the backend's own object. An entry a backend lacks is NULL. How to add a
+ * backend: docs/architecture.md. */
+typedef struct {
+  dsc_module *m;
+  const dsc_exec_options *opts;
+  const cg_compiled_module *compiled; /* the compile step's (compiled backends); not owned */
+  const int *tiers;                   /* per param: cg_tier */
+  const int64_t *tier_offsets;        /* per param: offset in its tier's arena */
+  const int64_t *tier_bytes;          /* per tier: the arena's bytes */
+} rt_exec_args;
+
+typedef struct {
+  const char *name;        /* dsc_backend_name */
+  dsc_backend id;
+  bool (*available)(void); /* built in */
+  const char *not_built;   /* the diagnostic when it is not */
+  bool compiled;           /* runs a cg_compiled_module of `target` */
+  cg_target target;
+  const char *run_label;   /* traces each whole run as "<graph> (<label>)"; NULL: traces itself */
+  dsc_status (*check)(const dsc_module *m); /* what it cannot run, before any compile work */
+  dsc_status (*create)(const rt_exec_args *a, void **impl);
+  void (*destroy)(void *impl);
+  /* params and states in and out, except the disk tier's (exec.c) */
+  dsc_status (*set_params)(void *impl, const dsc_params *p);
+  dsc_status (*get_params)(void *impl, dsc_params *p);
+  /* the doubles it runs on, when it keeps every value itself (then exec.c
+   * moves the disk tier's values around each run); NULL: it streams them */
+  dsc_params *(*values)(void *impl);
+  dsc_status (*run)(void *impl, int graph, const dsc_tensor *const *inputs, int n_inputs,
+                    dsc_tensor **outputs);
+  dsc_status (*set_comm)(void *impl, dsc_comm *comm);
+  void (*set_tag)(void *impl, int64_t tag);
+  dsc_status (*set_trace)(void *impl, dsc_trace *trace, int pid);
+  dsc_status (*set_offload)(void *impl, rt_offload *disk, const int *value_of_param, int n);
+  void (*set_profiling)(void *impl, bool on);
+  dsc_status (*print_profile)(void *impl, int graph, int top, FILE *out);
+  int64_t (*device_bytes)(const void *impl);
+} rt_executor;
+
+extern const rt_executor rt_exec_interp; /* runtime/exec_interp.c */
+extern const rt_executor rt_exec_cpu;    /* runtime/exec_cpu_backend.c */
+extern const rt_executor rt_exec_cuda;   /* runtime/exec_cuda.c */
+const rt_executor *rt_executor_of(dsc_backend b); /* NULL: no such backend */
+/* Whether m can run on backend b: built in, the params' tiers well formed,
+ * the backend's own check; a diagnostic when not. */
+dsc_status rt_exec_check(dsc_module *m, dsc_backend b);
+/* The executor of m from the compile step's c (NULL for a backend that
+ * compiles nothing). Takes c: released with the executor, or here when
+ * creation fails. */
+dsc_status rt_exec_new(dsc_module *m, const dsc_exec_options *opts, const cg_compiled_module *c,
+                       dsc_exec **out);
+/* The CUDA device's SM (runtime/exec_cuda.c; see runtime/cuda_api.h). */
+dsc_status rt_cuda_device_arch(dsc_context *ctx, int *arch);
 
 #ifdef __cplusplus
 }

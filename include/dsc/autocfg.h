@@ -6,7 +6,7 @@
  * bucket and prefetch sizes) with dsc_plan_memory, keeps those whose
  * per-rank device peak fits a budget, and ranks them by a predicted step
  * time: a cost model of the lowered step program (driver/autocfg.c) over
- * rates measured by a short calibration run (runtime/calibrate.c) or given
+ * rates measured by a short calibration run (driver/calibrate.c) or given
  * by the user. */
 #ifndef DSC_AUTOCFG_H
 #define DSC_AUTOCFG_H
@@ -27,7 +27,7 @@ typedef struct {
   double coll_latency_us; /* fixed cost of one collective (0: the default, 10 us) */
 } dsc_rates;
 
-/* ---- calibration (runtime/calibrate.c) ---- */
+/* ---- calibration (driver/calibrate.c) ---- */
 typedef struct {
   int threads;            /* GEMM threads (0: one per core) */
   const char *disk_dir;   /* where the disk test file goes (NULL: $TMPDIR or /tmp) */

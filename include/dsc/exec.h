@@ -144,7 +144,7 @@ void dsc_exec_set_profiling(dsc_exec *e, bool on);
 dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE *out);
 
 /* ---- program files (.dsx) ----
- * A checksummed container (runtime/dsx.c) of named sections: "meta" (text
+ * A checksummed container (program/dsx.c) of named sections: "meta" (text
  * key=value lines: format, target, host, the options the graphs were built
  * with), "module.<name>" (a module's text IR after the pipeline), and per
  * graph the kernels: "cpu/<module>/<graph>" (one object per kernel for the

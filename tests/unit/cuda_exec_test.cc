@@ -18,6 +18,7 @@
 #include "dsc/dsc.h"
 
 extern "C" {
+#include "codegen/codegen.h"
 #include "runtime/cuda_api.h"
 }
 
@@ -130,7 +131,7 @@ TEST(CudaExec, StepKernelsCompileForSm90ThroughTheCache) {
     void *cubin = nullptr;
     size_t len = 0;
     bool cached = true;
-    ASSERT_EQ(rt_cuda_compile_program(ctx, &arena, p, 90, cache.c_str(), &cubin, &len, &cached),
+    ASSERT_EQ(cg_cuda_compile_program(ctx, &arena, p, 90, cache.c_str(), &cubin, &len, &cached),
               DSC_OK)
         << diags(ctx);
     if (p->n_kernels == 0) {
@@ -146,7 +147,7 @@ TEST(CudaExec, StepKernelsCompileForSm90ThroughTheCache) {
       EXPECT_NE(bytes.find(p->kernels[k]->name), std::string::npos) << p->kernels[k]->name;
     void *again = nullptr;
     size_t len2 = 0;
-    ASSERT_EQ(rt_cuda_compile_program(ctx, &arena, p, 90, cache.c_str(), &again, &len2, &cached),
+    ASSERT_EQ(cg_cuda_compile_program(ctx, &arena, p, 90, cache.c_str(), &again, &len2, &cached),
               DSC_OK)
         << diags(ctx);
     EXPECT_TRUE(cached);
@@ -172,7 +173,7 @@ TEST(CudaExec, StepKernelsCompileForSm90ThroughTheCache) {
   void *cubin = nullptr;
   size_t len = 0;
   bool cached = true;
-  ASSERT_EQ(rt_cuda_compile_program(ctx, &arena, p, 90, cache.c_str(), &cubin, &len, &cached),
+  ASSERT_EQ(cg_cuda_compile_program(ctx, &arena, p, 90, cache.c_str(), &cubin, &len, &cached),
             DSC_OK);
   EXPECT_FALSE(cached);
   EXPECT_TRUE(is_elf(cubin, len));
@@ -188,7 +189,7 @@ TEST(CudaExec, HelperKernelsCompileAndBadArchIsAnError) {
   void *cubin = nullptr;
   size_t len = 0;
   bool cached = true;
-  ASSERT_EQ(rt_cuda_compile_helpers(ctx, 90, nullptr, &cubin, &len, &cached), DSC_OK)
+  ASSERT_EQ(cg_cuda_compile_helpers(ctx, 90, nullptr, &cubin, &len, &cached), DSC_OK)
       << diags(ctx);
   EXPECT_FALSE(cached);
   ASSERT_TRUE(is_elf(cubin, len));
@@ -199,7 +200,7 @@ TEST(CudaExec, HelperKernelsCompileAndBadArchIsAnError) {
   free(cubin);
   EXPECT_EQ(dsc_diag_count(ctx), 0) << diags(ctx);  // no NVRTC warnings either
   cubin = nullptr;
-  EXPECT_NE(rt_cuda_compile_helpers(ctx, 5, nullptr, &cubin, &len, &cached), DSC_OK);
+  EXPECT_NE(cg_cuda_compile_helpers(ctx, 5, nullptr, &cubin, &len, &cached), DSC_OK);
   EXPECT_EQ(cubin, nullptr);
   EXPECT_NE(diags(ctx).find("sm_5"), std::string::npos) << diags(ctx);
   dsc_context_free(ctx);

@@ -17,6 +17,7 @@
 
 #include "codegen/codegen.h"
 #include "cuda_reference.h"
+#include "runtime/cuda_api.h"
 
 #ifdef DSC_HAVE_CUDA
 #include <cublasLt.h>
@@ -438,7 +439,7 @@ V desc_attr(void *d, cublasLtMatmulDescAttributes_t attr) {
 // Runs the column-major matmul that the descriptors (read back from
 // cuBLASLt, not from the plan's copies) describe, the way cublasLtMatmul
 // would: D = alpha op(A) op(B) + beta C per batch and outer step.
-void gemm_as_cublaslt(const cg_cublaslt_plan &p, const float *buf_a, const float *buf_b, float *buf_c) {
+void gemm_as_cublaslt(const rt_cublaslt_plan &p, const float *buf_a, const float *buf_b, float *buf_c) {
   const float *base[2] = {p.swapped ? buf_b : buf_a, p.swapped ? buf_a : buf_b};
   int32_t op[2] = {desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_TRANSA),
                    desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_TRANSB)};
@@ -494,15 +495,15 @@ cg_gemm gemm(int64_t b0, int64_t b1, int64_t m, int64_t n, int64_t k, cg_matrix 
 
 // Plans g, runs the described column-major matmul on random buffers and
 // compares with the dsc meaning (f32: 1e-5 relative).
-cg_cublaslt_plan check_plan(const cg_gemm &g, size_t na, size_t nb, size_t nc, bool keep = false) {
+rt_cublaslt_plan check_plan(const cg_gemm &g, size_t na, size_t nb, size_t nc, bool keep = false) {
   Env env;
-  cg_cublaslt_plan p;
-  EXPECT_EQ(cg_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, CG_GEMM_F32, &p), DSC_OK) << diags(env.ctx);
+  rt_cublaslt_plan p;
+  EXPECT_EQ(rt_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, RT_GEMM_F32, &p), DSC_OK) << diags(env.ctx);
   std::vector<float> a = randn(na, 20), b = randn(nb, 21), c = randn(nc, 22), c_ref = c;
   gemm_dsc(g, a, b, c_ref);
   gemm_as_cublaslt(p, a.data(), b.data(), c.data());
   for (size_t i = 0; i < nc; i++) EXPECT_NEAR(c[i], c_ref[i], 1e-5 * (1 + std::fabs(c_ref[i]))) << i;
-  if (!keep) cg_cublaslt_plan_destroy(&p);
+  if (!keep) rt_cublaslt_plan_destroy(&p);
   return p;
 }
 #endif
@@ -512,7 +513,7 @@ TEST(CublasLt, RowMajorPlainGemmSwapsOperands) {
   GTEST_SKIP() << "built without CUDA";
 #else
   const int m = 3, n = 5, k = 4;
-  cg_cublaslt_plan p = check_plan(gemm(1, 1, m, n, k, mat(0, 0, 0, k, 1), mat(0, 0, 0, n, 1), mat(0, 0, 0, n, 1)),
+  rt_cublaslt_plan p = check_plan(gemm(1, 1, m, n, k, mat(0, 0, 0, k, 1), mat(0, 0, 0, n, 1), mat(0, 0, 0, n, 1)),
                                   m * k, k * n, m * n, true);
   EXPECT_TRUE(p.swapped);  // C^T = B^T A^T
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_TRANSA), CUBLAS_OP_N);
@@ -523,7 +524,7 @@ TEST(CublasLt, RowMajorPlainGemmSwapsOperands) {
   EXPECT_EQ(layout_attr<int32_t>(p.layout[2], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT), 1);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE), CUBLAS_COMPUTE_32F);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_SCALE_TYPE), CUDA_R_32F);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
   EXPECT_EQ(p.desc, nullptr);
 #endif
 }
@@ -534,18 +535,18 @@ TEST(CublasLt, TransposedOperandsBecomeOpT) {
 #else
   const int m = 3, n = 5, k = 4;
   // A stored as [k, m] (A = X^T), B stored as [n, k] (B = Y^T): unit row strides.
-  cg_cublaslt_plan p = check_plan(gemm(1, 1, m, n, k, mat(0, 0, 0, 1, m), mat(0, 0, 0, 1, k), mat(0, 0, 0, n, 1)),
+  rt_cublaslt_plan p = check_plan(gemm(1, 1, m, n, k, mat(0, 0, 0, 1, m), mat(0, 0, 0, 1, k), mat(0, 0, 0, n, 1)),
                                   m * k, k * n, m * n, true);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_TRANSA), CUBLAS_OP_T);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_TRANSB), CUBLAS_OP_T);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
   // Only one transposed, and a column-major C (no swap).
   p = check_plan(gemm(1, 1, m, n, k, mat(0, 0, 0, k, 1), mat(0, 0, 0, 1, k), mat(0, 0, 0, 1, m)), m * k, k * n,
                  m * n, true);
   EXPECT_FALSE(p.swapped);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_TRANSA), CUBLAS_OP_T);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_TRANSB), CUBLAS_OP_N);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
 #endif
 }
 
@@ -554,7 +555,7 @@ TEST(CublasLt, TwoContiguousBatchDimsCollapseIntoOneStridedBatch) {
   GTEST_SKIP() << "built without CUDA";
 #else
   const int b0 = 2, b1 = 3, m = 3, n = 4, k = 5;
-  cg_cublaslt_plan p = check_plan(gemm(b0, b1, m, n, k, mat(0, b1 * m * k, m * k, k, 1),
+  rt_cublaslt_plan p = check_plan(gemm(b0, b1, m, n, k, mat(0, b1 * m * k, m * k, k, 1),
                                        mat(0, b1 * k * n, k * n, n, 1), mat(0, b1 * m * n, m * n, n, 1)),
                                   b0 * b1 * m * k, b0 * b1 * k * n, b0 * b1 * m * n, true);
   EXPECT_EQ(p.outer_count, 1);
@@ -562,7 +563,7 @@ TEST(CublasLt, TwoContiguousBatchDimsCollapseIntoOneStridedBatch) {
     EXPECT_EQ(layout_attr<int32_t>(p.layout[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT), b0 * b1);
   EXPECT_EQ(layout_attr<int64_t>(p.layout[0], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET), k * n);  // dsc B
   EXPECT_EQ(layout_attr<int64_t>(p.layout[2], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET), m * n);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
 #endif
 }
 
@@ -572,13 +573,13 @@ TEST(CublasLt, BroadcastBatchKeepsAZeroStride) {
 #else
   const int b0 = 2, b1 = 3, m = 3, n = 4, k = 5;
   // B (a weight) shared by every batch: stride 0 in both batch dims.
-  cg_cublaslt_plan p = check_plan(gemm(b0, b1, m, n, k, mat(0, b1 * m * k, m * k, k, 1), mat(0, 0, 0, n, 1),
+  rt_cublaslt_plan p = check_plan(gemm(b0, b1, m, n, k, mat(0, b1 * m * k, m * k, k, 1), mat(0, 0, 0, n, 1),
                                        mat(0, b1 * m * n, m * n, n, 1)),
                                   b0 * b1 * m * k, k * n, b0 * b1 * m * n, true);
   EXPECT_EQ(p.outer_count, 1);
   EXPECT_EQ(layout_attr<int64_t>(p.layout[0], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET), 0);
   EXPECT_EQ(layout_attr<int32_t>(p.layout[0], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT), b0 * b1);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
   // Broadcast over the outer dim only: strides (0, s) do not collapse.
   p = check_plan(gemm(b0, b1, m, n, k, mat(0, b1 * m * k, m * k, k, 1), mat(0, 0, k * n, n, 1),
                       mat(0, b1 * m * n, m * n, n, 1)),
@@ -586,7 +587,7 @@ TEST(CublasLt, BroadcastBatchKeepsAZeroStride) {
   EXPECT_EQ(p.outer_count, b0);
   EXPECT_EQ(p.batch_count, b1);
   EXPECT_EQ(layout_attr<int32_t>(p.layout[2], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT), b1);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
 #endif
 }
 
@@ -600,18 +601,18 @@ TEST(CublasLt, SlicedOperandsUseLeadingDimensionsAndOffsets) {
   const int Bn = 2, T = 4, H = 3, hd = 2, C = H * hd, C3 = 3 * C;
   cg_gemm g = gemm(Bn, H, T, T, hd, mat(0, T * C3, hd, C3, 1), mat(C, T * C3, hd, 1, C3),
                    mat(0, H * T * T, T * T, T, 1));
-  cg_cublaslt_plan p = check_plan(g, Bn * T * C3, Bn * T * C3, Bn * H * T * T, true);
+  rt_cublaslt_plan p = check_plan(g, Bn * T * C3, Bn * T * C3, Bn * H * T * T, true);
   // (b, h) strides: T*C3 == H * hd? no: the batch dims do not collapse.
   EXPECT_EQ(p.outer_count, Bn);
   EXPECT_EQ(layout_attr<int64_t>(p.layout[1], CUBLASLT_MATRIX_LAYOUT_LD), C3);  // dsc A = q
   EXPECT_EQ(p.offset[0], C);                                                    // dsc B = k: after q
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
   // A sliced row block with a gap between rows, writing into a wider C.
   const int m = 3, n = 2, k = 4;
   p = check_plan(gemm(1, 1, m, n, k, mat(3, 0, 0, k + 3, 1), mat(1, 0, 0, n + 1, 1), mat(2, 0, 0, n + 4, 1)),
                  3 + m * (k + 3), 1 + k * (n + 1), 2 + m * (n + 4), true);
   EXPECT_EQ(layout_attr<int64_t>(p.layout[2], CUBLASLT_MATRIX_LAYOUT_LD), n + 4);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
 #endif
 }
 
@@ -621,22 +622,22 @@ TEST(CublasLt, PrecisionsSetComputeAndDataTypes) {
 #else
   Env env;
   cg_gemm g = gemm(1, 1, 8, 8, 8, mat(0, 0, 0, 8, 1), mat(0, 0, 0, 8, 1), mat(0, 0, 0, 8, 1));
-  cg_cublaslt_plan p;
-  ASSERT_EQ(cg_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, CG_GEMM_TF32, &p), DSC_OK);
+  rt_cublaslt_plan p;
+  ASSERT_EQ(rt_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, RT_GEMM_TF32, &p), DSC_OK);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE), CUBLAS_COMPUTE_32F_FAST_TF32);
-  cg_cublaslt_plan_destroy(&p);
-  ASSERT_EQ(cg_cublaslt_plan_init(env.ctx, &g, DSC_BF16, DSC_F32, CG_GEMM_BF16, &p), DSC_OK);
+  rt_cublaslt_plan_destroy(&p);
+  ASSERT_EQ(rt_cublaslt_plan_init(env.ctx, &g, DSC_BF16, DSC_F32, RT_GEMM_BF16, &p), DSC_OK);
   EXPECT_EQ(desc_attr<int32_t>(p.desc, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE), CUBLAS_COMPUTE_32F);
   EXPECT_EQ(layout_attr<uint32_t>(p.layout[0], CUBLASLT_MATRIX_LAYOUT_TYPE), (uint32_t)CUDA_R_16BF);
   EXPECT_EQ(layout_attr<uint32_t>(p.layout[2], CUBLASLT_MATRIX_LAYOUT_TYPE), (uint32_t)CUDA_R_32F);
   EXPECT_EQ(p.elem_size[0], 2u);
-  cg_cublaslt_plan_destroy(&p);
-  ASSERT_EQ(cg_cublaslt_plan_init(env.ctx, &g, DSC_F16, DSC_F16, CG_GEMM_F16, &p), DSC_OK);
+  rt_cublaslt_plan_destroy(&p);
+  ASSERT_EQ(rt_cublaslt_plan_init(env.ctx, &g, DSC_F16, DSC_F16, RT_GEMM_F16, &p), DSC_OK);
   EXPECT_EQ(layout_attr<uint32_t>(p.layout[2], CUBLASLT_MATRIX_LAYOUT_TYPE), (uint32_t)CUDA_R_16F);
-  cg_cublaslt_plan_destroy(&p);
+  rt_cublaslt_plan_destroy(&p);
   EXPECT_EQ(dsc_error_count(env.ctx), 0) << diags(env.ctx);
   // Mismatched dtypes are refused before any descriptor exists.
-  EXPECT_NE(cg_cublaslt_plan_init(env.ctx, &g, DSC_BF16, DSC_F32, CG_GEMM_F32, &p), DSC_OK);
+  EXPECT_NE(rt_cublaslt_plan_init(env.ctx, &g, DSC_BF16, DSC_F32, RT_GEMM_F32, &p), DSC_OK);
   EXPECT_EQ(p.desc, nullptr);
   EXPECT_NE(diags(env.ctx).find("bf16 inputs"), std::string::npos) << diags(env.ctx);
 #endif
@@ -647,25 +648,25 @@ TEST(CublasLt, UnrepresentableOperandsAreReported) {
   GTEST_SKIP() << "built without CUDA";
 #else
   Env env;
-  cg_cublaslt_plan p;
+  rt_cublaslt_plan p;
   // A with no unit stride (every other element of every other row).
   cg_gemm g = gemm(1, 1, 3, 3, 3, mat(0, 0, 0, 6, 2), mat(0, 0, 0, 3, 1), mat(0, 0, 0, 3, 1));
-  EXPECT_NE(cg_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, CG_GEMM_F32, &p), DSC_OK);
+  EXPECT_NE(rt_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, RT_GEMM_F32, &p), DSC_OK);
   EXPECT_NE(diags(env.ctx).find("operand A"), std::string::npos) << diags(env.ctx);
   // Overlapping rows (row stride below the row length) of B.
   dsc_diag_clear(env.ctx);
   g = gemm(1, 1, 3, 3, 3, mat(0, 0, 0, 3, 1), mat(0, 0, 0, 2, 1), mat(0, 0, 0, 3, 1));
-  EXPECT_NE(cg_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, CG_GEMM_F32, &p), DSC_OK);
+  EXPECT_NE(rt_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, RT_GEMM_F32, &p), DSC_OK);
   EXPECT_NE(diags(env.ctx).find("operand B"), std::string::npos) << diags(env.ctx);
   // Every batch writing the same C.
   dsc_diag_clear(env.ctx);
   g = gemm(1, 4, 3, 3, 3, mat(0, 0, 9, 3, 1), mat(0, 0, 9, 3, 1), mat(0, 0, 0, 3, 1));
-  EXPECT_NE(cg_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, CG_GEMM_F32, &p), DSC_OK);
+  EXPECT_NE(rt_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, RT_GEMM_F32, &p), DSC_OK);
   EXPECT_NE(diags(env.ctx).find("zero batch stride"), std::string::npos) << diags(env.ctx);
   EXPECT_EQ(p.desc, nullptr);
   dsc_diag_clear(env.ctx);
   g = gemm(1, 1, 0, 3, 3, mat(0, 0, 0, 3, 1), mat(0, 0, 0, 3, 1), mat(0, 0, 0, 3, 1));
-  EXPECT_NE(cg_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, CG_GEMM_F32, &p), DSC_OK);
+  EXPECT_NE(rt_cublaslt_plan_init(env.ctx, &g, DSC_F32, DSC_F32, RT_GEMM_F32, &p), DSC_OK);
 #endif
 }
 

@@ -1,4 +1,4 @@
-// The .dsx container (runtime/dsx.c): round trip, and every truncation or
+// The .dsx container (program/dsx.c): round trip, and every truncation or
 // corruption is a clear error, never a crash.
 #include <gtest/gtest.h>
 
@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "dsc/dsc.h"
+#include "codegen/codegen.h"
 #include "runtime/runtime.h"
 }
 
@@ -110,7 +111,7 @@ TEST(Dsx, TruncationsAndCorruptionsAreErrors) {
   std::remove(q.c_str());
 }
 
-// ---- program files (runtime/program_file.c, driver/program.c) ----
+// ---- program files (program/program_file.c, driver/program.c) ----
 
 // A token model small enough to compile in well under a second under ASan.
 const char kTinyModel[] =
@@ -160,16 +161,16 @@ TEST(ProgramFile, PackedObjectsServeOnlyTheSameKernel) {
   for (int i = 0; i < n; i++) bytes.push_back("object of kernel " + std::to_string(i * 7 + 1));
   for (auto &b : bytes) objs.push_back(b.data()), lens.push_back(b.size());
   size_t len = 0;
-  void *packed = rt_pack_kernel_objects(ctx, p->kernels, n, objs.data(), lens.data(), &len);
+  void *packed = rt_pack_kernel_objects(ctx, p->kernel_info, n, objs.data(), lens.data(), &len);
   ASSERT_NE(packed, nullptr);
   std::vector<const void *> got(n);
   std::vector<size_t> got_len(n);
-  ASSERT_EQ(rt_unpack_kernel_objects(packed, len, p->kernels, n, got.data(), got_len.data()), n);
+  ASSERT_EQ(rt_unpack_kernel_objects(packed, len, p->kernel_info, n, got.data(), got_len.data()), n);
   for (int i = 0; i < n; i++)
     EXPECT_EQ(std::string((const char *)got[i], got_len[i]), bytes[i]) << "kernel " << i;
   // In another order, entry i no longer names kernel i: nothing is served
   // (a stale object would run the wrong code).
-  std::vector<kir_kernel *> rev(p->kernels, p->kernels + n);
+  std::vector<cg_kernel_info> rev(p->kernel_info, p->kernel_info + n);
   std::swap(rev[0], rev[1]);
   EXPECT_EQ(rt_unpack_kernel_objects(packed, len, rev.data(), n, got.data(), got_len.data()),
             n - 2);
@@ -177,11 +178,11 @@ TEST(ProgramFile, PackedObjectsServeOnlyTheSameKernel) {
   EXPECT_EQ(got[1], nullptr);
   // Every truncation, and trailing bytes, are malformed, never a crash.
   for (size_t cut = 0; cut < len; cut++)
-    EXPECT_EQ(rt_unpack_kernel_objects(packed, cut, p->kernels, n, got.data(), got_len.data()), -1)
+    EXPECT_EQ(rt_unpack_kernel_objects(packed, cut, p->kernel_info, n, got.data(), got_len.data()), -1)
         << "cut at " << cut;
   std::vector<char> longer((char *)packed, (char *)packed + len);
   longer.push_back(0);
-  EXPECT_EQ(rt_unpack_kernel_objects(longer.data(), longer.size(), p->kernels, n, got.data(),
+  EXPECT_EQ(rt_unpack_kernel_objects(longer.data(), longer.size(), p->kernel_info, n, got.data(),
                                      got_len.data()),
             -1);
   ir_free(ctx, packed, len);

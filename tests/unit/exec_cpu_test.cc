@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "codegen/codegen.h"
 #include "runtime/runtime.h"
 
 namespace {
@@ -575,6 +576,7 @@ struct TestProgram {
     for (int i = 0; i < 3; i++) kptrs[i] = &kernels[i];
     p.n_kernels = p.cap_kernels = 3;
     p.kernels = kptrs;
+    EXPECT_EQ(cg_program_kernel_table(&arena, &p), DSC_OK);  // the executors read kernel_info
 
     for (auto &i : ins) i = cg_instr{};
     ins[0].kind = CG_INS_LAUNCH;
@@ -777,9 +779,7 @@ TEST(ExecCpu, RunsLaunchGemmEmbeddingGradCopyAndAssigns) {
 TEST(ExecCpu, KernelIndexOutOfRangeFailsAndSkipsAssigns) {
   Ctx c;
   TestProgram tp(c.ctx);
-  ir_node node{};
-  node.op = DSC_OP_EMBEDDING;
-  tp.ins[3].node = &node;  // the gather kernel came from an embedding
+  tp.ins[3].op = dsc_op_name(DSC_OP_EMBEDDING);  // the gather kernel came from an embedding
   const cg_program *progs[1] = {&tp.p};
   cg_cpu_kernel_fn *fns[1] = {tp.fns};
   rt_cpu_exec *e = rt_cpu_exec_new(c.ctx, progs, 1, fns, 2, tp.state_bytes);

@@ -117,7 +117,7 @@ TEST(OffloadHost, LoweringPutsHostValuesInTheHostWorkArenaAndTheCpuRunsThem) {
     const cg_instr *in = &p->instrs[i];
     if (in->kind != CG_INS_COPY) continue;
     copies++;
-    bool to_host = in->node->op == DSC_OP_TO_HOST;
+    bool to_host = std::string(in->op) == dsc_op_name(DSC_OP_TO_HOST);
     EXPECT_EQ(p->buffers[in->src].tier, to_host ? CG_TIER_DEVICE : CG_TIER_HOST);
     EXPECT_EQ(p->buffers[in->dst].tier, to_host ? CG_TIER_HOST : CG_TIER_DEVICE);
     EXPECT_EQ(in->numel, 128);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "dsc/dsc.h"
+#include "codegen/codegen.h"
 #include "runtime/runtime.h"
 
 namespace {

@@ -153,6 +153,7 @@ const char *dsc_program_section_name(const dsc_program *p, int i) {
 size_t dsc_program_section_size(const dsc_program *p, int i) { return p->dsx->sections[i].size; }
 
 const rt_dsx *rt_program_dsx(const dsc_program *p) { return p->dsx; }
+dsc_context *rt_program_context(const dsc_program *p) { return p->ctx; }
 
 bool rt_program_cpu_fits(const dsc_program *p, const char *host) {
   const char *target = dsc_program_meta(p, "target"), *ver = dsc_program_meta(p, "dsc_version");
@@ -161,68 +162,27 @@ bool rt_program_cpu_fits(const dsc_program *p, const char *host) {
          strcmp(there, host) == 0;
 }
 
-bool dsc_program_cpu_usable(const dsc_program *p, char *why, size_t n) {
-  const char *target = dsc_program_meta(p, "target");
-  if (!target || strcmp(target, "cpu") != 0) {
-    snprintf(why, n, "it holds %s kernels (%s), not cpu ones", target ? target : "no",
-             dsc_program_meta(p, "host") ? dsc_program_meta(p, "host") : "?");
-    return false;
-  }
-  const char *ver = dsc_program_meta(p, "dsc_version");
-  if (!ver || strcmp(ver, DSC_VERSION) != 0) {
-    snprintf(why, n, "it was written by dsc %s, this is dsc %s", ver ? ver : "?", DSC_VERSION);
-    return false;
-  }
-#ifdef DSC_HAVE_LLVM
-  char here[1024];
-  if (!rt_llvm_host(p->ctx, here, sizeof here)) {
-    snprintf(why, n, "the host CPU cannot be queried");
-    return false;
-  }
-  const char *there = dsc_program_meta(p, "host");
-  if (there && strcmp(there, here) == 0) return true;
-  /* Name the first part that differs: triple, cpu, features, llvm. */
-  char a[1024], b[1024];
-  snprintf(a, sizeof a, "%s", there ? there : "");
-  snprintf(b, sizeof b, "%s", here);
-  static const char *parts[] = {"target triple", "CPU", "CPU features", "LLVM version"};
-  char *sa = NULL, *sb = NULL, *ta = strtok_r(a, " ", &sa), *tb = strtok_r(b, " ", &sb);
-  int k = 0;
-  while (k < 3 && ta && tb && strcmp(ta, tb) == 0)
-    ta = strtok_r(NULL, " ", &sa), tb = strtok_r(NULL, " ", &sb), k++;
-  if (k == 2)
-    snprintf(why, n, "its kernels were compiled for other CPU features than this host's");
-  else
-    snprintf(why, n, "its kernels were compiled for %s %s, this host is %s", parts[k],
-             ta ? ta : "?", tb ? tb : "?");
-  return false;
-#else
-  snprintf(why, n, "this dsc has no cpu backend");
-  return false;
-#endif
-}
-
 /* ---------------------------------------------------------------- packing */
 
 
 /* "DSKO" u32 n, then per kernel: u64 kir_hash, u64 object length, u32 name
  * length, u32 0, the name, the object. */
-void *rt_pack_kernel_objects(dsc_context *ctx, kir_kernel *const *k, int n, void *const *objs,
+void *rt_pack_kernel_objects(dsc_context *ctx, const cg_kernel_info *k, int n, void *const *objs,
                              const size_t *lens, size_t *out_len) {
   size_t total = 8;
-  for (int i = 0; i < n; i++) total += 24 + strlen(k[i]->name) + lens[i];
+  for (int i = 0; i < n; i++) total += 24 + strlen(k[i].name) + lens[i];
   unsigned char *b = ir_alloc(ctx, total);
   if (!b) return NULL;
   memcpy(b, "DSKO", 4);
   rt_put_le32(b + 4, (uint32_t)n);
   size_t pos = 8;
   for (int i = 0; i < n; i++) {
-    size_t nl = strlen(k[i]->name);
-    rt_put_le64(b + pos, kir_hash(k[i]));
+    size_t nl = strlen(k[i].name);
+    rt_put_le64(b + pos, k[i].hash);
     rt_put_le64(b + pos + 8, lens[i]);
     rt_put_le32(b + pos + 16, (uint32_t)nl);
     rt_put_le32(b + pos + 20, 0);
-    memcpy(b + pos + 24, k[i]->name, nl);
+    memcpy(b + pos + 24, k[i].name, nl);
     memcpy(b + pos + 24 + nl, objs[i], lens[i]);
     pos += 24 + nl + lens[i];
   }
@@ -230,7 +190,7 @@ void *rt_pack_kernel_objects(dsc_context *ctx, kir_kernel *const *k, int n, void
   return b;
 }
 
-int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k, int n,
+int rt_unpack_kernel_objects(const void *data, size_t size, const cg_kernel_info *k, int n,
                              const void **objs, size_t *lens) {
   const unsigned char *b = data;
   for (int i = 0; i < n; i++) objs[i] = NULL, lens[i] = 0;
@@ -246,8 +206,8 @@ int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k
     const char *name = (const char *)b + pos + 24;
     /* Kernel i of the file serves kernel i of the lowering only if it is
      * the same kernel: same name, same kir_hash. */
-    if (i < (uint32_t)n && strlen(k[i]->name) == nl && memcmp(k[i]->name, name, nl) == 0 &&
-        kir_hash(k[i]) == hash && len > 0) {
+    if (i < (uint32_t)n && strlen(k[i].name) == nl && memcmp(k[i].name, name, nl) == 0 &&
+        k[i].hash == hash && len > 0) {
       objs[i] = b + pos + 24 + nl;
       lens[i] = (size_t)len;
       found++;
@@ -255,17 +215,4 @@ int rt_unpack_kernel_objects(const void *data, size_t size, kir_kernel *const *k
     pos += 24 + nl + (size_t)len;
   }
   return pos == size ? found : -1;
-}
-
-bool rt_llvm_host(dsc_context *ctx, char *buf, size_t len) {
-#ifdef DSC_HAVE_LLVM
-  cg_llvm_jit *j = cg_llvm_jit_new(ctx, NULL);
-  if (!j) return false;
-  cg_llvm_host(j, buf, len);
-  cg_llvm_jit_free(j);
-  return true;
-#else
-  (void)ctx, (void)buf, (void)len;
-  return false;
-#endif
 }

@@ -1,8 +1,8 @@
-/* codegen/cublaslt.c: a cg_gemm as cuBLASLt matmul and layout descriptors
- * (the mapping is documented at cg_cublaslt_plan in codegen.h). Building a
+/* runtime/cublaslt.c: a cg_gemm as cuBLASLt matmul and layout descriptors
+ * (the mapping is documented at rt_cublaslt_plan in runtime/cuda_api.h). Building a
  * plan needs no GPU: descriptor creation is host-only in cuBLASLt (checked
- * on a machine without a driver); only cg_cublaslt_run touches a device. */
-#include "codegen/codegen.h"
+ * on a machine without a driver); only rt_cublaslt_run touches a device. */
+#include "runtime/cuda_api.h"
 
 #ifdef DSC_HAVE_CUDA
 #include <cublasLt.h>
@@ -48,27 +48,27 @@ static cudaDataType_t lt_dtype(dsc_dtype dt) {
   }
 }
 
-void cg_cublaslt_plan_destroy(cg_cublaslt_plan *p) {
+void rt_cublaslt_plan_destroy(rt_cublaslt_plan *p) {
   for (int i = 0; i < 3; i++)
     if (p->layout[i]) cublasLtMatrixLayoutDestroy((cublasLtMatrixLayout_t)p->layout[i]);
   if (p->desc) cublasLtMatmulDescDestroy((cublasLtMatmulDesc_t)p->desc);
   memset(p, 0, sizeof *p);
 }
 
-dsc_status cg_cublaslt_plan_init(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dtype c,
-                                 cg_gemm_precision prec, cg_cublaslt_plan *p) {
+dsc_status rt_cublaslt_plan_init(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dtype c,
+                                 rt_gemm_precision prec, rt_cublaslt_plan *p) {
   memset(p, 0, sizeof *p);
   /* Precision and dtypes. */
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   bool dtypes_ok;
   switch (prec) {
-  case CG_GEMM_F32: dtypes_ok = ab == DSC_F32 && c == DSC_F32; break;
-  case CG_GEMM_TF32:
+  case RT_GEMM_F32: dtypes_ok = ab == DSC_F32 && c == DSC_F32; break;
+  case RT_GEMM_TF32:
     compute = CUBLAS_COMPUTE_32F_FAST_TF32;
     dtypes_ok = ab == DSC_F32 && c == DSC_F32;
     break;
-  case CG_GEMM_BF16: dtypes_ok = ab == DSC_BF16 && (c == DSC_BF16 || c == DSC_F32); break;
-  case CG_GEMM_F16: dtypes_ok = ab == DSC_F16 && (c == DSC_F16 || c == DSC_F32); break;
+  case RT_GEMM_BF16: dtypes_ok = ab == DSC_BF16 && (c == DSC_BF16 || c == DSC_F32); break;
+  case RT_GEMM_F16: dtypes_ok = ab == DSC_F16 && (c == DSC_F16 || c == DSC_F32); break;
   default: dtypes_ok = false;
   }
   if (!dtypes_ok) {
@@ -166,11 +166,11 @@ dsc_status cg_cublaslt_plan_init(dsc_context *ctx, const cg_gemm *g, dsc_dtype a
   }
   return DSC_OK;
 fail:
-  cg_cublaslt_plan_destroy(p);
+  rt_cublaslt_plan_destroy(p);
   return DSC_ERR_INTERNAL;
 }
 
-dsc_status cg_cublaslt_run(dsc_context *ctx, cg_cublaslt_plan *p, void *handle, void *stream,
+dsc_status rt_cublaslt_run(dsc_context *ctx, rt_cublaslt_plan *p, void *handle, void *stream,
                            const void *a, const void *b, void *c, void *workspace,
                            size_t workspace_bytes) {
   cublasLtHandle_t h = (cublasLtHandle_t)handle;

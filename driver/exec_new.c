@@ -1,0 +1,51 @@
+/* The executor's front door (include/dsc/exec.h dsc_exec_new): the compile
+ * step above the runtime. Checks what the backend can run, compiles every
+ * graph of the module for its target (codegen/compile.c; cuda: for the SM
+ * of the device the executor will use), then hands the compiled Programs to
+ * the runtime (rt_exec_new), which owns them from then on. */
+#include "codegen/codegen.h"
+#include "driver/driver.h"
+#include "runtime/runtime.h"
+
+dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_program *program,
+                        const char *program_module, dsc_exec **out) {
+  *out = NULL;
+  dsc_backend b = opts ? opts->backend : dsc_backend_default();
+  dsc_status st = rt_exec_check(m, b);
+  if (st == DSC_OK && opts && opts->threads > 0)
+    st = rt_check_threads(dsc_module_context(m), opts->threads);
+  if (st != DSC_OK) return st;
+  const rt_executor *be = rt_executor_of(b);
+  cg_compiled_module *c = NULL;
+  if (be->compiled) {
+    cg_compile_options co = {be->target, 0, opts ? opts->cache_dir : NULL, program,
+                             program_module};
+    if (be->target == CG_TARGET_CUDA) st = rt_cuda_device_arch(dsc_module_context(m), &co.cuda_arch);
+    if (st == DSC_OK) st = cg_compile_module(m, &co, &c);
+    if (st != DSC_OK) return st;
+    if (be->target == CG_TARGET_CPU) {
+      /* The arenas checked against this host before a byte is allocated. */
+      int64_t need = 0; /* the params' tiers are the module's, shared by its graphs */
+      if (c->n_programs > 0)
+        need = c->programs[0]->tier_bytes[CG_TIER_DEVICE] + c->programs[0]->tier_bytes[CG_TIER_HOST];
+      for (int i = 0; i < c->n_programs; i++)
+        need += c->programs[i]->arena_bytes[CG_ARENA_WORK] + c->programs[i]->host_work_bytes;
+      st = rt_check_host_memory(dsc_module_context(m), "creating the CPU executor's arenas", need);
+      if (st != DSC_OK) {
+        c->release(c->owner);
+        return st;
+      }
+    }
+  }
+  return rt_exec_new(m, opts, c, out);
+}
+
+dsc_status dsc_exec_new(dsc_module *m, const dsc_exec_options *opts, dsc_exec **out) {
+  return drv_exec_new(m, opts, NULL, NULL, out);
+}
+
+dsc_status dsc_exec_new_with_program(dsc_module *m, const dsc_exec_options *opts,
+                                     const dsc_program *program, const char *program_module,
+                                     dsc_exec **out) {
+  return drv_exec_new(m, opts, program, program_module, out);
+}
