@@ -21,7 +21,13 @@
 dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_program *program,
                         const char *program_module, dsc_exec **out);
 
-/* ======================= driver/build.c ================typedef struct {
+/* ======================= driver/build.c =======================
+ * The build steps every job shares (dsc train, plan, compile, sample,
+ * offload auto, auto-configuration): the other driver files call these and
+ * this file calls none of them but driver/cost.c (scripts/check-layers.sh
+ * keeps it so). A .dsx thus holds exactly the graphs `dsc train MODEL.dsm`
+ * builds, and a plan is of the step the trainer runs. */
+typedef struct {
   int64_t B, T, vocab;
 } drv_model_facts;
 /* A .dsx path: the magic, or the extension (a renamed model file must then
