@@ -193,6 +193,12 @@ if [ -d /usr/local/cuda ]; then
   cuda=$(readlink -f /usr/local/cuda)
   mount_at "$root/usr/local/cuda" --bind "$cuda"
   mount -o remount,bind,ro "$root/usr/local/cuda"
+  # NVRTC dlopens libnvrtc-builtins by name: the toolkit's ld.so.conf entry
+  # (not part of the bound tree) comes along, or every NVRTC compile fails.
+  for f in /etc/ld.so.conf.d/*; do
+    grep -q cuda "$f" 2>/dev/null && cp "$f" "$root/etc/ld.so.conf.d/"
+  done
+  chroot "$root" /sbin/ldconfig
 fi
 
 in_root() { # COMMAND (bash -c, in the tree, with a clean environment)
