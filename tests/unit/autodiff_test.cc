@@ -21,6 +21,7 @@
 #include "dsc/dsc.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -54,15 +55,6 @@ double grid_b(std::mt19937_64 &r) {
 
 dsc_type ty(std::vector<int64_t> dims, dsc_dtype dt = DSC_F64) {
   return dsc_type_make(dt, (int)dims.size(), dims.data());
-}
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) {
-    const dsc_diag *d = dsc_diag_get(ctx, i);
-    s += std::to_string(d->loc.line) + ":" + std::to_string(d->loc.col) + ": " + d->message + "\n";
-  }
-  return s;
 }
 
 struct Harness {

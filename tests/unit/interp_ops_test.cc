@@ -21,6 +21,7 @@
 #include "dsc/interp.h"
 #include "dsc/ir.h"
 #include "ir/ir.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -145,12 +146,7 @@ class Interp : public ::testing::Test {
   }
   dsc_node *input(const char *name, dsc_type t) { return dsc_graph_input(g, name, t); }
 
-  std::string diag_text() {
-    std::string s;
-    for (int i = 0; i < dsc_diag_count(ctx); i++)
-      s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-    return s;
-  }
+  std::string diag_text() { return diags(ctx); }
   std::string last_error() {
     int n = dsc_diag_count(ctx);
     return n ? dsc_diag_get(ctx, n - 1)->message : "";
