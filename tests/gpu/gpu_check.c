@@ -258,6 +258,7 @@ UNARY(b_rsqrt, DSC_OP_RSQRT, IN_POS)
 UNARY(b_tanh, DSC_OP_TANH, IN_ANY)
 UNARY(b_relu, DSC_OP_RELU, IN_ANY)
 UNARY(b_gelu, DSC_OP_GELU, IN_ANY)
+UNARY(b_softplus, DSC_OP_SOFTPLUS, IN_ANY)
 UNARY(b_silu, DSC_OP_SILU, IN_ANY)
 UNARY(b_sigmoid, DSC_OP_SIGMOID, IN_ANY)
 static dsc_node *b_pow(dsc_graph *g, dsc_dtype dt) {
@@ -407,6 +408,7 @@ static const op_case cases[] = {
     {"tanh", b_tanh, FLOATS},
     {"relu", b_relu, {DSC_F32, DSC_BF16, DSC_I32, END}},
     {"gelu", b_gelu, FLOATS},
+    {"softplus", b_softplus, FLOATS},
     {"silu", b_silu, FLOATS},
     {"sigmoid", b_sigmoid, FLOATS},
     {"pow", b_pow, FLOATS},

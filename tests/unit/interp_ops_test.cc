@@ -342,6 +342,7 @@ const UnCase kUnary[] = {
      }},
     {DSC_OP_SILU, false, [](double x) { return x * (1.0 / (1.0 + std::exp(-x))); }},
     {DSC_OP_SIGMOID, false, [](double x) { return std::exp(x) / (1.0 + std::exp(x)); }},
+    {DSC_OP_SOFTPLUS, false, [](double x) { return std::log1p(std::exp(x)); }},
 };
 
 TEST_F(Interp, UnaryOpsF64) {

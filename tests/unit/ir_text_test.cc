@@ -118,7 +118,7 @@ dsc_module *BuildEverything(dsc_context *ctx) {
   dsc_node *eq = dsc_binary(g, DSC_OP_EQUAL, lt, gt);
   outs.push_back(Build(g, DSC_OP_WHERE, {eq, x, scaled}, {}));
   for (dsc_op op : {DSC_OP_NEG, DSC_OP_EXP, DSC_OP_LOG, DSC_OP_SQRT, DSC_OP_RSQRT, DSC_OP_TANH,
-                    DSC_OP_RELU, DSC_OP_GELU, DSC_OP_SILU, DSC_OP_SIGMOID})
+                    DSC_OP_RELU, DSC_OP_GELU, DSC_OP_SILU, DSC_OP_SIGMOID, DSC_OP_SOFTPLUS})
     outs.push_back(dsc_unary(g, op, x));
   outs.push_back(Build(g, DSC_OP_POW, {x}, {dsc_attr_float("exponent", 2.5)}));
   outs.push_back(dsc_cast(g, x, DSC_F64));
