@@ -444,6 +444,41 @@ static void int_neg(dsc_dtype t, const char *x, char *out, size_t n) {
            unsigned_ctype(t), x);
 }
 
+/* Float unary ops as CUDA C: {f} the math functions' suffix (f for f32),
+ * {1} the type's one, {a} the operand. */
+static const struct {
+  int op;
+  const char *text;
+} cuda_unary[] = {
+    {KIR_NEG, "-{a}"},
+    {KIR_EXP, "exp{f}({a})"},
+    {KIR_LOG, "log{f}({a})"},
+    {KIR_SQRT, "sqrt{f}({a})"},
+    {KIR_RSQRT, "rsqrt{f}({a})"},
+    {KIR_TANH, "tanh{f}({a})"},
+    {KIR_SIGMOID, "{1} / ({1} + exp{f}(-{a}))"},
+    {KIR_ABS, "fabs{f}({a})"},
+};
+
+/* text with {f}, {1} and {a} replaced, into out (truncated at n). */
+static void render(const char *text, const char *f, const char *one, const char *a, char *out,
+                   size_t n) {
+  size_t len = 0;
+  for (const char *p = text; *p && len + 1 < n; p++) {
+    const char *sub = NULL;
+    if (p[0] == '{' && p[1] && p[2] == '}')
+      sub = p[1] == 'f' ? f : p[1] == '1' ? one : p[1] == 'a' ? a : NULL;
+    if (sub) {
+      len += (size_t)snprintf(out + len, n - len, "%s", sub);
+      if (len >= n) len = n - 1;
+      p += 2;
+    } else {
+      out[len++] = *p;
+    }
+  }
+  out[len] = 0;
+}
+
 static void emit_unary(emitter *e, const kir_expr *x, const char *a, char *rhs, size_t n) {
   dsc_dtype t = x->type;
   const char *f = t == DSC_F32 ? "f" : "";
@@ -462,36 +497,12 @@ static void emit_unary(emitter *e, const kir_expr *x, const char *a, char *rhs, 
     fail(e, "unary op %d on %s", x->op, dsc_dtype_name(t));
     return;
   }
-  const char *one = t == DSC_F32 ? "1.0f" : "1.0";
-  switch (x->op) {
-    case KIR_NEG:
-      snprintf(rhs, n, "-%s", a);
-      break;
-    case KIR_EXP:
-      snprintf(rhs, n, "exp%s(%s)", f, a);
-      break;
-    case KIR_LOG:
-      snprintf(rhs, n, "log%s(%s)", f, a);
-      break;
-    case KIR_SQRT:
-      snprintf(rhs, n, "sqrt%s(%s)", f, a);
-      break;
-    case KIR_RSQRT:
-      snprintf(rhs, n, "rsqrt%s(%s)", f, a);
-      break;
-    case KIR_TANH:
-      snprintf(rhs, n, "tanh%s(%s)", f, a);
-      break;
-    case KIR_SIGMOID:
-      snprintf(rhs, n, "%s / (%s + exp%s(-%s))", one, one, f, a);
-      break;
-    case KIR_ABS:
-      snprintf(rhs, n, "fabs%s(%s)", f, a);
-      break;
-    default:
-      fail(e, "unknown unary op %d", x->op);
-      break;
-  }
+  for (size_t i = 0; i < sizeof cuda_unary / sizeof cuda_unary[0]; i++)
+    if (cuda_unary[i].op == x->op) {
+      render(cuda_unary[i].text, f, t == DSC_F32 ? "1.0f" : "1.0", a, rhs, n);
+      return;
+    }
+  fail(e, "unknown unary op %d", x->op);
 }
 
 static void emit_binary(emitter *e, const kir_expr *x, dsc_dtype t, const char *a, const char *b,

@@ -434,6 +434,17 @@ static LLVMValueRef emit_store_value(emitter *e, LLVMValueRef v, dsc_dtype from,
   }
 }
 
+/* Float unary ops that are one call: the function for f32 and for f64
+ * (dsc.* are the vectorisable helpers of cg_helpers_ir). */
+static const struct {
+  int op;
+  const char *f32, *f64;
+} llvm_unary[] = {
+    {KIR_EXP, "dsc.exp.f32", "llvm.exp.f64"},    {KIR_LOG, "llvm.log.f32", "llvm.log.f64"},
+    {KIR_SQRT, "llvm.sqrt.f32", "llvm.sqrt.f64"}, {KIR_TANH, "dsc.tanh.f32", "tanh"},
+    {KIR_ABS, "llvm.fabs.f32", "llvm.fabs.f64"},
+};
+
 static LLVMValueRef emit_unary(emitter *e, int op, dsc_dtype t, LLVMValueRef a) {
   LLVMTypeRef ty = LLVMTypeOf(a);
   if (!is_float(t)) {
@@ -447,19 +458,16 @@ static LLVMValueRef emit_unary(emitter *e, int op, dsc_dtype t, LLVMValueRef a) 
   }
   bool f32 = t == DSC_F32;
   LLVMValueRef one = LLVMConstReal(ty, 1.0);
+  for (size_t i = 0; i < sizeof llvm_unary / sizeof llvm_unary[0]; i++)
+    if (llvm_unary[i].op == op) return call1(e, f32 ? llvm_unary[i].f32 : llvm_unary[i].f64, a);
   switch (op) {
   case KIR_NEG: return LLVMBuildFNeg(e->b, a, "");
-  case KIR_EXP: return call1(e, f32 ? "dsc.exp.f32" : "llvm.exp.f64", a);
-  case KIR_LOG: return call1(e, f32 ? "llvm.log.f32" : "llvm.log.f64", a);
-  case KIR_SQRT: return call1(e, f32 ? "llvm.sqrt.f32" : "llvm.sqrt.f64", a);
   case KIR_RSQRT:
     return LLVMBuildFDiv(e->b, one, call1(e, f32 ? "llvm.sqrt.f32" : "llvm.sqrt.f64", a), "");
-  case KIR_TANH: return call1(e, f32 ? "dsc.tanh.f32" : "tanh", a);
   case KIR_SIGMOID: {
     LLVMValueRef ex = call1(e, f32 ? "dsc.exp.f32" : "llvm.exp.f64", LLVMBuildFNeg(e->b, a, ""));
     return LLVMBuildFDiv(e->b, one, LLVMBuildFAdd(e->b, one, ex, ""), "");
   }
-  case KIR_ABS: return call1(e, f32 ? "llvm.fabs.f32" : "llvm.fabs.f64", a);
   default: emit_fail(e, "llvm: kernel %s: %s", "unknown unary op"); return NULL;
   }
 }

@@ -335,13 +335,45 @@ static kir_expr *input_expr(L *l, const ir_node *n, int i, const ir_affine *pt) 
   return expr(l, n->in[i], pin);
 }
 
-static kir_expr *gelu_expr(ir_arena *a, kir_expr *x) {
-  dsc_dtype t = x->type;
-  kir_expr *x3 = kir_bin(a, KIR_MUL, kir_bin(a, KIR_MUL, x, x), x);
-  kir_expr *in = kir_bin(a, KIR_ADD, x, kir_bin(a, KIR_MUL, kir_const(a, t, 0.044715), x3));
-  kir_expr *th = kir_un(a, KIR_TANH, kir_bin(a, KIR_MUL, kir_const(a, t, sqrt(2.0 / M_PI)), in));
-  kir_expr *h = kir_bin(a, KIR_MUL, kir_const(a, t, 0.5), x);
-  return kir_bin(a, KIR_MUL, h, kir_bin(a, KIR_ADD, kir_const(a, t, 1.0), th));
+/* An elementwise op's kernel expression: the formula of its row in
+ * include/dsc/ops.def over the input expressions in[], in kernel IR (which
+ * the LLVM and CUDA printers print), constants of type T. */
+#define F_X in[0]
+#define F_Y in[1]
+#define F_Z in[2]
+#define F_P kir_const(A, T, p)
+#define F_K(c) kir_const(A, T, (c))
+#define F_ADD(a, b) kir_bin(A, KIR_ADD, (a), (b))
+#define F_SUB(a, b) kir_bin(A, KIR_SUB, (a), (b))
+#define F_MUL(a, b) kir_bin(A, KIR_MUL, (a), (b))
+#define F_DIV(a, b) kir_bin(A, KIR_DIV, (a), (b))
+#define F_MAX(a, b) kir_bin(A, KIR_MAX, (a), (b))
+#define F_POW(a, b) kir_bin(A, KIR_POW, (a), (b))
+#define F_LT(a, b) kir_bin(A, KIR_LT, (a), (b))
+#define F_GT(a, b) kir_bin(A, KIR_GT, (a), (b))
+#define F_EQ(a, b) kir_bin(A, KIR_EQ, (a), (b))
+#define F_SEL(c, a, b) kir_select(A, (c), (a), (b))
+#define F_NEG(a) kir_un(A, KIR_NEG, (a))
+#define F_ABS(a) kir_un(A, KIR_ABS, (a))
+#define F_EXP(a) kir_un(A, KIR_EXP, (a))
+#define F_LOG(a) kir_un(A, KIR_LOG, (a))
+#define F_SQRT(a) kir_un(A, KIR_SQRT, (a))
+#define F_RSQRT(a) kir_un(A, KIR_RSQRT, (a))
+#define F_TANH(a) kir_un(A, KIR_TANH, (a))
+#define F_SIGMOID(a) kir_un(A, KIR_SIGMOID, (a))
+static kir_expr *formula_expr(ir_arena *A, dsc_op op, dsc_dtype T, kir_expr *const *in, double p) {
+  IR_UNUSED(p);
+  switch (op) {
+#define OP(...)
+#define EW(id, nm, nin, attrs, shp, ik, gr, fl, bi, formula) \
+  case DSC_OP_##id:                                          \
+    return formula;
+#include "dsc/ops.def"
+#undef OP
+#undef EW
+    default:
+      return NULL;
+  }
 }
 
 /* The value of n (an inlinable node or a member of the current group) at
@@ -349,7 +381,6 @@ static kir_expr *gelu_expr(ir_arena *a, kir_expr *x) {
 static kir_expr *compute(L *l, const ir_node *n, const ir_affine *pt) {
   ir_arena *a = l->a;
   dsc_dtype t = ct(n->type.dtype);
-  kir_expr *x, *y;
   switch (n->op) {
     case DSC_OP_CONST:
       return kir_const(a, t, t == DSC_BOOL ? (ir_attr_float(n, "value") != 0) : ir_attr_float(n, "value"));
@@ -387,41 +418,25 @@ static kir_expr *compute(L *l, const ir_node *n, const ir_affine *pt) {
     fail(l, n, DSC_ERR_INTERNAL, "op %s cannot be computed inside a kernel", dsc_op_name(n->op));
     return NULL;
   }
-  x = input_expr(l, n, 0, pt);
-  y = n->n_in > 1 ? input_expr(l, n, 1, pt) : NULL;
-  switch (n->op) {
-    case DSC_OP_ADD: return kir_bin(a, KIR_ADD, x, y);
-    case DSC_OP_SUB: return kir_bin(a, KIR_SUB, x, y);
-    case DSC_OP_MUL: return kir_bin(a, KIR_MUL, x, y);
-    case DSC_OP_DIV:
-      if (y && (y->type == DSC_I32 || y->type == DSC_I64)) { /* never divide by 0 */
-        kir_expr *z = kir_bin(a, KIR_EQ, y, kir_const(a, y->type, 0));
-        y = kir_select(a, z, kir_const(a, y->type, 1), y);
-      }
-      return kir_bin(a, KIR_DIV, x, y);
-    case DSC_OP_MAXIMUM: return kir_bin(a, KIR_MAX, x, y);
-    case DSC_OP_LESS: return kir_bin(a, KIR_LT, x, y);
-    case DSC_OP_GREATER: return kir_bin(a, KIR_GT, x, y);
-    case DSC_OP_EQUAL: return kir_bin(a, KIR_EQ, x, y);
-    case DSC_OP_WHERE: return kir_select(a, x, y, input_expr(l, n, 2, pt));
-    case DSC_OP_NEG: return kir_un(a, KIR_NEG, x);
-    case DSC_OP_EXP: return kir_un(a, KIR_EXP, x);
-    case DSC_OP_LOG: return kir_un(a, KIR_LOG, x);
-    case DSC_OP_SQRT: return kir_un(a, KIR_SQRT, x);
-    case DSC_OP_RSQRT: return kir_un(a, KIR_RSQRT, x);
-    case DSC_OP_TANH: return kir_un(a, KIR_TANH, x);
-    case DSC_OP_SIGMOID: return kir_un(a, KIR_SIGMOID, x);
-    case DSC_OP_RELU: return x ? kir_bin(a, KIR_MAX, x, kir_const(a, x->type, 0)) : NULL;
-    case DSC_OP_GELU: return x ? gelu_expr(a, x) : NULL;
-    case DSC_OP_SILU: return kir_bin(a, KIR_MUL, x, kir_un(a, KIR_SIGMOID, x));
-    case DSC_OP_POW:
-      return x ? kir_bin(a, KIR_POW, x, kir_const(a, x->type, ir_attr_float(n, "exponent"))) : NULL;
-    case DSC_OP_CAST: return kir_cast(a, t, x);
-    default:
-      fail(l, n, DSC_ERR_INTERNAL, "elementwise op %s has no kernel expression",
-           dsc_op_name(n->op));
-      return NULL;
+  kir_expr *in[3] = {NULL, NULL, NULL};
+  for (int i = 0; i < n->n_in && i < 3; i++)
+    if (!(in[i] = input_expr(l, n, i, pt))) return NULL;
+  if (n->op == DSC_OP_CAST) return kir_cast(a, t, in[0]);
+  if (n->op == DSC_OP_DIV && (in[1]->type == DSC_I32 || in[1]->type == DSC_I64)) {
+    kir_expr *z = kir_bin(a, KIR_EQ, in[1], kir_const(a, in[1]->type, 0)); /* never divide by 0 */
+    in[1] = kir_select(a, z, kir_const(a, in[1]->type, 1), in[1]);
   }
+  const ir_op_info *oi = ir_op(n->op);
+  double p = 0;
+  for (int k = 0; k < oi->n_attrs; k++)
+    if (oi->attr_kinds[k] == DSC_ATTR_FLOAT) p = ir_attr_float(n, oi->attr_keys[k]);
+  if (!oi->scalar) {
+    fail(l, n, DSC_ERR_INTERNAL, "elementwise op %s has no kernel expression",
+         dsc_op_name(n->op));
+    return NULL;
+  }
+  /* constants take the type of the value inputs (where's condition is bool) */
+  return formula_expr(a, n->op, in[n->n_in - 1]->type, in, p); /* NULL: out of memory */
 }
 
 static bool member(const L *l, const ir_node *n) {

@@ -177,9 +177,215 @@ typedef struct {
 /* Parses file->text into file->decls. Returns false only on out-of-memory. */
 bool fe_parse(dsc_context *ctx, ir_arena *a, fe_file *file);
 
+
+/* ======================= lowering: shared by frontend/lower.c, eval.c,
+ * builtins.c, train_section.c and imports.c =======================
+ * Lowering is an evaluator (frontend/lower.c says how); these are its values,
+ * scopes and state. */
+/* ---------------------------------------------------------------- values */
+
+typedef enum {
+  V_ERR,    /* an error was already reported */
+  V_NUM,    /* is_int ? i : f */
+  V_BOOL,   /* b */
+  V_LIST,   /* items */
+  V_TENSOR, /* node */
+  V_DTYPE,  /* dt */
+  V_BLOCK,  /* sym */
+  V_INST,   /* sym, inst */
+  V_FN,     /* sym, inst (the block instance it closes over, or -1) */
+  V_SYM,    /* name: an identifier in the train section */
+  V_TUPLE,  /* items: train section only */
+  V_CALL,   /* name(keys[i] = items[i]): train section only */
+} vkind;
+
+typedef struct fe_sym fe_sym;
+typedef struct fe_scope fe_scope;
+
+typedef struct fe_value {
+  vkind kind;
+  bool is_int, is_size, b;
+  int64_t i;
+  double f;
+  dsc_node *node;
+  dsc_dtype dt;
+  struct fe_value *items;
+  const char **keys;
+  int n;
+  fe_sym *sym;
+  int inst;
+  const char *name;
+} fe_value;
+
+static const fe_value verr = {.kind = V_ERR};
+
+static inline fe_value vint(int64_t i) {
+  fe_value v = {.kind = V_NUM, .is_int = true, .i = i};
+  return v;
+}
+static inline fe_value vfloat(double f) {
+  fe_value v = {.kind = V_NUM, .f = f};
+  return v;
+}
+static inline double num(const fe_value *v) { return v->is_int ? (double)v->i : v->f; }
+
+
+/* ---------------------------------------------------------------- scopes */
+
+typedef enum { SYM_CONST, SYM_PARAM, SYM_FN, SYM_BLOCK } symkind;
+
+struct fe_sym {
+  symkind kind;
+  const char *name;
+  fe_decl *decl;
+  fe_scope *scope; /* where it is declared */
+  int state;       /* consts: 0 not evaluated, 1 evaluating, 2 done */
+  fe_value val;
+  fe_scope *inner; /* blocks: their own scope */
+  int64_t count;   /* blocks: number of instances (0 when invalid) */
+  bool ok;         /* params: type and init evaluated without error */
+  dsc_type ptype;
+  dsc_init pinit;
+  int first_index; /* params: module index (block params: of instance 0) */
+};
+
+struct fe_scope {
+  fe_scope *parent;
+  fe_list syms;  /* fe_sym* */
+  fe_sym *block; /* the block this scope belongs to, if any */
+  int n_block_params;
+};
+
+typedef struct {
+  const char *name; /* NULL: dead (a loop variable after its loop) */
+  fe_value val;
+} fe_local;
+
+typedef struct fe_frame {
+  fe_scope *scope;
+  int inst;       /* block instance in effect for scope's block params */
+  bool is_const;  /* constant expression: no tensors */
+  fe_list locals; /* fe_local* */
+  bool returned;
+  fe_value ret;
+  dsc_loc ret_loc;
+} fe_frame;
+
+typedef struct {
+  dsc_context *ctx;
+  ir_arena arena; /* AST and lowering values, released at the end */
+  const dsc_frontend_options *opts;
+  fe_list files; /* fe_file* */
+  fe_file *import_stack[32];
+  int import_depth;
+  fe_scope global;
+  fe_scope model_scope;
+  fe_decl *model, *train;
+  dsc_module *m;
+  dsc_graph *g;
+  dsc_node **param_nodes;
+  bool has_batch, has_seq;
+  int64_t batch, seq;
+  fe_sym *calls[FE_MAX_INLINE_DEPTH];
+  int n_calls;
+  int const_depth;          /* constants being evaluated, one inside the other */
+  bool const_deep_reported; /* report the depth limit once, not once per chain segment */
+  int eval_depth;           /* fe_ev() recursion: bounds the stack (deep expressions in deep
+                               constant chains or inlined calls multiply) */
+  long work;
+  bool abort; /* the work limit was hit: stop evaluating */
+  bool oom;
+} fe_state;
+
+static inline void *st_alloc(fe_state *st, size_t n) {
+  void *p = ir_arena_alloc(&st->arena, n);
+  if (!p) st->oom = true;
+  return p;
+}
+
+static inline bool st_push(fe_state *st, fe_list *l, void *x) {
+  if (!x || !fe_list_push(&st->arena, l, x)) {
+    st->oom = true;
+    return false;
+  }
+  return true;
+}
+
+#define ERR(loc, ...) ir_error(st->ctx, (loc), __VA_ARGS__)
+
+/* Arguments of a call mapped onto parameter slots (fe_bind_args). */
+typedef struct {
+  const char *fname;
+  const char *const *params;
+  int n_params, n_req;
+  const fe_expr *slots[8];
+  dsc_loc slot_loc[8];
+} fe_binding;
+
+/* ======================= frontend/eval.c ======================= */
+const char *fe_kind_name(const fe_value *v);
+fe_sym *fe_scope_find(const fe_scope *s, const char *name);
+const char *fe_decl_word(fe_decl_kind k);
+fe_sym *fe_scope_add(fe_state *st, fe_scope *s, symkind kind, fe_decl *d);
+fe_value fe_ev(fe_state *st, fe_frame *fr, const fe_expr *e);
+fe_value fe_const_value(fe_state *st, fe_sym *y, dsc_loc use);
+bool fe_exec_body(fe_state *st, fe_frame *fr, const fe_list *body);
+fe_value fe_tensor(fe_state *st, dsc_node *n, dsc_loc loc);
+void fe_at(fe_state *st, dsc_loc loc);
+const char *fe_fmt_type(dsc_type t, char *buf, size_t n);
+fe_local *fe_set_local(fe_state *st, fe_frame *fr, const char *name, fe_value v);
+bool fe_check_fits(fe_state *st, const fe_value *n, dsc_dtype dt, const char *what, dsc_loc loc);
+fe_value fe_materialize(fe_state *st, fe_frame *fr, const fe_value *n, dsc_dtype dt, dsc_loc loc);
+bool fe_bind_args(fe_state *st, const fe_expr *call, fe_binding *b);
+fe_value fe_arg_tensor(fe_state *st, fe_frame *fr, fe_binding *b, int k);
+bool fe_arg_int(fe_state *st, fe_frame *fr, fe_binding *b, int k, int64_t *out);
+bool fe_arg_num(fe_state *st, fe_frame *fr, fe_binding *b, int k, double *out);
+bool fe_arg_bool(fe_state *st, fe_frame *fr, fe_binding *b, int k, bool *out);
+bool fe_arg_dtype(fe_state *st, fe_frame *fr, fe_binding *b, int k, dsc_dtype *out);
+bool fe_arg_ints(fe_state *st, fe_frame *fr, fe_binding *b, int k, bool allow_int, int64_t *out,
+                 int *n);
+bool fe_norm_axis(fe_state *st, fe_binding *b, int k, int64_t *axis, int rank);
+bool fe_need_graph(fe_state *st, fe_frame *fr, const char *fname, dsc_loc loc);
+bool fe_check_shape(fe_state *st, dsc_loc loc, const int64_t *dims, int n);
+
+/* ======================= frontend/builtins.c =======================
+ * A builtin's signature: elementwise ops' from their row of the op table
+ * (include/dsc/ops.def), the others' from the table in builtins.c. */
+typedef struct fe_builtin fe_builtin;
+typedef fe_value (*fe_builtin_fn)(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_binding *b,
+                                  dsc_loc loc);
+struct fe_builtin {
+  const char *name;
+  fe_builtin_fn lower; /* builds the call's value from its bound arguments */
+  dsc_op op;
+  int n_req;              /* the first n_req parameters are required */
+  const char *params[6];  /* parameter names, NULL after the last */
+  double value;           /* zeros/ones: the fill; layernorm/rmsnorm: eps's default */
+  unsigned tensor_only;   /* elementwise: bit k, argument k must be a tensor */
+  int attr[6];            /* elementwise: argument k is the op's attribute attr[k]; -1 an input */
+  char names[6][16];      /* elementwise: storage of params (so *out must not move) */
+};
+/* The builtin called name into *out; false when there is none. */
+bool fe_find_builtin(const char *name, fe_builtin *out);
+/* The names of every builtin into out (at most max); returns the count. */
+int fe_builtin_names(const char **out, int max);
+fe_value fe_call_builtin(fe_state *st, fe_frame *fr, const fe_builtin *bi, const fe_expr *call);
+
+/* ======================= frontend/train_section.c =======================
+ * The train section's settings (its key table train_keys and their checks)
+ * into module metadata "train.<key>"; section "" or a sub-section. */
+void fe_lower_settings(fe_state *st, const fe_list *settings, const char *section);
+
+/* ======================= frontend/imports.c ======================= */
+FILE *fe_open_regular(dsc_context *ctx, const char *path, dsc_loc loc, const char *verb);
+void fe_load_imports(fe_state *st, fe_file *file);
+fe_file *fe_add_file(fe_state *st, const char *path, const char *text, size_t len);
+
 /* ======================= frontend/lower.c ======================= */
 dsc_status fe_compile(dsc_context *ctx, const char *text, size_t len, const char *file,
                       const dsc_frontend_options *opts, dsc_module **out);
+bool fe_eval_type(fe_state *st, fe_frame *fr, const fe_type_expr *te, dsc_type *out,
+                  const char *what);
 
 /* (frontend/ast.c, continued) */
 /* Edit distance with a cap (returns cap+1 beyond it). */

@@ -210,10 +210,10 @@ bool ir_grad_relu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   return (dx[0] = dsc_build(g, DSC_OP_WHERE, (ir_node *[]){pos, dy, zero}, 3, NULL, 0)) != NULL;
 }
 
-/* gelu(x) = 0.5 x (1 + t), t = tanh(c (x + k x^3)), c = sqrt(2/pi), k = 0.044715:
- * gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2). */
+/* gelu(x) = 0.5 x (1 + t), t = tanh(c (x + k x^3)) (the formula and c, k:
+ * include/dsc/ops.def): gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2). */
 bool ir_grad_gelu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
-  const double c = sqrt(2.0 / 3.14159265358979323846), k = 0.044715;
+  const double c = DSC_GELU_C, k = DSC_GELU_K;
   ir_node *x = n->in[0], *x2 = mul(g, x, x);
   ir_node *u = mulc(g, add(g, x, mul(g, mulc(g, x2, k), x)), c);
   ir_node *t = dsc_unary(g, DSC_OP_TANH, u);
@@ -228,6 +228,11 @@ bool ir_grad_silu(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   ir_node *x = n->in[0], *s = dsc_unary(g, DSC_OP_SIGMOID, x);
   ir_node *d = mul(g, s, add(g, scalar(g, 1.0, dtype_of(x)), mul(g, x, rsubc(g, 1.0, s))));
   return (dx[0] = mul(g, dy, d)) != NULL;
+}
+
+/* softplus'(x) = sigmoid(x). */
+bool ir_grad_softplus(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  return (dx[0] = mul(g, dy, dsc_unary(g, DSC_OP_SIGMOID, n->in[0]))) != NULL;
 }
 
 bool ir_grad_sigmoid(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {

@@ -118,34 +118,8 @@ static void binary_map(const dsc_tensor *a, const dsc_tensor *b, dsc_tensor *out
   for (int64_t i = 0; i < cnt; i++, iter_next(&it)) out->data[i] = f(pa[it.off[0]], pb[it.off[1]]);
 }
 
-static double op_add(double a, double b) { return a + b; }
-static double op_sub(double a, double b) { return a - b; }
-static double op_mul(double a, double b) { return a * b; }
 static double op_fdiv(double a, double b) { return a / b; }
 static double op_idiv(double a, double b) { return trunc(a / b); } /* b != 0 checked */
-static double op_maximum(double a, double b) {
-  if (isnan(a) || isnan(b)) return NAN; /* NaN propagates, as in torch.maximum */
-  return a > b ? a : b;
-}
-static double op_less(double a, double b) { return a < b; }
-static double op_greater(double a, double b) { return a > b; }
-static double op_equal(double a, double b) { return a == b; }
-
-#define BINARY_KERNEL(name, fn)                                                         \
-  bool name(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err, \
-            size_t errlen) {                                                            \
-    IR_UNUSED(n), IR_UNUSED(err), IR_UNUSED(errlen);                                    \
-    binary_map(in[0], in[1], out, fn);                                                  \
-    return true;                                                                        \
-  }
-
-BINARY_KERNEL(interp_add, op_add)
-BINARY_KERNEL(interp_sub, op_sub)
-BINARY_KERNEL(interp_mul, op_mul)
-BINARY_KERNEL(interp_maximum, op_maximum)
-BINARY_KERNEL(interp_less, op_less)
-BINARY_KERNEL(interp_greater, op_greater)
-BINARY_KERNEL(interp_equal, op_equal)
 
 bool interp_div(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
                 size_t errlen) {
@@ -163,69 +137,33 @@ bool interp_div(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out,
   return true;
 }
 
-bool interp_where(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
-                  size_t errlen) {
-  IR_UNUSED(n), IR_UNUSED(err), IR_UNUSED(errlen);
-  iter it;
-  iter_init(&it, &out->type, 3);
-  for (int k = 0; k < 3; k++) bcast_strides(&in[k]->type, &out->type, it.stride[k]);
-  int64_t cnt = numel(out);
-  for (int64_t i = 0; i < cnt; i++, iter_next(&it))
-    out->data[i] = in[0]->data[it.off[0]] != 0 ? in[1]->data[it.off[1]] : in[2]->data[it.off[2]];
-  return true;
-}
-
-typedef double (*unop)(double);
-
-static void unary_map(const dsc_tensor *x, dsc_tensor *out, unop f) {
-  int64_t cnt = numel(out);
-  for (int64_t i = 0; i < cnt; i++) out->data[i] = f(x->data[i]);
-}
-
-static double op_neg(double x) { return -x; }
-static double op_rsqrt(double x) { return 1.0 / sqrt(x); }
-static double op_relu(double x) { return x < 0 ? 0.0 : x; } /* keeps NaN */
-static double op_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-static double op_silu(double x) { return x / (1.0 + exp(-x)); }
-static double op_gelu(double x) {
-  const double c = 0.79788456080286535587989211986876; /* sqrt(2/pi) */
-  return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
-}
-
-#define UNARY_KERNEL(name, fn)                                                          \
-  bool name(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err, \
-            size_t errlen) {                                                            \
-    IR_UNUSED(n), IR_UNUSED(err), IR_UNUSED(errlen);                                    \
-    unary_map(in[0], out, fn);                                                          \
-    return true;                                                                        \
-  }
-
-UNARY_KERNEL(interp_neg, op_neg)
-UNARY_KERNEL(interp_exp, exp)
-UNARY_KERNEL(interp_log, log)
-UNARY_KERNEL(interp_sqrt, sqrt)
-UNARY_KERNEL(interp_rsqrt, op_rsqrt)
-UNARY_KERNEL(interp_tanh, tanh)
-UNARY_KERNEL(interp_relu, op_relu)
-UNARY_KERNEL(interp_gelu, op_gelu)
-UNARY_KERNEL(interp_silu, op_silu)
-UNARY_KERNEL(interp_sigmoid, op_sigmoid)
-
-bool interp_pow(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
-                size_t errlen) {
+/* Every elementwise op but div: its scalar function (include/dsc/ops.def)
+ * at each point, the inputs broadcast numpy-style. */
+bool interp_elementwise(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out,
+                        char *err, size_t errlen) {
   IR_UNUSED(err), IR_UNUSED(errlen);
-  double e = ir_attr_float(n, "exponent");
+  const ir_op_info *oi = ir_op(n->op);
+  double p = 0, x[3] = {0, 0, 0};
+  for (int a = 0; a < oi->n_attrs; a++)
+    if (oi->attr_kinds[a] == DSC_ATTR_FLOAT) p = ir_attr_float(n, oi->attr_keys[a]);
   int64_t cnt = numel(out);
-  for (int64_t i = 0; i < cnt; i++) out->data[i] = pow(in[0]->data[i], e);
-  return true;
-}
-
-/* The conversion itself (truncation toward zero, x != 0 for bool, float
- * rounding) is the interpreter's rounding to the output dtype. */
-bool interp_cast(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
-                 size_t errlen) {
-  IR_UNUSED(n), IR_UNUSED(err), IR_UNUSED(errlen);
-  memcpy(out->data, in[0]->data, sizeof(double) * (size_t)numel(out));
+  int k = n->n_in;
+  bool same = true;
+  for (int i = 0; i < k; i++) same = same && numel(in[i]) == cnt;
+  if (same) { /* no index arithmetic */
+    for (int64_t j = 0; j < cnt; j++) {
+      for (int i = 0; i < k; i++) x[i] = in[i]->data[j];
+      out->data[j] = oi->scalar(x, p);
+    }
+    return true;
+  }
+  iter it;
+  iter_init(&it, &out->type, k);
+  for (int i = 0; i < k; i++) bcast_strides(&in[i]->type, &out->type, it.stride[i]);
+  for (int64_t j = 0; j < cnt; j++, iter_next(&it)) {
+    for (int i = 0; i < k; i++) x[i] = in[i]->data[it.off[i]];
+    out->data[j] = oi->scalar(x, p);
+  }
   return true;
 }
 
@@ -279,9 +217,12 @@ bool interp_max(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out,
   iter it;
   reduce_setup(n, in[0], &it);
   int64_t cnt_out = numel(out), cnt = numel(in[0]);
+  ir_scalar_fn maximum = ir_op(DSC_OP_MAXIMUM)->scalar; /* NaN propagates, as in the op */
   for (int64_t i = 0; i < cnt_out; i++) out->data[i] = -INFINITY;
-  for (int64_t i = 0; i < cnt; i++, iter_next(&it))
-    out->data[it.off[0]] = op_maximum(out->data[it.off[0]], in[0]->data[i]);
+  for (int64_t i = 0; i < cnt; i++, iter_next(&it)) {
+    double x[2] = {out->data[it.off[0]], in[0]->data[i]};
+    out->data[it.off[0]] = maximum(x, 0);
+  }
   return true;
 }
 

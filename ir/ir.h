@@ -102,6 +102,16 @@ typedef bool (*ir_grad_fn)(ir_graph *g, const ir_node *n, ir_node *dy, ir_node *
  * On error returns false and writes a message (no location) into err. */
 typedef bool (*ir_shape_fn)(const ir_node *n, dsc_type *out, char *err, size_t errlen);
 
+/* An elementwise op's value at one point, in doubles: x[] its inputs, p its
+ * float attribute (pow's exponent; 0 for the others). */
+typedef double (*ir_scalar_fn)(const double *x, double p);
+
+/* Elementwise op properties (the flags column of include/dsc/ops.def). */
+enum {
+  IR_OPF_KEEPS_ZERO = 1, /* f(0, ...) == 0 */
+  IR_OPF_INT = 2,        /* defined on integers: folds integers to integers */
+};
+
 typedef struct {
   const char *name;
   int n_inputs; /* -1: variadic, at least one */
@@ -113,6 +123,10 @@ typedef struct {
   dsc_interp_kernel interp;
   ir_cg_class cg;
   ir_grad_fn grad; /* NULL: no gradient rule */
+  /* elementwise ops (EW rows) only: */
+  ir_scalar_fn scalar; /* the value at one point; NULL for other ops */
+  unsigned flags;      /* IR_OPF_* */
+  const char *builtin; /* the model language's signature; "" none */
 } ir_op_info;
 
 const ir_op_info *ir_op(dsc_op op);

@@ -1,15 +1,62 @@
 /* The op table, built from include/dsc/ops.def. */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "ir/ir.h"
 
+/* ---------------------------------------------------------------- scalar functions
+ * One C function per elementwise op, from the formula in its row. */
+static double sc_max(double a, double b) {
+  if (isnan(a) || isnan(b)) return NAN; /* NaN propagates, as in torch.maximum */
+  return a > b ? a : b;
+}
+static double sc_sigmoid(double a) { return 1.0 / (1.0 + exp(-a)); }
+
+#define F_X x[0]
+#define F_Y x[1]
+#define F_Z x[2]
+#define F_P p
+#define F_K(c) ((double)(c))
+#define F_ADD(a, b) ((a) + (b))
+#define F_SUB(a, b) ((a) - (b))
+#define F_MUL(a, b) ((a) * (b))
+#define F_DIV(a, b) ((a) / (b))
+#define F_MAX(a, b) sc_max((a), (b))
+#define F_POW(a, b) pow((a), (b))
+#define F_LT(a, b) ((double)((a) < (b)))
+#define F_GT(a, b) ((double)((a) > (b)))
+#define F_EQ(a, b) ((double)((a) == (b)))
+#define F_SEL(c, a, b) ((c) != 0 ? (a) : (b))
+#define F_NEG(a) (-(a))
+#define F_ABS(a) fabs(a)
+#define F_EXP(a) exp(a)
+#define F_LOG(a) log(a)
+#define F_SQRT(a) sqrt(a)
+#define F_RSQRT(a) (1.0 / sqrt(a))
+#define F_TANH(a) tanh(a)
+#define F_SIGMOID(a) sc_sigmoid(a)
+#define OP(...)
+#define EW(id, nm, nin, attrs, shp, ik, gr, fl, bi, formula) \
+  static double scalar_##id(const double *x, double p) {    \
+    IR_UNUSED(x), IR_UNUSED(p);                             \
+    return formula;                                         \
+  }
+#include "dsc/ops.def"
+#undef OP
+#undef EW
+
 static ir_op_info op_table[DSC_OP_COUNT] = {
 #define OP(id, nm, nin, attrs, shp, ik, cgc, gr)                                                \
   [DSC_OP_##id] = {.name = nm, .n_inputs = nin, .attr_spec = attrs, .shape = shp, .interp = ik, \
-                   .cg = cgc, .grad = gr},
+                   .cg = cgc, .grad = gr, .builtin = ""},
+#define EW(id, nm, nin, attrs, shp, ik, gr, fl, bi, formula)                                    \
+  [DSC_OP_##id] = {.name = nm, .n_inputs = nin, .attr_spec = attrs, .shape = shp, .interp = ik, \
+                   .cg = IR_CG_ELEMENTWISE, .grad = gr, .scalar = scalar_##id, .flags = fl,     \
+                   .builtin = bi},
 #include "dsc/ops.def"
 #undef OP
+#undef EW
 };
 
 static const struct {

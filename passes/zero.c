@@ -317,17 +317,9 @@ static bool same_shape(const dsc_type *a, const dsc_type *b) {
   return true;
 }
 
-/* Ops whose result is zero where their inputs are (for the padding). */
-static bool keeps_zero(dsc_op op) {
-  switch (op) {
-    case DSC_OP_ADD: case DSC_OP_SUB: case DSC_OP_MUL: case DSC_OP_MAXIMUM: case DSC_OP_WHERE:
-    case DSC_OP_NEG: case DSC_OP_SQRT: case DSC_OP_TANH: case DSC_OP_RELU: case DSC_OP_GELU:
-    case DSC_OP_SILU: case DSC_OP_CAST:
-      return true;
-    default:
-      return false;
-  }
-}
+/* Ops whose result is zero where their inputs are (for the padding): the
+ * keeps-zero flag of their row in include/dsc/ops.def. */
+static bool keeps_zero(dsc_op op) { return (ir_op(op)->flags & IR_OPF_KEEPS_ZERO) != 0; }
 
 /* The chunk of FULL value x (a sharded tensor's shape): elementwise ops of
  * the optimizer's part are computed on chunks, other values are cut with

@@ -38,6 +38,7 @@
 
 #include "dsc/dsc.h"
 #include "runtime/cuda_api.h"
+#include "tests/unit/test_util.h"
 
 static int n_pass, n_fail;
 /* the backend under test: cuda; $DSC_GPU_CHECK_BACKEND=cpu runs the same
@@ -58,13 +59,7 @@ static void report_msg(bool ok, const char *name, const char *msg) {
   ok ? n_pass++ : n_fail++;
 }
 
-static void last_diags(dsc_context *ctx, char *buf, size_t n) {
-  buf[0] = 0;
-  size_t len = 0;
-  for (int i = 0; i < dsc_diag_count(ctx) && len + 1 < n; i++)
-    len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? " | " : "",
-                            dsc_diag_get(ctx, i)->message);
-}
+static void last_diags(dsc_context *ctx, char *buf, size_t n) { test_diags_join(ctx, " | ", buf, n); }
 
 static double tol_of(dsc_dtype dt) {
   switch (dt) {
@@ -197,19 +192,11 @@ static void check_case(dsc_context *ctx, const op_case *c, dsc_dtype dt) {
     goto out;
   }
   dsc_dtype od = oi[0]->type.dtype;
-  double tol = tol_of(od), worst = 0, scale = 0;
-  int64_t n = dsc_type_numel(&oi[0]->type), bad_at = -1;
-  bool nonzero = false;
-  for (int64_t j = 0; j < n; j++) {
-    scale = fmax(scale, fabs(oi[0]->data[j]));
-    nonzero = nonzero || oi[0]->data[j] != 0;
-  }
-  for (int64_t j = 0; j < n; j++) {
-    double a = oi[0]->data[j], b = oc[0]->data[j];
-    double e = (isnan(a) && isnan(b)) ? 0 : isnan(a) != isnan(b) ? INFINITY : fabs(a - b);
-    if (tol > 0) e /= fmax(scale, 1e-30);
-    if (e > worst || isnan(e)) worst = e, bad_at = j;
-  }
+  double tol = tol_of(od);
+  test_diff d = test_compare(oi[0]->data, oc[0]->data, dsc_type_numel(&oi[0]->type));
+  double worst = tol > 0 ? test_normwise(d) : d.err;
+  int64_t bad_at = d.at;
+  bool nonzero = d.nonzero;
   char extra[200] = "";
   if (worst > tol && bad_at >= 0)
     snprintf(extra, sizeof extra, "at %lld: gpu %.9g, interp %.9g", (long long)bad_at,
@@ -271,6 +258,7 @@ UNARY(b_rsqrt, DSC_OP_RSQRT, IN_POS)
 UNARY(b_tanh, DSC_OP_TANH, IN_ANY)
 UNARY(b_relu, DSC_OP_RELU, IN_ANY)
 UNARY(b_gelu, DSC_OP_GELU, IN_ANY)
+UNARY(b_softplus, DSC_OP_SOFTPLUS, IN_ANY)
 UNARY(b_silu, DSC_OP_SILU, IN_ANY)
 UNARY(b_sigmoid, DSC_OP_SIGMOID, IN_ANY)
 static dsc_node *b_pow(dsc_graph *g, dsc_dtype dt) {
@@ -420,6 +408,7 @@ static const op_case cases[] = {
     {"tanh", b_tanh, FLOATS},
     {"relu", b_relu, {DSC_F32, DSC_BF16, DSC_I32, END}},
     {"gelu", b_gelu, FLOATS},
+    {"softplus", b_softplus, FLOATS},
     {"silu", b_silu, FLOATS},
     {"sigmoid", b_sigmoid, FLOATS},
     {"pow", b_pow, FLOATS},
@@ -496,29 +485,12 @@ out:
 
 /* ---- the tiny GPT's fused training step ---- */
 
+/* Adam's first steps are lr * sign(g) with eps = 1e-8: a gradient that is
+ * zero up to rounding then moves by +-lr on either backend (exec_test.cc);
+ * eps = 1e-3 keeps the update a smooth function of g */
 static dsc_module *tiny_step(dsc_context *ctx, const char *stop_after) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/examples/gpt-tiny.dsm", source_dir);
-  dsc_dim_binding dims[2] = {{"B", 2}, {"T", 16}};
-  dsc_frontend_options fo = {dims, 2};
-  dsc_module *m = NULL;
-  if (dsc_compile_file(ctx, path, &fo, &m) != DSC_OK) return NULL;
-  dsc_train_config cfg;
-  if (dsc_train_config_from_module(m, &cfg) != DSC_OK) return NULL;
-  cfg.batch = 2, cfg.seq = 16, cfg.grad_accum = 1;
-  /* Adam's first steps are lr * sign(g) with eps = 1e-8: a gradient that is
-   * zero up to rounding then moves by +-lr on either backend (exec_test.cc);
-   * eps = 1e-3 keeps the update a smooth function of g */
-  cfg.opt.eps = 1e-3;
-  dsc_pipeline_options po;
-  memset(&po, 0, sizeof po);
-  po.train = &cfg;
-  po.stop_after = stop_after;
-  if (dsc_run_pipeline(m, &po) != DSC_OK) {
-    dsc_module_free(m);
-    return NULL;
-  }
-  return m;
+  test_tiny_options o = {.source_dir = source_dir, .stop_after = stop_after, .adam_eps = 1e-3};
+  return test_tiny_step(ctx, &o);
 }
 
 static void check_train_step(dsc_context *ctx) {
@@ -592,16 +564,12 @@ static void check_train_step(dsc_context *ctx) {
   int moved = 0;
   for (int p = 0; p < dsc_params_count(pi); p++) {
     const dsc_tensor *a = dsc_params_get(pi, p), *b = dsc_params_get(pc, p);
-    double scale = 0, err = 0;
-    for (int64_t j = 0; j < dsc_type_numel(&a->type); j++) {
-      scale = fmax(scale, fabs(a->data[j]));
-      err = fmax(err, fabs(a->data[j] - b->data[j]));
-    }
-    double e = err / fmax(scale, 1e-30);
+    test_diff d = test_compare(a->data, b->data, dsc_type_numel(&a->type));
+    double e = test_normwise(d);
     /* Adam's second moments are squares of gradients: twice the relative error */
     if (strncmp(dsc_module_param_name(mi, p), "opt.v.", 6) == 0) e /= 2;
     if (e > worst) worst = e, worst_name = dsc_module_param_name(mi, p);
-    moved += scale > 0;
+    moved += d.scale > 0;
   }
   char extra[160];
   snprintf(extra, sizeof extra, "worst: %s; %d of %d params/states non-zero", worst_name, moved,
@@ -670,19 +638,29 @@ static bool train_curve(dsc_context *ctx, const char *data, const char *backend,
   return ok;
 }
 
+/* A scratch dir (dir: a mkdtemp template) with the token data at
+ * prefix; false after reporting why not (what: the check's name). */
+static bool scratch_data(dsc_context *ctx, const char *what, char *dir, char *prefix, size_t n) {
+  char name[100], diag[1500];
+  if (!mkdtemp(dir)) {
+    snprintf(name, sizeof name, "%s: scratch dir", what);
+    report_msg(false, name, "mkdtemp failed");
+    return false;
+  }
+  snprintf(prefix, n, "%s/tokens", dir);
+  if (!write_data(ctx, prefix)) {
+    last_diags(ctx, diag, sizeof diag);
+    snprintf(name, sizeof name, "%s: data", what);
+    report_msg(false, name, diag);
+    return false;
+  }
+  return true;
+}
+
 static void check_loss_curves(dsc_context *ctx) {
   enum { STEPS = 20 };
   char dir[] = "/tmp/dsc_gpu_check.XXXXXX", prefix[200], diag[1500];
-  if (!mkdtemp(dir)) {
-    report_msg(false, "loss curves: scratch dir", "mkdtemp failed");
-    return;
-  }
-  snprintf(prefix, sizeof prefix, "%s/tokens", dir);
-  if (!write_data(ctx, prefix)) {
-    last_diags(ctx, diag, sizeof diag);
-    report_msg(false, "loss curves: data", diag);
-    return;
-  }
+  if (!scratch_data(ctx, "loss curves", dir, prefix, sizeof prefix)) return;
   static const struct {
     const char *precision;
     double tol;
@@ -696,12 +674,8 @@ static void check_loss_curves(dsc_context *ctx) {
       report_msg(false, name, diag);
       continue;
     }
-    double worst = 0;
     int at = 0;
-    for (int s = 0; s < STEPS; s++) {
-      double e = fabs(lc[s] - li[s]) / fabs(li[s]);
-      if (!(e <= worst)) worst = e, at = s;
-    }
+    double worst = test_curve_diff(li, lc, STEPS, &at);
     bool learned = lc[STEPS - 1] < lc[0] - 0.3;
     char extra[200];
     int len = snprintf(extra, sizeof extra, "step 1 %.4f/%.4f, step %d %.4f/%.4f (gpu/interp)",
@@ -766,16 +740,7 @@ static void check_collectives(dsc_context *ctx) {
     return;
   }
   char dir[] = "/tmp/dsc_gpu_check_coll.XXXXXX", prefix[200], diag[1500];
-  if (!mkdtemp(dir)) {
-    report_msg(false, "collectives: scratch dir", "mkdtemp failed");
-    return;
-  }
-  snprintf(prefix, sizeof prefix, "%s/tokens", dir);
-  if (!write_data(ctx, prefix)) {
-    last_diags(ctx, diag, sizeof diag);
-    report_msg(false, "collectives: data", diag);
-    return;
-  }
+  if (!scratch_data(ctx, "collectives", dir, prefix, sizeof prefix)) return;
   static const int stages[2] = {0, 3};
   for (int k = 0; k < 2; k++) {
     coll_job ji = {prefix, "interp", stages[k], STEPS, {{0}}},
@@ -789,13 +754,9 @@ static void check_collectives(dsc_context *ctx) {
       report_msg(false, name, diag);
       continue;
     }
-    double worst = 0;
+    double worst = test_curve_diff(ji.loss[0], jc.loss[0], STEPS, NULL);
     bool same_ranks = true;
-    for (int s = 0; s < STEPS; s++) {
-      double e = fabs(jc.loss[0][s] - ji.loss[0][s]) / fabs(ji.loss[0][s]);
-      if (!(e <= worst)) worst = e;
-      same_ranks = same_ranks && jc.loss[0][s] == jc.loss[1][s];
-    }
+    for (int s = 0; s < STEPS; s++) same_ranks = same_ranks && jc.loss[0][s] == jc.loss[1][s];
     char extra[200];
     snprintf(extra, sizeof extra, "step 1 %.4f/%.4f, step %d %.4f/%.4f (gpu/interp)%s",
              jc.loss[0][0], ji.loss[0][0], STEPS, jc.loss[0][STEPS - 1], ji.loss[0][STEPS - 1],

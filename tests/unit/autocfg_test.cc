@@ -14,19 +14,13 @@
 #include "dsc/autocfg.h"
 #include "dsc/frontend.h"
 #include "dsc/train.h"
+#include "tests/unit/test_util.h"
 
 // driver/driver.h (a C header without C++ guards): the program summary
 extern "C" dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world,
                                     dsc_step_work *out);
 
 namespace {
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 dsc_step_event compute(double flops) { return {DSC_EV_COMPUTE, flops, 0, 0}; }
 dsc_step_event start(int id, double bytes) { return {DSC_EV_START, 0, id, bytes}; }

@@ -21,6 +21,7 @@
 #include "dsc/dsc.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -54,15 +55,6 @@ double grid_b(std::mt19937_64 &r) {
 
 dsc_type ty(std::vector<int64_t> dims, dsc_dtype dt = DSC_F64) {
   return dsc_type_make(dt, (int)dims.size(), dims.data());
-}
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) {
-    const dsc_diag *d = dsc_diag_get(ctx, i);
-    s += std::to_string(d->loc.line) + ":" + std::to_string(d->loc.col) + ": " + d->message + "\n";
-  }
-  return s;
 }
 
 struct Harness {
@@ -280,6 +272,7 @@ TEST(AutodiffGrad, ReluAwayFromZero) { unary_case(DSC_OP_RELU, away); }
 TEST(AutodiffGrad, Gelu) { unary_case(DSC_OP_GELU, normal); }
 TEST(AutodiffGrad, Silu) { unary_case(DSC_OP_SILU, normal); }
 TEST(AutodiffGrad, Sigmoid) { unary_case(DSC_OP_SIGMOID, normal); }
+TEST(AutodiffGrad, Softplus) { unary_case(DSC_OP_SOFTPLUS, normal); }
 TEST(AutodiffGrad, Pow) {
   for (double p : {2.0, 3.0, 0.5, -1.5, 1.0})
     unary_case(DSC_OP_POW, positive, {dsc_attr_float("exponent", p)});
@@ -904,7 +897,7 @@ TEST(AutodiffRules, RuleTableCoversTheDifferentiableOps) {
   for (dsc_op op : {DSC_OP_ADD,       DSC_OP_SUB,           DSC_OP_MUL,           DSC_OP_DIV,
                     DSC_OP_MAXIMUM,   DSC_OP_WHERE,         DSC_OP_NEG,           DSC_OP_EXP,
                     DSC_OP_LOG,       DSC_OP_SQRT,          DSC_OP_RSQRT,         DSC_OP_TANH,
-                    DSC_OP_RELU,      DSC_OP_GELU,          DSC_OP_SILU,          DSC_OP_SIGMOID,
+                    DSC_OP_RELU,      DSC_OP_GELU,          DSC_OP_SILU,          DSC_OP_SIGMOID,       DSC_OP_SOFTPLUS,
                     DSC_OP_POW,       DSC_OP_CAST,          DSC_OP_SUM,           DSC_OP_MEAN,
                     DSC_OP_MAX,       DSC_OP_RESHAPE,       DSC_OP_PERMUTE,       DSC_OP_SLICE,
                     DSC_OP_CONCAT,    DSC_OP_BROADCAST,     DSC_OP_EMBEDDING,     DSC_OP_MATMUL,

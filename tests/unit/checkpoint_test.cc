@@ -9,8 +9,8 @@
 #include <random>
 
 #include "runtime_test_util.h"
+#include "tests/unit/test_util.h"
 
-using rt_test::diags;
 using rt_test::read_bytes;
 using rt_test::TempDir;
 using rt_test::write_bytes;

@@ -16,10 +16,10 @@
 #include "dsc/comm.h"
 #include "ir/ir.h"
 #include "tests/unit/comm_test_util.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
-using comm_test::all_diags;
 using comm_test::Ctx;
 using comm_test::run_ranks;
 
@@ -103,11 +103,11 @@ TEST_P(CollectiveWorld, AllFourCollectivesMatchTheReference) {
         }
       dsc_tensor_free(ctx, in);
     }
-    if (s != DSC_OK) ADD_FAILURE() << "rank " << rank << ": " << all_diags(ctx);
+    if (s != DSC_OK) ADD_FAILURE() << "rank " << rank << ": " << diags(ctx);
     dsc_module_free(m);
     return s;
   });
-  ASSERT_EQ(st, DSC_OK) << all_diags(outer.ctx);
+  ASSERT_EQ(st, DSC_OK) << diags(outer.ctx);
   std::vector<double> sum = data(salt, 0, n), gathered;
   for (int r = 1; r < world; r++) {
     std::vector<double> v = data(salt, r, n);
@@ -167,11 +167,11 @@ TEST_P(CollectiveWorld, StartsInFlightAndWaitsInAnyOrder) {
         }
       dsc_tensor_free(ctx, in);
     }
-    if (s != DSC_OK) ADD_FAILURE() << "rank " << rank << ": " << all_diags(ctx);
+    if (s != DSC_OK) ADD_FAILURE() << "rank " << rank << ": " << diags(ctx);
     dsc_module_free(m);
     return s;
   });
-  ASSERT_EQ(st, DSC_OK) << all_diags(outer.ctx);
+  ASSERT_EQ(st, DSC_OK) << diags(outer.ctx);
   std::vector<double> sum(n, 0.0), gathered;
   for (int r = 0; r < world; r++) {
     std::vector<double> v = data(salt, r, n);
@@ -223,7 +223,7 @@ TEST_P(CollectiveWorld, ErrorOnOneRankDoesNotHangTheOthers) {
       dsc_tensor_free(ctx, in);
       dsc_tensor_free(ctx, id);
     }
-    msgs[rank] = all_diags(ctx);
+    msgs[rank] = diags(ctx);
     dsc_module_free(m);
     return s;
   });
@@ -260,11 +260,11 @@ TEST_P(CollectiveWorld, WorldAttributeMustMatchTheCommunicator) {
       s = dsc_interp_run_with(g, nullptr, ins, 1, res, &o);
       dsc_tensor_free(ctx, in);
     }
-    msgs[dsc_comm_rank(c)] = all_diags(ctx);
+    msgs[dsc_comm_rank(c)] = diags(ctx);
     dsc_module_free(m);
     return s == DSC_ERR_USER ? DSC_OK : DSC_ERR_INTERNAL;
   });
-  EXPECT_EQ(st, DSC_OK) << all_diags(outer.ctx);
+  EXPECT_EQ(st, DSC_OK) << diags(outer.ctx);
   std::string want = "all_reduce_start: node %1 has world 8 but the communicator's world is " +
                      std::to_string(world);
   for (int r = 0; r < world; r++) EXPECT_NE(msgs[r].find(want), std::string::npos) << msgs[r];
@@ -278,7 +278,7 @@ TEST(Collective, ShapeRules) {
   dsc_graph *g = dsc_graph_new(m, "g");
   dsc_node *x = dsc_graph_input(g, "x", T(DSC_F32, {6, 4}));
   dsc_node *rs = start(g, DSC_OP_REDUCE_SCATTER_START, x, 3, 0);
-  ASSERT_NE(rs, nullptr) << all_diags(c.ctx);
+  ASSERT_NE(rs, nullptr) << diags(c.ctx);
   EXPECT_TRUE(same(rs->type, T(DSC_F32, {2, 4})));
   dsc_node *ag = start(g, DSC_OP_ALL_GATHER_START, x, 3, 0);
   ASSERT_NE(ag, nullptr);
@@ -289,7 +289,7 @@ TEST(Collective, ShapeRules) {
   dsc_node *bc = start(g, DSC_OP_BROADCAST_START, x, 2, 0, 1);
   ASSERT_NE(bc, nullptr);
   EXPECT_TRUE(dsc_type_equal(&bc->type, &x->type));
-  EXPECT_EQ(dsc_diag_count(c.ctx), 0) << all_diags(c.ctx);
+  EXPECT_EQ(dsc_diag_count(c.ctx), 0) << diags(c.ctx);
 
   struct Bad {
     std::function<dsc_node *()> build;
@@ -334,7 +334,7 @@ TEST(Collective, NeedsACommunicator) {
   EXPECT_EQ(res[0], nullptr);
   dsc_interp_options o = {nullptr};
   EXPECT_EQ(dsc_interp_run_with(g, nullptr, ins, 1, res, &o), DSC_ERR_USER);
-  std::string d = all_diags(c.ctx);
+  std::string d = diags(c.ctx);
   EXPECT_NE(d.find("graph 'g' has collective ops (all_reduce_start at node %1); run it with a "
                    "communicator"),
             std::string::npos)
@@ -364,7 +364,7 @@ TEST(Collective, OnlyTheWaitReadsAStart) {
         r = dsc_interp_run_with(g, nullptr, ins, 1, res, &o);
         dsc_tensor_free(ctx, in);
       }
-      msg = all_diags(ctx);
+      msg = diags(ctx);
       dsc_module_free(m);
       return r == DSC_ERR_USER ? DSC_OK : DSC_ERR_INTERNAL;
     });
@@ -387,8 +387,8 @@ TEST(Collective, TextRoundTripAndVerify) {
       cwait(g, DSC_OP_ALL_REDUCE_WAIT, a), cwait(g, DSC_OP_REDUCE_SCATTER_WAIT, r),
       cwait(g, DSC_OP_ALL_GATHER_WAIT, start(g, DSC_OP_ALL_GATHER_START, x, 2, 4)),
       cwait(g, DSC_OP_BROADCAST_WAIT, start(g, DSC_OP_BROADCAST_START, x, 2, 5, 1))};
-  ASSERT_EQ(dsc_graph_set_outputs(g, outs, 4), DSC_OK) << all_diags(c.ctx);
-  ASSERT_EQ(dsc_module_verify(m), DSC_OK) << all_diags(c.ctx);
+  ASSERT_EQ(dsc_graph_set_outputs(g, outs, 4), DSC_OK) << diags(c.ctx);
+  ASSERT_EQ(dsc_module_verify(m), DSC_OK) << diags(c.ctx);
   char *t1 = dsc_module_print_string(m);
   ASSERT_NE(t1, nullptr);
   std::string s1 = t1;
@@ -397,8 +397,8 @@ TEST(Collective, TextRoundTripAndVerify) {
   EXPECT_NE(s1.find("root"), std::string::npos) << s1;
   dsc_module *m2 = nullptr;
   ASSERT_EQ(dsc_module_parse(c.ctx, s1.data(), s1.size(), "c.dsir", &m2), DSC_OK)
-      << all_diags(c.ctx) << s1;
-  EXPECT_EQ(dsc_module_verify(m2), DSC_OK) << all_diags(c.ctx);
+      << diags(c.ctx) << s1;
+  EXPECT_EQ(dsc_module_verify(m2), DSC_OK) << diags(c.ctx);
   char *t2 = dsc_module_print_string(m2);
   ASSERT_NE(t2, nullptr);
   EXPECT_EQ(s1, std::string(t2));

@@ -19,10 +19,10 @@
 #include "dsc/comm.h"
 #include "ir/ir.h"
 #include "tests/unit/comm_test_util.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
-using comm_test::all_diags;
 using comm_test::Ctx;
 using comm_test::run_ranks;
 
@@ -58,7 +58,7 @@ bool bitwise_equal(const std::vector<T> &a, const std::vector<T> &b) {
 
 dsc_status fail_from(dsc_comm *c, const char *what) {
   ADD_FAILURE() << "rank " << dsc_comm_rank(c) << ": " << what
-                << " failed: " << all_diags(dsc_comm_context(c));
+                << " failed: " << diags(dsc_comm_context(c));
   return DSC_ERR_USER;
 }
 
@@ -133,7 +133,7 @@ TEST_P(CommWorld, EveryCollectiveMatchesTheReferenceBitwise) {
     EXPECT_FALSE(dsc_comm_broken(c));
     return DSC_OK;
   });
-  EXPECT_EQ(st, DSC_OK) << all_diags(ctx.ctx);
+  EXPECT_EQ(st, DSC_OK) << diags(ctx.ctx);
 }
 
 TEST_P(CommWorld, SeveralRequestsInFlightCompleteInAnyWaitOrder) {
@@ -162,7 +162,7 @@ TEST_P(CommWorld, SeveralRequestsInFlightCompleteInAnyWaitOrder) {
     for (size_t i = 0; i < 3; i++) EXPECT_EQ(rsy[i], full[r * 3 + i]);
     return DSC_OK;
   });
-  EXPECT_EQ(st, DSC_OK) << all_diags(ctx.ctx);
+  EXPECT_EQ(st, DSC_OK) << diags(ctx.ctx);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CommWorld, ::testing::Values(1, 2, 3, 4, 8));
@@ -181,7 +181,7 @@ TEST(Comm, TwoRunsAreBitwiseIdentical) {
       std::vector<float> x = as<float>(data(21, r, n));
       return dsc_comm_all_reduce(c, x.data(), out[run_i][r].data(), n, DSC_F32, DSC_COMM_SUM, 0);
     });
-    ASSERT_EQ(st, DSC_OK) << all_diags(ctx.ctx);
+    ASSERT_EQ(st, DSC_OK) << diags(ctx.ctx);
   }
   for (int r = 0; r < world; r++) {
     EXPECT_TRUE(bitwise_equal(out[0][r], out[1][r])) << "rank " << r;
@@ -217,7 +217,7 @@ TEST(Comm, TimeoutFailsEveryWaitingRankWithANamedError) {
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.1);
     {
       std::lock_guard<std::mutex> g(mu);
-      msgs[r] = all_diags(dsc_comm_context(c));
+      msgs[r] = diags(dsc_comm_context(c));
       secs[r] = dt.count();
     }
     done++;
@@ -231,8 +231,8 @@ TEST(Comm, TimeoutFailsEveryWaitingRankWithANamedError) {
     EXPECT_LT(secs[r], 1.5) << "rank " << r;  // about the timeout, generous for loaded machines
     EXPECT_NE(msgs[r].find("barrier #2 (step 4) failed"), std::string::npos) << msgs[r];
   }
-  EXPECT_NE(all_diags(ctx.ctx).find("timed out after 0.2 s waiting for rank 3"), std::string::npos)
-      << all_diags(ctx.ctx);
+  EXPECT_NE(diags(ctx.ctx).find("timed out after 0.2 s waiting for rank 3"), std::string::npos)
+      << diags(ctx.ctx);
 }
 
 TEST(Comm, AbortOfOneRankFailsTheOthersPromptly) {
@@ -251,7 +251,7 @@ TEST(Comm, AbortOfOneRankFailsTheOthersPromptly) {
     }
     dsc_status s = dsc_comm_all_reduce(c, &x, &y, 1, DSC_F64, DSC_COMM_SUM, 1);
     std::lock_guard<std::mutex> g(mu);
-    msgs[r] = all_diags(dsc_comm_context(c));
+    msgs[r] = diags(dsc_comm_context(c));
     return s;
   });
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -262,8 +262,8 @@ TEST(Comm, AbortOfOneRankFailsTheOthersPromptly) {
                            ": all_reduce #1 (step 1) failed: rank 2 aborted: out of data"),
               std::string::npos)
         << msgs[r];
-  EXPECT_NE(all_diags(ctx.ctx).find("rank 2 aborted: out of data"), std::string::npos)
-      << all_diags(ctx.ctx);
+  EXPECT_NE(diags(ctx.ctx).find("rank 2 aborted: out of data"), std::string::npos)
+      << diags(ctx.ctx);
 }
 
 TEST(Comm, RankReturningAnErrorOrLeavingEarlyIsNamed) {
@@ -277,14 +277,14 @@ TEST(Comm, RankReturningAnErrorOrLeavingEarlyIsNamed) {
     }
     double x = 1, y;
     dsc_status s = dsc_comm_all_reduce(c, &x, &y, 1, DSC_F64, DSC_COMM_SUM, 5);
-    if (r == 0) m0 = all_diags(dsc_comm_context(c));
+    if (r == 0) m0 = diags(dsc_comm_context(c));
     return s;
   });
   EXPECT_EQ(st, DSC_ERR_USER);
   EXPECT_NE(m0.find("rank 0: all_reduce #0 (step 5) failed: rank 1 failed: batch 7 is corrupt"),
             std::string::npos)
       << m0;
-  EXPECT_NE(all_diags(ctx.ctx).find("batch 7 is corrupt"), std::string::npos);
+  EXPECT_NE(diags(ctx.ctx).find("batch 7 is corrupt"), std::string::npos);
 
   // A rank that returns DSC_OK after one collective while the others start a second.
   Ctx ctx2;
@@ -295,7 +295,7 @@ TEST(Comm, RankReturningAnErrorOrLeavingEarlyIsNamed) {
     if (dsc_comm_all_reduce(c, &x, &y, 1, DSC_F64, DSC_COMM_SUM, 0)) return fail_from(c, "first");
     if (r == 1) return DSC_OK;
     dsc_status s = dsc_comm_barrier(c, 1);
-    if (r == 2) m2 = all_diags(dsc_comm_context(c));
+    if (r == 2) m2 = diags(dsc_comm_context(c));
     return s;
   });
   EXPECT_EQ(st, DSC_ERR_USER);
@@ -337,7 +337,7 @@ TEST(Comm, MismatchedCollectivesAreReportedNotDeadlocked) {
       dsc_status s = r == 0
                          ? dsc_comm_all_reduce(c, v.data(), v.data(), 8, DSC_F64, DSC_COMM_SUM, 0)
                          : k.rank1(c, v);
-      msgs[r] = all_diags(dsc_comm_context(c));
+      msgs[r] = diags(dsc_comm_context(c));
       return s;
     });
     EXPECT_EQ(st, DSC_ERR_USER) << k.what;
@@ -372,7 +372,7 @@ TEST(Comm, BadArgumentsFailOnTheCallerAndKeepRanksInStep) {
     EXPECT_EQ(dsc_comm_all_gather(c, nullptr, out.data(), 1, DSC_F64, 2), DSC_ERR_USER);
     EXPECT_EQ(dsc_comm_set_timeout(c, 0), DSC_ERR_USER);
     EXPECT_EQ(dsc_comm_timeout(c), DSC_COMM_DEFAULT_TIMEOUT);
-    msgs[r] = all_diags(rc);
+    msgs[r] = diags(rc);
     EXPECT_FALSE(dsc_comm_broken(c));
     // Rejected calls took no collective number: this one is #0 on every rank and works.
     dsc_diag_clear(rc);
@@ -381,7 +381,7 @@ TEST(Comm, BadArgumentsFailOnTheCallerAndKeepRanksInStep) {
     EXPECT_EQ(y, 6.0);
     return s;
   });
-  EXPECT_EQ(st, DSC_OK) << all_diags(ctx.ctx);
+  EXPECT_EQ(st, DSC_OK) << diags(ctx.ctx);
   const std::string &m = msgs[1];
   EXPECT_NE(
       m.find(
@@ -397,7 +397,7 @@ TEST(Comm, BadArgumentsFailOnTheCallerAndKeepRanksInStep) {
 
   Ctx bad;
   EXPECT_EQ(run_ranks(bad.ctx, 0, [](dsc_comm *) { return DSC_OK; }), DSC_ERR_USER);
-  EXPECT_NE(all_diags(bad.ctx).find("world size must be in [1, 1024], got 0"), std::string::npos);
+  EXPECT_NE(diags(bad.ctx).find("world size must be in [1, 1024], got 0"), std::string::npos);
 }
 
 TEST(Comm, TimeoutComesFromTheEnvironment) {
@@ -416,10 +416,10 @@ TEST(Comm, TimeoutComesFromTheEnvironment) {
   setenv("DSC_COMM_TIMEOUT", "soon", 1);
   Ctx bad;
   EXPECT_EQ(run_ranks(bad.ctx, 2, [](dsc_comm *) { return DSC_OK; }), DSC_ERR_USER);
-  EXPECT_NE(all_diags(bad.ctx).find(
+  EXPECT_NE(diags(bad.ctx).find(
                 "DSC_COMM_TIMEOUT: expected a positive number of seconds, got 'soon'"),
             std::string::npos)
-      << all_diags(bad.ctx);
+      << diags(bad.ctx);
   if (old)
     setenv("DSC_COMM_TIMEOUT", saved.c_str(), 1);
   else
@@ -432,7 +432,7 @@ TEST(Comm, MpiAvailabilityIsReported) {
     dsc_comm *c = reinterpret_cast<dsc_comm *>(&ctx);
     EXPECT_EQ(dsc_comm_mpi_new(ctx.ctx, &c), DSC_ERR_USER);
     EXPECT_EQ(c, nullptr);
-    EXPECT_NE(all_diags(ctx.ctx).find("built without MPI"), std::string::npos);
+    EXPECT_NE(diags(ctx.ctx).find("built without MPI"), std::string::npos);
   } else {
     GTEST_SKIP() << "built with MPI: tests/mpi/comm_mpi_test.c runs under mpirun";
   }

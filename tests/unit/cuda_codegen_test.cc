@@ -15,6 +15,7 @@
 extern "C" {
 #include "codegen/codegen.h"
 }
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -27,13 +28,6 @@ struct Arena {
     dsc_context_free(ctx);
   }
 };
-
-std::string Diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 kir_access Acc(int arg, int64_t offset, std::initializer_list<int64_t> strides) {
   kir_access x;
@@ -347,7 +341,7 @@ struct Suite {
 
 std::string Source(Arena &A, const kir_kernel *k, cg_cuda_launch *l) {
   char *s = cg_cuda_source(&A.a, k, l);
-  EXPECT_NE(s, nullptr) << Diags(A.ctx);
+  EXPECT_NE(s, nullptr) << diags(A.ctx);
   return s ? s : "";
 }
 
@@ -481,7 +475,7 @@ TEST(CudaCodegen, LaunchConfigMatchesSource) {
   Suite S(&A.a);
   for (kir_kernel *k : S.k) {
     cg_cuda_launch a, b;
-    ASSERT_NE(cg_cuda_source(&A.a, k, &a), nullptr) << Diags(A.ctx);
+    ASSERT_NE(cg_cuda_source(&A.a, k, &a), nullptr) << diags(A.ctx);
     ASSERT_TRUE(cg_cuda_launch_config(A.ctx, k, &b));
     EXPECT_EQ(memcmp(&a, &b, sizeof a), 0) << k->name;
   }
@@ -493,7 +487,7 @@ TEST(CudaCodegen, IdenticalKernelsShareOneBody) {
                       Softmax(&A.a, "other", 3, 101, DSC_F32),
                       Softmax(&A.a, "second", 3, 100, DSC_F32)};
   char *src = cg_cuda_program_source(&A.a, k, 3);
-  ASSERT_NE(src, nullptr) << Diags(A.ctx);
+  ASSERT_NE(src, nullptr) << diags(A.ctx);
   std::string s(src);
   EXPECT_EQ(Count(s, "__noinline__"), 1) << s;
   EXPECT_EQ(Count(s, "dsc_shared0("), 3) << s;  // the body, two calls
@@ -514,16 +508,16 @@ TEST(CudaCodegen, InvalidKernelsAreDiagnosed) {
   k->stages[2].dst.offset = 1;  // the last store falls off the output
   EXPECT_EQ(cg_cuda_source(&A.a, k, nullptr), nullptr);
   ASSERT_EQ(dsc_error_count(A.ctx), 1);
-  EXPECT_NE(Diags(A.ctx).find("cuda: invalid kernel"), std::string::npos) << Diags(A.ctx);
+  EXPECT_NE(diags(A.ctx).find("cuda: invalid kernel"), std::string::npos) << diags(A.ctx);
   dsc_diag_clear(A.ctx);
   kir_kernel *bad = Softmax(&A.a, "not-an-identifier", 3, 10, DSC_F32);
   EXPECT_EQ(cg_cuda_source(&A.a, bad, nullptr), nullptr);
-  EXPECT_NE(Diags(A.ctx).find("not a C identifier"), std::string::npos) << Diags(A.ctx);
+  EXPECT_NE(diags(A.ctx).find("not a C identifier"), std::string::npos) << diags(A.ctx);
   dsc_diag_clear(A.ctx);
   kir_kernel *twice[2] = {Softmax(&A.a, "same", 3, 10, DSC_F32),
                           Softmax(&A.a, "same", 3, 10, DSC_F32)};
   EXPECT_EQ(cg_cuda_program_source(&A.a, twice, 2), nullptr);
-  EXPECT_NE(Diags(A.ctx).find("two kernels named 'same'"), std::string::npos) << Diags(A.ctx);
+  EXPECT_NE(diags(A.ctx).find("two kernels named 'same'"), std::string::npos) << diags(A.ctx);
 }
 
 TEST(CudaCodegen, PrintsTheSoftmaxKernel) {
@@ -547,7 +541,7 @@ TEST(CudaNvrtc, EveryTestKernelCompilesForSm90InOneProgram) {
   Arena A;
   Suite S(&A.a);
   char *src = cg_cuda_program_source(&A.a, S.k.data(), (int)S.k.size());
-  ASSERT_NE(src, nullptr) << Diags(A.ctx);
+  ASSERT_NE(src, nullptr) << diags(A.ctx);
   char *ptx = nullptr;
   void *cubin = nullptr;
   size_t ptx_len = 0, cubin_len = 0;
@@ -557,8 +551,8 @@ TEST(CudaNvrtc, EveryTestKernelCompilesForSm90InOneProgram) {
   std::printf(
       "NVRTC: %zu kernels, %zu bytes of CUDA C -> %zu bytes PTX, %zu bytes cubin in %.2f s\n",
       S.k.size(), strlen(src), ptx_len, cubin_len, secs);
-  ASSERT_EQ(st, DSC_OK) << Diags(A.ctx);
-  EXPECT_EQ(dsc_diag_count(A.ctx), 0) << "NVRTC warnings:\n" << Diags(A.ctx);
+  ASSERT_EQ(st, DSC_OK) << diags(A.ctx);
+  EXPECT_EQ(dsc_diag_count(A.ctx), 0) << "NVRTC warnings:\n" << diags(A.ctx);
   ASSERT_NE(ptx, nullptr);
   ASSERT_NE(cubin, nullptr);
   EXPECT_EQ(ptx_len, strlen(ptx));
@@ -575,12 +569,12 @@ TEST(CudaNvrtc, EveryTestKernelCompilesForSm90InOneProgram) {
 TEST(CudaNvrtc, SingleKernelSourceCompiles) {
   Arena A;
   char *src = cg_cuda_source(&A.a, Softmax(&A.a, "softmax_one", 2, 100, DSC_F16), nullptr);
-  ASSERT_NE(src, nullptr) << Diags(A.ctx);
+  ASSERT_NE(src, nullptr) << diags(A.ctx);
   char *ptx = nullptr;
   size_t ptx_len = 0;
   // PTX only (no cubin requested).
   ASSERT_EQ(cg_nvrtc_compile(A.ctx, src, "one.cu", 90, &ptx, &ptx_len, nullptr, nullptr), DSC_OK)
-      << Diags(A.ctx);
+      << diags(A.ctx);
   ASSERT_NE(ptx, nullptr);
   EXPECT_NE(std::string(ptx).find(".visible .entry softmax_one("), std::string::npos);
   EXPECT_NE(std::string(ptx).find("cvt.rn.f16.f32"), std::string::npos);
@@ -603,7 +597,7 @@ TEST(CudaNvrtc, CompileErrorsCarryTheNvrtcLog) {
   EXPECT_EQ(ptx_len, 0u);
   EXPECT_EQ(cubin_len, 0u);
   ASSERT_EQ(dsc_error_count(A.ctx), 1);
-  std::string d = Diags(A.ctx);
+  std::string d = diags(A.ctx);
   EXPECT_NE(d.find("broken.cu"), std::string::npos) << d;
   EXPECT_NE(d.find("undefined_value_xyz"), std::string::npos) << d;  // from the NVRTC log
   EXPECT_NE(d.find("sm_90"), std::string::npos) << d;
@@ -616,8 +610,8 @@ TEST(CudaNvrtc, UnsupportedArchitectureIsAUserError) {
                              nullptr, nullptr, nullptr),
             DSC_ERR_USER);
   EXPECT_EQ(ptx, nullptr);
-  EXPECT_NE(Diags(A.ctx).find("cannot compile for sm_12 (supported: "), std::string::npos)
-      << Diags(A.ctx);
+  EXPECT_NE(diags(A.ctx).find("cannot compile for sm_12 (supported: "), std::string::npos)
+      << diags(A.ctx);
 }
 
 #else
@@ -627,7 +621,7 @@ TEST(CudaNvrtc, WithoutTheToolkitCompilingIsAnError) {
   char *ptx = (char *)0x1;
   EXPECT_EQ(cg_nvrtc_compile(A.ctx, "", "k.cu", 90, &ptx, nullptr, nullptr, nullptr), DSC_ERR_USER);
   EXPECT_EQ(ptx, nullptr);
-  EXPECT_NE(Diags(A.ctx).find("without the CUDA toolkit"), std::string::npos) << Diags(A.ctx);
+  EXPECT_NE(diags(A.ctx).find("without the CUDA toolkit"), std::string::npos) << diags(A.ctx);
 }
 
 #endif

@@ -21,37 +21,12 @@ extern "C" {
 #include "codegen/codegen.h"
 #include "runtime/cuda_api.h"
 }
+#include "tests/unit/test_util.h"
 
 namespace {
 
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message, s += "\n";
-  return s;
-}
-
 // The tiny GPT's train step at B=2, T=16, through the whole pipeline (fused).
-dsc_module *tiny_step(dsc_context *ctx) {
-  std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
-  dsc_dim_binding dims[2] = {{"B", 2}, {"T", 16}};
-  dsc_frontend_options fo;
-  memset(&fo, 0, sizeof fo);
-  fo.dims = dims;
-  fo.n_dims = 2;
-  dsc_module *m = nullptr;
-  if (dsc_compile_file(ctx, path.c_str(), &fo, &m) != DSC_OK) return nullptr;
-  dsc_train_config cfg;
-  if (dsc_train_config_from_module(m, &cfg) != DSC_OK) return nullptr;
-  cfg.batch = 2, cfg.seq = 16, cfg.grad_accum = 1;
-  dsc_pipeline_options po;
-  memset(&po, 0, sizeof po);
-  po.train = &cfg;
-  if (dsc_run_pipeline(m, &po) != DSC_OK) {
-    dsc_module_free(m);
-    return nullptr;
-  }
-  return m;
-}
+dsc_module *tiny_step(dsc_context *ctx) { return test_tiny_step(ctx, nullptr); }
 
 bool have_gpu() {
   char why[512];

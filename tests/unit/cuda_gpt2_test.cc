@@ -16,6 +16,7 @@ extern "C" {
 #include "dsc/frontend.h"
 #include "dsc/train.h"
 }
+#include "tests/unit/test_util.h"
 
 // Weak until codegen/lower.c lands: the test links (and skips) without it.
 // Once lower.c is in the library, other tests reference it strongly, so the
@@ -23,13 +24,6 @@ extern "C" {
 #pragma weak cg_lower_graph
 
 namespace {
-
-[[maybe_unused]] std::string Diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 TEST(CudaGpt2, EveryTrainStepKernelCompilesInOneNvrtcProgram) {
 #ifndef DSC_HAVE_CUDA
@@ -41,15 +35,15 @@ TEST(CudaGpt2, EveryTrainStepKernelCompilesInOneNvrtcProgram) {
   dsc_dim_binding dims[2] = {{"B", 4}, {"T", 64}};
   dsc_frontend_options fo = {dims, 2};
   std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt2.dsm";
-  ASSERT_EQ(dsc_compile_file(ctx, path.c_str(), &fo, &m), DSC_OK) << Diags(ctx);
+  ASSERT_EQ(dsc_compile_file(ctx, path.c_str(), &fo, &m), DSC_OK) << diags(ctx);
   dsc_train_config cfg;
-  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << Diags(ctx);
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(ctx);
   cfg.batch = 4, cfg.seq = 64, cfg.grad_accum = 1;
   cfg.precision = DSC_PRECISION_F32;
   dsc_pipeline_options po;
   memset(&po, 0, sizeof po);
   po.train = &cfg;
-  ASSERT_EQ(dsc_run_pipeline(m, &po), DSC_OK) << Diags(ctx);
+  ASSERT_EQ(dsc_run_pipeline(m, &po), DSC_OK) << diags(ctx);
   dsc_graph *g = dsc_module_find_graph(m, "train_step");
   ASSERT_NE(g, nullptr);
 
@@ -57,7 +51,7 @@ TEST(CudaGpt2, EveryTrainStepKernelCompilesInOneNvrtcProgram) {
   ir_arena_init(&a, ctx);
   cg_program *p = nullptr;
   if (cg_lower_graph(g, &a, &p) != DSC_OK || !p) {
-    std::string d = Diags(ctx);
+    std::string d = diags(ctx);
     ir_arena_release(&a);
     dsc_module_free(m);
     dsc_context_free(ctx);
@@ -67,7 +61,7 @@ TEST(CudaGpt2, EveryTrainStepKernelCompilesInOneNvrtcProgram) {
   auto t0 = std::chrono::steady_clock::now();
   char *src = cg_cuda_program_source(&a, p->kernels, p->n_kernels);
   double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_NE(src, nullptr) << Diags(ctx);
+  ASSERT_NE(src, nullptr) << diags(ctx);
   char *ptx = nullptr;
   void *cubin = nullptr;
   size_t ptx_len = 0, cubin_len = 0;
@@ -79,7 +73,7 @@ TEST(CudaGpt2, EveryTrainStepKernelCompilesInOneNvrtcProgram) {
       "GPT-2 124M train step: %d kernels, %zu bytes of CUDA C (%.3f s) -> %zu bytes PTX, "
       "%zu bytes cubin; one NVRTC compile for sm_90: %.2f s\n",
       p->n_kernels, strlen(src), gen_s, ptx_len, cubin_len, nvrtc_s);
-  EXPECT_EQ(st, DSC_OK) << Diags(ctx).substr(0, 20000);
+  EXPECT_EQ(st, DSC_OK) << diags(ctx).substr(0, 20000);
   if (st == DSC_OK) {
     std::string text(ptx);
     for (int i = 0; i < p->n_kernels; i++)

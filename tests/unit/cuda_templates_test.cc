@@ -21,15 +21,10 @@
 
 #ifdef DSC_HAVE_CUDA
 #include <cublasLt.h>
+#include "tests/unit/test_util.h"
 #endif
 
 namespace {
-
-[[maybe_unused]] std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 struct Env {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "runtime_test_util.h"
+#include "tests/unit/test_util.h"
 
-using rt_test::diags;
 using rt_test::TempDir;
 
 namespace {

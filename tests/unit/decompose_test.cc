@@ -18,15 +18,9 @@
 #include "dsc/dsc.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace {
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 dsc_type make_type(dsc_dtype dt, std::vector<int64_t> dims) {
   dsc_type t;

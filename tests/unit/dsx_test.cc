@@ -15,6 +15,7 @@ extern "C" {
 #include "codegen/codegen.h"
 #include "runtime/runtime.h"
 }
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -30,15 +31,6 @@ std::vector<char> slurp(const std::string &p) {
 void spit(const std::string &p, const std::vector<char> &b) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f.write(b.data(), (std::streamsize)b.size());
-}
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) {
-    const dsc_diag *d = dsc_diag_get(ctx, i);
-    s += d->loc.file ? d->loc.file : "", s += ": ", s += d->message, s += "\n";
-  }
-  return s;
 }
 
 TEST(Dsx, RoundTripsSections) {

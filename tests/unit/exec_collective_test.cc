@@ -23,25 +23,13 @@
 
 namespace {
 
-using comm_test::all_diags;
 using comm_test::Ctx;
 using comm_test::run_ranks;
 
-dsc_type T(dsc_dtype dt, std::vector<int64_t> dims) {
-  return dsc_type_make(dt, (int)dims.size(), dims.data());
-}
-
-dsc_node *op1(dsc_graph *g, dsc_op op, dsc_node *x) { return dsc_build(g, op, &x, 1, nullptr, 0); }
-dsc_node *op2(dsc_graph *g, dsc_op op, dsc_node *x, dsc_node *y) {
-  dsc_node *in[2] = {x, y};
-  return dsc_build(g, op, in, 2, nullptr, 0);
-}
-dsc_node *start(dsc_graph *g, dsc_op op, dsc_node *x, int64_t world, int64_t tag,
-                int64_t root = 0) {
-  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", tag),
-                   dsc_attr_int("root", root)};
-  return dsc_build(g, op, &x, 1, a, op == DSC_OP_BROADCAST_START ? 3 : 2);
-}
+using comm_test::op1;
+using comm_test::op2;
+using comm_test::start;
+using comm_test::T;
 dsc_node *cast(dsc_graph *g, dsc_node *x, dsc_dtype dt) {
   dsc_attr a = dsc_attr_dtype("dtype", dt);
   return dsc_build(g, DSC_OP_CAST, &x, 1, &a, 1);
@@ -255,8 +243,8 @@ void run_world(int world, Build build, double tol, uint32_t salt, bool main_grap
   std::vector<Rank> ranks((size_t)world);
   for (int r = 0; r < world; r++) {
     ranks[r].m = build(ranks[r].ctx, world);
-    ASSERT_NE(ranks[r].m, nullptr) << all_diags(ranks[r].ctx);
-    ASSERT_TRUE(make_execs(ranks[r], r, salt)) << all_diags(ranks[r].ctx);
+    ASSERT_NE(ranks[r].m, nullptr) << diags(ranks[r].ctx);
+    ASSERT_TRUE(make_execs(ranks[r], r, salt)) << diags(ranks[r].ctx);
   }
   std::vector<Values> ref((size_t)world), got1((size_t)world), got2((size_t)world),
       ref_p((size_t)world), p1((size_t)world), p2((size_t)world);
@@ -276,8 +264,8 @@ void run_world(int world, Build build, double tol, uint32_t salt, bool main_grap
     return s;
   });
   std::string why;
-  for (auto &k : ranks) why += all_diags(k.ctx);
-  ASSERT_EQ(st, DSC_OK) << all_diags(outer.ctx) << why;
+  for (auto &k : ranks) why += diags(k.ctx);
+  ASSERT_EQ(st, DSC_OK) << diags(outer.ctx) << why;
   for (int r = 0; r < world; r++) {
     EXPECT_EQ(compare(got1[r], ref[r], tol), "") << "rank " << r << " of " << world;
     EXPECT_TRUE(bitwise(got1[r], got2[r])) << "rank " << r << ": two runs differ";
@@ -320,11 +308,11 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ExecCollectiveWorld, ::testing::Values(1, 2, 3,
 TEST(ExecCollective, ProgramKeepsCollectiveBuffersUntilTheWait) {
   Ctx c;
   dsc_module *m = main_module(c.ctx, 2);
-  ASSERT_NE(m, nullptr) << all_diags(c.ctx);
+  ASSERT_NE(m, nullptr) << diags(c.ctx);
   ir_arena a;
   ir_arena_init(&a, c.ctx);
   cg_program *p = nullptr;
-  ASSERT_EQ(cg_lower_graph(dsc_module_find_graph(m, "step"), &a, &p), DSC_OK) << all_diags(c.ctx);
+  ASSERT_EQ(cg_lower_graph(dsc_module_find_graph(m, "step"), &a, &p), DSC_OK) << diags(c.ctx);
   char *text = cg_program_print(&a, p);
   ASSERT_NE(text, nullptr);
   EXPECT_EQ(p->n_collectives, 5) << text;
@@ -395,7 +383,7 @@ TEST(ExecCollective, ProgramEvalRunsWorldOneAndRejectsMore) {
   for (int world : {1, 2}) {
     Ctx c;
     dsc_module *m = main_module(c.ctx, world);
-    ASSERT_NE(m, nullptr) << all_diags(c.ctx);
+    ASSERT_NE(m, nullptr) << diags(c.ctx);
     ir_arena a;
     ir_arena_init(&a, c.ctx);
     cg_program *p = nullptr;
@@ -429,12 +417,12 @@ TEST(ExecCollective, NoCommunicatorOrWrongWorldIsAnError) {
   if (!dsc_backend_available(DSC_BACKEND_CPU)) GTEST_SKIP() << "no cpu backend in this build";
   Rank r;
   r.m = main_module(r.ctx, 3);
-  ASSERT_NE(r.m, nullptr) << all_diags(r.ctx);
-  ASSERT_TRUE(make_execs(r, 0, 5)) << all_diags(r.ctx);
+  ASSERT_NE(r.m, nullptr) << diags(r.ctx);
+  ASSERT_TRUE(make_execs(r, 0, 5)) << diags(r.ctx);
   Values out;
   for (dsc_exec *e : {r.cpu, r.interp}) {
     EXPECT_EQ(run(e, r, &out), DSC_ERR_USER);
-    std::string d = all_diags(r.ctx);
+    std::string d = diags(r.ctx);
     EXPECT_NE(d.find("all_reduce_start"), std::string::npos) << d;
     EXPECT_NE(d.find("communicator"), std::string::npos) << d;
   }
@@ -445,11 +433,11 @@ TEST(ExecCollective, NoCommunicatorOrWrongWorldIsAnError) {
     dsc_exec_set_comm(r.cpu, c);
     Values o;
     dsc_status s = run(r.cpu, r, &o);
-    msg = all_diags(r.ctx);
+    msg = diags(r.ctx);
     dsc_exec_set_comm(r.cpu, nullptr);
     return s == DSC_OK ? DSC_ERR_INTERNAL : DSC_OK;
   });
-  EXPECT_EQ(st, DSC_OK) << all_diags(outer.ctx);
+  EXPECT_EQ(st, DSC_OK) << diags(outer.ctx);
   EXPECT_NE(msg.find("world 3 but the communicator's world is 2"), std::string::npos) << msg;
 }
 
@@ -461,8 +449,8 @@ TEST(ExecCollective, CommFailureCarriesTheCommMessage) {
   std::vector<Rank> ranks(world);
   for (int r = 0; r < world; r++) {
     ranks[r].m = main_module(ranks[r].ctx, world, r == 1 ? 100 : 0);
-    ASSERT_NE(ranks[r].m, nullptr) << all_diags(ranks[r].ctx);
-    ASSERT_TRUE(make_execs(ranks[r], r, 3)) << all_diags(ranks[r].ctx);
+    ASSERT_NE(ranks[r].m, nullptr) << diags(ranks[r].ctx);
+    ASSERT_TRUE(make_execs(ranks[r], r, 3)) << diags(ranks[r].ctx);
   }
   std::vector<dsc_status> sts(world, DSC_OK);
   Ctx outer;
@@ -476,7 +464,7 @@ TEST(ExecCollective, CommFailureCarriesTheCommMessage) {
   EXPECT_NE(st, DSC_OK);
   for (int r = 0; r < world; r++) {
     EXPECT_EQ(sts[r], DSC_ERR_USER) << "rank " << r;
-    std::string d = all_diags(ranks[r].ctx);
+    std::string d = diags(ranks[r].ctx);
     EXPECT_NE(d.find("does not match across ranks"), std::string::npos) << "rank " << r << ": " << d;
     EXPECT_NE(d.find("graph 'step'"), std::string::npos) << d;
   }
@@ -492,8 +480,8 @@ TEST(ExecCollective, CollectiveTagIsSetAtRunTime) {
     std::vector<Rank> ranks(world);
     for (int r = 0; r < world; r++) {
       ranks[r].m = main_module(ranks[r].ctx, world, 0);
-      ASSERT_NE(ranks[r].m, nullptr) << all_diags(ranks[r].ctx);
-      ASSERT_TRUE(make_execs(ranks[r], r, 3)) << all_diags(ranks[r].ctx);
+      ASSERT_NE(ranks[r].m, nullptr) << diags(ranks[r].ctx);
+      ASSERT_TRUE(make_execs(ranks[r], r, 3)) << diags(ranks[r].ctx);
     }
     std::vector<dsc_status> sts(world, DSC_OK);
     Ctx outer;
@@ -506,7 +494,7 @@ TEST(ExecCollective, CollectiveTagIsSetAtRunTime) {
       return sts[r] = run(ranks[r].cpu, ranks[r], &o);
     });
     for (int r = 0; r < world; r++) {
-      std::string d = all_diags(ranks[r].ctx);
+      std::string d = diags(ranks[r].ctx);
       if (same) {
         EXPECT_EQ(sts[r], DSC_OK) << d;
       } else {
@@ -542,9 +530,9 @@ TEST(ExecCollective, OneRankFailingMidStepFailsTheOthers) {
     dsc_node *outs[2] = {op1(g, DSC_OP_ALL_REDUCE_WAIT, a), op1(g, DSC_OP_ALL_REDUCE_WAIT, b)};
     ASSERT_TRUE(outs[0] && outs[1] && dsc_graph_set_outputs(g, outs, 2) == DSC_OK &&
                 dsc_module_verify(m) == DSC_OK && dsc_run_codegen_passes(m) == DSC_OK)
-        << all_diags(ranks[r].c.ctx);
+        << diags(ranks[r].c.ctx);
     dsc_exec_options o = {DSC_BACKEND_CPU, 1, cache_dir()};
-    ASSERT_EQ(dsc_exec_new(m, &o, &ranks[r].e), DSC_OK) << all_diags(ranks[r].c.ctx);
+    ASSERT_EQ(dsc_exec_new(m, &o, &ranks[r].e), DSC_OK) << diags(ranks[r].c.ctx);
   }
   std::vector<dsc_status> sts(world, DSC_OK);
   Ctx outer;
@@ -570,12 +558,12 @@ TEST(ExecCollective, OneRankFailingMidStepFailsTheOthers) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(secs, 20.0);
   EXPECT_NE(st, DSC_OK);
-  std::string d1 = all_diags(ranks[1].c.ctx);
+  std::string d1 = diags(ranks[1].c.ctx);
   EXPECT_EQ(sts[1], DSC_ERR_USER);
   EXPECT_NE(d1.find("out of range"), std::string::npos) << d1;
   for (int r : {0, 2}) {
     EXPECT_EQ(sts[r], DSC_ERR_USER) << "rank " << r;
-    std::string d = all_diags(ranks[r].c.ctx);
+    std::string d = diags(ranks[r].c.ctx);
     EXPECT_NE(d.find("rank 1"), std::string::npos) << "rank " << r << ": " << d;
   }
 }
@@ -585,8 +573,8 @@ TEST(ExecCollective, ProfileShowsCollectiveKinds) {
   if (!dsc_backend_available(DSC_BACKEND_CPU)) GTEST_SKIP() << "no cpu backend in this build";
   Rank r;
   r.m = main_module(r.ctx, 1);
-  ASSERT_NE(r.m, nullptr) << all_diags(r.ctx);
-  ASSERT_TRUE(make_execs(r, 0, 5)) << all_diags(r.ctx);
+  ASSERT_NE(r.m, nullptr) << diags(r.ctx);
+  ASSERT_TRUE(make_execs(r, 0, 5)) << diags(r.ctx);
   Ctx outer;
   std::string text;
   dsc_status st = run_ranks(outer.ctx, 1, [&](dsc_comm *c) -> dsc_status {
@@ -603,7 +591,7 @@ TEST(ExecCollective, ProfileShowsCollectiveKinds) {
     free(buf);
     return s;
   });
-  ASSERT_EQ(st, DSC_OK) << all_diags(outer.ctx) << all_diags(r.ctx);
+  ASSERT_EQ(st, DSC_OK) << diags(outer.ctx) << diags(r.ctx);
   EXPECT_NE(text.find("comm_start"), std::string::npos) << text;
   EXPECT_NE(text.find("comm_wait"), std::string::npos) << text;
   EXPECT_NE(text.find("all_gather #"), std::string::npos) << text;

@@ -12,18 +12,14 @@
 
 #include "codegen/codegen.h"
 #include "runtime/runtime.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
 struct Ctx {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   ~Ctx() { dsc_context_free(ctx); }
-  std::string diags() const {
-    std::string s;
-    for (int i = 0; i < dsc_diag_count(ctx); i++)
-      s += dsc_diag_get(ctx, i)->message + std::string("\n");
-    return s;
-  }
+  std::string diags() const { return ::diags(ctx); }
 };
 
 // ---------------- thread pool ----------------

@@ -9,42 +9,20 @@
 #include <vector>
 
 #include "dsc/dsc.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message, s += "\n";
-  return s;
-}
-
-// The tiny GPT's train step at B=2, T=16, through the whole pipeline.
+// The tiny GPT's train step at B=2, T=16, through the pipeline up to
+// stop_after. With eps = 1e-8 Adam's first steps are lr * sign(g): a
+// gradient that is zero up to rounding (the attention key bias) then moves
+// by +-lr on either backend, a difference no tolerance can describe.
+// eps = 1e-3 keeps the update a smooth function of g (as lower_test.cc does).
 dsc_module *tiny_step(dsc_context *ctx, const char *stop_after) {
-  std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
-  dsc_dim_binding dims[2] = {{"B", 2}, {"T", 16}};
-  dsc_frontend_options fo;
-  memset(&fo, 0, sizeof fo);
-  fo.dims = dims;
-  fo.n_dims = 2;
-  dsc_module *m = nullptr;
-  if (dsc_compile_file(ctx, path.c_str(), &fo, &m) != DSC_OK) return nullptr;
-  dsc_train_config cfg;
-  if (dsc_train_config_from_module(m, &cfg) != DSC_OK) return nullptr;
-  cfg.batch = 2, cfg.seq = 16, cfg.grad_accum = 1;
-  /* With eps = 1e-8 Adam's first steps are lr * sign(g): a gradient that is
-   * zero up to rounding (the attention key bias) then moves by +-lr on
-   * either backend, a difference no tolerance can describe. eps = 1e-3
-   * keeps the update a smooth function of g (as lower_test.cc does). */
-  cfg.opt.eps = 1e-3;
-  dsc_pipeline_options po;
-  memset(&po, 0, sizeof po);
-  po.train = &cfg;
-  po.stop_after = stop_after;
-  if (dsc_run_pipeline(m, &po) != DSC_OK) {
-    dsc_module_free(m);
-    return nullptr;
-  }
-  return m;
+  test_tiny_options o = {};
+  o.stop_after = stop_after;
+  o.adam_eps = 1e-3;
+  return test_tiny_step(ctx, &o);
 }
 
 TEST(Exec, BackendNamesAndAvailability) {
@@ -116,16 +94,11 @@ TEST(Exec, CpuTrainStepFollowsTheInterpreter) {
   int moved = 0;
   for (int p = 0; p < dsc_params_count(pi); p++) {
     const dsc_tensor *a = dsc_params_get(pi, p), *b = dsc_params_get(pc, p);
-    int64_t n = dsc_type_numel(&a->type);
-    double scale = 0, err = 0;
-    for (int64_t j = 0; j < n; j++) {
-      scale = std::fmax(scale, std::fabs(a->data[j]));
-      err = std::fmax(err, std::fabs(a->data[j] - b->data[j]));
-    }
+    test_diff d = test_compare(a->data, b->data, dsc_type_numel(&a->type));
     const char *name = dsc_module_param_name(mi, p);
     double tol = strncmp(name, "opt.v.", 6) == 0 ? 2e-5 : 1e-5;
-    EXPECT_LE(err, tol * std::fmax(scale, 1e-30)) << name;
-    moved += scale > 0;
+    EXPECT_LE(d.err, tol * std::fmax(d.scale, 1e-30)) << name;
+    moved += d.scale > 0;
   }
   EXPECT_GT(moved, 10);
   // Params go in and out unchanged.

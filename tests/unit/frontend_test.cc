@@ -14,20 +14,11 @@
 
 #include "dsc/frontend.h"
 #include "ir/ir.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
 std::string Src(const std::string &rel) { return std::string(DSC_SOURCE_DIR) + "/" + rel; }
-
-std::string Diags(const dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) {
-    const dsc_diag *d = dsc_diag_get(ctx, i);
-    s += std::string(d->loc.file ? d->loc.file : "?") + ":" + std::to_string(d->loc.line) + ":" +
-         std::to_string(d->loc.col) + ": " + d->message + "\n";
-  }
-  return s;
-}
 
 // Compiles text; on success returns the module (caller frees), else nullptr.
 struct Compiled {
@@ -77,7 +68,7 @@ TEST(FrontendParse, CommentsAndSeparators) {
               "model m { const k = 4; param w: f32[a + b + e + k] = zeros, param v: f32[2] = ones\n"
               "  fn forward(x: f32[10]) -> f32[10] { y = x * 2; return y + w }\n"
               "}\n");
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   EXPECT_EQ(dsc_module_param_count(c.m), 2);
   EXPECT_EQ(TypeStr(dsc_module_param_type(c.m, 0)), "f32[10]");
 }
@@ -86,7 +77,7 @@ TEST(FrontendParse, NewlinesInsideBracketsAndAfterOperators) {
   Compiled c;
   CompileText(c, WithBody("    y = matmul(x,\n      transpose(x)) +\n      1.0\n    return sum(y,\n"
                           "      axis = [0,\n 1])"));
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   EXPECT_EQ(NodesOf(c.m, DSC_OP_MATMUL).size(), 1u);
 }
 
@@ -101,7 +92,7 @@ TEST(FrontendParse, PrecedenceAndConstantFolding) {
       "  param p: f32[a, b, e, f, g, h, i, j] = zeros\n"
       "  fn forward(x: f32[2]) { return x * (7 / 2) }\n"
       "}\n");
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   EXPECT_EQ(TypeStr(dsc_module_param_type(c.m, 0)), "f32[14,20,10,2,3,2,4,1]");
   // 7 / 2 does not divide: a float constant 3.5, materialised as f32
   auto consts = NodesOf(c.m, DSC_OP_CONST);
@@ -113,7 +104,7 @@ TEST(FrontendParse, PrecedenceAndConstantFolding) {
 TEST(FrontendParse, FloatLiteralsAndScalarOperands) {
   Compiled c;
   CompileText(c, WithBody("    return 1.0 - x * 0.5 + 6e-4 / x"));
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   auto consts = NodesOf(c.m, DSC_OP_CONST);
   ASSERT_EQ(consts.size(), 3u);
   EXPECT_EQ(dsc_node_attr(consts[0], "value")->u.f, 0.5);  // x * 0.5 is evaluated first
@@ -129,7 +120,7 @@ TEST(FrontendParse, ComparisonsAndWhere) {
   Compiled c;
   CompileText(c, WithBody("    m1 = x > 0.0\n    m2 = x < 1.0\n    m3 = x == x\n"
                           "    return where(m1, x, 0.0) + where(m2, x, x) + where(m3, 1.0, x)"));
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   EXPECT_EQ(NodesOf(c.m, DSC_OP_GREATER).size(), 1u);
   EXPECT_EQ(NodesOf(c.m, DSC_OP_LESS).size(), 1u);
   EXPECT_EQ(NodesOf(c.m, DSC_OP_EQUAL).size(), 1u);
@@ -145,7 +136,7 @@ TEST(FrontendParse, SizeLiteralsInTrainSection) {
       "model m { fn forward(x: f32[2]) { return x } }\n"
       "train {\n  batch = 4\n  zero { stage = 3, bucket = 25MB, persist_threshold = 512KB,\n"
       "         prefetch_bytes = 2GiB, overlap = true }\n}\n");
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   EXPECT_STREQ(dsc_module_get_meta(c.m, "train.zero.bucket"), "25000000");
   EXPECT_STREQ(dsc_module_get_meta(c.m, "train.zero.persist_threshold"), "512000");
   EXPECT_STREQ(dsc_module_get_meta(c.m, "train.zero.prefetch_bytes"), "2147483648");
@@ -162,7 +153,7 @@ TEST(FrontendParse, CallsKeywordsListsAndReductions) {
                           "    k = slice(x, -1, -4, 6)\n"
                           "    cc = concat([k, k], axis = 0)\n"
                           "    return mean(s) + mean(r) + mean(t) + mean(p) + mean(cc)"));
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   auto sums = NodesOf(c.m, DSC_OP_SUM);
   ASSERT_EQ(sums.size(), 1u);
   const dsc_attr *axes = dsc_node_attr(sums[0], "axes");
@@ -195,7 +186,7 @@ TEST(FrontendParse, BlocksMembersAndLoops) {
               "    return x + h[0].w + h[-1].forward(x)\n"
               "  }\n"
               "}\n");
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   ASSERT_EQ(dsc_module_param_count(c.m), 3);
   EXPECT_STREQ(dsc_module_param_name(c.m, 2), "h.2.w");
   EXPECT_EQ(dsc_module_param_init(c.m, 1).kind, DSC_INIT_CONST);
@@ -223,7 +214,7 @@ TEST(FrontendParse, ImportBringsConstsAndFunctions) {
   fclose(f);
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_module *m = nullptr;
-  ASSERT_EQ(dsc_compile_file(ctx, (dir + "/main.dsm").c_str(), nullptr, &m), DSC_OK) << Diags(ctx);
+  ASSERT_EQ(dsc_compile_file(ctx, (dir + "/main.dsm").c_str(), nullptr, &m), DSC_OK) << diags(ctx);
   EXPECT_EQ(TypeStr(dsc_module_param_type(m, 0)), "f32[6]");
   dsc_module_free(m);
   dsc_context_free(ctx);
@@ -235,7 +226,7 @@ TEST(FrontendLower, GptTinyParamsInitsAndMeta) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_module *m = nullptr;
   ASSERT_EQ(dsc_compile_file(ctx, Src("examples/gpt-tiny.dsm").c_str(), nullptr, &m), DSC_OK)
-      << Diags(ctx);
+      << diags(ctx);
   EXPECT_STREQ(dsc_module_name(m), "gpt_tiny");
   // wte, wpe, 2 x 12 block params, lnf_w, lnf_b, in declaration order
   ASSERT_EQ(dsc_module_param_count(m), 28);
@@ -280,7 +271,7 @@ TEST(FrontendLower, DimsFromOptionsOverrideTrainSection) {
   dsc_dim_binding dims[2] = {{"B", 2}, {"T", 16}};
   dsc_frontend_options o = {dims, 2};
   ASSERT_EQ(dsc_compile_file(ctx, Src("examples/gpt-tiny.dsm").c_str(), &o, &m), DSC_OK)
-      << Diags(ctx);
+      << diags(ctx);
   dsc_graph *g = dsc_module_find_graph(m, "forward");
   EXPECT_EQ(TypeStr(dsc_node_type(dsc_graph_input_at(g, 1))), "i32[2,16]");
   // iota(T) follows the binding
@@ -296,7 +287,7 @@ TEST(FrontendLower, Gpt2Has124MParameters) {
   dsc_module *m = nullptr;
   dsc_dim_binding dims[2] = {{"B", 1}, {"T", 8}};  // small graph; params do not depend on it
   dsc_frontend_options o = {dims, 2};
-  ASSERT_EQ(dsc_compile_file(ctx, Src("examples/gpt2.dsm").c_str(), &o, &m), DSC_OK) << Diags(ctx);
+  ASSERT_EQ(dsc_compile_file(ctx, Src("examples/gpt2.dsm").c_str(), &o, &m), DSC_OK) << diags(ctx);
   // V = 50304, C = 1024, d = 768, L = 12:
   //   wte V*d = 38,633,472; wpe C*d = 786,432; lnf 2d = 1,536
   //   per layer: ln1, ln2 4d; attn d*3d + 3d; proj d*d + d; fc d*4d + 4d; fc_proj 4d*d + d
@@ -324,8 +315,8 @@ TEST(FrontendLower, EveryExampleCompiles) {
     dsc_module *m = nullptr;
     EXPECT_EQ(dsc_compile_file(ctx, Src("examples/" + name).c_str(), nullptr, &m), DSC_OK)
         << name << "\n"
-        << Diags(ctx);
-    EXPECT_EQ(dsc_diag_count(ctx), 0) << name << "\n" << Diags(ctx);
+        << diags(ctx);
+    EXPECT_EQ(dsc_diag_count(ctx), 0) << name << "\n" << diags(ctx);
     dsc_module_free(m);
     dsc_context_free(ctx);
   }
@@ -366,7 +357,7 @@ TEST(FrontendLower, LongConstantChainIsAnErrorNotACrash) {
   remove(path);
   EXPECT_EQ(m, nullptr);
   ASSERT_GE(dsc_error_count(ctx), 1);
-  EXPECT_EQ(dsc_error_count(ctx), 1) << Diags(ctx);  // reported once, not once per 256 links
+  EXPECT_EQ(dsc_error_count(ctx), 1) << diags(ctx);  // reported once, not once per 256 links
   const dsc_diag *d = dsc_diag_get(ctx, 0);
   // a0 is evaluated at depth 0, so a256 is the first constant past the limit; the error is
   // at its use in the definition of a255 (line 2 + 255, after "a255 = ")
@@ -384,7 +375,7 @@ TEST(FrontendLower, LongConstantChainIsAnErrorNotACrash) {
     ok += "b" + std::to_string(i) + " = b" + std::to_string(i + 1) + " + 1, ";
   ok += "b255 = 1\n  param w: f32[b0] = zeros\n  fn forward(x: f32[4]) { return x }\n}\n";
   CompileText(c, ok);
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   EXPECT_EQ(TypeStr(dsc_module_param_type(c.m, 0)), "f32[256]");
 }
 
@@ -402,10 +393,10 @@ TEST(FrontendLower, DeepExpressionsInConstantChainsAreBounded) {
   Compiled c;
   CompileText(c, text);
   EXPECT_EQ(c.status, DSC_ERR_USER);
-  ASSERT_EQ(dsc_error_count(c.ctx), 1) << Diags(c.ctx);
+  ASSERT_EQ(dsc_error_count(c.ctx), 1) << diags(c.ctx);
   EXPECT_NE(std::string(dsc_diag_get(c.ctx, 0)->message).find("evaluation nested too deeply"),
             std::string::npos)
-      << Diags(c.ctx);
+      << diags(c.ctx);
 }
 
 // The edges of the shared range check: the largest values that fit are accepted and stored
@@ -426,7 +417,7 @@ TEST(FrontendLower, NumbersAtTheEdgeOfTheirDtypeAreAccepted) {
               "    return sum(permute(w, [-1, 0]))\n"
               "  }\n"
               "}\n");
-  ASSERT_EQ(c.status, DSC_OK) << Diags(c.ctx);
+  ASSERT_EQ(c.status, DSC_OK) << diags(c.ctx);
   EXPECT_EQ(dsc_module_param_init(c.m, 0).a, -2147483648.0);
   EXPECT_EQ(dsc_module_param_init(c.m, 1).a, 1.0);
   EXPECT_EQ(dsc_module_param_init(c.m, 2).a, 65504.0);
@@ -479,7 +470,7 @@ TEST(FrontendLower, OutOfMemoryAtEveryAllocation) {
       EXPECT_EQ(dsc_module_param_count(m), 2);
     } else {
       failures++;
-      EXPECT_EQ(s, DSC_ERR_INTERNAL) << "limit " << limit << "\n" << Diags(ctx);
+      EXPECT_EQ(s, DSC_ERR_INTERNAL) << "limit " << limit << "\n" << diags(ctx);
       EXPECT_EQ(m, nullptr);
     }
     dsc_module_free(m);
@@ -630,7 +621,7 @@ TEST(FrontendMalformed, EachFileReportsItsDiagnostics) {
     dsc_context *ctx = dsc_context_new(nullptr, nullptr);
     dsc_module *m = nullptr;
     std::string path = Src("tests/malformed/" + name);
-    EXPECT_EQ(dsc_compile_file(ctx, path.c_str(), nullptr, &m), DSC_ERR_USER) << Diags(ctx);
+    EXPECT_EQ(dsc_compile_file(ctx, path.c_str(), nullptr, &m), DSC_ERR_USER) << diags(ctx);
     EXPECT_EQ(m, nullptr);
     bool first = true;
     for (const Expect &e : kMalformed) {
@@ -644,12 +635,12 @@ TEST(FrontendMalformed, EachFileReportsItsDiagnostics) {
                 std::string(d->message).find(e.message) != std::string::npos;
       }
       EXPECT_TRUE(found) << "expected " << e.line << ":" << e.col << ": " << e.message << "\ngot:\n"
-                         << Diags(ctx);
+                         << diags(ctx);
       if (first) {  // the first expectation is the first error reported
         const dsc_diag *d = dsc_diag_get(ctx, 0);
         ASSERT_NE(d, nullptr);
-        EXPECT_EQ(d->loc.line, e.line) << Diags(ctx);
-        EXPECT_EQ(d->loc.col, e.col) << Diags(ctx);
+        EXPECT_EQ(d->loc.line, e.line) << diags(ctx);
+        EXPECT_EQ(d->loc.col, e.col) << diags(ctx);
         first = false;
       }
     }
@@ -676,8 +667,8 @@ TEST(FrontendMalformed, RecoveryReportsSeveralErrors) {
   dsc_module *m = nullptr;
   EXPECT_EQ(dsc_compile_file(ctx, Src("tests/malformed/syn_recovery.dsm").c_str(), nullptr, &m),
             DSC_ERR_USER);
-  EXPECT_GE(dsc_error_count(ctx), 3) << Diags(ctx);
-  EXPECT_LE(dsc_error_count(ctx), 4) << Diags(ctx);  // no long cascade
+  EXPECT_GE(dsc_error_count(ctx), 3) << diags(ctx);
+  EXPECT_LE(dsc_error_count(ctx), 4) << diags(ctx);  // no long cascade
   dsc_context_free(ctx);
 }
 

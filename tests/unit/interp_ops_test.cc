@@ -21,6 +21,7 @@
 #include "dsc/interp.h"
 #include "dsc/ir.h"
 #include "ir/ir.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -145,12 +146,7 @@ class Interp : public ::testing::Test {
   }
   dsc_node *input(const char *name, dsc_type t) { return dsc_graph_input(g, name, t); }
 
-  std::string diag_text() {
-    std::string s;
-    for (int i = 0; i < dsc_diag_count(ctx); i++)
-      s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-    return s;
-  }
+  std::string diag_text() { return diags(ctx); }
   std::string last_error() {
     int n = dsc_diag_count(ctx);
     return n ? dsc_diag_get(ctx, n - 1)->message : "";
@@ -346,6 +342,7 @@ const UnCase kUnary[] = {
      }},
     {DSC_OP_SILU, false, [](double x) { return x * (1.0 / (1.0 + std::exp(-x))); }},
     {DSC_OP_SIGMOID, false, [](double x) { return std::exp(x) / (1.0 + std::exp(x)); }},
+    {DSC_OP_SOFTPLUS, false, [](double x) { return std::log1p(std::exp(x)); }},
 };
 
 TEST_F(Interp, UnaryOpsF64) {

@@ -7,20 +7,14 @@
 #include <string>
 
 #include "dsc/dsc.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
 struct Ctx {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   ~Ctx() { dsc_context_free(ctx); }
-  std::string diags() const {
-    std::string s;
-    for (int i = 0; i < dsc_diag_count(ctx); i++) {
-      const dsc_diag *d = dsc_diag_get(ctx, i);
-      s += std::to_string(d->loc.line) + ":" + std::to_string(d->loc.col) + ": " + d->message + "\n";
-    }
-    return s;
-  }
+  std::string diags() const { return ::diags(ctx); }
 };
 
 dsc_status parse(Ctx &c, const std::string &text, dsc_module **m) {

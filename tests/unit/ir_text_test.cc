@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ir/ir.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -60,19 +61,6 @@ std::string Print(const dsc_module *m) {
   if (!s) return "";
   std::string r(s);
   dsc_string_free(dsc_module_context(m), s);
-  return r;
-}
-
-std::string Diags(dsc_context *ctx) {
-  std::string r;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) {
-    const dsc_diag *d = dsc_diag_get(ctx, i);
-    if (d->loc.file)
-      r += std::string(d->loc.file) + ":" + std::to_string(d->loc.line) + ":" +
-           std::to_string(d->loc.col) + ": ";
-    r += d->message;
-    r += "\n";
-  }
   return r;
 }
 
@@ -130,7 +118,7 @@ dsc_module *BuildEverything(dsc_context *ctx) {
   dsc_node *eq = dsc_binary(g, DSC_OP_EQUAL, lt, gt);
   outs.push_back(Build(g, DSC_OP_WHERE, {eq, x, scaled}, {}));
   for (dsc_op op : {DSC_OP_NEG, DSC_OP_EXP, DSC_OP_LOG, DSC_OP_SQRT, DSC_OP_RSQRT, DSC_OP_TANH,
-                    DSC_OP_RELU, DSC_OP_GELU, DSC_OP_SILU, DSC_OP_SIGMOID})
+                    DSC_OP_RELU, DSC_OP_GELU, DSC_OP_SILU, DSC_OP_SIGMOID, DSC_OP_SOFTPLUS})
     outs.push_back(dsc_unary(g, op, x));
   outs.push_back(Build(g, DSC_OP_POW, {x}, {dsc_attr_float("exponent", 2.5)}));
   outs.push_back(dsc_cast(g, x, DSC_F64));
@@ -184,11 +172,11 @@ TEST(IrText, RoundTripEveryOpAttrInitAndName) {
   TrackingAlloc ta;
   dsc_context *ctx = dsc_context_new(TrackingAlloc::fn, &ta);
   dsc_module *m = BuildEverything(ctx);
-  ASSERT_EQ(dsc_error_count(ctx), 0) << Diags(ctx);
-  ASSERT_EQ(dsc_module_verify(m), DSC_OK) << Diags(ctx);
+  ASSERT_EQ(dsc_error_count(ctx), 0) << diags(ctx);
+  ASSERT_EQ(dsc_module_verify(m), DSC_OK) << diags(ctx);
   std::string s1 = Print(m);
   dsc_module *m2 = Parse(ctx, s1);
-  ASSERT_NE(m2, nullptr) << Diags(ctx) << s1;
+  ASSERT_NE(m2, nullptr) << diags(ctx) << s1;
   std::string s2 = Print(m2);
   EXPECT_EQ(s1, s2);
   // The parsed module has the same structure and values.
@@ -276,7 +264,7 @@ static const char kExample[] =
 TEST(IrText, ParsesAndReprintsTheReferenceExampleByteForByte) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_module *m = Parse(ctx, kExample);
-  ASSERT_NE(m, nullptr) << Diags(ctx);
+  ASSERT_NE(m, nullptr) << diags(ctx);
   EXPECT_EQ(Print(m), kExample);
   // Node locations point at each node's line in the text.
   dsc_graph *g = dsc_module_graph(m, 0);
@@ -313,7 +301,7 @@ TEST(IrText, AcceptsCommentsWhitespaceAnyNamesAndAttributeOrder) {
       "  return %77,%p\n"
       "}\n";
   dsc_module *m = Parse(ctx, text);
-  ASSERT_NE(m, nullptr) << Diags(ctx);
+  ASSERT_NE(m, nullptr) << diags(ctx);
   EXPECT_EQ(Print(m),
             "module m\n\nparam w: f32[4] = const(2.0)\n\n"
             "graph g(%in.put: f32[4], %\"quoted name\": f32[4]) {\n"
@@ -326,7 +314,7 @@ TEST(IrText, AcceptsCommentsWhitespaceAnyNamesAndAttributeOrder) {
   dsc_module_free(m);
   // A module with no sections at all.
   m = Parse(ctx, "module empty");
-  ASSERT_NE(m, nullptr) << Diags(ctx);
+  ASSERT_NE(m, nullptr) << diags(ctx);
   EXPECT_EQ(Print(m), "module empty\n");
   dsc_module_free(m);
   dsc_context_free(ctx);
@@ -442,9 +430,9 @@ TEST(IrText, ParseErrorsHaveExactLocationAndMessage) {
     if (!c.needle.empty()) LocOf(c.text, c.needle, &line, &col);
     ASSERT_NE(d->loc.file, nullptr);
     EXPECT_STREQ(d->loc.file, "bad.ir");
-    EXPECT_EQ(d->loc.line, line) << Diags(ctx);
-    EXPECT_EQ(d->loc.col, col) << Diags(ctx);
-    EXPECT_NE(std::string(d->message).find(c.message), std::string::npos) << Diags(ctx);
+    EXPECT_EQ(d->loc.line, line) << diags(ctx);
+    EXPECT_EQ(d->loc.col, col) << diags(ctx);
+    EXPECT_NE(std::string(d->message).find(c.message), std::string::npos) << diags(ctx);
     // The caret printer finds the line.
     FILE *f = tmpfile();
     dsc_diag_print(ctx, f);
@@ -469,7 +457,7 @@ TEST(IrText, KeepsGoingAfterAnErrorInANodeLine) {
                      "}\n"
                      "param v: f32[0] = ones\n";  // line 13: bad dimension
   EXPECT_EQ(Parse(ctx, text), nullptr);
-  EXPECT_EQ(Diags(ctx),
+  EXPECT_EQ(diags(ctx),
             "t.ir:6:16: use of undefined value %nope\n"
             "t.ir:8:8: unknown op 'frobnicate'\n"
             "t.ir:9:18: unknown dtype 'f33'\n"
@@ -485,7 +473,7 @@ TEST(IrText, VerifierReportsEveryTypeErrorOfParsedText) {
                      "  %2 = param {name = \"v\"} : f32[4]\n"
                      "  return %0, %1, %2\n}\n";
   EXPECT_EQ(Parse(ctx, text), nullptr);
-  EXPECT_EQ(Diags(ctx),
+  EXPECT_EQ(diags(ctx),
             "t.ir:6:3: neg: declared type f32[3] differs from the inferred type f32[4]\n"
             "t.ir:7:3: exp: declared type f64[4] differs from the inferred type f32[4]\n"
             "t.ir:8:3: param: unknown parameter 'v'\n");
@@ -638,7 +626,7 @@ TEST(IrVerify, AcceptsAWellFormedRawGraph) {
   dsc_node *in[] = {f.x, f.x};
   dsc_node *a = ir_node_new_raw(f.g, DSC_OP_ADD, T(DSC_F32, {2, 3}), in, 2, nullptr, 0);
   dsc_graph_set_outputs(f.g, &a, 1);
-  EXPECT_EQ(dsc_module_verify(f.m), DSC_OK) << Diags(f.ctx);
+  EXPECT_EQ(dsc_module_verify(f.m), DSC_OK) << diags(f.ctx);
 }
 
 TEST(IrVerify, RejectsWrongTypeUnknownParamAndUseBeforeDef) {
@@ -659,7 +647,7 @@ TEST(IrVerify, RejectsWrongTypeUnknownParamAndUseBeforeDef) {
   ir_node_new_raw(f.g, DSC_OP_NEG, bad, &f.x, 1, nullptr, 0);
   dsc_graph_set_outputs(f.g, &a, 1);
   EXPECT_EQ(dsc_module_verify(f.m), DSC_ERR_USER);
-  EXPECT_EQ(Diags(f.ctx),
+  EXPECT_EQ(diags(f.ctx),
             "graph g, %0 (add): declared type f32[3] differs from the inferred type f32[2,3]\n"
             "graph g, %1 (param): unknown parameter 'nope'\n"
             "graph g, %2 (neg): input 0 is used before it is defined\n"
@@ -684,7 +672,7 @@ TEST(IrVerify, RejectsBadAttributes) {
   ar->loc = dsc_loc{"src.dsm", 7, 9};
   dsc_graph_set_outputs(f.g, &last, 1);
   EXPECT_EQ(dsc_module_verify(f.m), DSC_ERR_USER);
-  EXPECT_EQ(Diags(f.ctx),
+  EXPECT_EQ(diags(f.ctx),
             "graph g, %0 (sum): attribute 'keepdims' is out of order (the order is: axes:ints "
             "keepdims:bool)\n"
             "graph g, %0 (sum): attribute 'axes' is out of order (the order is: axes:ints "
@@ -708,7 +696,7 @@ TEST(IrVerify, RejectsBadGraphsAndParams) {
   dsc_graph *h = dsc_graph_new(f.m, "h");
   dsc_graph_set_outputs(h, &f.x, 1);
   EXPECT_EQ(dsc_module_verify(f.m), DSC_ERR_USER);
-  EXPECT_EQ(Diags(f.ctx),
+  EXPECT_EQ(diags(f.ctx),
             "parameter 'w': type <invalid type: dtype 0, rank 9> has a rank outside [0, 8]\n"
             "parameter 'w' is declared twice\n"
             "graph g, %0 (input): input node is not one of the graph's inputs\n"
@@ -724,7 +712,7 @@ TEST(IrDot, EmitsClustersNodesAndEdges) {
   std::string text = kExample;
   text.replace(text.find("gpt_tiny"), 8, "\"gpt \\\"tiny\\\"\"");
   dsc_module *m = Parse(ctx, text);
-  ASSERT_NE(m, nullptr) << Diags(ctx);
+  ASSERT_NE(m, nullptr) << diags(ctx);
   char *buf = nullptr;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);

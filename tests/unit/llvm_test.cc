@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "codegen/codegen.h"
+#include "tests/unit/test_util.h"
 
 
 namespace {
@@ -119,11 +120,7 @@ class LlvmTest : public ::testing::Test {
     ir_arena_release(&arena);
     dsc_context_free(ctx);
   }
-  std::string diags() {
-    std::string s;
-    for (int i = 0; ctx && i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message + std::string("\n");
-    return s;
-  }
+  std::string diags() { return ::diags(ctx); }
 
   // ---- expression shorthands ----
   kir_expr *ld(dsc_dtype t, kir_access a) { return kir_load(&arena, t, a); }

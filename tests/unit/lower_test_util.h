@@ -13,6 +13,7 @@
 #include "codegen/codegen.h"
 #include "dsc/interp.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace lowertest {
 
@@ -189,12 +190,6 @@ class Harness {
     return r;
   }
 };
-
-inline std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 inline dsc_type ty(dsc_dtype dt, std::vector<int64_t> dims) {
   return dsc_type_make(dt, (int)dims.size(), dims.data());

@@ -10,15 +10,9 @@
 #include "codegen/codegen.h"
 #include "dsc/frontend.h"
 #include "dsc/train.h"
+#include "tests/unit/test_util.h"
 
 namespace {
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 int64_t sum_bytes(const cg_memplan &p) {
   int64_t s = 0;

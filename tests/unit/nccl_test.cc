@@ -21,29 +21,14 @@ extern "C" {
 #include "codegen/codegen.h"
 #include "runtime/nccl_api.h"
 }
+#include "tests/unit/comm_test_util.h"
 
 namespace {
 
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message, s += "\n";
-  return s;
-}
-
-dsc_type T(dsc_dtype dt, std::vector<int64_t> dims) {
-  return dsc_type_make(dt, (int)dims.size(), dims.data());
-}
-dsc_node *op1(dsc_graph *g, dsc_op op, dsc_node *x) { return dsc_build(g, op, &x, 1, nullptr, 0); }
-dsc_node *op2(dsc_graph *g, dsc_op op, dsc_node *x, dsc_node *y) {
-  dsc_node *in[2] = {x, y};
-  return dsc_build(g, op, in, 2, nullptr, 0);
-}
-dsc_node *start(dsc_graph *g, dsc_op op, dsc_node *x, int64_t world, int64_t tag,
-                int64_t root = 0) {
-  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", tag),
-                   dsc_attr_int("root", root)};
-  return dsc_build(g, op, &x, 1, a, op == DSC_OP_BROADCAST_START ? 3 : 2);
-}
+using comm_test::op1;
+using comm_test::op2;
+using comm_test::start;
+using comm_test::T;
 
 // Every collective kind at `world`, in dtype dt, compiled (fused).
 dsc_module *coll_module(dsc_context *ctx, int world, dsc_dtype dt) {

@@ -13,14 +13,9 @@
 #include "dsc/autocfg.h"
 #include "dsc/dsc.h"
 #include "dsc/memplan.h"
+#include "tests/unit/test_util.h"
 
 namespace {
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message, s += "\n";
-  return s;
-}
 
 const std::string kModel = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
 

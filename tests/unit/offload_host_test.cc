@@ -14,14 +14,9 @@
 #include "codegen/codegen.h"
 #include "dsc/dsc.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace {
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message, s += "\n";
-  return s;
-}
 
 dsc_type T(dsc_dtype dt, std::vector<int64_t> dims) {
   dsc_type t;

@@ -16,14 +16,9 @@
 #include "dsc/dsc.h"
 #include "codegen/codegen.h"
 #include "runtime/runtime.h"
+#include "tests/unit/test_util.h"
 
 namespace {
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) s += dsc_diag_get(ctx, i)->message, s += "\n";
-  return s;
-}
 
 std::string tmp_path(const char *name) {
   const char *root = getenv("TMPDIR");
@@ -107,27 +102,10 @@ TEST(OffloadIo, CommitWritesTheOtherSlotAndAFailedOneChangesNothing) {
 }
 
 dsc_module *tiny_step(dsc_context *ctx, dsc_offload_tier opt, const char *stop_after) {
-  std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
-  dsc_dim_binding dims[2] = {{"B", 2}, {"T", 16}};
-  dsc_frontend_options fo;
-  memset(&fo, 0, sizeof fo);
-  fo.dims = dims;
-  fo.n_dims = 2;
-  dsc_module *m = nullptr;
-  if (dsc_compile_file(ctx, path.c_str(), &fo, &m) != DSC_OK) return nullptr;
-  dsc_train_config cfg;
-  if (dsc_train_config_from_module(m, &cfg) != DSC_OK) return nullptr;
-  cfg.batch = 2, cfg.seq = 16, cfg.grad_accum = 1;
-  cfg.offload.optimizer = opt;
-  dsc_pipeline_options po;
-  memset(&po, 0, sizeof po);
-  po.train = &cfg;
-  po.stop_after = stop_after;
-  if (dsc_run_pipeline(m, &po) != DSC_OK) {
-    dsc_module_free(m);
-    return nullptr;
-  }
-  return m;
+  test_tiny_options o = {};
+  o.stop_after = stop_after;
+  o.optimizer = opt;
+  return test_tiny_step(ctx, &o);
 }
 
 TEST(OffloadPass, TiersTheOptimizerStatesAndPrintsThemBack) {
@@ -169,15 +147,8 @@ TEST(OffloadPass, TiersTheOptimizerStatesAndPrintsThemBack) {
   // param offload needs stage 3 at world > 1
   dsc_module *p = nullptr;
   {
-    std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
-    dsc_dim_binding dims[2] = {{"B", 2}, {"T", 16}};
-    dsc_frontend_options fo;
-    memset(&fo, 0, sizeof fo);
-    fo.dims = dims, fo.n_dims = 2;
-    ASSERT_EQ(dsc_compile_file(ctx, path.c_str(), &fo, &p), DSC_OK) << diags(ctx);
     dsc_train_config cfg;
-    ASSERT_EQ(dsc_train_config_from_module(p, &cfg), DSC_OK);
-    cfg.batch = 2, cfg.seq = 16, cfg.grad_accum = 1;
+    ASSERT_EQ(test_tiny_compile(ctx, nullptr, &p, &cfg), DSC_OK) << diags(ctx);
     cfg.offload.param = DSC_OFFLOAD_DISK;
     dsc_pipeline_options po;
     memset(&po, 0, sizeof po);

@@ -23,17 +23,11 @@
 #include "dsc/dsc.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
 constexpr double kRelTol = 1e-5;
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 // A small MLP with a wide (4x6) and a tall (6x3) weight, smooth (tanh), so
 // that the gradients have no kinks; 1-D biases start non-zero so that weight

@@ -10,6 +10,7 @@
 #include "dsc/dsc.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -37,12 +38,7 @@ struct Fixture {
     dsc_module_free(m);
     dsc_context_free(ctx);
   }
-  std::string diags() {
-    std::string s;
-    for (int i = 0; i < dsc_diag_count(ctx); i++)
-      s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-    return s;
-  }
+  std::string diags() { return ::diags(ctx); }
 };
 
 TEST(PassManager, TableListsThePipelineInOrder) {

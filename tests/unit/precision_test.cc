@@ -13,15 +13,9 @@
 #include "dsc/dsc.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tests/unit/test_util.h"
 
 namespace {
-
-std::string diags(dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++)
-    s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-  return s;
-}
 
 // A one-layer GPT (embedding, layernorm, attention, gelu MLP, rmsnorm, an
 // explicit softmax gate, tied output layer, cross_entropy). DT is replaced

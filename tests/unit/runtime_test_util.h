@@ -13,6 +13,7 @@
 
 #include "dsc/runtime.h"
 #include "runtime/runtime.h"
+#include "tests/unit/test_util.h"
 
 namespace rt_test {
 
@@ -69,16 +70,6 @@ inline std::string read_bytes(const std::string &p) {
 inline void write_bytes(const std::string &p, const std::string &data) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f.write(data.data(), (std::streamsize)data.size());
-}
-
-// Every diagnostic as "file: message", one per line.
-inline std::string diags(const dsc_context *ctx) {
-  std::string s;
-  for (int i = 0; i < dsc_diag_count(ctx); i++) {
-    const dsc_diag *d = dsc_diag_get(ctx, i);
-    s += std::string(d->loc.file ? d->loc.file : "") + ": " + d->message + "\n";
-  }
-  return s;
 }
 
 }  // namespace rt_test

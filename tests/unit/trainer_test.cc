@@ -8,6 +8,7 @@
 
 #include "dsc/dsc.h"
 #include "runtime_test_util.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -16,12 +17,7 @@ const std::string kTiny = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm"
 struct Ctx {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   ~Ctx() { dsc_context_free(ctx); }
-  std::string diags() const {
-    std::string s;
-    for (int i = 0; i < dsc_diag_count(ctx); i++)
-      s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-    return s;
-  }
+  std::string diags() const { return ::diags(ctx); }
 };
 
 dsc_module *compile_tiny(dsc_context *ctx, int64_t B, int64_t T) {

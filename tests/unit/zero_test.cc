@@ -10,6 +10,7 @@
 
 #include "dsc/dsc.h"
 #include "runtime_test_util.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -20,12 +21,7 @@ const std::string kMlp = kSrc + "/examples/mlp.dsm";
 struct Ctx {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   ~Ctx() { dsc_context_free(ctx); }
-  std::string diags() const {
-    std::string s;
-    for (int i = 0; i < dsc_diag_count(ctx); i++)
-      s += std::string(dsc_diag_get(ctx, i)->message) + "\n";
-    return s;
-  }
+  std::string diags() const { return ::diags(ctx); }
 };
 
 dsc_module *compile(dsc_context *ctx, const std::string &path, int64_t B) {
