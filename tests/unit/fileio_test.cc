@@ -14,7 +14,7 @@
 #include "runtime/runtime.h"
 #include "runtime_test_util.h"
 
-using rt_test::diags;
+
 using rt_test::read_bytes;
 using rt_test::TempDir;
 using rt_test::write_bytes;

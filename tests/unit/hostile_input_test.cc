@@ -12,7 +12,7 @@
 
 #include "runtime_test_util.h"
 
-using rt_test::diags;
+
 using rt_test::read_bytes;
 using rt_test::TempDir;
 using rt_test::write_bytes;

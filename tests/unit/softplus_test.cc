@@ -177,7 +177,7 @@ TEST(OpSoftplus, CudaKernelCompilesWithNvrtc) {
   void *cubin = nullptr;
   size_t len = 0;
   bool cached = true;
-  ASSERT_EQ(rt_cuda_compile_program(ctx, &arena, p, 90, nullptr, &cubin, &len, &cached), DSC_OK)
+  ASSERT_EQ(cg_cuda_compile_program(ctx, &arena, p, 90, nullptr, &cubin, &len, &cached), DSC_OK)
       << diags(ctx);
   EXPECT_FALSE(cached);
   ASSERT_GT(len, 4u);
