@@ -19,7 +19,11 @@
 /* The location of d as "file:line:col: ", "" when it has no file. */
 static inline void test_diag_where(const dsc_diag *d, char *buf, size_t n) {
   buf[0] = 0;
-  if (d->loc.file) snprintf(buf, n, "%s:%d:%d: ", d->loc.file, d->loc.line, d->loc.col);
+  /* a whole file (line 0) as "file: ", as the runtime's messages name it */
+  if (d->loc.file && d->loc.line > 0)
+    snprintf(buf, n, "%s:%d:%d: ", d->loc.file, d->loc.line, d->loc.col);
+  else if (d->loc.file)
+    snprintf(buf, n, "%s: ", d->loc.file);
 }
 
 /* Every diagnostic of ctx, located, joined by sep, into buf (truncated). */
