@@ -283,6 +283,32 @@ typedef enum { CG_TIER_DEVICE = 0, CG_TIER_HOST = 1, CG_TIER_DISK = 2, CG_TIER_C
 int cg_param_tier(const ir_module *m, int i);
 bool cg_state_layout_tiers(const ir_module *m, int64_t *offsets, int *tiers, int64_t *totals);
 
+/* ======================= program/verify.c =======================
+ * The one check of a Program before an executor trusts it (a .dsx file may
+ * come from anyone): every buffer inside its arena, every instruction's
+ * indices, ranges and dtypes, each collective and disk transfer started
+ * once then waited once, outputs and assigns. Executors add only what their
+ * backend cannot do. */
+typedef struct {
+  /* Bytes of each param tier's arena the executor provides: [CG_TIER_DEVICE]
+   * the STATE arena, [CG_TIER_HOST] host memory, [CG_TIER_DISK] a staging
+   * copy of the disk tier (0: the disk values are streamed, and no
+   * instruction, output or assign may address them). */
+  int64_t tier_bytes[CG_TIER_COUNT];
+  bool offload;        /* false: a backend without host/disk tiers (every buffer on the device) */
+  const char *backend; /* named in each message ("backend cuda: ..."), or NULL */
+} cg_verify_limits;
+/* True when p is sound under lim; else one error naming the program and
+ * the instruction. lim NULL checks the structure only (no arena bounds). */
+bool cg_program_verify(dsc_context *ctx, const cg_program *p, const cg_verify_limits *lim);
+/* One past the largest element index operand `which` (0 A, 1 B, 2 C) of g
+ * reaches, offset included (bounds checks against the buffer). */
+int64_t cg_gemm_extent(const cg_gemm *g, int which);
+/* Buffer b is a disk-tier value with no memory under lim (streamed). */
+bool cg_buffer_streamed(const cg_program *p, int b, const cg_verify_limits *lim);
+/* The buffer of module param/state `param`, -1 when p has none. */
+int cg_param_buffer(const cg_program *p, int param);
+
 /* ======================= program/elem.c ======================= */
 /* Storage conversions shared by the evaluator and the runtimes: a double
  * read from / written to an element of `dtype` at p (bf16/f16 round once to

@@ -122,169 +122,35 @@ static bool bad(rt_cpu_exec *e, const cg_program *p, int ins, const char *fmt, .
   return false;
 }
 
-static bool buf_ok(const cg_program *p, int b) { return b >= 0 && b < p->n_buffers; }
-
-static int64_t buf_numel(const cg_program *p, int b) { return p->buffers[b].numel; }
-
-static bool check_buffers(rt_cpu_exec *e, const cg_program *p) {
-  for (int b = 0; b < p->n_buffers; b++) {
-    const cg_buffer *cb = &p->buffers[b];
-    if (cb->dtype < 0 || cb->dtype >= DSC_DTYPE_COUNT || cb->numel < 0 || cb->offset < 0)
-      return bad(e, p, -1, "buffer %d is malformed", b);
-    int64_t size = (int64_t)dsc_dtype_size(cb->dtype);
-    bool host_temp = cb->kind == CG_BUF_TEMP && cb->tier == CG_TIER_HOST; /* host work arena */
-    if (cb->tier < 0 || cb->tier >= CG_TIER_COUNT ||
-        (cb->tier > 0 && cb->kind != CG_BUF_PARAM && !host_temp))
-      return bad(e, p, -1, "buffer %d has a bad tier %d", b, cb->tier);
-    if (cb->tier == CG_TIER_DISK && !e->tier_base[CG_TIER_DISK])
-      continue; /* streamed (tier transfers): no memory, and no instruction reads it */
-    int64_t limit = host_temp                ? p->host_work_bytes
-                    : cb->kind != CG_BUF_PARAM ? p->arena_bytes[CG_ARENA_WORK]
-                    : cb->tier > 0           ? e->tier_bytes[cb->tier]
-                                             : e->state_bytes;
-    if (cb->offset % size != 0 || cb->numel > (limit - cb->offset) / size)
-      return bad(e, p, -1,
-                 "buffer %d (%" PRId64 " bytes at %" PRId64
-                 ") lies outside its arena "
-                 "(%" PRId64 " bytes)",
-                 b, cb->numel * size, cb->offset, limit);
+/* What this executor adds to cg_program_verify: each kernel's compiled
+ * entry and its argument pointers, each GEMM's plan, the assign copies. */
+static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
+  const cg_program *p = rp->p;
+  const cg_instr *in = &p->instrs[i];
+  if (in->kind == CG_INS_LAUNCH) {
+    const cg_kernel_info *k = &p->kernel_info[in->kernel];
+    if (!rp->fns[in->kernel]) return bad(e, p, i, "kernel '%s' is not compiled", k->name);
+    void **args = ir_arena_alloc(&e->arena, sizeof *args * (size_t)(k->n_args + 1));
+    if (!args) return false;
+    for (int a = 0; a < k->n_args; a++) args[a] = buf_ptr(e, rp, in->args[a]);
+    rp->args[i] = args;
+  } else if (in->kind == CG_INS_GEMM) {
+    const cg_gemm *g = &in->gemm;
+    rp->plans[i] = rt_gemm_plan_new(e->gemm, g, p->buffers[g->a.buffer].dtype,
+                                    p->buffers[g->c.buffer].dtype, 0);
+    return rp->plans[i] != NULL;
   }
   return true;
 }
 
-static int param_buffer(const cg_program *p, int param) {
-  for (int b = 0; b < p->n_buffers; b++)
-    if (p->buffers[b].kind == CG_BUF_PARAM && p->buffers[b].index == param) return b;
-  return -1;
-}
-
-static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
-  const cg_program *p = rp->p;
-  const cg_instr *in = &p->instrs[i];
-  switch (in->kind) {
-    case CG_INS_LAUNCH: {
-      if (in->kernel < 0 || in->kernel >= p->n_kernels)
-        return bad(e, p, i, "kernel %d does not exist", in->kernel);
-      const cg_kernel_info *k = &p->kernel_info[in->kernel];
-      if (!rp->fns[in->kernel]) return bad(e, p, i, "kernel '%s' is not compiled", k->name);
-      if (in->n_args != k->n_args)
-        return bad(e, p, i, "kernel '%s' takes %d arguments, not %d", k->name, k->n_args,
-                   in->n_args);
-      void **args = ir_arena_alloc(&e->arena, sizeof *args * (size_t)(k->n_args + 1));
-      if (!args) return false;
-      for (int a = 0; a < k->n_args; a++) {
-        int b = in->args[a];
-        if (!buf_ok(p, b)) return bad(e, p, i, "argument %d: buffer %d does not exist", a, b);
-        if (p->buffers[b].dtype != k->args[a].dtype || k->args[a].numel > buf_numel(p, b))
-          return bad(e, p, i, "argument %d of kernel '%s' does not fit buffer %d", a, k->name, b);
-        args[a] = buf_ptr(e, rp, b);
-        if (!args[a]) return bad(e, p, i, "argument %d: buffer %d is on the disk tier", a, b);
-      }
-      rp->args[i] = args;
-      return true;
-    }
-    case CG_INS_GEMM: {
-      const cg_gemm *g = &in->gemm;
-      int bs[3] = {g->a.buffer, g->b.buffer, g->c.buffer};
-      for (int w = 0; w < 3; w++) {
-        if (!buf_ok(p, bs[w])) return bad(e, p, i, "GEMM operand buffer %d does not exist", bs[w]);
-        if (g->m > 0 && g->n > 0 && g->k > 0 && g->batch[0] > 0 && g->batch[1] > 0 &&
-            rt_gemm_extent(g, w) > buf_numel(p, bs[w]))
-          return bad(e, p, i, "GEMM operand %c reaches past buffer %d", "ABC"[w], bs[w]);
-      }
-      if (p->buffers[bs[0]].dtype != p->buffers[bs[1]].dtype)
-        return bad(e, p, i, "GEMM operands A and B have different dtypes");
-      rp->plans[i] =
-          rt_gemm_plan_new(e->gemm, g, p->buffers[bs[0]].dtype, p->buffers[bs[2]].dtype, 0);
-      return rp->plans[i] != NULL;
-    }
-    case CG_INS_EMBEDDING_GRAD: {
-      if (!buf_ok(p, in->ids) || !buf_ok(p, in->src) || !buf_ok(p, in->dst))
-        return bad(e, p, i, "embedding gradient: a buffer does not exist");
-      dsc_dtype it = p->buffers[in->ids].dtype, st = p->buffers[in->src].dtype;
-      if (it != DSC_I32 && it != DSC_I64)
-        return bad(e, p, i, "embedding gradient: ids not i32/i64");
-      if (!dsc_dtype_is_float(st) || !dsc_dtype_is_float(p->buffers[in->dst].dtype))
-        return bad(e, p, i, "embedding gradient: src and dst must have float dtypes");
-      if (in->n_ids < 0 || in->rows < 0 || in->cols < 0 || in->n_ids > buf_numel(p, in->ids) ||
-          (in->cols > 0 && (in->n_ids > buf_numel(p, in->src) / in->cols ||
-                            in->rows > buf_numel(p, in->dst) / in->cols)))
-        return bad(e, p, i, "embedding gradient: sizes do not fit the buffers");
-      return true;
-    }
-    case CG_INS_COLLECTIVE_START:
-    case CG_INS_COLLECTIVE_WAIT: {
-      const cg_collective *c = &in->coll;
-      if (c->id < 0 || c->id >= p->n_collectives)
-        return bad(e, p, i, "collective %d does not exist (%d in the program)", c->id,
-                   p->n_collectives);
-      if (!buf_ok(p, in->src) || !buf_ok(p, in->dst))
-        return bad(e, p, i, "collective: a buffer does not exist");
-      if (p->buffers[in->src].dtype != c->dtype || p->buffers[in->dst].dtype != c->dtype)
-        return bad(e, p, i, "collective: the buffers are not %s", dsc_dtype_name(c->dtype));
-      if (c->world < 1 || c->world > INT32_MAX || c->count < 0 || (unsigned)c->kind > CG_COLL_BROADCAST ||
-          (c->kind == CG_COLL_BROADCAST && (c->root < 0 || c->root >= c->world)))
-        return bad(e, p, i, "collective: malformed (world, count, kind or root)");
-      int64_t send = c->kind == CG_COLL_BROADCAST ? 0 : c->count, recv = c->count;
-      if (c->kind == CG_COLL_REDUCE_SCATTER) {
-        if (c->count % c->world != 0)
-          return bad(e, p, i, "reduce_scatter: count %" PRId64 " is not divisible by world %" PRId64,
-                     c->count, c->world);
-        recv = c->count / c->world;
-      }
-      if (c->kind == CG_COLL_ALL_GATHER) {
-        if (c->count > INT64_MAX / c->world) return bad(e, p, i, "all_gather: count overflows");
-        recv = c->count * c->world;
-      }
-      if (send > buf_numel(p, in->src) || recv > buf_numel(p, in->dst))
-        return bad(e, p, i, "collective: count %" PRId64 " does not fit its buffers", c->count);
-      return true;
-    }
-    case CG_INS_COPY: {
-      if (!buf_ok(p, in->src) || !buf_ok(p, in->dst))
-        return bad(e, p, i, "copy: a buffer does not exist");
-      if (p->buffers[in->src].dtype != p->buffers[in->dst].dtype)
-        return bad(e, p, i, "copy: dtypes differ");
-      if (in->src_rank_chunk &&
-          (in->coll.world < 1 || in->coll.world > INT32_MAX || in->numel < 0 || in->src_len < 0 ||
-           in->src_offset < 0 || in->src_len > buf_numel(p, in->src) - in->src_offset ||
-           in->numel < (in->src_len + in->coll.world - 1) / in->coll.world))
-        return bad(e, p, i, "copy: malformed rank chunk (world %" PRId64 ", %" PRId64 " of %" PRId64 ")",
-                   in->coll.world, in->numel, in->src_len);
-      if (in->numel < 0 || in->src_offset < 0 || in->dst_offset < 0 ||
-          (!in->src_rank_chunk && in->src_offset > buf_numel(p, in->src) - in->numel) ||
-          in->dst_offset > buf_numel(p, in->dst) - in->numel)
-        return bad(e, p, i, "copy: range outside the buffers");
-      return true;
-    }
-    case CG_INS_TIER_START:
-    case CG_INS_TIER_WAIT: {
-      const cg_tier_io *t = &in->tier;
-      if (t->id < 0 || t->id >= p->n_tier_ios)
-        return bad(e, p, i, "disk transfer %d does not exist (%d in the program)", t->id,
-                   p->n_tier_ios);
-      if (!buf_ok(p, in->src) || !buf_ptr(e, rp, in->src))
-        return bad(e, p, i, "disk transfer: buffer %d does not exist", in->src);
-      int pb = param_buffer(p, t->param);
-      if (pb < 0 || p->buffers[pb].tier != CG_TIER_DISK ||
-          p->buffers[pb].dtype != p->buffers[in->src].dtype ||
-          buf_numel(p, in->src) < buf_numel(p, pb))
-        return bad(e, p, i, "disk transfer: param %d is not a disk value of its buffer's size",
-                   t->param);
-      return true;
-    }
-  }
-  return bad(e, p, i, "unknown instruction kind %d", (int)in->kind);
-}
-
 static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   const cg_program *p = rp->p;
-  if (!check_buffers(e, p)) return false;
+  cg_verify_limits lim = {{e->state_bytes, e->tier_bytes[CG_TIER_HOST], e->tier_bytes[CG_TIER_DISK]},
+                          true, NULL};
+  if (!cg_program_verify(e->ctx, p, &lim)) return false;
   rp->work_bytes = p->arena_bytes[CG_ARENA_WORK];
-  if (rp->work_bytes < 0) return bad(e, p, -1, "negative WORK arena size");
   rp->work = alloc_aligned(e->ctx, rp->work_bytes, &rp->work_raw);
   rp->host_work_bytes = p->host_work_bytes;
-  if (rp->host_work_bytes < 0) return bad(e, p, -1, "negative host work arena size");
   if (rp->host_work_bytes > 0 &&
       !(rp->host_work = alloc_aligned(e->ctx, rp->host_work_bytes, &rp->host_work_raw))) {
     ir_error(e->ctx, ir_no_loc,
@@ -297,76 +163,25 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   rp->plans = ir_arena_alloc(&e->arena, sizeof *rp->plans * n);
   rp->prof_ns = ir_arena_alloc(&e->arena, sizeof *rp->prof_ns * n);
   rp->assigns = ir_arena_alloc(&e->arena, sizeof *rp->assigns * (size_t)(p->n_assigns + 1));
-  if (!rp->work || !rp->args || !rp->plans || !rp->prof_ns || !rp->assigns) {
+  rp->reqs = ir_arena_alloc(&e->arena, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
+  rp->tier_reqs = ir_arena_alloc(&e->arena, sizeof(int) * (size_t)(p->n_tier_ios + 1));
+  if (!rp->work || !rp->args || !rp->plans || !rp->prof_ns || !rp->assigns || !rp->reqs ||
+      !rp->tier_reqs) {
     ir_error(e->ctx, ir_no_loc, "out of memory loading program '%s' (WORK arena %" PRId64 " bytes)",
              p->graph_name ? p->graph_name : "?", rp->work_bytes);
     return false;
   }
+  memset(rp->reqs, 0, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
   for (int i = 0; i < p->n_instrs; i++)
     if (!plan_instr(e, rp, i)) return false;
-  /* Each collective: one start, then one wait (a run then never leaves a
-   * request behind, and the buffers' liveness covers start..wait). */
-  if (p->n_collectives < 0) return bad(e, p, -1, "negative collective count");
-  rp->reqs = ir_arena_alloc(&e->arena, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
-  char *seen = ir_arena_alloc(&e->arena, (size_t)p->n_collectives + 1);
-  if (!rp->reqs || !seen) return bad(e, p, -1, "out of memory");
-  memset(rp->reqs, 0, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
-  memset(seen, 0, (size_t)p->n_collectives + 1);
-  for (int i = 0; i < p->n_instrs; i++) {
-    const cg_instr *in = &p->instrs[i];
-    if (in->kind != CG_INS_COLLECTIVE_START && in->kind != CG_INS_COLLECTIVE_WAIT) continue;
-    int want = in->kind == CG_INS_COLLECTIVE_START ? 0 : 1;
-    if (seen[in->coll.id] != want)
-      return bad(e, p, i, "collective %d is %s", in->coll.id,
-                 want ? "waited before its start or twice" : "started twice");
-    seen[in->coll.id]++;
-  }
-  for (int c = 0; c < p->n_collectives; c++)
-    if (seen[c] != 2) return bad(e, p, -1, "collective %d has no %s", c, seen[c] ? "wait" : "start");
-  /* disk transfers likewise: one start, then one wait */
-  if (p->n_tier_ios < 0) return bad(e, p, -1, "negative disk transfer count");
-  rp->tier_reqs = ir_arena_alloc(&e->arena, sizeof(int) * (size_t)(p->n_tier_ios + 1));
-  char *tseen = ir_arena_alloc(&e->arena, (size_t)p->n_tier_ios + 1);
-  if (!rp->tier_reqs || !tseen) return bad(e, p, -1, "out of memory");
-  memset(tseen, 0, (size_t)p->n_tier_ios + 1);
-  for (int i = 0; i < p->n_instrs; i++) {
-    const cg_instr *in = &p->instrs[i];
-    if (in->kind != CG_INS_TIER_START && in->kind != CG_INS_TIER_WAIT) continue;
-    int want = in->kind == CG_INS_TIER_START ? 0 : 1;
-    if (tseen[in->tier.id] != want)
-      return bad(e, p, i, "disk transfer %d is %s", in->tier.id,
-                 want ? "waited before its start or twice" : "started twice");
-    tseen[in->tier.id]++;
-  }
-  for (int c = 0; c < p->n_tier_ios; c++)
-    if (tseen[c] != 2)
-      return bad(e, p, -1, "disk transfer %d has no %s", c, tseen[c] ? "wait" : "start");
-  for (int o = 0; o < p->n_outputs; o++) {
-    const cg_output *out = &p->outputs[o];
-    if (!buf_ok(p, out->buffer) || out->offset < 0 ||
-        p->buffers[out->buffer].dtype != out->type.dtype ||
-        out->offset > buf_numel(p, out->buffer) - dsc_type_numel(&out->type))
-      return bad(e, p, -1, "output %d does not fit its buffer", o);
-  }
   for (int a = 0; a < p->n_assigns; a++) {
     const cg_assign *as = &p->assigns[a];
-    int pb = param_buffer(p, as->param);
-    if (pb < 0 || !buf_ok(p, as->buffer) || p->buffers[as->buffer].dtype != p->buffers[pb].dtype ||
-        buf_numel(p, as->buffer) < buf_numel(p, pb))
-      return bad(e, p, -1, "assign %d (param %d) does not match its buffers", a, as->param);
-    if (p->buffers[pb].tier == CG_TIER_DISK && !buf_ptr(e, rp, pb))
-      return bad(e, p, -1, "assign %d: param %d is on the disk tier (streamed)", a, as->param);
     if (as->in_place) continue;
-    /* Every param read sees the old value; an output that is the assigned
-     * slot itself would see the new one, so the lowering must not do that. */
-    for (int o = 0; o < p->n_outputs; o++)
-      if (p->outputs[o].buffer == pb)
-        return bad(e, p, -1, "output %d reads param %d, which assign %d overwrites", o, as->param,
-                   a);
+    int pb = cg_param_buffer(p, as->param);
     rt_assign_copy *c = &rp->assigns[rp->n_assign_copies++];
     c->src = buf_ptr(e, rp, as->buffer);
     c->dst = buf_ptr(e, rp, pb);
-    c->bytes = (size_t)buf_numel(p, pb) * dsc_dtype_size(p->buffers[pb].dtype);
+    c->bytes = (size_t)p->buffers[pb].numel * dsc_dtype_size(p->buffers[pb].dtype);
   }
   return true;
 }

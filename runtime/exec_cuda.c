@@ -193,7 +193,6 @@ static bool bad(rt_cuda_exec *e, const cg_program *p, int ins, const char *fmt, 
   return false;
 }
 
-static bool buf_ok(const cg_program *p, int b) { return b >= 0 && b < p->n_buffers; }
 static int64_t buf_numel(const cg_program *p, int b) { return p->buffers[b].numel; }
 
 static CUdeviceptr buf_dev(const rt_cuda_exec *e, const cg_program *p, int b) {
@@ -201,126 +200,31 @@ static CUdeviceptr buf_dev(const rt_cuda_exec *e, const cg_program *p, int b) {
   return (cb->kind == CG_BUF_PARAM ? e->state : e->work) + (CUdeviceptr)cb->offset;
 }
 
-static int param_buffer(const cg_program *p, int param) {
-  for (int b = 0; b < p->n_buffers; b++)
-    if (p->buffers[b].kind == CG_BUF_PARAM && p->buffers[b].index == param) return b;
-  return -1;
-}
-
-/* The program's structure against its arenas (as exec_cpu.c checks it),
- * plus what this backend refuses: collectives, GEMMs cuBLASLt has no
- * plan for. Sizes the embedding-gradient scratch. */
+/* cg_program_verify against this backend's arenas (no host or disk tier),
+ * plus what it refuses: GEMMs cuBLASLt has no plan for, embedding-gradient
+ * dtypes kernels/helpers.cuh lacks. Sizes the embedding-gradient scratch.
+ * Needs no device, so a bad program is refused before one is set up. */
 static bool check_prog(rt_cuda_exec *e, const cg_program *p) {
-  for (int b = 0; b < p->n_buffers; b++) {
-    const cg_buffer *cb = &p->buffers[b];
-    if (cb->dtype < 0 || cb->dtype >= DSC_DTYPE_COUNT || cb->numel < 0 || cb->offset < 0 ||
-        (cb->kind == CG_BUF_PARAM && cb->tier != CG_TIER_DEVICE))
-      return bad(e, p, -1, "buffer %d is malformed (or offloaded)", b);
-    int64_t size = (int64_t)dsc_dtype_size(cb->dtype);
-    int64_t limit = cb->kind == CG_BUF_PARAM ? e->state_bytes : p->arena_bytes[CG_ARENA_WORK];
-    if (cb->offset % size != 0 || cb->numel > (limit - cb->offset) / size)
-      return bad(e, p, -1, "buffer %d lies outside its arena", b);
-  }
+  cg_verify_limits lim = {{e->state_bytes, 0, 0}, false, "cuda"};
+  if (!cg_program_verify(e->ctx, p, &lim)) return false;
   for (int i = 0; i < p->n_instrs; i++) {
     const cg_instr *in = &p->instrs[i];
-    switch (in->kind) {
-      case CG_INS_LAUNCH: {
-        if (in->kernel < 0 || in->kernel >= p->n_kernels)
-          return bad(e, p, i, "kernel %d does not exist", in->kernel);
-        const cg_kernel_info *k = &p->kernel_info[in->kernel];
-        if (in->n_args != k->n_args)
-          return bad(e, p, i, "kernel '%s' takes %d arguments, not %d", k->name, k->n_args,
-                     in->n_args);
-        for (int a = 0; a < k->n_args; a++) {
-          int b = in->args[a];
-          if (!buf_ok(p, b) || p->buffers[b].dtype != k->args[a].dtype ||
-              k->args[a].numel > buf_numel(p, b))
-            return bad(e, p, i, "argument %d of kernel '%s' does not fit buffer %d", a, k->name,
-                       b);
-        }
-        break;
-      }
-      case CG_INS_GEMM: {
-        const cg_gemm *g = &in->gemm;
-        int bs[3] = {g->a.buffer, g->b.buffer, g->c.buffer};
-        for (int w = 0; w < 3; w++) {
-          if (!buf_ok(p, bs[w]))
-            return bad(e, p, i, "GEMM operand buffer %d does not exist", bs[w]);
-          if (g->m > 0 && g->n > 0 && g->k > 0 && g->batch[0] > 0 && g->batch[1] > 0 &&
-              rt_gemm_extent(g, w) > buf_numel(p, bs[w]))
-            return bad(e, p, i, "GEMM operand %c reaches past buffer %d", "ABC"[w], bs[w]);
-        }
-        dsc_dtype ab = p->buffers[bs[0]].dtype, c = p->buffers[bs[2]].dtype;
-        if (p->buffers[bs[1]].dtype != ab)
-          return bad(e, p, i, "GEMM operands A and B have different dtypes");
-        bool ok = (ab == DSC_F32 && c == DSC_F32) ||
-                  ((ab == DSC_BF16 || ab == DSC_F16) && (c == ab || c == DSC_F32));
-        if (!ok)
-          return bad(e, p, i, "%s: cuBLASLt has no %s x %s -> %s matmul (f32, bf16, f16 only)",
-                     instr_op(in), dsc_dtype_name(ab), dsc_dtype_name(ab), dsc_dtype_name(c));
-        break;
-      }
-      case CG_INS_EMBEDDING_GRAD: {
-        if (!buf_ok(p, in->ids) || !buf_ok(p, in->src) || !buf_ok(p, in->dst))
-          return bad(e, p, i, "embedding gradient: a buffer does not exist");
-        dsc_dtype it = p->buffers[in->ids].dtype, st = p->buffers[in->src].dtype,
-                  dt = p->buffers[in->dst].dtype;
-        if (it != DSC_I32 && it != DSC_I64)
-          return bad(e, p, i, "embedding gradient: ids not i32/i64");
-        if (emb_src_index(st) < 0 || emb_src_index(dt) < 0)
-          return bad(e, p, i, "embedding gradient: src and dst must have float dtypes");
-        if (in->n_ids < 0 || in->rows < 0 || in->cols < 0 || in->n_ids > buf_numel(p, in->ids) ||
-            (in->cols > 0 && (in->n_ids > buf_numel(p, in->src) / in->cols ||
-                              in->rows > buf_numel(p, in->dst) / in->cols)))
-          return bad(e, p, i, "embedding gradient: sizes do not fit the buffers");
-        if ((dt == DSC_BF16 || dt == DSC_F16) && in->rows * in->cols * 4 > e->scratch_bytes)
-          e->scratch_bytes = in->rows * in->cols * 4;
-        break;
-      }
-      case CG_INS_COPY: {
-        if (!buf_ok(p, in->src) || !buf_ok(p, in->dst))
-          return bad(e, p, i, "copy: a buffer does not exist");
-        if (p->buffers[in->src].dtype != p->buffers[in->dst].dtype)
-          return bad(e, p, i, "copy: dtypes differ");
-        if (in->src_rank_chunk &&
-            (in->coll.world < 1 || in->coll.world > INT32_MAX || in->numel < 0 ||
-             in->src_len < 0 || in->src_offset < 0 ||
-             in->src_len > buf_numel(p, in->src) - in->src_offset ||
-             in->numel < (in->src_len + in->coll.world - 1) / in->coll.world))
-          return bad(e, p, i, "copy: malformed rank chunk");
-        if (in->numel < 0 || in->src_offset < 0 || in->dst_offset < 0 ||
-            (!in->src_rank_chunk && in->src_offset > buf_numel(p, in->src) - in->numel) ||
-            in->dst_offset > buf_numel(p, in->dst) - in->numel)
-          return bad(e, p, i, "copy: range outside the buffers");
-        break;
-      }
-      case CG_INS_COLLECTIVE_START:
-      case CG_INS_COLLECTIVE_WAIT:
-        break; /* rt_nccl_check_program, below */
-      default:
-        return bad(e, p, i, "unknown instruction kind %d", (int)in->kind);
+    if (in->kind == CG_INS_GEMM) {
+      const cg_gemm *g = &in->gemm;
+      dsc_dtype ab = p->buffers[g->a.buffer].dtype, c = p->buffers[g->c.buffer].dtype;
+      bool ok = (ab == DSC_F32 && c == DSC_F32) ||
+                ((ab == DSC_BF16 || ab == DSC_F16) && (c == ab || c == DSC_F32));
+      if (!ok)
+        return bad(e, p, i, "%s: cuBLASLt has no %s x %s -> %s matmul (f32, bf16, f16 only)",
+                   instr_op(in), dsc_dtype_name(ab), dsc_dtype_name(ab), dsc_dtype_name(c));
+    } else if (in->kind == CG_INS_EMBEDDING_GRAD) {
+      dsc_dtype st = p->buffers[in->src].dtype, dt = p->buffers[in->dst].dtype;
+      if (emb_src_index(st) < 0 || emb_src_index(dt) < 0)
+        return bad(e, p, i, "embedding gradient: %s -> %s has no kernel (f32, f64, bf16, f16)",
+                   dsc_dtype_name(st), dsc_dtype_name(dt));
+      if ((dt == DSC_BF16 || dt == DSC_F16) && in->rows * in->cols * 4 > e->scratch_bytes)
+        e->scratch_bytes = in->rows * in->cols * 4;
     }
-  }
-  for (int o = 0; o < p->n_outputs; o++) {
-    const cg_output *out = &p->outputs[o];
-    if (!buf_ok(p, out->buffer) || out->offset < 0 ||
-        p->buffers[out->buffer].dtype != out->type.dtype ||
-        out->offset > buf_numel(p, out->buffer) - dsc_type_numel(&out->type))
-      return bad(e, p, -1, "output %d does not fit its buffer", o);
-  }
-  if (!rt_nccl_check_program(e->ctx, p)) return false;
-  for (int a = 0; a < p->n_assigns; a++) {
-    const cg_assign *as = &p->assigns[a];
-    int pb = param_buffer(p, as->param);
-    if (pb < 0 || !buf_ok(p, as->buffer) ||
-        p->buffers[as->buffer].dtype != p->buffers[pb].dtype ||
-        buf_numel(p, as->buffer) < buf_numel(p, pb))
-      return bad(e, p, -1, "assign %d (param %d) does not match its buffers", a, as->param);
-    if (!as->in_place)
-      for (int o = 0; o < p->n_outputs; o++)
-        if (p->outputs[o].buffer == pb)
-          return bad(e, p, -1, "output %d reads param %d, which assign %d overwrites", o,
-                     as->param, a);
   }
   return true;
 }
@@ -522,7 +426,7 @@ static bool load_prog(rt_cuda_exec *e, cu_prog *cp) {
   for (int a = 0; a < p->n_assigns; a++) {
     const cg_assign *as = &p->assigns[a];
     if (as->in_place) continue;
-    int pb = param_buffer(p, as->param);
+    int pb = cg_param_buffer(p, as->param);
     cu_copy *c = &cp->assigns[cp->n_assigns++];
     c->src = buf_dev(e, p, as->buffer);
     c->dst = buf_dev(e, p, pb);
@@ -607,12 +511,6 @@ static dsc_status exec_new_on(dsc_module *m, const cg_compiled_module *c, int or
   ir_arena_init(&e->arena, ctx);
   e->c = c;
   dsc_status st = DSC_ERR_USER;
-  if (!setup_device(e)) goto fail;
-  if (e->arch != c->cuda_arch) {
-    ir_error(ctx, ir_no_loc, "backend cuda: %s is sm_%d, the kernels were compiled for sm_%d",
-             e->device_name, e->arch, c->cuda_arch);
-    goto fail;
-  }
   int np = dsc_module_param_count(m);
   e->n_progs = dsc_module_graph_count(m);
   e->progs = ir_arena_alloc(&e->arena, sizeof *e->progs * (size_t)(e->n_progs + 1));
@@ -647,6 +545,15 @@ static dsc_status exec_new_on(dsc_module *m, const cg_compiled_module *c, int or
     if (!check_prog(e, p)) goto fail;
     if (p->arena_bytes[CG_ARENA_WORK] > e->work_bytes) e->work_bytes = p->arena_bytes[CG_ARENA_WORK];
   }
+  /* The programs are sound: now the device, and what NCCL must support. */
+  if (!setup_device(e)) goto fail;
+  if (e->arch != c->cuda_arch) {
+    ir_error(ctx, ir_no_loc, "backend cuda: %s is sm_%d, the kernels were compiled for sm_%d",
+             e->device_name, e->arch, c->cuda_arch);
+    goto fail;
+  }
+  for (int i = 0; i < e->n_progs; i++)
+    if (!rt_nccl_check_program(ctx, c->programs[i])) goto fail;
   /* The memory plan against what the device has free, before allocating. */
   size_t free_b = 0, total_b = 0;
   if (!CU(e->api->MemGetInfo(&free_b, &total_b), "cuMemGetInfo")) goto fail;

@@ -92,14 +92,6 @@ void rt_gemm_engine_free(rt_gemm_engine *e) {
   ir_free(e->ctx, e, sizeof *e);
 }
 
-int64_t rt_gemm_extent(const cg_gemm *g, int which) {
-  const cg_matrix *x = which == 0 ? &g->a : which == 1 ? &g->b : &g->c;
-  int64_t rows = which == 1 ? g->k : g->m, cols = which == 0 ? g->k : g->n;
-  return x->offset + (g->batch[0] - 1) * x->batch_stride[0] +
-         (g->batch[1] - 1) * x->batch_stride[1] + (rows - 1) * x->row_stride +
-         (cols - 1) * x->col_stride + 1;
-}
-
 static bool check_gemm(dsc_context *ctx, const cg_gemm *g, dsc_dtype ab, dsc_dtype c) {
   const char *what = NULL;
   if (g->m < 1 || g->n < 1 || g->k < 1 || g->batch[0] < 1 || g->batch[1] < 1)

@@ -199,71 +199,20 @@ static bool fail(dsc_context *ctx, const cg_program *p, int i, const char *fmt, 
 
 bool rt_nccl_check_program(dsc_context *ctx, const cg_program *p) {
   int first = -1;
-  for (int i = 0; i < p->n_instrs && first < 0; i++)
-    if (p->instrs[i].kind == CG_INS_COLLECTIVE_START || p->instrs[i].kind == CG_INS_COLLECTIVE_WAIT)
-      first = i;
-  if (first < 0 && p->n_collectives == 0) return true;
-  if (p->n_collectives < 1 || first < 0)
-    return fail(ctx, p, first, "the program counts %d collectives", p->n_collectives);
-  /* each id: one start, then one wait (so a run leaves nothing in flight) */
-  char *seen = calloc((size_t)p->n_collectives, 1);
-  if (!seen) return fail(ctx, p, first, "out of memory");
-  bool ok = true;
-  for (int i = 0; i < p->n_instrs && ok; i++) {
+  for (int i = 0; i < p->n_instrs; i++) {
     const cg_instr *in = &p->instrs[i];
-    if (in->kind != CG_INS_COLLECTIVE_START && in->kind != CG_INS_COLLECTIVE_WAIT) continue;
+    if (in->kind != CG_INS_COLLECTIVE_START) continue;
     const cg_collective *c = &in->coll;
-    const char *what = in->kind == CG_INS_COLLECTIVE_START ? "start" : "wait";
     int nd = 0;
-    if (c->id < 0 || c->id >= p->n_collectives) {
-      ok = fail(ctx, p, i, "collective %d does not exist (%d in the program)", c->id,
-                p->n_collectives);
-      break;
-    }
-    int want = in->kind == CG_INS_COLLECTIVE_START ? 0 : 1;
-    if (seen[c->id] != want) {
-      ok = fail(ctx, p, i, "collective %d is %s", c->id,
-                want ? "waited before its start or twice" : "started twice");
-      break;
-    }
-    seen[c->id]++;
-    if (in->src < 0 || in->src >= p->n_buffers || in->dst < 0 || in->dst >= p->n_buffers)
-      ok = fail(ctx, p, i, "collective %s: a buffer does not exist", what);
-    else if (p->buffers[in->src].dtype != c->dtype || p->buffers[in->dst].dtype != c->dtype)
-      ok = fail(ctx, p, i, "collective %s: the buffers are not %s", what,
-                dsc_dtype_name(c->dtype));
-    else if (c->world < 1 || c->world > INT32_MAX || c->count < 0 ||
-             (unsigned)c->kind > CG_COLL_BROADCAST ||
-             (c->kind == CG_COLL_BROADCAST && (c->root < 0 || c->root >= c->world)))
-      ok = fail(ctx, p, i, "collective %s: malformed (world, count, kind or root)", what);
-    else if (!rt_nccl_dtype(c->dtype, &nd))
-      ok = fail(ctx, p, i, "NCCL has no %s data type", dsc_dtype_name(c->dtype));
-    else if ((c->kind == CG_COLL_ALL_REDUCE || c->kind == CG_COLL_REDUCE_SCATTER) &&
-             (c->dtype == DSC_BOOL || (c->op != DSC_COMM_SUM && c->op != DSC_COMM_MEAN)))
-      ok = fail(ctx, p, i, "a %s reduction (op %d) cannot run on NCCL", dsc_dtype_name(c->dtype),
-                c->op);
-    else {
-      int64_t send = c->kind == CG_COLL_BROADCAST ? 0 : c->count, recv = c->count;
-      if (c->kind == CG_COLL_REDUCE_SCATTER) {
-        if (c->count % c->world != 0) {
-          ok = fail(ctx, p, i, "reduce_scatter: count %" PRId64 " is not divisible by world %" PRId64,
-                    c->count, c->world);
-          break;
-        }
-        recv = c->count / c->world;
-      }
-      if (c->kind == CG_COLL_ALL_GATHER)
-        recv = c->count > INT64_MAX / c->world ? INT64_MAX : c->count * c->world;
-      if (send > p->buffers[in->src].numel || recv > p->buffers[in->dst].numel)
-        ok = fail(ctx, p, i, "collective %s: %" PRId64 "/%" PRId64
-                             " elements do not fit its buffers (%" PRId64 "/%" PRId64 ")",
-                  what, send, recv, p->buffers[in->src].numel, p->buffers[in->dst].numel);
-    }
+    if (first < 0) first = i;
+    if (!rt_nccl_dtype(c->dtype, &nd))
+      return fail(ctx, p, i, "NCCL has no %s data type", dsc_dtype_name(c->dtype));
+    if ((c->kind == CG_COLL_ALL_REDUCE || c->kind == CG_COLL_REDUCE_SCATTER) &&
+        (c->dtype == DSC_BOOL || (c->op != DSC_COMM_SUM && c->op != DSC_COMM_MEAN)))
+      return fail(ctx, p, i, "a %s reduction (op %d) cannot run on NCCL", dsc_dtype_name(c->dtype),
+                  c->op);
   }
-  for (int c = 0; ok && c < p->n_collectives; c++)
-    if (seen[c] != 2) ok = fail(ctx, p, first, "collective %d has no %s", c, seen[c] ? "wait" : "start");
-  free(seen);
-  if (!ok) return false;
+  if (first < 0) return true;
   char why[2400];
   const rt_nccl_api *api = rt_nccl_api_get(why, sizeof why);
   if (!api)

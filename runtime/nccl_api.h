@@ -90,10 +90,9 @@ bool rt_nccl_check(const rt_nccl_api *api, dsc_context *ctx, rt_nccl_result r,
 /* NCCL's data type of dt (bool travels as uint8): false for none. */
 bool rt_nccl_dtype(dsc_dtype dt, int *out);
 
-/* Whether program p's collectives can run on NCCL: every id started once
- * and waited once later, buffers and counts that fit (as the cpu backend
- * checks them), dtypes NCCL has (a sum of bool: no), ops sum and mean
- * (mean: NCCL >= 2.10), and NCCL loadable (rt_nccl_api_get). A diagnostic
+/* Whether the collectives of program p (sound: cg_program_verify) can run
+ * on NCCL: dtypes NCCL has (a sum of bool: no), ops sum and mean (mean:
+ * NCCL >= 2.10), and NCCL loadable (rt_nccl_api_get). A diagnostic
  * "backend cuda: program 'G': instruction I: ..." on ctx otherwise. True
  * for a program without collectives (NCCL is not opened then). */
 bool rt_nccl_check_program(dsc_context *ctx, const cg_program *p);

@@ -108,6 +108,10 @@ typedef struct rt_run_lock rt_run_lock;
  * writer owns one now), with a note for each. */
 dsc_status rt_run_lock_take(dsc_context *ctx, const char *dir, rt_run_lock **out);
 void rt_run_lock_release(rt_run_lock *l); /* NULL: nothing */
+/* DSC_OK when dir is still the directory whose lock l holds (NULL l: no
+ * lock, nothing to check); an error naming dir when it was moved, removed
+ * or replaced since (a save must not write into a directory it does not own). */
+dsc_status rt_run_lock_check(const rt_run_lock *l, const char *dir);
 /* Removes dir's ".step-N.tmp-PID" directories and ".latest.tmp-PID" links
  * (all of them, or only those whose process is gone), each with a note;
  * returns how many. */
@@ -263,9 +267,6 @@ bool rt_gemm_run(rt_gemm_plan *p, const void *a, const void *b, void *c, char *e
                  size_t errlen);
 /* "dsc:sgemm-avx512", "onednn:<implementation>" or "loop" (tests, profiles). */
 const char *rt_gemm_plan_impl(const rt_gemm_plan *p);
-/* One past the largest element index operand `which` (0 A, 1 B, 2 C)
- * reaches, offset included (for bounds checks against the buffer). */
-int64_t rt_gemm_extent(const cg_gemm *g, int which);
 
 /* ======================= runtime/sgemm.c =======================
  * dsc's packed f32 GEMM (AVX-512 microkernel) for any strided cg_gemm,

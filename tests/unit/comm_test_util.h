@@ -1,5 +1,5 @@
 // Shared by the tests that run ranks (comm_test.cc, collective_test.cc,
-// exec_collective_test.cc, nccl_test.cc): a context, the shorthands that
+// exec_collective_test.cc, nccl_test.cc, program_verify_test.cc): a context, the shorthands that
 // build collective graphs, and running a lambda on every in-process rank.
 #ifndef DSC_COMM_TEST_UTIL_H
 #define DSC_COMM_TEST_UTIL_H
@@ -34,6 +34,29 @@ inline dsc_node *start(dsc_graph *g, dsc_op op, dsc_node *x, int64_t world, int6
   dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", tag),
                    dsc_attr_int("root", root)};
   return dsc_build(g, op, &x, 1, a, op == DSC_OP_BROADCAST_START ? 3 : 2);
+}
+
+// Every collective kind at `world`, in dtype dt, compiled (fused).
+inline dsc_module *coll_module(dsc_context *ctx, int world, dsc_dtype dt) {
+  dsc_module *m = dsc_module_new(ctx, "m");
+  dsc_graph *g = dsc_graph_new(m, "step");
+  dsc_node *x = dsc_graph_input(g, "x", T(dt, {2 * (int64_t)world, 3}));
+  dsc_node *h = op2(g, DSC_OP_MUL, x, x);
+  dsc_node *ar = start(g, DSC_OP_ALL_REDUCE_START, h, world, 1);
+  dsc_node *rs = start(g, DSC_OP_REDUCE_SCATTER_START, x, world, 1);
+  dsc_node *ag = start(g, DSC_OP_ALL_GATHER_START, x, world, 1);
+  dsc_node *bc = start(g, DSC_OP_BROADCAST_START, h, world, 1, world - 1);
+  dsc_node *outs[4] = {op2(g, DSC_OP_ADD, op1(g, DSC_OP_ALL_REDUCE_WAIT, ar), x),
+                       op1(g, DSC_OP_REDUCE_SCATTER_WAIT, rs),
+                       op1(g, DSC_OP_ALL_GATHER_WAIT, ag), op1(g, DSC_OP_BROADCAST_WAIT, bc)};
+  for (dsc_node *o : outs)
+    if (!o) return nullptr;
+  if (dsc_graph_set_outputs(g, outs, 4) != DSC_OK || dsc_module_verify(m) != DSC_OK ||
+      dsc_run_codegen_passes(m) != DSC_OK) {
+    dsc_module_free(m);
+    return nullptr;
+  }
+  return m;
 }
 
 // Runs fn on every rank; the std::function is shared by all rank threads.

@@ -86,6 +86,43 @@ TEST(CudaExec, NoDriverIsAClearUserError) {
 }
 
 #ifdef DSC_HAVE_CUDA
+// The executor checks its Programs (cg_program_verify, then what cuBLASLt
+// and its helper kernels lack) before it looks for a device, so a program
+// it cannot run is refused by name on any machine: an f64 matmul.
+TEST(CudaExec, ProgramsItCannotRunAreRefusedBeforeADevice) {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  dsc_module *m = dsc_module_new(ctx, "m");
+  dsc_graph *g = dsc_graph_new(m, "step");
+  int64_t dims[2] = {4, 4};
+  dsc_node *x = dsc_graph_input(g, "x", dsc_type_make(DSC_F64, 2, dims));
+  dsc_node *in[2] = {x, x};
+  dsc_node *y = dsc_build(g, DSC_OP_MATMUL, in, 2, nullptr, 0);
+  ASSERT_NE(y, nullptr) << diags(ctx);
+  ASSERT_EQ(dsc_graph_set_outputs(g, &y, 1), DSC_OK) << diags(ctx);
+  ASSERT_EQ(dsc_run_codegen_passes(m), DSC_OK) << diags(ctx);
+  ir_arena arena;
+  ir_arena_init(&arena, ctx);
+  cg_program *p = nullptr;
+  ASSERT_EQ(cg_lower_graph(g, &arena, &p), DSC_OK) << diags(ctx);
+  cg_kernel_objects objs = {nullptr, nullptr, 0, nullptr};
+  cg_compiled_module c = {};
+  c.target = CG_TARGET_CUDA;
+  c.cuda_arch = 90;
+  c.n_programs = 1;
+  c.programs = &p;
+  c.kernels = &objs;
+  rt_cuda_exec *e = nullptr;
+  EXPECT_EQ(rt_cuda_exec_new(m, &c, &e), DSC_ERR_USER);
+  EXPECT_EQ(e, nullptr);
+  EXPECT_NE(diags(ctx).find("backend cuda: program 'step': instruction 0: matmul: cuBLASLt has no "
+                            "f64 x f64 -> f64 matmul (f32, bf16, f16 only)"),
+            std::string::npos)
+      << diags(ctx);
+  ir_arena_release(&arena);
+  dsc_module_free(m);
+  dsc_context_free(ctx);
+}
+
 bool is_elf(const void *p, size_t n) { return n > 4 && memcmp(p, "\x7f" "ELF", 4) == 0; }
 
 // Every program of the fused train step compiles for sm_90 in one NVRTC

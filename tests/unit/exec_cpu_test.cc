@@ -184,9 +184,9 @@ void check_gemm(const GemmCase &gc, rt_pool *pool, int flags, std::string *impl)
   g.c = cm.m;
   g.alpha = gc.alpha;
   g.beta = gc.beta;
-  ASSERT_LE(rt_gemm_extent(&g, 0), (int64_t)a.data.size());
-  ASSERT_LE(rt_gemm_extent(&g, 1), (int64_t)b.data.size());
-  ASSERT_LE(rt_gemm_extent(&g, 2), (int64_t)cm.data.size());
+  ASSERT_LE(cg_gemm_extent(&g, 0), (int64_t)a.data.size());
+  ASSERT_LE(cg_gemm_extent(&g, 1), (int64_t)b.data.size());
+  ASSERT_LE(cg_gemm_extent(&g, 2), (int64_t)cm.data.size());
   rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
   ASSERT_NE(e, nullptr) << c.diags();
   rt_gemm_plan *pl = rt_gemm_plan_new(e, &g, DSC_F32, DSC_F32, flags);

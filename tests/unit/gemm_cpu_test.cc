@@ -105,9 +105,9 @@ void prepare(Prepared &p, rt_gemm_engine *e, Ctx &c) {
   p.g.c = p.c.m;
   p.g.alpha = cs.alpha;
   p.g.beta = cs.beta;
-  ASSERT_LE(rt_gemm_extent(&p.g, 0), (int64_t)p.a.data.size());
-  ASSERT_LE(rt_gemm_extent(&p.g, 1), (int64_t)p.b.data.size());
-  ASSERT_LE(rt_gemm_extent(&p.g, 2), (int64_t)p.c.data.size());
+  ASSERT_LE(cg_gemm_extent(&p.g, 0), (int64_t)p.a.data.size());
+  ASSERT_LE(cg_gemm_extent(&p.g, 1), (int64_t)p.b.data.size());
+  ASSERT_LE(cg_gemm_extent(&p.g, 2), (int64_t)p.c.data.size());
   p.plan = rt_gemm_plan_new(e, &p.g, DSC_F32, DSC_F32, 0);
   ASSERT_NE(p.plan, nullptr) << c.diags();
   EXPECT_STREQ(rt_gemm_plan_impl(p.plan), "dsc:sgemm-avx512");

@@ -29,29 +29,7 @@ using comm_test::op1;
 using comm_test::op2;
 using comm_test::start;
 using comm_test::T;
-
-// Every collective kind at `world`, in dtype dt, compiled (fused).
-dsc_module *coll_module(dsc_context *ctx, int world, dsc_dtype dt) {
-  dsc_module *m = dsc_module_new(ctx, "m");
-  dsc_graph *g = dsc_graph_new(m, "step");
-  dsc_node *x = dsc_graph_input(g, "x", T(dt, {2 * (int64_t)world, 3}));
-  dsc_node *h = op2(g, DSC_OP_MUL, x, x);
-  dsc_node *ar = start(g, DSC_OP_ALL_REDUCE_START, h, world, 1);
-  dsc_node *rs = start(g, DSC_OP_REDUCE_SCATTER_START, x, world, 1);
-  dsc_node *ag = start(g, DSC_OP_ALL_GATHER_START, x, world, 1);
-  dsc_node *bc = start(g, DSC_OP_BROADCAST_START, h, world, 1, world - 1);
-  dsc_node *outs[4] = {op2(g, DSC_OP_ADD, op1(g, DSC_OP_ALL_REDUCE_WAIT, ar), x),
-                       op1(g, DSC_OP_REDUCE_SCATTER_WAIT, rs),
-                       op1(g, DSC_OP_ALL_GATHER_WAIT, ag), op1(g, DSC_OP_BROADCAST_WAIT, bc)};
-  for (dsc_node *o : outs)
-    if (!o) return nullptr;
-  if (dsc_graph_set_outputs(g, outs, 4) != DSC_OK || dsc_module_verify(m) != DSC_OK ||
-      dsc_run_codegen_passes(m) != DSC_OK) {
-    dsc_module_free(m);
-    return nullptr;
-  }
-  return m;
-}
+using comm_test::coll_module;
 
 struct Env {  // sets a variable for one test, restores it after
   std::string name, old;
@@ -161,15 +139,17 @@ TEST(NcclProgram, EveryCollectiveKindPassesTheCheck) {
     cg_program *p = nullptr;
     ASSERT_EQ(cg_lower_graph(dsc_module_find_graph(m, "step"), &a, &p), DSC_OK) << diags(ctx);
     EXPECT_EQ(p->n_collectives, 4);
+    EXPECT_TRUE(cg_program_verify(ctx, p, nullptr)) << diags(ctx);
     EXPECT_TRUE(rt_nccl_check_program(ctx, p)) << diags(ctx);
-    // malformed: an id that does not exist, named with its instruction
+    // malformed: an id that does not exist, named with its instruction (the
+    // structure is cg_program_verify's, which the cuda executor runs first)
     int s = -1;
     for (int i = 0; i < p->n_instrs && s < 0; i++)
       if (p->instrs[i].kind == CG_INS_COLLECTIVE_START) s = i;
     ASSERT_GE(s, 0);
     cg_instr keep = p->instrs[s];
     p->instrs[s].coll.id = p->n_collectives;
-    EXPECT_FALSE(rt_nccl_check_program(ctx, p));
+    EXPECT_FALSE(cg_program_verify(ctx, p, nullptr));
     EXPECT_NE(diags(ctx).find("instruction " + std::to_string(s) + ": collective 4 does not exist"),
               std::string::npos)
         << diags(ctx);
