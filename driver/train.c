@@ -1287,8 +1287,11 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   s.extra = extra;
   dsc_tensor_set model = {t->n_model, t->model_names, t->model_t, 0, NULL};
   dsc_tensor_set opt = {t->n_opt, t->opt_names, t->opt_t, 0, NULL};
-  dsc_status st = t->shard_world
-                      ? save_sharded(t, &s)
+  /* The directory this run locked, not one that took its place (a move
+   * mid-run must not let the saves recreate it unlocked). */
+  dsc_status st = rt_run_lock_check(t->lock, t->ckpt_dir);
+  if (st != DSC_OK) return st;
+  st = t->shard_world ? save_sharded(t, &s)
                       : dsc_checkpoint_save(t->ctx, t->out_dir, &model, &opt, &s, t->keep_last);
   if (st != DSC_OK) return st;
   t->last_saved = t->step;

@@ -161,6 +161,26 @@ dsc_status rt_run_lock_take(dsc_context *ctx, const char *dir, rt_run_lock **out
   return DSC_OK;
 }
 
+dsc_status rt_run_lock_check(const rt_run_lock *l, const char *dir) {
+  if (!l) return DSC_OK;
+  size_t n = strlen(dir) + 8;
+  char *path = ir_alloc(l->ctx, n);
+  if (!path) {
+    ir_error(l->ctx, rt_loc(dir), "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  snprintf(path, n, "%s/.lock", dir);
+  struct stat held, now;
+  bool same = fstat(l->fd, &held) == 0 && lstat(path, &now) == 0 && held.st_dev == now.st_dev &&
+              held.st_ino == now.st_ino;
+  ir_free(l->ctx, path, n);
+  if (same) return DSC_OK;
+  ir_error(l->ctx, rt_loc(dir),
+           "the run directory was moved, removed or replaced while this run held it (its .lock is "
+           "not this run's): not writing a checkpoint there");
+  return DSC_ERR_USER;
+}
+
 void rt_run_lock_release(rt_run_lock *l) {
   if (!l) return;
   close(l->fd); /* drops the flock */

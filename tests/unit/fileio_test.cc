@@ -155,6 +155,33 @@ TEST(RunDir, SecondWriterIsRefusedNamingTheHolder) {
   rt_run_lock_release(b);
 }
 
+// A run directory moved away (or replaced by a new one of the same name)
+// is no longer the one the lock holds: saves must stop, not write there.
+TEST(RunDir, AMovedOrReplacedDirectoryIsNoLongerTheLockedOne) {
+  Ctx c;
+  TempDir t;
+  std::string run = t / "run", moved = t / "moved";
+  ASSERT_EQ(mkdir(run.c_str(), 0777), 0);
+  rt_run_lock *l = nullptr;
+  ASSERT_EQ(rt_run_lock_take(c.ctx, run.c_str(), &l), DSC_OK) << c.msgs();
+  EXPECT_EQ(rt_run_lock_check(l, run.c_str()), DSC_OK) << c.msgs();
+  EXPECT_EQ(rt_run_lock_check(nullptr, run.c_str()), DSC_OK);
+  ASSERT_EQ(rename(run.c_str(), moved.c_str()), 0);
+  EXPECT_EQ(rt_run_lock_check(l, run.c_str()), DSC_ERR_USER);  // gone
+  ASSERT_EQ(mkdir(run.c_str(), 0777), 0);
+  EXPECT_EQ(rt_run_lock_check(l, run.c_str()), DSC_ERR_USER);  // a new directory, no lock file
+  FILE *f = fopen((run + "/.lock").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fclose(f);
+  EXPECT_EQ(rt_run_lock_check(l, run.c_str()), DSC_ERR_USER);  // another lock file
+  EXPECT_NE(c.msgs().find(run + ": the run directory was moved, removed or replaced while "
+                                "this run held it"),
+            std::string::npos)
+      << c.msgs();
+  EXPECT_EQ(rt_run_lock_check(l, moved.c_str()), DSC_OK);  // where it went is still its own
+  rt_run_lock_release(l);
+}
+
 TEST(RunDir, StaleTemporariesOfDeadProcessesAreRemoved) {
   Ctx c;
   TempDir t;
