@@ -190,9 +190,18 @@ mount --make-rslave "$root/sys"
 mount_at "$root/dev" --rbind /dev
 mount --make-rslave "$root/dev"
 if [ -d /usr/local/cuda ]; then
+  # At the path it has here (/usr/local/cuda-13.0, with /usr/local/cuda a
+  # link to it, as the toolkit's packages install it): the toolkit's
+  # ld.so.conf entry names that path.
   cuda=$(readlink -f /usr/local/cuda)
-  mount_at "$root/usr/local/cuda" --bind "$cuda"
-  mount -o remount,bind,ro "$root/usr/local/cuda"
+  mount_at "$root$cuda" --bind "$cuda"
+  mount -o remount,bind,ro "$root$cuda"
+  if [ "$cuda" != /usr/local/cuda ]; then
+    if [ -d "$root/usr/local/cuda" ] && [ ! -L "$root/usr/local/cuda" ]; then
+      rmdir "$root/usr/local/cuda" # an empty mount point an earlier check made
+    fi
+    ln -sfn "$cuda" "$root/usr/local/cuda"
+  fi
   # NVRTC dlopens libnvrtc-builtins by name: the toolkit's ld.so.conf entry
   # (not part of the bound tree) comes along, or every NVRTC compile fails.
   for f in /etc/ld.so.conf.d/*; do
