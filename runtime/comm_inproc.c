@@ -368,12 +368,8 @@ static void *rank_main(void *p) {
 static void copy_diags(dsc_context *to, const dsc_context *from) {
   for (int i = 0; i < dsc_diag_count(from); i++) {
     const dsc_diag *d = dsc_diag_get(from, i);
-    /* Locations may point into the rank's context, which is about to go. */
-    if (d->loc.file)
-      ir_diag(to, d->severity, ir_no_loc, "%s:%d:%d: %s", d->loc.file, d->loc.line, d->loc.col,
-              d->message);
-    else
-      ir_diag(to, d->severity, ir_no_loc, "%s", d->message);
+    /* ir_diag copies the location's file name: the rank's context may go. */
+    ir_diag(to, d->severity, d->loc, "%s", d->message);
   }
 }
 

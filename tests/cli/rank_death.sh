@@ -36,6 +36,8 @@ wait $tp
 rc=$?
 [ $rc -ne 0 ] && pass || fail "in-process: a failed rank, exit 0"
 expect_grep 'rank 0 failed first; rank 1 failed too' "$TMP/inproc.err"
+# the rank's error keeps its location, as one process prints it ("FILE: error: ...")
+expect_grep "^$TMP/inproc[^ ]*: error: " "$TMP/inproc.err"
 echo "in-process: exit $rc $(( ($(date +%s%N) - start) / 1000000 )) ms after the failure"
 
 if ! "$DSC" launch -n 2 --dry-run -- train x >/dev/null 2>&1 || ! command -v mpirun >/dev/null; then
