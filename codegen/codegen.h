@@ -463,6 +463,10 @@ typedef struct {
   const char *cache_dir; /* NULL: $DSC_CACHE_DIR if set, else none */
   const dsc_program *program;
   const char *program_module;
+  /* Called (when set) with every lowered Program before any kernel is
+   * compiled: a plan the caller refuses (memory this host lacks) fails in
+   * milliseconds, not after the JIT. Its error status is returned. */
+  dsc_status (*check_lowered)(dsc_context *ctx, cg_program *const *programs, int n);
 } cg_compile_options;
 dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
                              cg_compiled_module **out);

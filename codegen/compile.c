@@ -162,6 +162,7 @@ dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
   }
   for (int i = 0; st == DSC_OK && i < n; i++)
     st = cg_lower_graph(dsc_module_graph(m, i), &c->arena, &c->progs[i]);
+  if (st == DSC_OK && o->check_lowered) st = o->check_lowered(ctx, c->progs, n);
   const char *cache = cg_kernel_cache_dir(o->cache_dir);
   if (st == DSC_OK)
     st = o->target == CG_TARGET_CUDA ? compile_cuda(c, o->cuda_arch, cache)

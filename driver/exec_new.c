@@ -7,6 +7,15 @@
 #include "driver/driver.h"
 #include "runtime/runtime.h"
 
+/* The CPU executor's arenas against this host, after lowering and before
+ * the JIT compiles a kernel (cg_compile_options.check_lowered). */
+static dsc_status check_cpu_arenas(dsc_context *ctx, cg_program *const *progs, int n) {
+  int64_t need = 0; /* the params' tiers are the module's, shared by its graphs */
+  if (n > 0) need = progs[0]->tier_bytes[CG_TIER_DEVICE] + progs[0]->tier_bytes[CG_TIER_HOST];
+  for (int i = 0; i < n; i++) need += progs[i]->arena_bytes[CG_ARENA_WORK] + progs[i]->host_work_bytes;
+  return rt_check_host_memory(ctx, "creating the CPU executor's arenas", need);
+}
+
 dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_program *program,
                         const char *program_module, dsc_exec **out) {
   *out = NULL;
@@ -19,23 +28,11 @@ dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_p
   cg_compiled_module *c = NULL;
   if (be->compiled) {
     cg_compile_options co = {be->target, 0, opts ? opts->cache_dir : NULL, program,
-                             program_module};
+                             program_module,
+                             be->target == CG_TARGET_CPU ? check_cpu_arenas : NULL};
     if (be->target == CG_TARGET_CUDA) st = rt_cuda_device_arch(dsc_module_context(m), &co.cuda_arch);
     if (st == DSC_OK) st = cg_compile_module(m, &co, &c);
     if (st != DSC_OK) return st;
-    if (be->target == CG_TARGET_CPU) {
-      /* The arenas checked against this host before a byte is allocated. */
-      int64_t need = 0; /* the params' tiers are the module's, shared by its graphs */
-      if (c->n_programs > 0)
-        need = c->programs[0]->tier_bytes[CG_TIER_DEVICE] + c->programs[0]->tier_bytes[CG_TIER_HOST];
-      for (int i = 0; i < c->n_programs; i++)
-        need += c->programs[i]->arena_bytes[CG_ARENA_WORK] + c->programs[i]->host_work_bytes;
-      st = rt_check_host_memory(dsc_module_context(m), "creating the CPU executor's arenas", need);
-      if (st != DSC_OK) {
-        c->release(c->owner);
-        return st;
-      }
-    }
   }
   return rt_exec_new(m, opts, c, out);
 }

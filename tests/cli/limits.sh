@@ -30,8 +30,11 @@ refused 'needed [0-9]+ bytes .*this host has 1048576 bytes' \
 refused "\\(2 ranks x [0-9]+ bytes in this process\\): needed" \
   env DSC_HOST_MEMORY=1048576 "$DSC" train "$MODEL" --data "$TMP/c" --batch 8 --ranks 2 --steps 1
 # dsc run: the executor's arenas, checked before they are allocated
+# (after lowering, before the JIT: no kernel was compiled into the cache)
+mkdir -p "$TMP/arena-cache"
 refused "out of memory while creating the CPU executor.s arenas: needed [0-9]+ bytes .*this host has 1048576 bytes" \
-  env DSC_HOST_MEMORY=1048576 "$DSC" run "$MODEL" --batch 64 --quiet
+  env DSC_HOST_MEMORY=1048576 DSC_CACHE_DIR="$TMP/arena-cache" "$DSC" run "$MODEL" --batch 64 --quiet
+[ -z "$(ls -A "$TMP/arena-cache")" ] && pass || fail "kernels compiled before the arenas were refused: $(ls "$TMP/arena-cache" | head -3)"
 
 # grad_accum is unrolled in the IR: a bound from its estimated size
 refused 'grad_accum 1000000000 is too large to compile here: .* about [0-9.e+]+ nodes .*at most grad_accum [0-9]+' \
