@@ -444,12 +444,20 @@ static dsc_status build_specs(dsc_trainer *t) {
   return DSC_OK;
 }
 
-/* Copies a checkpoint's checked tensors into the params. */
-static void restore_set(const dsc_tensor_set *s, dsc_tensor **dst, const char **names, int n) {
-  for (int i = 0; i < n; i++) {
-    const dsc_tensor *src = dsc_tensor_set_find(s, names[i]);
-    memcpy(dst[i]->data, src->data, sizeof(double) * (size_t)dsc_type_numel(&dst[i]->type));
+/* Copies a checkpoint's checked tensors into the params (by a sorted
+ * index: a model of 1e5 tensors resumes in O(n log n), not O(n^2)). */
+static dsc_status restore_set(dsc_context *ctx, const dsc_tensor_set *s, dsc_tensor **dst,
+                              const char **names, int n) {
+  int *at = ir_alloc(ctx, sizeof *at * (size_t)(n > 0 ? n : 1));
+  if (!at || !rt_tensor_set_lookup(ctx, s, names, n, at)) {
+    if (at) ir_free(ctx, at, sizeof *at * (size_t)(n > 0 ? n : 1));
+    return oom(ctx);
   }
+  for (int i = 0; i < n; i++) /* dsc_tensor_set_check found each, of this type */
+    memcpy(dst[i]->data, s->tensors[at[i]]->data,
+           sizeof(double) * (size_t)dsc_type_numel(&dst[i]->type));
+  ir_free(ctx, at, sizeof *at * (size_t)(n > 0 ? n : 1));
+  return DSC_OK;
 }
 
 /* A setting the program was compiled with must agree with an explicit
@@ -887,8 +895,9 @@ static dsc_status restore_checkpoint(dsc_trainer *t, open_state *s) {
   if ((st = dsc_tensor_set_check(ctx, mp, ck->model, t->model_spec, t->n_model)) != DSC_OK ||
       (st = dsc_tensor_set_check(ctx, op, ck->optimizer, t->opt_spec, t->n_opt)) != DSC_OK)
     return st;
-  restore_set(ck->model, t->model_t, t->model_names, t->n_model);
-  restore_set(ck->optimizer, t->opt_t, t->opt_names, t->n_opt);
+  if ((st = restore_set(ctx, ck->model, t->model_t, t->model_names, t->n_model)) != DSC_OK ||
+      (st = restore_set(ctx, ck->optimizer, t->opt_t, t->opt_names, t->n_opt)) != DSC_OK)
+    return st;
   scatter_full(t);
   t->step = t->info.start_step = ck->state.step;
   int64_t end = s->o->stop_at > 0 && s->o->stop_at < t->cfg.steps ? s->o->stop_at : t->cfg.steps;

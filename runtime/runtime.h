@@ -98,6 +98,10 @@ rt_tensor_set *rt_tensor_set_new(dsc_context *ctx, int n, int n_meta);
 /* Adds t (owned by the set from now on) under a copy of name to a set from
  * rt_tensor_set_new or a reader. False when out of memory. */
 bool rt_tensor_set_append(dsc_tensor_set *s, const char *name, dsc_tensor *t);
+/* at[i] = the index in s of the tensor named names[i] (the first of that
+ * name), -1 for none: O((n + s->n) log s->n). False when out of memory. */
+bool rt_tensor_set_lookup(dsc_context *ctx, const dsc_tensor_set *s, const char *const *names,
+                          int n, int *at);
 
 /* ======================= runtime/rundir.c =======================
  * One writer per run directory: flock on RUN/.lock, which holds the

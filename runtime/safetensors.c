@@ -187,6 +187,15 @@ dsc_status dsc_tensor_set_check(dsc_context *ctx, const char *path, const dsc_te
   return st;
 }
 
+bool rt_tensor_set_lookup(dsc_context *ctx, const dsc_tensor_set *s, const char *const *names,
+                          int n, int *at) {
+  name_ref *have = sorted_refs(ctx, s->names, sizeof *s->names, s->n);
+  if (!have) return false;
+  for (int i = 0; i < n; i++) at[i] = find_ref(have, s->n, names[i]);
+  free_refs(ctx, have, s->n);
+  return true;
+}
+
 /* ------------------------------------------------------------ writer */
 
 typedef struct {
