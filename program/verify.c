@@ -37,9 +37,17 @@ static bool bad(const verifier *v, int ins, const char *fmt, ...) {
 int64_t cg_gemm_extent(const cg_gemm *g, int which) {
   const cg_matrix *x = which == 0 ? &g->a : which == 1 ? &g->b : &g->c;
   int64_t rows = which == 1 ? g->k : g->m, cols = which == 0 ? g->k : g->n;
-  return x->offset + (g->batch[0] - 1) * x->batch_stride[0] +
-         (g->batch[1] - 1) * x->batch_stride[1] + (rows - 1) * x->row_stride +
-         (cols - 1) * x->col_stride + 1;
+  int64_t n[4] = {g->batch[0], g->batch[1], rows, cols};
+  int64_t stride[4] = {x->batch_stride[0], x->batch_stride[1], x->row_stride, x->col_stride};
+  /* INT64_MAX (past any buffer) when a term overflows or is negative */
+  int64_t end = x->offset, term;
+  if (end < 0) return INT64_MAX;
+  for (int d = 0; d < 4; d++) {
+    if (n[d] < 1 || stride[d] < 0 || __builtin_mul_overflow(n[d] - 1, stride[d], &term) ||
+        __builtin_add_overflow(end, term, &end))
+      return INT64_MAX;
+  }
+  return end == INT64_MAX ? INT64_MAX : end + 1;
 }
 
 bool cg_buffer_streamed(const cg_program *p, int b, const cg_verify_limits *lim) {
@@ -91,9 +99,9 @@ static bool check_buffers(const verifier *v) {
                                                : lim->tier_bytes[cb->tier];
     if (cb->offset % size != 0 || cb->numel > (limit - cb->offset) / size)
       return bad(v, -1,
-                 "buffer %d (%" PRId64 " bytes at %" PRId64 ") lies outside its arena (%" PRId64
-                 " bytes)",
-                 b, cb->numel * size, cb->offset, limit);
+                 "buffer %d (%" PRId64 " %s elements at byte %" PRId64
+                 ") lies outside its arena (%" PRId64 " bytes)",
+                 b, cb->numel, dsc_dtype_name(cb->dtype), cb->offset, limit);
   }
   return true;
 }
@@ -184,7 +192,7 @@ static bool check_copy(const verifier *v, int i, const cg_instr *in) {
   if (in->src_rank_chunk &&
       (in->coll.world < 1 || in->coll.world > INT32_MAX || in->numel < 0 || in->src_len < 0 ||
        in->src_offset < 0 || in->src_len > numel(v, in->src) - in->src_offset ||
-       in->numel < (in->src_len + in->coll.world - 1) / in->coll.world))
+       in->numel < in->src_len / in->coll.world + (in->src_len % in->coll.world != 0)))
     return bad(v, i, "copy: malformed rank chunk (world %" PRId64 ", %" PRId64 " of %" PRId64 ")",
                in->coll.world, in->numel, in->src_len);
   if (in->numel < 0 || in->src_offset < 0 || in->dst_offset < 0 ||
@@ -240,9 +248,10 @@ static bool check_results(const verifier *v) {
   const cg_program *p = v->p;
   for (int o = 0; o < p->n_outputs; o++) {
     const cg_output *out = &p->outputs[o];
+    int64_t n = 0;
     if (!exists(v, out->buffer) || cg_buffer_streamed(p, out->buffer, v->lim) || out->offset < 0 ||
         p->buffers[out->buffer].dtype != out->type.dtype ||
-        out->offset > numel(v, out->buffer) - dsc_type_numel(&out->type))
+        !dsc_type_numel_checked(&out->type, &n) || out->offset > numel(v, out->buffer) - n)
       return bad(v, -1, "output %d does not fit its buffer", o);
   }
   for (int a = 0; a < p->n_assigns; a++) {
