@@ -304,7 +304,8 @@ bool cg_program_verify(dsc_context *ctx, const cg_program *p, const cg_verify_li
 /* One past the largest element index operand `which` (0 A, 1 B, 2 C) of g
  * reaches, offset included (bounds checks against the buffer). */
 int64_t cg_gemm_extent(const cg_gemm *g, int which);
-/* Buffer b is a disk-tier value with no memory under lim (streamed). */
+/* Buffer b is a disk-tier value with no memory under lim (streamed); with
+ * lim NULL every disk-tier value counts as streamed. */
 bool cg_buffer_streamed(const cg_program *p, int b, const cg_verify_limits *lim);
 /* The buffer of module param/state `param`, -1 when p has none. */
 int cg_param_buffer(const cg_program *p, int param);
