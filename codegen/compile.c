@@ -160,6 +160,14 @@ dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
     c->pub.programs = c->progs;
     c->pub.kernels = c->objs;
   }
+  if (st == DSC_OK && o->target == CG_TARGET_CPU) {
+    cg_cpu_isa isa;
+    char why[160];
+    if (!cg_cpu_isa_resolve(&isa, why, sizeof why)) {
+      ir_error(ctx, ir_no_loc, "%s", why);
+      st = DSC_ERR_USER;
+    }
+  }
   for (int i = 0; st == DSC_OK && i < n; i++)
     st = cg_lower_graph(dsc_module_graph(m, i), &c->arena, &c->progs[i]);
   if (st == DSC_OK && o->check_lowered) st = o->check_lowered(ctx, c->progs, n);

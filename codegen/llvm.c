@@ -1201,12 +1201,44 @@ static void host_target_dispose(host_target *h) {
   memset(h, 0, sizeof *h);
 }
 
+/* Whether LLVM feature name f (no sign) needs more than isa. */
+static bool feature_above(const char *f, size_t n, cg_cpu_isa isa) {
+  static const char *const prefix512[] = {"avx512", "amx", "avx10"};
+  static const char *const vex[] = {"avxvnni", "avxvnniint8", "avxvnniint16", "avxifma",
+                                    "avxneconvert"};
+  static const char *const avx[] = {"fma", "f16c", "fma4", "xop", "vaes", "vpclmulqdq"};
+  for (size_t i = 0; i < sizeof prefix512 / sizeof *prefix512; i++)
+    if (isa < CG_ISA_AVX512 && strncmp(f, prefix512[i], strlen(prefix512[i])) == 0) return true;
+  for (size_t i = 0; i < sizeof vex / sizeof *vex; i++)
+    if (isa < CG_ISA_AVX512 && n == strlen(vex[i]) && strncmp(f, vex[i], n) == 0) return true;
+  if (isa >= CG_ISA_AVX2) return false;
+  if (strncmp(f, "avx", 3) == 0) return true;
+  for (size_t i = 0; i < sizeof avx / sizeof *avx; i++)
+    if (n == strlen(avx[i]) && strncmp(f, avx[i], n) == 0) return true;
+  return false;
+}
+
+/* The host's features (an LLVM message, taken) with every "+f" that needs
+ * more than isa turned into "-f": $DSC_CPU_ISA's kernels for a lesser CPU. */
+static char *isa_features(char *host, cg_cpu_isa isa) {
+  if (!host || isa == cg_cpu_isa_host()) return host;
+  char *out = LLVMCreateMessage(host);
+  for (char *f = out; *f;) {
+    size_t n = strcspn(f, ",");
+    if (f[0] == '+' && feature_above(f + 1, n - 1, isa)) f[0] = '-';
+    f += n;
+    if (*f == ',') f++;
+  }
+  LLVMDisposeMessage(host);
+  return out;
+}
+
 static bool host_target_init(dsc_context *ctx, host_target *h) {
   memset(h, 0, sizeof *h);
   if (!llvm_ready(ctx)) return false;
   h->triple = LLVMGetDefaultTargetTriple();
   h->cpu = LLVMGetHostCPUName();
-  h->features = LLVMGetHostCPUFeatures();
+  h->features = isa_features(LLVMGetHostCPUFeatures(), cg_cpu_isa_get());
   LLVMTargetRef target = NULL;
   char *msg = NULL;
   if (LLVMGetTargetFromTriple(h->triple, &target, &msg)) {

@@ -320,6 +320,20 @@ void cg_store_elem(dsc_dtype dtype, void *p, double v);
  * to INT64_MIN out of range, NaN is 0): the integer stores above. */
 int64_t cg_trunc_int(double v, int bits);
 
+/* ======================= program/cpu_isa.c =======================
+ * The CPU's vector ISA, one answer for the compile step (LLVM target
+ * features) and the executor (the GEMM microkernel): the host's best
+ * (cg_cpu_isa_host), lowered by $DSC_CPU_ISA = avx512 | avx2 | baseline
+ * (an AVX-512 host then runs and tests what an AVX2-only or a baseline
+ * x86-64 CPU would). Raising it above the host, or another value, is an
+ * error of cg_cpu_isa_resolve (err filled); cg_cpu_isa_get never fails:
+ * on such a value it answers baseline (or the host's, for avx512). */
+typedef enum { CG_ISA_BASELINE = 0, CG_ISA_AVX2 = 1, CG_ISA_AVX512 = 2 } cg_cpu_isa;
+cg_cpu_isa cg_cpu_isa_host(void);
+bool cg_cpu_isa_resolve(cg_cpu_isa *out, char *err, size_t errlen);
+cg_cpu_isa cg_cpu_isa_get(void);
+const char *cg_cpu_isa_name(cg_cpu_isa isa);
+
 /* ======================= program/dsx.c =======================
  * The .dsx container of compiled programs: named sections, each with a
  * checksum, written atomically; reading checks everything against the file. */

@@ -138,10 +138,7 @@ int64_t rt_sgemm_scratch_floats(const cg_gemm *g) {
 
 #ifdef RT_SGEMM_X86
 
-bool rt_sgemm_supported(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") != 0;
-}
+bool rt_sgemm_supported(void) { return cg_cpu_isa_get() >= CG_ISA_AVX512; /* $DSC_CPU_ISA */ }
 
 /* ---- packing ---- */
 
