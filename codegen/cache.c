@@ -64,9 +64,26 @@ fail:
   return NULL;
 }
 
+/* dir and its missing parents (~/.cache may not exist on a new machine). */
+static void make_dirs(dsc_context *ctx, const char *dir) {
+  if (mkdir(dir, 0777) == 0) return;
+  size_t n = strlen(dir) + 1;
+  char *p = ir_alloc(ctx, n);
+  if (!p) return;
+  memcpy(p, dir, n);
+  for (char *s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = 0;
+      mkdir(p, 0777);
+      *s = '/';
+    }
+  mkdir(p, 0777);
+  ir_free(ctx, p, n);
+}
+
 void cg_cache_write(dsc_context *ctx, const char *dir, uint64_t key, const char *ext,
                     const char *magic, const void *data, size_t len) {
-  mkdir(dir, 0777); /* EEXIST is fine; other failures show at fopen */
+  make_dirs(ctx, dir); /* EEXIST is fine; other failures show at fopen */
   char suffix[48];
   static unsigned counter;
   snprintf(suffix, sizeof suffix, ".tmp%ld.%u", (long)getpid(),

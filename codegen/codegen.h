@@ -156,8 +156,11 @@ bool kir_validate(const kir_kernel *k, char *err, size_t errlen);
  * the text allocated in `a`. */
 char *kir_print(ir_arena *a, const kir_kernel *k);
 
-/* Stable 64-bit hash of the kernel's structure (cache keys). */
+/* Stable 64-bit hash of the kernel's name and structure (the kernel table,
+ * .dsx entries), and of its structure alone (equal bodies under different
+ * names: the JIT compiles them once). */
 uint64_t kir_hash(const kir_kernel *k);
+uint64_t kir_body_hash(const kir_kernel *k);
 
 /* ======================= codegen/kir_eval.c =======================
  * The kernel IR's reference evaluator: plain loops in double precision,
@@ -291,7 +294,11 @@ void *cg_llvm_bitcode(dsc_context *ctx, kir_kernel *const *kernels, int n, size_
 /* The LLVM IR text after the O3 pipeline for the host CPU (malloc'd): to
  * check vectorisation in tests and dumps. */
 char *cg_llvm_print_optimized_ir(dsc_context *ctx, kir_kernel *const *kernels, int n);
-/* Kernels compiled by this JIT so far, and kernels loaded from the disk cache. */
+/* Threads that compile kernels in parallel (0, the default: the CPUs this
+ * process may run on). The result does not depend on it. */
+void cg_llvm_jit_set_threads(cg_llvm_jit *j, int threads);
+/* Kernels compiled by this JIT so far (equal kernels count once), and
+ * kernels loaded from the disk cache or a program file. */
 void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits);
 
 /* ======================= codegen/cuda.c (DSC_HAVE_CUDA) =======================
@@ -460,7 +467,7 @@ dsc_status cg_cuda_compile_cached(dsc_context *ctx, const char *source, const ch
 typedef struct {
   cg_target target;
   int cuda_arch;
-  const char *cache_dir; /* NULL: $DSC_CACHE_DIR if set, else none */
+  const char *cache_dir; /* NULL: cg_kernel_cache_dir's default */
   const dsc_program *program;
   const char *program_module;
   /* Called (when set) with every lowered Program before any kernel is
@@ -470,8 +477,10 @@ typedef struct {
 } cg_compile_options;
 dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
                              cg_compiled_module **out);
-/* The kernel cache directory: option, else $DSC_CACHE_DIR, else NULL. */
-const char *cg_kernel_cache_dir(const char *option);
+/* The kernel cache directory, written into buf: option, else
+ * $DSC_CACHE_DIR, else $XDG_CACHE_HOME/dsc, else $HOME/.cache/dsc; NULL
+ * (no cache) when the one chosen is "off", or none can be named. */
+const char *cg_kernel_cache_dir(const char *option, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -38,64 +38,70 @@ static void release(void *owner) {
   ir_free(c->ctx, c, sizeof *c);
 }
 
-const char *cg_kernel_cache_dir(const char *option) {
-  /* the option, else $DSC_CACHE_DIR (as ccache's CCACHE_DIR), else none */
-  const char *cache = option ? option : getenv("DSC_CACHE_DIR");
-  return cache && cache[0] ? cache : NULL;
+const char *cg_kernel_cache_dir(const char *option, char *buf, size_t len) {
+  /* as ccache and PyTorch's inductor: a per-user cache unless told */
+  const char *dir = option && option[0] ? option : getenv("DSC_CACHE_DIR");
+  if (dir && strcmp(dir, "off") == 0) return NULL;
+  if (dir && dir[0]) return snprintf(buf, len, "%s", dir) < (int)len ? buf : NULL;
+  const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  int n = -1;
+  if (xdg && xdg[0] == '/')
+    n = snprintf(buf, len, "%s/dsc", xdg);
+  else if (home && home[0])
+    n = snprintf(buf, len, "%s/.cache/dsc", home);
+  return n > 0 && n < (int)len ? buf : NULL;
 }
 
-/* Program p's kernels into entries, taking the objects a program file
- * holds for them (section "cpu/<module>/<graph>"; kernels it lacks or that
- * changed are compiled). */
-static dsc_status cpu_kernels(compiled *c, const char *graph, cg_program *p,
-                              cg_cpu_kernel_fn *entries) {
-  const rt_dsx_section *sec = NULL;
+/* The objects a program file holds for program p's kernels (section
+ * "cpu/<module>/<graph>"; kernels it lacks or that changed get NULL): set in
+ * objs/lens[0..p->n_kernels). */
+static dsc_status prebuilt_objects(compiled *c, const char *graph, const cg_program *p,
+                                   const void **objs, size_t *lens) {
   const dsc_program *prog = c->program;
-  if (prog && c->program_module) {
-    /* Objects for another host or dsc would not load: compile instead (the
-     * caller says why with dsc_program_cpu_usable). */
-    char host[1024], name[300];
-    cg_llvm_host(c->jit, host, sizeof host);
-    if (rt_program_cpu_fits(prog, host)) {
-      snprintf(name, sizeof name, "cpu/%s/%s", c->program_module, graph);
-      sec = rt_dsx_find(rt_program_dsx(prog), name);
-    }
+  if (!prog || !c->program_module) return DSC_OK;
+  /* Objects for another host or dsc would not load: compile instead (the
+   * caller says why with dsc_program_cpu_usable). */
+  char host[1024], name[300];
+  cg_llvm_host(c->jit, host, sizeof host);
+  if (!rt_program_cpu_fits(prog, host)) return DSC_OK;
+  snprintf(name, sizeof name, "cpu/%s/%s", c->program_module, graph);
+  const rt_dsx_section *sec = rt_dsx_find(rt_program_dsx(prog), name);
+  if (!sec) return DSC_OK;
+  int found = rt_unpack_kernel_objects(sec->data, sec->size, p->kernel_info, p->n_kernels, objs, lens);
+  if (found < 0) {
+    dsc_loc at = {dsc_program_path(prog), 0, 0};
+    ir_error(c->ctx, at, "not a valid .dsx file: section '%s' is malformed", sec->name);
+    return DSC_ERR_USER;
   }
-  if (!sec) return cg_llvm_compile(c->jit, p->kernels, p->n_kernels, entries);
-  size_t n = (size_t)p->n_kernels + 1;
-  const void **objs = ir_alloc(c->ctx, sizeof *objs * n);
-  size_t *lens = ir_alloc(c->ctx, sizeof *lens * n);
-  dsc_status st = objs && lens ? DSC_OK : DSC_ERR_INTERNAL;
-  if (st == DSC_OK) {
-    int found =
-        rt_unpack_kernel_objects(sec->data, sec->size, p->kernel_info, p->n_kernels, objs, lens);
-    if (found < 0) {
-      dsc_loc at = {dsc_program_path(prog), 0, 0};
-      ir_error(c->ctx, at, "not a valid .dsx file: section '%s' is malformed", sec->name);
-      st = DSC_ERR_USER;
-    } else {
-      c->pub.prebuilt += found;
-      st = cg_llvm_compile_with(c->jit, p->kernels, p->n_kernels, entries,
-                                (const void *const *)objs, lens);
-    }
-  }
-  if (objs) ir_free(c->ctx, objs, sizeof *objs * n);
-  if (lens) ir_free(c->ctx, lens, sizeof *lens * n);
-  return st;
+  c->pub.prebuilt += found;
+  return DSC_OK;
 }
 
+/* Every program's kernels in one batch, so that the JIT compiles each
+ * distinct kernel once and all of them in parallel. */
 static dsc_status compile_cpu(compiled *c, dsc_module *m, const char *cache) {
   if (!(c->jit = cg_llvm_jit_new(c->ctx, cache))) return DSC_ERR_INTERNAL;
+  size_t total = 0;
+  for (int i = 0; i < c->pub.n_programs; i++) total += (size_t)c->progs[i]->n_kernels;
+  kir_kernel **all = ir_arena_alloc(&c->arena, sizeof *all * (total + 1));
+  cg_cpu_kernel_fn *fns = ir_arena_alloc(&c->arena, sizeof *fns * (total + 1));
+  const void **objs = ir_arena_alloc(&c->arena, sizeof *objs * (total + 1));
+  size_t *lens = ir_arena_alloc(&c->arena, sizeof *lens * (total + 1));
+  if (!all || !fns || !objs || !lens) return DSC_ERR_INTERNAL;
+  memset(objs, 0, sizeof *objs * (total + 1));
+  memset(lens, 0, sizeof *lens * (total + 1));
+  size_t at = 0;
   for (int i = 0; i < c->pub.n_programs; i++) {
     cg_program *p = c->progs[i];
-    cg_cpu_kernel_fn *entries =
-        ir_arena_alloc(&c->arena, sizeof(cg_cpu_kernel_fn) * (size_t)(p->n_kernels + 1));
-    if (!entries) return DSC_ERR_INTERNAL;
-    c->objs[i].entries = entries;
+    c->objs[i].entries = fns + at;
+    for (int k = 0; k < p->n_kernels; k++) all[at + (size_t)k] = p->kernels[k];
     const char *gname = dsc_graph_name(dsc_module_graph(m, i));
-    dsc_status st = p->n_kernels > 0 ? cpu_kernels(c, gname, p, entries) : DSC_OK;
+    dsc_status st = prebuilt_objects(c, gname, p, objs + at, lens + at);
     if (st != DSC_OK) return st;
+    at += (size_t)p->n_kernels;
   }
+  dsc_status st = cg_llvm_compile_with(c->jit, all, (int)total, fns, objs, lens);
+  if (st != DSC_OK) return st;
   cg_llvm_jit_stats(c->jit, &c->pub.compiled, &c->pub.cached);
   return DSC_OK;
 }
@@ -171,7 +177,8 @@ dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
   for (int i = 0; st == DSC_OK && i < n; i++)
     st = cg_lower_graph(dsc_module_graph(m, i), &c->arena, &c->progs[i]);
   if (st == DSC_OK && o->check_lowered) st = o->check_lowered(ctx, c->progs, n);
-  const char *cache = cg_kernel_cache_dir(o->cache_dir);
+  char cache_buf[4096];
+  const char *cache = cg_kernel_cache_dir(o->cache_dir, cache_buf, sizeof cache_buf);
   if (st == DSC_OK)
     st = o->target == CG_TARGET_CUDA ? compile_cuda(c, o->cuda_arch, cache)
                                      : compile_cpu(c, m, cache);

@@ -557,9 +557,15 @@ static uint64_t hash_expr(uint64_t h, const kir_expr *root) {
   return h;
 }
 
-uint64_t kir_hash(const kir_kernel *k) {
+static uint64_t hash_kernel(const kir_kernel *k, const char *name);
+
+uint64_t kir_hash(const kir_kernel *k) { return hash_kernel(k, k->name); }
+
+uint64_t kir_body_hash(const kir_kernel *k) { return hash_kernel(k, NULL); }
+
+static uint64_t hash_kernel(const kir_kernel *k, const char *name) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (const char *p = k->name; p && *p; p++) h = mix(h, (uint64_t)(unsigned char)*p);
+  for (const char *p = name; p && *p; p++) h = mix(h, (uint64_t)(unsigned char)*p);
   h = mix(h, (uint64_t)k->rank);
   h = mix(h, (uint64_t)k->n_outer);
   for (int d = 0; d < k->rank; d++) h = mix(h, (uint64_t)k->dims[d]);

@@ -22,6 +22,7 @@
  * f32 tanh is Eigen's rational approximation (max rel. error 3.5e-7 over
  * [-20, 20], checked against double tanh): both vectorise, unlike libm calls.
  * f64 uses libm (llvm.exp.f64, tanh), resolved from the process. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "codegen/codegen.h"
 
 #include <stdio.h>
@@ -43,11 +44,12 @@
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <llvm/Config/llvm-config.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 /* Bump when the generated code changes meaning: invalidates disk caches. */
-#define CG_LLVM_CACHE_VERSION 2u
+#define CG_LLVM_CACHE_VERSION 3u
 #define CG_CACHE_MAGIC "DSCLLVMO"
 
 /* ---- helpers in textual IR (see the file comment) ---- */
@@ -1296,6 +1298,7 @@ struct cg_llvm_jit {
   jit_sym *syms;
   int n_syms, cap_syms;
   int compiled, cache_hits;
+  int compile_threads; /* 0: the host's */
 };
 
 static void es_error_reporter(void *ud, LLVMErrorRef err) {
@@ -1370,45 +1373,62 @@ void cg_llvm_jit_free(cg_llvm_jit *j) {
   ir_free(ctx, j, sizeof *j);
 }
 
+void cg_llvm_jit_set_threads(cg_llvm_jit *j, int threads) {
+  if (j) j->compile_threads = threads > 0 ? threads : 0;
+}
+
 void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits) {
   if (compiled) *compiled = j ? j->compiled : 0;
   if (cache_hits) *cache_hits = j ? j->cache_hits : 0;
 }
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-  const unsigned char *s = p;
-  for (size_t i = 0; i < n; i++) {
-    h ^= s[i];
-    h *= 0x100000001b3ull;
+/* The op part of a lowered kernel's name "k<instr>_<op>" (the whole name
+ * otherwise): kernels equal in body and op share one symbol and object. */
+static const char *op_part(const char *name) {
+  const char *p = name;
+  if (*p != 'k') return name;
+  for (p++; *p >= '0' && *p <= '9'; p++) {
   }
-  return h;
+  return p > name + 1 && *p == '_' && p[1] ? p + 1 : name;
 }
-#define FNV_INIT 0xcbf29ce484222325ull
 
+/* The cache key and JIT symbol of a kernel: its body (kir_body_hash), its
+ * op, the target and dsc's code generator: not the instruction number in
+ * its name, so the same layer's kernel in 12 layers is compiled once. */
 static uint64_t cache_key(const cg_llvm_jit *j, const kir_kernel *k) {
-  uint64_t kh = kir_hash(k);
+  uint64_t kh = kir_body_hash(k);
   uint32_t ver = CG_LLVM_CACHE_VERSION;
-  uint64_t h = fnv1a(FNV_INIT, &kh, sizeof kh);
-  h = fnv1a(h, k->name, strlen(k->name) + 1);
-  h = fnv1a(h, j->host.triple, strlen(j->host.triple) + 1);
-  h = fnv1a(h, j->host.cpu, strlen(j->host.cpu) + 1);
-  h = fnv1a(h, j->host.features, strlen(j->host.features) + 1);
-  h = fnv1a(h, LLVM_VERSION_STRING, sizeof LLVM_VERSION_STRING);
-  return fnv1a(h, &ver, sizeof ver);
+  const char *op = op_part(k->name);
+  uint64_t h = cg_fnv1a(CG_FNV_INIT, &kh, sizeof kh);
+  h = cg_fnv1a(h, op, strlen(op) + 1);
+  h = cg_fnv1a(h, j->host.triple, strlen(j->host.triple) + 1);
+  h = cg_fnv1a(h, j->host.cpu, strlen(j->host.cpu) + 1);
+  h = cg_fnv1a(h, j->host.features, strlen(j->host.features) + 1);
+  h = cg_fnv1a(h, LLVM_VERSION_STRING, sizeof LLVM_VERSION_STRING);
+  return cg_fnv1a(h, &ver, sizeof ver);
+}
+
+/* "<op>.<key>" (malloc'd; NULL when out of memory). */
+static char *symbol_of(const kir_kernel *k, uint64_t key) {
+  const char *op = op_part(k->name);
+  size_t n = strlen(op) + 20;
+  char *sym = malloc(n);
+  if (sym) snprintf(sym, n, "%s.%016llx", op, (unsigned long long)key);
+  return sym;
 }
 
 /* The kernel cache (codegen/cache.c): one object file per kernel, "<key>.o". */
-static LLVMMemoryBufferRef cache_read(cg_llvm_jit *j, uint64_t key) {
+static LLVMMemoryBufferRef cache_read(dsc_context *ctx, const char *dir, uint64_t key) {
   size_t len = 0;
-  void *data = cg_cache_read(j->ctx, j->cache_dir, key, "o", CG_CACHE_MAGIC, (uint64_t)1 << 30, &len);
+  void *data = cg_cache_read(ctx, dir, key, "o", CG_CACHE_MAGIC, (uint64_t)1 << 30, &len);
   if (!data) return NULL;
   LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(data, len, "dsc_cached_kernel");
   free(data);
   return buf;
 }
 
-static void cache_write(cg_llvm_jit *j, uint64_t key, LLVMMemoryBufferRef obj) {
-  cg_cache_write(j->ctx, j->cache_dir, key, "o", CG_CACHE_MAGIC, LLVMGetBufferStart(obj),
+static void cache_write(dsc_context *ctx, const char *dir, uint64_t key, LLVMMemoryBufferRef obj) {
+  cg_cache_write(ctx, dir, key, "o", CG_CACHE_MAGIC, LLVMGetBufferStart(obj),
                  LLVMGetBufferSize(obj));
 }
 
@@ -1418,17 +1438,18 @@ static cg_cpu_kernel_fn find_sym(const cg_llvm_jit *j, const char *sym) {
   return NULL;
 }
 
-/* Compiles kernel k alone into an object file (optimised for the host). */
-static LLVMMemoryBufferRef compile_object(cg_llvm_jit *j, kir_kernel *k, char *sym) {
+/* Compiles kernel k alone into an object file for target h; errors on ctx. */
+static LLVMMemoryBufferRef compile_object(dsc_context *ctx, host_target *h, kir_kernel *k,
+                                          char *sym) {
   LLVMContextRef c;
   LLVMModuleRef m;
   kir_kernel *one[1] = {k};
-  if (!build_module(j->ctx, one, 1, &sym, j->host.cpu, j->host.features, &c, &m)) return NULL;
+  if (!build_module(ctx, one, 1, &sym, h->cpu, h->features, &c, &m)) return NULL;
   LLVMMemoryBufferRef obj = NULL;
-  if (optimise(j->ctx, &j->host, m)) {
+  if (optimise(ctx, h, m)) {
     char *msg = NULL;
-    if (LLVMTargetMachineEmitToMemoryBuffer(j->host.tm, m, LLVMObjectFile, &msg, &obj)) {
-      ir_error(j->ctx, ir_no_loc, "llvm: kernel %s: code generation failed: %s", k->name,
+    if (LLVMTargetMachineEmitToMemoryBuffer(h->tm, m, LLVMObjectFile, &msg, &obj)) {
+      ir_error(ctx, ir_no_loc, "llvm: kernel %s: code generation failed: %s", k->name,
                msg ? msg : "");
       obj = NULL;
     }
@@ -1437,6 +1458,129 @@ static LLVMMemoryBufferRef compile_object(cg_llvm_jit *j, kir_kernel *k, char *s
   LLVMDisposeModule(m);
   LLVMContextDispose(c);
   return obj;
+}
+
+/* ---- compiling in parallel ----
+ * One job per distinct kernel that is neither in the JIT, nor prebuilt,
+ * nor in the cache. Workers (the calling thread among them) take jobs in
+ * order; each has its own LLVM target machine and its own dsc_context (the
+ * libc allocator; its diagnostics are copied to the caller's context in job
+ * order), since neither is safe to share between threads. The objects are
+ * linked into the JIT afterwards, on the calling thread, in kernel order:
+ * the result does not depend on the number of threads. */
+
+typedef struct {
+  kir_kernel *k;
+  char *sym;                /* malloc'd */
+  uint64_t key;
+  int same_as;              /* an earlier kernel of this call with this key, or -1 */
+  bool compile;             /* a job of the workers */
+  LLVMMemoryBufferRef obj;  /* to link (taken by the JIT), or NULL */
+  dsc_context *diags;       /* a failed job's errors */
+  dsc_status failure;       /* a failed job's status */
+} kernel_slot;
+
+typedef struct {
+  cg_llvm_jit *j;
+  kernel_slot *slots;
+  int *jobs, n_jobs;
+  int next, done;           /* atomics */
+  int failed;               /* atomic: stop taking jobs */
+  pthread_mutex_t lock;
+} compile_run;
+
+static void report_progress(compile_run *r) {
+  char what[64];
+  snprintf(what, sizeof what, "compiling %d kernel%s", r->n_jobs, r->n_jobs == 1 ? "" : "s");
+  ir_progress(r->j->ctx, what, __atomic_load_n(&r->done, __ATOMIC_RELAXED), r->n_jobs);
+}
+
+/* Takes and compiles jobs until none is left (or one failed); `main`: the
+ * calling thread, which reports progress. */
+static void compile_jobs(compile_run *r, bool main) {
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  host_target h;
+  bool ready = ctx && host_target_init(ctx, &h);
+  if (ctx) ir_context_inherit_interrupt(ctx, r->j->ctx);
+  for (;;) {
+    int i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
+    if (i >= r->n_jobs || __atomic_load_n(&r->failed, __ATOMIC_RELAXED)) break;
+    kernel_slot *s = &r->slots[r->jobs[i]];
+    s->failure = ready ? ir_check_interrupt(ctx, "compiling kernels") : DSC_ERR_INTERNAL;
+    if (s->failure == DSC_OK && !(s->obj = compile_object(ctx, &h, s->k, s->sym)))
+      s->failure = DSC_ERR_INTERNAL;
+    if (!s->obj) {
+      /* this job's errors go back to the caller (a lost context: out of memory) */
+      s->diags = ctx;
+      ctx = NULL;
+      __atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+      break;
+    }
+    if (r->j->cache_dir) cache_write(ctx, r->j->cache_dir, s->key, s->obj);
+    __atomic_fetch_add(&r->done, 1, __ATOMIC_RELAXED);
+    if (main) report_progress(r);
+  }
+  if (ready) host_target_dispose(&h);
+  if (ctx) dsc_context_free(ctx);
+}
+
+static void *compile_worker(void *arg) {
+  compile_jobs(arg, false);
+  return NULL;
+}
+
+/* Threads for compiling: the CPUs this process may run on. */
+static int host_threads(void) {
+#ifdef CPU_COUNT
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static bool run_jobs(compile_run *r) {
+  if (r->n_jobs == 0) return true;
+  int threads = r->j->compile_threads > 0 ? r->j->compile_threads : host_threads();
+  if (threads > r->n_jobs) threads = r->n_jobs;
+  if (threads > 64) threads = 64;
+  pthread_t tids[64];
+  int started = 0;
+  for (int t = 1; t < threads; t++) {
+    if (pthread_create(&tids[started], NULL, compile_worker, r) != 0) break; /* fewer threads */
+    started++;
+  }
+  report_progress(r);
+  compile_jobs(r, true);
+  for (int t = 0; t < started; t++) pthread_join(tids[t], NULL);
+  if (!r->failed) report_progress(r);
+  return !r->failed;
+}
+
+static void free_slots(dsc_context *ctx, kernel_slot *slots, int n) {
+  for (int i = 0; i < n; i++) {
+    free(slots[i].sym);
+    if (slots[i].obj) LLVMDisposeMemoryBuffer(slots[i].obj);
+    if (slots[i].diags) dsc_context_free(slots[i].diags);
+  }
+  ir_free(ctx, slots, sizeof *slots * (size_t)(n > 0 ? n : 1));
+}
+
+static bool keep_symbol(cg_llvm_jit *j, const char *sym, cg_cpu_kernel_fn fn) {
+  if (j->n_syms == j->cap_syms) {
+    int ncap = j->cap_syms ? 2 * j->cap_syms : 16;
+    jit_sym *ns = ir_realloc(j->ctx, j->syms, sizeof(jit_sym) * (size_t)j->cap_syms,
+                             sizeof(jit_sym) * (size_t)ncap);
+    if (!ns) return false;
+    j->syms = ns;
+    j->cap_syms = ncap;
+  }
+  char *kept = ctx_strdup(j->ctx, sym);
+  if (!kept) return false;
+  j->syms[j->n_syms].sym = kept;
+  j->syms[j->n_syms].fn = fn;
+  j->n_syms++;
+  return true;
 }
 
 dsc_status cg_llvm_compile(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
@@ -1449,84 +1593,101 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
                                 const size_t *lens) {
   if (!j) return DSC_ERR_INTERNAL;
   dsc_context *ctx = j->ctx;
-  for (int i = 0; i < n; i++) {
-    kir_kernel *k = kernels[i];
+  if (n <= 0) return DSC_OK;
+  kernel_slot *slots = ir_alloc(ctx, sizeof *slots * (size_t)n);
+  int *jobs = ir_alloc(ctx, sizeof *jobs * (size_t)n);
+  dsc_status st = DSC_OK;
+  if (!slots || !jobs) {
+    ir_error(ctx, ir_no_loc, "llvm: out of memory");
+    if (jobs) ir_free(ctx, jobs, sizeof *jobs * (size_t)n);
+    if (slots) ir_free(ctx, slots, sizeof *slots * (size_t)n);
+    return DSC_ERR_INTERNAL;
+  }
+  memset(slots, 0, sizeof *slots * (size_t)n);
+  compile_run r = {.j = j, .slots = slots, .jobs = jobs};
+  /* 1. what each kernel needs: nothing (in the JIT already, or equal to an
+   * earlier one), its prebuilt or cached object, or a compile job */
+  for (int i = 0; i < n && st == DSC_OK; i++) {
+    kernel_slot *s = &slots[i];
     char err[512];
-    dsc_status ist = ir_check_interrupt(ctx, "compiling kernels");
-    if (ist != DSC_OK) return ist;
-    if (!k || !k->name) {
+    s->same_as = -1;
+    s->k = kernels[i];
+    if ((st = ir_check_interrupt(ctx, "compiling kernels")) != DSC_OK) break;
+    if (!s->k || !s->k->name) {
       ir_error(ctx, ir_no_loc, "llvm: kernel %d is missing or unnamed", i);
-      return DSC_ERR_INTERNAL;
+      st = DSC_ERR_INTERNAL;
+      break;
     }
-    if (!kir_validate(k, err, sizeof err)) {
-      ir_error(ctx, ir_no_loc, "llvm: kernel %s is invalid: %s", k->name, err);
-      return DSC_ERR_INTERNAL;
+    if (!kir_validate(s->k, err, sizeof err)) {
+      ir_error(ctx, ir_no_loc, "llvm: kernel %s is invalid: %s", s->k->name, err);
+      st = DSC_ERR_INTERNAL;
+      break;
     }
-    /* The JIT symbol carries the key: equal kernels compiled twice share
-     * code, different kernels with one name do not clash. */
-    uint64_t key = cache_key(j, k);
-    size_t sl = strlen(k->name) + 20;
-    char *sym = ir_alloc(ctx, sl);
-    if (!sym) {
+    s->key = cache_key(j, s->k);
+    if (!(s->sym = symbol_of(s->k, s->key))) {
       ir_error(ctx, ir_no_loc, "llvm: out of memory");
-      return DSC_ERR_INTERNAL;
+      st = DSC_ERR_INTERNAL;
+      break;
     }
-    snprintf(sym, sl, "%s.%016llx", k->name, (unsigned long long)key);
-    if ((fns[i] = find_sym(j, sym))) {
-      ir_free(ctx, sym, sl);
+    if ((fns[i] = find_sym(j, s->sym))) continue;
+    for (int e = i - 1; e >= 0 && s->same_as < 0; e--)
+      if (slots[e].key == s->key && strcmp(slots[e].sym, s->sym) == 0)
+        s->same_as = slots[e].same_as >= 0 ? slots[e].same_as : e;
+    if (s->same_as >= 0) continue;
+    if (objs && objs[i]) { /* prebuilt (a .dsx): must define exactly this symbol */
+      s->obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(objs[i], lens[i], "dsc_prebuilt_kernel");
+    } else if (j->cache_dir) {
+      s->obj = cache_read(ctx, j->cache_dir, s->key);
+    }
+    if (s->obj)
+      j->cache_hits++;
+    else
+      jobs[r.n_jobs++] = i, s->compile = true;
+  }
+  /* 2. the jobs, on the host's threads */
+  if (st == DSC_OK && !run_jobs(&r)) {
+    /* the first failed job's errors (several may fail before all stop) */
+    st = DSC_ERR_INTERNAL;
+    bool told = false;
+    for (int i = 0; i < n && !told; i++) {
+      if (slots[i].failure == DSC_OK || !slots[i].compile) continue;
+      st = slots[i].failure;
+      for (int d = 0; slots[i].diags && d < dsc_diag_count(slots[i].diags); d++, told = true) {
+        const dsc_diag *dg = dsc_diag_get(slots[i].diags, d);
+        ir_diag(ctx, dg->severity, dg->loc, "%s", dg->message);
+      }
+    }
+    if (!told) ir_error(ctx, ir_no_loc, "llvm: out of memory compiling kernels");
+  }
+  if (st == DSC_OK) j->compiled += r.n_jobs;
+  /* 3. link, in kernel order */
+  for (int i = 0; i < n && st == DSC_OK; i++) {
+    kernel_slot *s = &slots[i];
+    if (fns[i]) continue;
+    if (s->same_as >= 0) {
+      fns[i] = fns[s->same_as];
       continue;
     }
-    LLVMMemoryBufferRef obj = NULL;
-    if (objs && objs[i]) /* prebuilt (a .dsx): must define exactly this symbol */
-      obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(objs[i], lens[i], "dsc_prebuilt_kernel");
-    else if (j->cache_dir)
-      obj = cache_read(j, key);
-    if (obj) {
-      j->cache_hits++;
-    } else {
-      obj = compile_object(j, k, sym);
-      if (!obj) {
-        ir_free(ctx, sym, sl);
-        return DSC_ERR_INTERNAL;
-      }
-      j->compiled++;
-      if (j->cache_dir) cache_write(j, key, obj);
-    }
-    LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, j->jd, obj); /* takes obj */
+    LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, j->jd, s->obj); /* takes obj */
+    s->obj = NULL;
     LLVMOrcExecutorAddress addr = 0;
-    if (!e) e = LLVMOrcLLJITLookup(j->jit, &addr, sym);
+    if (!e) e = LLVMOrcLLJITLookup(j->jit, &addr, s->sym);
     if (e) {
       char what[300];
-      snprintf(what, sizeof what, "kernel %s", k->name);
+      snprintf(what, sizeof what, "kernel %s", s->k->name);
       report_llvm_error(ctx, what, e);
-      ir_free(ctx, sym, sl);
-      return DSC_ERR_INTERNAL;
-    }
-    if (j->n_syms == j->cap_syms) {
-      int ncap = j->cap_syms ? 2 * j->cap_syms : 16;
-      jit_sym *ns = ir_realloc(ctx, j->syms, sizeof(jit_sym) * (size_t)j->cap_syms,
-                               sizeof(jit_sym) * (size_t)ncap);
-      if (!ns) {
-        ir_error(ctx, ir_no_loc, "llvm: out of memory");
-        ir_free(ctx, sym, sl);
-        return DSC_ERR_INTERNAL;
-      }
-      j->syms = ns;
-      j->cap_syms = ncap;
-    }
-    /* shrink the name allocation to strlen+1 for ctx_strfree */
-    char *kept = ctx_strdup(ctx, sym);
-    ir_free(ctx, sym, sl);
-    if (!kept) {
-      ir_error(ctx, ir_no_loc, "llvm: out of memory");
-      return DSC_ERR_INTERNAL;
+      st = DSC_ERR_INTERNAL;
+      break;
     }
     fns[i] = (cg_cpu_kernel_fn)(uintptr_t)addr;
-    j->syms[j->n_syms].sym = kept;
-    j->syms[j->n_syms].fn = fns[i];
-    j->n_syms++;
+    if (!keep_symbol(j, s->sym, fns[i])) {
+      ir_error(ctx, ir_no_loc, "llvm: out of memory");
+      st = DSC_ERR_INTERNAL;
+    }
   }
-  return DSC_OK;
+  free_slots(ctx, slots, n);
+  ir_free(ctx, jobs, sizeof *jobs * (size_t)n);
+  return st;
 }
 
 void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
@@ -1537,13 +1698,15 @@ void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
     return NULL;
   }
   uint64_t key = cache_key(j, k);
-  size_t sl = strlen(k->name) + 20;
-  char *sym = ir_alloc(j->ctx, sl);
-  if (!sym) return NULL;
-  snprintf(sym, sl, "%s.%016llx", k->name, (unsigned long long)key);
-  LLVMMemoryBufferRef obj = j->cache_dir ? cache_read(j, key) : NULL;
-  if (!obj) obj = compile_object(j, k, sym);
-  ir_free(j->ctx, sym, sl);
+  char *sym = symbol_of(k, key);
+  if (!sym) {
+    ir_error(j->ctx, ir_no_loc, "llvm: out of memory");
+    return NULL;
+  }
+  LLVMMemoryBufferRef obj = j->cache_dir ? cache_read(j->ctx, j->cache_dir, key) : NULL;
+  if (!obj && (obj = compile_object(j->ctx, &j->host, k, sym)) && j->cache_dir)
+    cache_write(j->ctx, j->cache_dir, key, obj);
+  free(sym);
   if (!obj) return NULL;
   size_t n = LLVMGetBufferSize(obj);
   void *out = malloc(n ? n : 1);
@@ -1648,6 +1811,8 @@ cg_llvm_jit *cg_llvm_jit_new(dsc_context *ctx, const char *cache_dir) {
 }
 
 void cg_llvm_jit_free(cg_llvm_jit *j) { (void)j; }
+
+void cg_llvm_jit_set_threads(cg_llvm_jit *j, int threads) { (void)j, (void)threads; }
 
 void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits) {
   (void)j;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "dsc/autocfg.h"
+#include "codegen/codegen.h"
 #include "dsc/comm.h"
 #include "runtime/runtime.h"
 
@@ -57,11 +58,9 @@ bool dsc_calibrate_cache_path(const dsc_calibrate_options *o, char *buf, size_t 
   if (o && o->cache_path) return snprintf(buf, n, "%s", o->cache_path) < (int)n;
   char host[128];
   host_key(host, sizeof host);
-  const char *dir = getenv("DSC_CACHE_DIR");
-  if (dir && dir[0]) return snprintf(buf, n, "%s/calibration-%s.txt", dir, host) < (int)n;
-  const char *home = getenv("HOME");
-  if (!home || !home[0]) return false;
-  return snprintf(buf, n, "%s/.cache/dsc/calibration-%s.txt", home, host) < (int)n;
+  char dir[4096]; /* the kernel cache's directory (codegen/compile.c) */
+  if (!cg_kernel_cache_dir(NULL, dir, sizeof dir)) return false;
+  return snprintf(buf, n, "%s/calibration-%s.txt", dir, host) < (int)n;
 }
 
 /* ---- the measurements ---- */

@@ -193,9 +193,9 @@ static dsc_status compile_inner(writer *w, const dsc_compile_options *o, dsc_mod
     snprintf(host, sizeof host, "sm_%d", arch);
   } else {
 #ifdef DSC_HAVE_LLVM
-    /* The kernel cache ($DSC_CACHE_DIR) serves here too. */
-    const char *cache = getenv("DSC_CACHE_DIR");
-    cg_llvm_jit *jit = cg_llvm_jit_new(ctx, cache && cache[0] ? cache : NULL);
+    /* The kernel cache serves here too. */
+    char cache_buf[4096];
+    cg_llvm_jit *jit = cg_llvm_jit_new(ctx, cg_kernel_cache_dir(NULL, cache_buf, sizeof cache_buf));
     if (!jit) return DSC_ERR_INTERNAL;
     *jit_out = jit;
     cg_llvm_host(jit, host, sizeof host);

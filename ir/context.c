@@ -22,6 +22,8 @@ struct dsc_context {
   dsc_interrupt_fn interrupt;
   void *interrupt_ud;
   bool interrupt_reported; /* one "interrupted" error however many layers poll */
+  dsc_progress_fn progress;
+  void *progress_ud;
 };
 
 static void *default_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
@@ -104,6 +106,15 @@ void dsc_context_set_interrupt(dsc_context *ctx, dsc_interrupt_fn fn, void *ud) 
   ctx->interrupt = fn;
   ctx->interrupt_ud = ud;
   ctx->interrupt_reported = false;
+}
+
+void dsc_context_set_progress(dsc_context *ctx, dsc_progress_fn fn, void *ud) {
+  ctx->progress = fn;
+  ctx->progress_ud = ud;
+}
+
+void ir_progress(dsc_context *ctx, const char *what, int64_t done, int64_t total) {
+  if (ctx && ctx->progress) ctx->progress(ctx->progress_ud, what, done, total);
 }
 
 void ir_context_inherit_interrupt(dsc_context *to, const dsc_context *from) {

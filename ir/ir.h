@@ -58,6 +58,9 @@ extern const dsc_loc ir_no_loc;
  * Called between units of work: cheap (one indirect call). */
 dsc_status ir_check_interrupt(dsc_context *ctx, const char *what_fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Reports a long step's progress to the context's progress callback (if
+ * any): `what` (e.g. "compiling 612 kernels"), done of total units. */
+void ir_progress(dsc_context *ctx, const char *what, int64_t done, int64_t total);
 /* A rank context made for a run takes its parent's callback. */
 void ir_context_inherit_interrupt(dsc_context *to, const dsc_context *from);
 

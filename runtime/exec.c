@@ -392,6 +392,11 @@ int64_t dsc_exec_device_bytes(const dsc_exec *e) {
   return e->be->device_bytes ? e->be->device_bytes(e->impl) : 0;
 }
 
+int dsc_exec_kernels_cached(const dsc_exec *e) {
+  /* the compile step counts prebuilt objects among its cache hits */
+  return e->compiled ? e->compiled->cached - e->compiled->prebuilt : 0;
+}
+
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt) {
   *compiled = e->compiled ? e->compiled->compiled : 0;
   *prebuilt = e->compiled ? e->compiled->prebuilt : 0;

@@ -27,6 +27,9 @@ typedef struct {
 extern volatile sig_atomic_t cli_signal;
 void cli_catch_signals(dsc_context *ctx);
 void cli_release_signals(void);
+/* A progress line for ctx's long steps (compiling kernels) on standard
+ * error when it is a terminal. */
+void cli_show_progress(dsc_context *ctx);
 void cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_exit_code(dsc_status st);
 bool cli_parse_i64(const char *s, int64_t *out);

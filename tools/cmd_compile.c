@@ -148,6 +148,7 @@ int cli_compile(int argc, char **argv) {
     return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   }
   cli_catch_signals(ctx); /* Ctrl-C stops compiling (exit 130), nothing written */
+  cli_show_progress(ctx);
   dsc_compile_summary sum;
   dsc_status st = dsc_program_compile(ctx, &o, &sum);
   dsc_diag_print(ctx, stderr);

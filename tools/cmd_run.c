@@ -153,6 +153,7 @@ int cli_run(int argc, char **argv) {
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  if (!quiet) cli_show_progress(ctx);
   dsc_module *m = NULL;
   dsc_program *prog = NULL;
   dsc_params *params = NULL;
@@ -216,6 +217,11 @@ int cli_run(int argc, char **argv) {
       int compiled, loaded;
       dsc_exec_kernel_counts(x, &compiled, &loaded);
       fprintf(stderr, "program %s: %d kernels loaded, %d compiled\n", path, loaded, compiled);
+    } else if (st == DSC_OK && backend != DSC_BACKEND_INTERP && !quiet) {
+      int compiled, prebuilt;
+      dsc_exec_kernel_counts(x, &compiled, &prebuilt);
+      fprintf(stderr, "kernels: %d compiled, %d from the kernel cache\n", compiled,
+              dsc_exec_kernels_cached(x));
     }
     if (st == DSC_OK) st = dsc_exec_set_params(x, params);
     if (st == DSC_OK) st = dsc_exec_run(x, "forward", (const dsc_tensor *const *)inputs, n_in, outputs);

@@ -69,6 +69,7 @@ int cli_sample(int argc, char **argv) {
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  cli_show_progress(ctx);
   dsc_sampler *s = NULL;
   dsc_status st = dsc_sampler_open(ctx, &o, &s);
   if (st == DSC_OK) {

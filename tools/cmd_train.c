@@ -589,6 +589,7 @@ static int train_mpi(dsc_context *ctx, train_job *job, const char *trace_path, i
 static int train_local(dsc_context *ctx, train_job *job, int64_t ranks, const char *trace_path,
                        dsc_trace *trace) {
   cli_catch_signals(ctx);
+  cli_show_progress(ctx); /* one rank's compile (in-process ranks compile in their own) */
   dsc_status st;
   if (ranks > 1) {
     st = dsc_comm_inproc_run(ctx, (int)ranks, train_rank_fn, job);

@@ -66,6 +66,27 @@ void cli_catch_signals(dsc_context *ctx) {
   caught = true;
 }
 
+/* "\rcompiling 612 kernels: 37%" on a terminal, redrawn when the percentage
+ * moves and erased at the end; nothing when standard error is a file. */
+static void show_progress(void *ud, const char *what, int64_t done, int64_t total) {
+  int *last = ud;
+  int pct = total > 0 ? (int)(100 * done / total) : 100;
+  if (done >= total) {
+    if (*last >= 0) fprintf(stderr, "\r\033[K");
+    *last = -1;
+    return;
+  }
+  if (pct == *last) return;
+  *last = pct;
+  fprintf(stderr, "\r%s: %d%%", what, pct);
+  fflush(stderr);
+}
+
+void cli_show_progress(dsc_context *ctx) {
+  static int last = -1; /* the tool's one progress line */
+  if (ctx && isatty(STDERR_FILENO)) dsc_context_set_progress(ctx, show_progress, &last);
+}
+
 void cli_release_signals(void) {
   if (!caught) return;
   sigaction(SIGINT, &saved_int, NULL);
@@ -247,6 +268,10 @@ static void main_help(FILE *out) {
           "\n"
           "'dsc <command> --help' describes a command.\n"
           "\n"
+          "kernel cache: compiled kernels are kept in $DSC_CACHE_DIR, else\n"
+          "            $XDG_CACHE_HOME/dsc, else ~/.cache/dsc, and reused by later runs;\n"
+          "            --no-cache (any command) or DSC_CACHE_DIR=off compiles without it\n"
+          "\n"
           "exit codes: 0 success, 1 user error (bad model, input or arguments),\n"
           "            2 internal error (a bug in dsc, or out of memory),\n"
           "            130 / 143 stopped by SIGINT / SIGTERM (honoured while loading and\n"
@@ -278,6 +303,21 @@ int main(int argc, char **argv) {
     printf("dsc %s\n", DSC_VERSION);
     return finish_stdout(CLI_EXIT_OK);
   }
+  /* --no-cache, for every command that compiles: no kernel cache for this
+   * process and what it launches (DSC_CACHE_DIR=off, codegen/compile.c) */
+  int kept = 1;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--") == 0) {
+      while (i < argc) argv[kept++] = argv[i++];
+      break;
+    }
+    if (strcmp(argv[i], "--no-cache") == 0)
+      setenv("DSC_CACHE_DIR", "off", 1);
+    else
+      argv[kept++] = argv[i];
+  }
+  argc = kept;
+  argv[argc] = NULL;
   for (int i = 0; i < N_COMMANDS; i++)
     if (strcmp(cmd, commands[i].name) == 0) return finish_stdout(commands[i].fn(argc - 1, argv + 1));
   fprintf(stderr, "dsc: unknown command '%s' (see 'dsc --help')\n", cmd);

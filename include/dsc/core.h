@@ -43,6 +43,15 @@ void dsc_context_free(dsc_context *ctx);
 typedef int (*dsc_interrupt_fn)(void *ud);
 void dsc_context_set_interrupt(dsc_context *ctx, dsc_interrupt_fn fn, void *ud);
 
+/* ---- progress ----
+ * Long steps (compiling kernels) call fn(ud, what, done, total) from the
+ * calling thread as units finish: what names the step ("compiling 612
+ * kernels"), done goes from 0 to total (the last call has done == total).
+ * A command-line tool prints a progress line with it; NULL (the default)
+ * reports nothing. */
+typedef void (*dsc_progress_fn)(void *ud, const char *what, int64_t done, int64_t total);
+void dsc_context_set_progress(dsc_context *ctx, dsc_progress_fn fn, void *ud);
+
 /* ---- diagnostics ---- */
 typedef enum { DSC_DIAG_ERROR, DSC_DIAG_WARNING, DSC_DIAG_NOTE } dsc_severity;
 

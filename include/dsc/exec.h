@@ -40,7 +40,9 @@ typedef struct dsc_program dsc_program;
 typedef struct {
   dsc_backend backend;
   int threads;           /* cpu: worker threads; 0 = one per core */
-  const char *cache_dir; /* on-disk kernel cache; NULL: $DSC_CACHE_DIR if set, else none */
+  /* on-disk kernel cache; NULL: $DSC_CACHE_DIR, else $XDG_CACHE_HOME/dsc,
+   * else ~/.cache/dsc; "off" (here or in $DSC_CACHE_DIR): none */
+  const char *cache_dir;
 } dsc_exec_options;
 
 typedef struct dsc_exec dsc_exec;
@@ -130,6 +132,8 @@ dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid);
 /* Kernels the executor compiled, and kernels it loaded prebuilt from a
  * program (cpu backend; the interpreter has none). */
 void dsc_exec_kernel_counts(const dsc_exec *e, int *compiled, int *prebuilt);
+/* Kernels it loaded from the kernel cache (dsc_exec_options.cache_dir). */
+int dsc_exec_kernels_cached(const dsc_exec *e);
 /* cuda: the bytes the executor holds on the GPU (arenas, GEMM workspace,
  * scratch: all of it allocated when the executor was made, so this is the
  * peak of every run); 0 on the other backends. */

@@ -7,7 +7,7 @@
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/corpus.bash"
 MODEL="$SRC/examples/gpt-tiny.dsm"
-unset DSC_CACHE_DIR # "0 compiled" must come from the .dsx, not a kernel cache
+export DSC_CACHE_DIR=off # "0 compiled" must come from the .dsx, not a kernel cache
 
 expect_exit 0 "$DSC" compile --help && expect_grep '^usage: dsc compile MODEL.dsm' "$TMP/out"
 expect_exit 1 "$DSC" compile && expect_grep 'missing model file' "$TMP/err"

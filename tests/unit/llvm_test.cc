@@ -614,4 +614,271 @@ TEST_F(LlvmTest, DiskCacheHitsAndRecompilesCorruptFiles) {
   rmdir(dir.c_str());
 }
 
+// Equal kernels under other instruction numbers ("k3_exp", "k17_exp": the
+// same layer's kernel in every layer) compile once; another op, or another
+// body, does not share.
+TEST_F(LlvmTest, EqualBodiesOfOneOpCompileOnce) {
+  auto exp_kernel = [&](const char *name, int64_t cols) {
+    auto *kb = new KB(name, {3, cols}, 1);
+    int X = kb->arg(DSC_F32, 3 * cols, true, false), Y = kb->arg(DSC_F32, 3 * cols, false, true);
+    kb->store(acc(Y, 0, {cols, 1}), un(KIR_EXP, ld(DSC_F32, acc(X, 0, {cols, 1}))));
+    return kb;
+  };
+  std::vector<KB *> kbs = {exp_kernel("k3_exp", 64), exp_kernel("k17_exp", 64),
+                           exp_kernel("k3_tanh", 64), exp_kernel("k9_exp", 32)};
+  kir_kernel *ks[4];
+  for (int i = 0; i < 4; i++) ks[i] = kbs[i]->done();
+  cg_cpu_kernel_fn fns[4] = {};
+  ASSERT_EQ(cg_llvm_compile(jit, ks, 4, fns), DSC_OK) << diags();
+  EXPECT_EQ(fns[0], fns[1]);
+  EXPECT_NE(fns[0], fns[2]);
+  EXPECT_NE(fns[0], fns[3]);
+  int compiled = 0, hits = 0;
+  cg_llvm_jit_stats(jit, &compiled, &hits);
+  EXPECT_EQ(compiled, 3);
+  // and a later call finds them in the JIT
+  cg_cpu_kernel_fn again = nullptr;
+  ASSERT_EQ(cg_llvm_compile(jit, &ks[1], 1, &again), DSC_OK) << diags();
+  EXPECT_EQ(again, fns[0]);
+  cg_llvm_jit_stats(jit, &compiled, &hits);
+  EXPECT_EQ(compiled, 3);
+  for (int i = 0; i < 4; i++) {
+    auto want = make_data(ks[i], -3, 3), got = want;
+    void *pw[2] = {want[0].data(), want[1].data()}, *pg[2] = {got[0].data(), got[1].data()};
+    kir_eval(ks[i], pw);
+    int32_t st = 0;
+    fns[i](pg, 0, 3, &st);
+    const float *w = (const float *)want[1].data(), *g = (const float *)got[1].data();
+    for (int64_t e = 0; e < ks[i]->dims[0] * ks[i]->dims[1]; e++)
+      ASSERT_LE(std::fabs(g[e] - w[e]), 1e-6 * std::fabs(w[e])) << ks[i]->name << " " << e;
+  }
+  for (KB *kb : kbs) delete kb;
+}
+
+// Kernels compiled on 1 or 3 threads: the same code (bit-identical results)
+// and every one right.
+TEST_F(LlvmTest, ParallelCompileGivesTheSameKernels) {
+  const int n = 12;
+  std::vector<KB *> kbs;
+  std::vector<kir_kernel *> ks;
+  for (int i = 0; i < n; i++) {
+    auto *kb = new KB("k1_scale", {4, 48}, 1);
+    int X = kb->arg(DSC_F32, 192, true, false), Y = kb->arg(DSC_F32, 192, false, true);
+    kir_expr *x = ld(DSC_F32, acc(X, 0, {48, 1}));
+    kb->store(acc(Y, 0, {48, 1}), bin(KIR_ADD, un(KIR_TANH, bin(KIR_MUL, x, c(DSC_F32, 0.25 * (i + 1)))),
+                                      c(DSC_F32, i)));
+    kbs.push_back(kb);
+    ks.push_back(kb->done());
+  }
+  std::vector<std::vector<std::vector<unsigned char>>> inputs;
+  for (int i = 0; i < n; i++) inputs.push_back(make_data(ks[i], -2, 2));
+  std::vector<std::vector<float>> results[2];
+  for (int t = 0; t < 2; t++) {
+    cg_llvm_jit *j = cg_llvm_jit_new(ctx, nullptr);
+    ASSERT_NE(j, nullptr) << diags();
+    cg_llvm_jit_set_threads(j, t == 0 ? 1 : 3);
+    std::vector<cg_cpu_kernel_fn> fns(n);
+    ASSERT_EQ(cg_llvm_compile(j, ks.data(), n, fns.data()), DSC_OK) << diags();
+    int compiled = 0, hits = 0;
+    cg_llvm_jit_stats(j, &compiled, &hits);
+    EXPECT_EQ(compiled, n);
+    for (int i = 0; i < n; i++) {
+      auto want = inputs[i], got = want;
+      void *pw[2] = {want[0].data(), want[1].data()}, *pg[2] = {got[0].data(), got[1].data()};
+      kir_eval(ks[i], pw);
+      int32_t st = 0;
+      fns[i](pg, 0, 4, &st);
+      const float *w = (const float *)want[1].data(), *g = (const float *)got[1].data();
+      for (int e = 0; e < 192; e++) ASSERT_NEAR(g[e], w[e], 1e-5 * (1 + std::fabs(w[e]))) << i;
+      results[t].emplace_back(g, g + 192);
+    }
+    cg_llvm_jit_free(j);
+  }
+  EXPECT_EQ(results[0], results[1]);
+  for (KB *kb : kbs) delete kb;
+}
+
+// A signal while the workers compile: every thread stops, one "interrupted"
+// error, DSC_ERR_INTERRUPTED, nothing linked.
+TEST_F(LlvmTest, InterruptStopsTheCompileThreads) {
+  const int n = 8;
+  std::vector<KB *> kbs;
+  std::vector<kir_kernel *> ks;
+  for (int i = 0; i < n; i++) {
+    auto *kb = new KB("k1_shift", {2, 32}, 1);
+    int X = kb->arg(DSC_F32, 64, true, false), Y = kb->arg(DSC_F32, 64, false, true);
+    kb->store(acc(Y, 0, {32, 1}), bin(KIR_ADD, ld(DSC_F32, acc(X, 0, {32, 1})), c(DSC_F32, i)));
+    kbs.push_back(kb);
+    ks.push_back(kb->done());
+  }
+  static int polls;
+  polls = 0;
+  // the first n polls are the checks before the jobs start; then stop
+  dsc_context_set_interrupt(
+      ctx, [](void *ud) -> int { return __atomic_fetch_add(&polls, 1, __ATOMIC_RELAXED) >= *(int *)ud; },
+      (void *)&n);
+  cg_llvm_jit_set_threads(jit, 3);
+  std::vector<cg_cpu_kernel_fn> fns(n);
+  EXPECT_EQ(cg_llvm_compile(jit, ks.data(), n, fns.data()), DSC_ERR_INTERRUPTED);
+  EXPECT_EQ(dsc_error_count(ctx), 1) << diags();
+  EXPECT_NE(diags().find("interrupted while compiling kernels"), std::string::npos) << diags();
+  int compiled = -1, hits = -1;
+  cg_llvm_jit_stats(jit, &compiled, &hits);
+  EXPECT_EQ(compiled, 0);
+  dsc_context_set_interrupt(ctx, nullptr, nullptr);
+  for (KB *kb : kbs) delete kb;
+}
+
+// Progress: from 0 to all the kernels compiled, on the calling thread.
+TEST_F(LlvmTest, CompileReportsProgress) {
+  const int n = 5;
+  std::vector<KB *> kbs;
+  std::vector<kir_kernel *> ks;
+  for (int i = 0; i < n; i++) {
+    auto *kb = new KB("k2_neg", {2, 16}, 1);
+    int X = kb->arg(DSC_F32, 32, true, false), Y = kb->arg(DSC_F32, 32, false, true);
+    kb->store(acc(Y, 0, {16, 1}), bin(KIR_MUL, ld(DSC_F32, acc(X, 0, {16, 1})), c(DSC_F32, -i)));
+    kbs.push_back(kb);
+    ks.push_back(kb->done());
+  }
+  struct seen {
+    std::vector<int64_t> done;
+    std::string what;
+    int64_t total = 0;
+  } s;
+  dsc_context_set_progress(
+      ctx,
+      [](void *ud, const char *what, int64_t done, int64_t total) {
+        auto *p = (seen *)ud;
+        p->done.push_back(done);
+        p->what = what;
+        p->total = total;
+      },
+      &s);
+  std::vector<cg_cpu_kernel_fn> fns(n);
+  ASSERT_EQ(cg_llvm_compile(jit, ks.data(), n, fns.data()), DSC_OK) << diags();
+  ASSERT_GE(s.done.size(), 2u);
+  EXPECT_EQ(s.done.front(), 0);
+  EXPECT_EQ(s.done.back(), n);
+  EXPECT_EQ(s.total, n);
+  EXPECT_EQ(s.what, "compiling 5 kernels");
+  for (size_t i = 1; i < s.done.size(); i++) EXPECT_LE(s.done[i - 1], s.done[i]);
+  dsc_context_set_progress(ctx, nullptr, nullptr);
+  for (KB *kb : kbs) delete kb;
+}
+
+// Where the kernel cache lives: the option, $DSC_CACHE_DIR ("off": none),
+// $XDG_CACHE_HOME/dsc (an absolute one), ~/.cache/dsc; and a directory whose
+// parents are missing is made.
+TEST_F(LlvmTest, KernelCacheDirectory) {
+  struct saved_env {
+    std::vector<std::pair<std::string, std::string>> vars;
+    saved_env() {
+      for (const char *v : {"DSC_CACHE_DIR", "XDG_CACHE_HOME", "HOME"})
+        vars.emplace_back(v, getenv(v) ? getenv(v) : std::string("\x01"));
+    }
+    ~saved_env() {
+      for (auto &p : vars) {
+        if (p.second == "\x01")
+          unsetenv(p.first.c_str());
+        else
+          setenv(p.first.c_str(), p.second.c_str(), 1);
+      }
+    }
+  } keep;
+  char buf[4096];
+  setenv("HOME", "/home/u", 1);
+  unsetenv("XDG_CACHE_HOME");
+  unsetenv("DSC_CACHE_DIR");
+  EXPECT_STREQ(cg_kernel_cache_dir(nullptr, buf, sizeof buf), "/home/u/.cache/dsc");
+  setenv("XDG_CACHE_HOME", "relative", 1); // not absolute: ignored, as the XDG spec says
+  EXPECT_STREQ(cg_kernel_cache_dir(nullptr, buf, sizeof buf), "/home/u/.cache/dsc");
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_STREQ(cg_kernel_cache_dir(nullptr, buf, sizeof buf), "/xdg/dsc");
+  setenv("DSC_CACHE_DIR", "/mine", 1);
+  EXPECT_STREQ(cg_kernel_cache_dir(nullptr, buf, sizeof buf), "/mine");
+  EXPECT_STREQ(cg_kernel_cache_dir("/opt", buf, sizeof buf), "/opt");
+  setenv("DSC_CACHE_DIR", "off", 1);
+  EXPECT_EQ(cg_kernel_cache_dir(nullptr, buf, sizeof buf), nullptr);
+  EXPECT_EQ(cg_kernel_cache_dir("off", buf, sizeof buf), nullptr);
+  unsetenv("DSC_CACHE_DIR");
+  unsetenv("XDG_CACHE_HOME");
+  unsetenv("HOME");
+  EXPECT_EQ(cg_kernel_cache_dir(nullptr, buf, sizeof buf), nullptr);
+
+  std::string root = std::string(DSC_BINARY_DIR) + "/testtmp/cache_parents_" + std::to_string(getpid());
+  std::string dir = root + "/a/b/dsc";
+  cg_llvm_jit *j = cg_llvm_jit_new(ctx, dir.c_str());
+  ASSERT_NE(j, nullptr) << diags();
+  KB kb("k1_sqrt", {2, 16}, 1);
+  int X = kb.arg(DSC_F32, 32, true, false), Y = kb.arg(DSC_F32, 32, false, true);
+  kb.store(acc(Y, 0, {16, 1}), un(KIR_SQRT, ld(DSC_F32, acc(X, 0, {16, 1}))));
+  kir_kernel *k = kb.done();
+  cg_cpu_kernel_fn fn = nullptr;
+  ASSERT_EQ(cg_llvm_compile(j, &k, 1, &fn), DSC_OK) << diags();
+  cg_llvm_jit_free(j);
+  int files = 0;
+  if (DIR *d = opendir(dir.c_str())) {
+    while (struct dirent *e = readdir(d)) files += e->d_name[0] != '.';
+    closedir(d);
+  }
+  EXPECT_EQ(files, 1);
+  std::string rm = "rm -rf '" + root + "'";
+  EXPECT_EQ(system(rm.c_str()), 0);
+}
+
+// DSC_CPU_ISA lowers the ISA of the kernels (the host string says so, and
+// they still compute the right thing); above the host or unknown: an error.
+TEST_F(LlvmTest, CpuIsaLowersTheKernelTarget) {
+  std::string saved = getenv("DSC_CPU_ISA") ? getenv("DSC_CPU_ISA") : "";
+  cg_cpu_isa host = cg_cpu_isa_host(), isa;
+  char err[200];
+  unsetenv("DSC_CPU_ISA");
+  EXPECT_TRUE(cg_cpu_isa_resolve(&isa, err, sizeof err));
+  EXPECT_EQ(isa, host);
+  setenv("DSC_CPU_ISA", "avx1024", 1);
+  EXPECT_FALSE(cg_cpu_isa_resolve(&isa, err, sizeof err));
+  EXPECT_NE(std::string(err).find("expected avx512, avx2 or baseline"), std::string::npos) << err;
+  EXPECT_EQ(cg_cpu_isa_get(), CG_ISA_BASELINE);
+  if (host < CG_ISA_AVX512) {
+    setenv("DSC_CPU_ISA", "avx512", 1);
+    EXPECT_FALSE(cg_cpu_isa_resolve(&isa, err, sizeof err));
+    EXPECT_NE(std::string(err).find("can lower the ISA, not raise it"), std::string::npos) << err;
+  }
+  char here[1024], lowered[1024];
+  unsetenv("DSC_CPU_ISA");
+  ASSERT_TRUE(cg_llvm_host_string(ctx, here, sizeof here)) << diags();
+  for (cg_cpu_isa want : {CG_ISA_AVX2, CG_ISA_BASELINE}) {
+    if (want > host) continue;
+    setenv("DSC_CPU_ISA", cg_cpu_isa_name(want), 1);
+    ASSERT_TRUE(cg_cpu_isa_resolve(&isa, err, sizeof err)) << err;
+    EXPECT_EQ(isa, want);
+    ASSERT_TRUE(cg_llvm_host_string(ctx, lowered, sizeof lowered)) << diags();
+    std::string l = lowered;
+    EXPECT_EQ(l.find("+avx512"), std::string::npos) << l;
+    if (want == CG_ISA_BASELINE) EXPECT_EQ(l.find("+avx"), std::string::npos) << l;
+    if (host > want) EXPECT_NE(l, std::string(here));
+    cg_llvm_jit *j = cg_llvm_jit_new(ctx, nullptr);
+    ASSERT_NE(j, nullptr) << diags();
+    KB kb("k1_exp", {4, 40}, 1);
+    int X = kb.arg(DSC_F32, 160, true, false), Y = kb.arg(DSC_F32, 160, false, true);
+    kb.store(acc(Y, 0, {40, 1}), un(KIR_EXP, ld(DSC_F32, acc(X, 0, {40, 1}))));
+    kir_kernel *k = kb.done();
+    cg_cpu_kernel_fn fn = nullptr;
+    ASSERT_EQ(cg_llvm_compile(j, &k, 1, &fn), DSC_OK) << diags();
+    auto want_d = make_data(k, -4, 4), got = want_d;
+    void *pw[2] = {want_d[0].data(), want_d[1].data()}, *pg[2] = {got[0].data(), got[1].data()};
+    kir_eval(k, pw);
+    int32_t st = 0;
+    fn(pg, 0, 4, &st);
+    const float *w = (const float *)want_d[1].data(), *g = (const float *)got[1].data();
+    for (int e = 0; e < 160; e++) ASSERT_LE(std::fabs(g[e] - w[e]), 2e-6 * std::fabs(w[e])) << e;
+    cg_llvm_jit_free(j);
+  }
+  if (saved.empty())
+    unsetenv("DSC_CPU_ISA");
+  else
+    setenv("DSC_CPU_ISA", saved.c_str(), 1);
+}
+
 } // namespace

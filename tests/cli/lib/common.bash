@@ -3,6 +3,8 @@ set -uo pipefail
 : "${DSC:?set DSC to the dsc binary}" "${SRC:?set SRC to the source dir}"
 TMP=$(mktemp -d "${TMPROOT:-/tmp}/cli.XXXXXX" 2>/dev/null || { mkdir -p "${TMPROOT:-/tmp}" && mktemp -d "${TMPROOT:-/tmp}/cli.XXXXXX"; })
 trap 'rm -rf "$TMP"' EXIT
+# the default kernel cache of a test is its own, never the user's ~/.cache/dsc
+export XDG_CACHE_HOME="$TMP/xdg-cache"
 failures=0
 checks=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
