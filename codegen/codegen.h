@@ -274,14 +274,17 @@ void cg_llvm_jit_free(cg_llvm_jit *j);
 dsc_status cg_llvm_compile(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
                            cg_cpu_kernel_fn *fns);
 /* cg_llvm_compile where objs[i] (when objs and objs[i] are non-NULL) is a
- * prebuilt object of kernel i from cg_llvm_kernel_object on the same host
+ * prebuilt object of kernel i from cg_llvm_kernel_objects on the same host
  * (a .dsx file): loaded instead of compiled. */
 dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
                                 cg_cpu_kernel_fn *fns, const void *const *objs,
                                 const size_t *lens);
-/* The optimised object file of one kernel for this host (malloc'd, *len
- * set; from the cache when present); NULL with a diagnostic on failure. */
-void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len);
+/* The optimised object files of kernels[0..n) for this host (objs[i]
+ * malloc'd, lens[i] set; from the cache when present, the others compiled
+ * as cg_llvm_compile does: each distinct one once, in parallel); on
+ * failure every objs[i] is NULL and a diagnostic says why. */
+dsc_status cg_llvm_kernel_objects(cg_llvm_jit *j, kir_kernel *const *kernels, int n, void **objs,
+                                  size_t *lens);
 /* "triple cpu features llvm-version": objects only load on an equal host. */
 void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len);
 /* The same string for this process's host, without a JIT (a target machine

@@ -1588,25 +1588,25 @@ dsc_status cg_llvm_compile(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
   return cg_llvm_compile_with(j, kernels, n, fns, NULL, NULL);
 }
 
-dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
-                                cg_cpu_kernel_fn *fns, const void *const *objs,
-                                const size_t *lens) {
-  if (!j) return DSC_ERR_INTERNAL;
+/* Phases 1 and 2 of a batch: what each kernel needs (nothing: in the JIT
+ * already when fns is given, or equal to an earlier one; its prebuilt or
+ * cached object; or a compile job), then the jobs on the host's threads.
+ * *out: the slots (free_slots), set also on failure. */
+static dsc_status gather_objects(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
+                                 cg_cpu_kernel_fn *fns, const void *const *objs,
+                                 const size_t *lens, kernel_slot **out) {
   dsc_context *ctx = j->ctx;
-  if (n <= 0) return DSC_OK;
   kernel_slot *slots = ir_alloc(ctx, sizeof *slots * (size_t)n);
   int *jobs = ir_alloc(ctx, sizeof *jobs * (size_t)n);
-  dsc_status st = DSC_OK;
+  *out = slots;
   if (!slots || !jobs) {
     ir_error(ctx, ir_no_loc, "llvm: out of memory");
     if (jobs) ir_free(ctx, jobs, sizeof *jobs * (size_t)n);
-    if (slots) ir_free(ctx, slots, sizeof *slots * (size_t)n);
     return DSC_ERR_INTERNAL;
   }
   memset(slots, 0, sizeof *slots * (size_t)n);
   compile_run r = {.j = j, .slots = slots, .jobs = jobs};
-  /* 1. what each kernel needs: nothing (in the JIT already, or equal to an
-   * earlier one), its prebuilt or cached object, or a compile job */
+  dsc_status st = DSC_OK;
   for (int i = 0; i < n && st == DSC_OK; i++) {
     kernel_slot *s = &slots[i];
     char err[512];
@@ -1629,7 +1629,7 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
       st = DSC_ERR_INTERNAL;
       break;
     }
-    if ((fns[i] = find_sym(j, s->sym))) continue;
+    if (fns && (fns[i] = find_sym(j, s->sym))) continue;
     for (int e = i - 1; e >= 0 && s->same_as < 0; e--)
       if (slots[e].key == s->key && strcmp(slots[e].sym, s->sym) == 0)
         s->same_as = slots[e].same_as >= 0 ? slots[e].same_as : e;
@@ -1644,7 +1644,6 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
     else
       jobs[r.n_jobs++] = i, s->compile = true;
   }
-  /* 2. the jobs, on the host's threads */
   if (st == DSC_OK && !run_jobs(&r)) {
     /* the first failed job's errors (several may fail before all stop) */
     st = DSC_ERR_INTERNAL;
@@ -1660,6 +1659,19 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
     if (!told) ir_error(ctx, ir_no_loc, "llvm: out of memory compiling kernels");
   }
   if (st == DSC_OK) j->compiled += r.n_jobs;
+  ir_free(ctx, jobs, sizeof *jobs * (size_t)n);
+  return st;
+}
+
+dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int n,
+                                cg_cpu_kernel_fn *fns, const void *const *objs,
+                                const size_t *lens) {
+  if (!j) return DSC_ERR_INTERNAL;
+  if (n <= 0) return DSC_OK;
+  dsc_context *ctx = j->ctx;
+  kernel_slot *slots = NULL;
+  memset(fns, 0, sizeof *fns * (size_t)n);
+  dsc_status st = gather_objects(j, kernels, n, fns, objs, lens, &slots);
   /* 3. link, in kernel order */
   for (int i = 0; i < n && st == DSC_OK; i++) {
     kernel_slot *s = &slots[i];
@@ -1685,39 +1697,33 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
       st = DSC_ERR_INTERNAL;
     }
   }
-  free_slots(ctx, slots, n);
-  ir_free(ctx, jobs, sizeof *jobs * (size_t)n);
+  if (slots) free_slots(ctx, slots, n);
   return st;
 }
 
-void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
-  *len = 0;
-  char err[512];
-  if (!kir_validate(k, err, sizeof err)) {
-    ir_error(j->ctx, ir_no_loc, "llvm: kernel %s is invalid: %s", k->name, err);
-    return NULL;
+dsc_status cg_llvm_kernel_objects(cg_llvm_jit *j, kir_kernel *const *kernels, int n, void **objs,
+                                  size_t *lens) {
+  if (!j) return DSC_ERR_INTERNAL;
+  if (n <= 0) return DSC_OK;
+  memset(objs, 0, sizeof *objs * (size_t)n);
+  memset(lens, 0, sizeof *lens * (size_t)n);
+  kernel_slot *slots = NULL;
+  dsc_status st = gather_objects(j, kernels, n, NULL, NULL, NULL, &slots);
+  for (int i = 0; i < n && st == DSC_OK; i++) {
+    LLVMMemoryBufferRef obj = slots[slots[i].same_as >= 0 ? slots[i].same_as : i].obj;
+    size_t len = LLVMGetBufferSize(obj);
+    if (!(objs[i] = malloc(len ? len : 1))) {
+      ir_error(j->ctx, ir_no_loc, "llvm: out of memory");
+      st = DSC_ERR_INTERNAL;
+      break;
+    }
+    memcpy(objs[i], LLVMGetBufferStart(obj), len);
+    lens[i] = len;
   }
-  uint64_t key = cache_key(j, k);
-  char *sym = symbol_of(k, key);
-  if (!sym) {
-    ir_error(j->ctx, ir_no_loc, "llvm: out of memory");
-    return NULL;
-  }
-  LLVMMemoryBufferRef obj = j->cache_dir ? cache_read(j->ctx, j->cache_dir, key) : NULL;
-  if (!obj && (obj = compile_object(j->ctx, &j->host, k, sym)) && j->cache_dir)
-    cache_write(j->ctx, j->cache_dir, key, obj);
-  free(sym);
-  if (!obj) return NULL;
-  size_t n = LLVMGetBufferSize(obj);
-  void *out = malloc(n ? n : 1);
-  if (out) {
-    memcpy(out, LLVMGetBufferStart(obj), n);
-    *len = n;
-  } else {
-    ir_error(j->ctx, ir_no_loc, "llvm: out of memory");
-  }
-  LLVMDisposeMemoryBuffer(obj);
-  return out;
+  if (st != DSC_OK)
+    for (int i = 0; i < n; i++) free(objs[i]), objs[i] = NULL, lens[i] = 0;
+  if (slots) free_slots(j->ctx, slots, n);
+  return st;
 }
 
 void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len) {
@@ -1845,10 +1851,10 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
   return cg_llvm_compile(j, kernels, n, fns);
 }
 
-void *cg_llvm_kernel_object(cg_llvm_jit *j, kir_kernel *k, size_t *len) {
-  (void)j, (void)k;
-  *len = 0;
-  return NULL;
+dsc_status cg_llvm_kernel_objects(cg_llvm_jit *j, kir_kernel *const *kernels, int n, void **objs,
+                                  size_t *lens) {
+  (void)j, (void)kernels, (void)n, (void)objs, (void)lens;
+  return DSC_ERR_USER; /* no jit can exist: cg_llvm_jit_new reported why */
 }
 
 void cg_llvm_host(const cg_llvm_jit *j, char *buf, size_t len) {

@@ -52,8 +52,7 @@ static dsc_status cpu_kernels(writer *w, cg_llvm_jit *jit, const char *sec, cg_p
   void **objs = calloc(n, sizeof *objs);
   size_t *lens = calloc(n, sizeof *lens);
   dsc_status st = objs && lens ? DSC_OK : oom(w->ctx);
-  for (int k = 0; st == DSC_OK && k < p->n_kernels; k++)
-    if (!(objs[k] = cg_llvm_kernel_object(jit, p->kernels[k], &lens[k]))) st = DSC_ERR_INTERNAL;
+  if (st == DSC_OK) st = cg_llvm_kernel_objects(jit, p->kernels, p->n_kernels, objs, lens);
   size_t len = 0;
   void *packed = st == DSC_OK
                      ? rt_pack_kernel_objects(w->ctx, p->kernel_info, p->n_kernels, objs, lens, &len)
