@@ -422,7 +422,7 @@ __attribute__((target("avx512f,fma"))) static void kernel512(int64_t kc, const f
 /* BLIS's Haswell shape (transposed): 6 x 16, 12 ymm accumulators + 2 B
  * vectors + 1 broadcast of the 16 ymm registers; 12 independent FMA chains
  * (4-5 cycles latency x 2 ports: 8-10 needed); 8 loads per 12 FMAs. Edge
- * tiles go through a local tile (AVX2 has no cheap masked loads). */
+ * columns go element by element (AVX2 has no cheap masked loads). */
 __attribute__((target("avx2,fma"))) static void kernel256(int64_t kc, const float *restrict a,
                                                           const float *restrict b, float *c,
                                                           int64_t ldc, int mr, int nr, float alpha,
@@ -441,25 +441,28 @@ __attribute__((target("avx2,fma"))) static void kernel256(int64_t kc, const floa
     a += MR256;
     b += NR256;
   }
-  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  if (mr == MR256 && nr == NR256) {
+  /* the sums leave the registers once, through constant indices (indexing
+   * acc by the runtime mr made GCC keep acc in memory, stored every k) */
+  float t[MR256 * NR256];
 #pragma GCC unroll 8
-    for (int r = 0; r < MR256; r++)
+  for (int r = 0; r < MR256; r++) {
+    _mm256_storeu_ps(t + r * NR256, acc[r][0]);
+    _mm256_storeu_ps(t + r * NR256 + 8, acc[r][1]);
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  if (nr == NR256) {
+    for (int r = 0; r < mr; r++)
       for (int v = 0; v < 2; v++) {
         float *p = c + r * ldc + v * 8;
-        __m256 x = _mm256_mul_ps(va, acc[r][v]);
+        __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(t + r * NR256 + v * 8));
         if (beta != 0) x = _mm256_fmadd_ps(vb, _mm256_loadu_ps(p), x);
         _mm256_storeu_ps(p, x);
       }
     return;
   }
-  float t[MR256 * NR256];
-  for (int r = 0; r < MR256; r++)
-    for (int v = 0; v < 2; v++)
-      _mm256_storeu_ps(t + r * NR256 + v * 8, _mm256_mul_ps(va, acc[r][v]));
   for (int r = 0; r < mr; r++)
     for (int j = 0; j < nr; j++) {
-      float *p = c + r * ldc + j, x = t[r * NR256 + j];
+      float *p = c + r * ldc + j, x = alpha * t[r * NR256 + j];
       *p = beta != 0 ? _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(beta), _mm_set_ss(*p), _mm_set_ss(x)))
                      : x;
     }
