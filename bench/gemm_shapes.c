@@ -4,8 +4,9 @@
  * (bench/fma_peak.c's probe: 16 register-only FMA chains per thread). dsc's
  * plans run with f32 operands on the AVX-512 kernel ("avx512") and on the
  * AVX2 one (planned under DSC_CPU_ISA=avx2: "avx2"), and with bf16 operands
- * (f32 C) on both ("bf16", "avx2 bf16"); the ratios compare AVX2 with
- * oneDNN and bf16 with f32 on the same kernel.
+ * (f32 C) widened to f32 on both ("bf16", "avx2bf16") and on AVX512-BF16
+ * hosts through vdpbf16ps ("dpbf16"); the ratios compare AVX2 with oneDNN
+ * and bf16 with f32 on the same kernel.
  *
  *   gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time] [--best]
  *               [--huge] [--dnnl-avx2]
@@ -256,11 +257,12 @@ int main(int argc, char **argv) {
          (unsigned)dnnl_get_effective_cpu_isa(), (unsigned)dnnl_cpu_isa_avx2,
          (unsigned)dnnl_cpu_isa_avx512_core);
 #endif
-  printf("%-14s %-22s %-6s %8s %6s %8s %8s %8s %8s %6s %6s %6s\n", "gemm", "m x n x k (batch)",
-         "layout", "avx512", "%peak", "avx2", "dnnl", "bf16", "avx2bf16", "2/dnnl", "bf/512",
-         "bf/2");
-  enum { N_IMPL = 5 }; /* avx512, avx2, dnnl, bf16 (avx512), bf16 (avx2) */
-  static const char *const isa_of[N_IMPL] = {"avx512", "avx2", NULL, "avx512", "avx2"};
+  printf("%-14s %-22s %-6s %8s %6s %8s %8s %8s %8s %8s %6s %6s %6s %6s\n", "gemm",
+         "m x n x k (batch)", "layout", "avx512", "%peak", "avx2", "dnnl", "bf16", "avx2bf16",
+         "dpbf16", "2/dnnl", "bf/512", "bf/2", "dp/512");
+  /* avx512, avx2, dnnl, bf16 widened (avx512), bf16 widened (avx2), bf16 vdpbf16ps */
+  enum { N_IMPL = 6 };
+  static const char *const isa_of[N_IMPL] = {"avx512", "avx2", NULL, "avx512", "avx2", "avx512"};
   double tot_flop = 0, tot[N_IMPL] = {0};
   int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int si = 0; si < n_shapes; si++) {
@@ -282,7 +284,8 @@ int main(int argc, char **argv) {
     for (int q = 0; q < N_IMPL; q++) {
       if (!isa_of[q]) continue;
       setenv("DSC_CPU_ISA", isa_of[q], 1); /* the kernel is fixed at planning */
-      pl[q] = rt_gemm_plan_new(eng, &g, q >= 3 ? DSC_BF16 : DSC_F32, DSC_F32, 0);
+      pl[q] = rt_gemm_plan_new(eng, &g, q >= 3 ? DSC_BF16 : DSC_F32, DSC_F32,
+                               q == 5 ? RT_GEMM_DPBF16 : 0);
       if (!pl[q]) return fputs("gemm_shapes: planning failed\n", stderr), 1;
     }
     unsetenv("DSC_CPU_ISA");
@@ -321,14 +324,16 @@ int main(int argc, char **argv) {
     char dims[64];
     snprintf(dims, sizeof dims, "%" PRId64 "x%" PRId64 "x%" PRId64 " (%" PRId64 ")", s->m, s->n,
              s->k, nb);
-    printf("%-14s %-22s %-6s %8.1f %5.1f%% %8.1f %8.1f %8.1f %8.1f %5.2fx %5.2fx %5.2fx  [%s %s]\n",
-           s->what, dims,
-           s->ta   ? "AtB"
-           : s->tb ? "ABt"
-                   : "AB",
-           flop / d[0] * 1e-9, 100 * flop / d[0] * 1e-9 / peak, flop / d[1] * 1e-9,
-           flop / d[2] * 1e-9, flop / d[3] * 1e-9, flop / d[4] * 1e-9, d[2] / d[1], d[0] / d[3],
-           d[1] / d[4], rt_gemm_plan_impl(pl[1]), rt_gemm_plan_impl(pl[3]));
+    printf(
+        "%-14s %-22s %-6s %8.1f %5.1f%% %8.1f %8.1f %8.1f %8.1f %8.1f %5.2fx %5.2fx %5.2fx "
+        "%5.2fx  [%s]\n",
+        s->what, dims,
+        s->ta   ? "AtB"
+        : s->tb ? "ABt"
+                : "AB",
+        flop / d[0] * 1e-9, 100 * flop / d[0] * 1e-9 / peak, flop / d[1] * 1e-9, flop / d[2] * 1e-9,
+        flop / d[3] * 1e-9, flop / d[4] * 1e-9, flop / d[5] * 1e-9, d[2] / d[1], d[0] / d[3],
+        d[1] / d[4], d[0] / d[5], rt_gemm_plan_impl(pl[5]));
     tot_flop += flop;
     for (int q = 0; q < N_IMPL; q++) tot[q] += d[q];
     for (int q = 0; q < N_IMPL; q++) {
@@ -340,10 +345,11 @@ int main(int argc, char **argv) {
   printf(
       "{\"impl\":\"gemm_shapes\",\"threads\":%d,\"peak_gflops\":%.1f,\"dsc_gflops\":%.1f,"
       "\"dsc_avx2_gflops\":%.1f,\"dnnl_gflops\":%.1f,\"dsc_bf16_gflops\":%.1f,"
-      "\"dsc_avx2_bf16_gflops\":%.1f,\"dsc_pct_peak\":%.1f,\"dnnl_pct_peak\":%.1f}\n",
+      "\"dsc_avx2_bf16_gflops\":%.1f,\"dsc_dpbf16_gflops\":%.1f,\"dsc_pct_peak\":%.1f,"
+      "\"dnnl_pct_peak\":%.1f}\n",
       threads, peak, tot_flop / tot[0] * 1e-9, tot_flop / tot[1] * 1e-9, tot_flop / tot[2] * 1e-9,
-      tot_flop / tot[3] * 1e-9, tot_flop / tot[4] * 1e-9, 100 * tot_flop / tot[0] * 1e-9 / peak,
-      100 * tot_flop / tot[2] * 1e-9 / peak);
+      tot_flop / tot[3] * 1e-9, tot_flop / tot[4] * 1e-9, tot_flop / tot[5] * 1e-9,
+      100 * tot_flop / tot[0] * 1e-9 / peak, 100 * tot_flop / tot[2] * 1e-9 / peak);
   rt_gemm_engine_free(eng);
   rt_pool_free(pool);
   dsc_context_free(ctx);

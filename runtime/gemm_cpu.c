@@ -46,7 +46,7 @@ struct rt_gemm_plan {
   dsc_dtype ab, c;
   char impl[72];
   bool dsc_sgemm; /* through rt_sgemm_typed (runtime/sgemm.c) */
-  cg_cpu_isa isa; /* its kernel, fixed at planning */
+  rt_sgemm_kernel kernel; /* its kernel, fixed at planning */
   /* the C loop's job (set per run) */
   const char *pa, *pb;
   char *pc;
@@ -407,7 +407,7 @@ static bool run_sgemm(rt_gemm_plan *p, const float *a, const float *b, float *c,
  * and bitwise independent of the thread count), with the kernel of
  * cg_cpu_isa_get() at planning. Grows the engine's scratch to what the
  * GEMM needs; false with *oom on allocation failure. */
-static bool plan_dsc_sgemm(rt_gemm_plan *pl, bool *oom) {
+static bool plan_dsc_sgemm(rt_gemm_plan *pl, int flags, bool *oom) {
   rt_gemm_engine *e = pl->e;
   cg_cpu_isa isa = cg_cpu_isa_get();
   if (!rt_sgemm_dtypes_supported(pl->ab, pl->c) || !rt_sgemm_isa_supported(isa)) return false;
@@ -426,9 +426,9 @@ static bool plan_dsc_sgemm(rt_gemm_plan *pl, bool *oom) {
     e->sg_per_thread = need;
   }
   pl->dsc_sgemm = true;
-  pl->isa = isa;
-  snprintf(pl->impl, sizeof pl->impl, "dsc:sgemm-%s%s", isa >= CG_ISA_AVX512 ? "avx512" : "avx2",
-           pl->ab == DSC_BF16 ? "-bf16" : "");
+  pl->kernel = rt_sgemm_kernel_for(isa, pl->ab, (flags & RT_GEMM_DPBF16) != 0);
+  snprintf(pl->impl, sizeof pl->impl, "dsc:sgemm-%s%s", rt_sgemm_kernel_name(pl->kernel),
+           pl->ab == DSC_BF16 && pl->kernel != RT_SGEMM_AVX512_DPBF16 ? "-bf16" : "");
   return true;
 }
 
@@ -447,7 +447,7 @@ rt_gemm_plan *rt_gemm_plan_new(rt_gemm_engine *e, const cg_gemm *g, dsc_dtype ab
   pl->c = c;
   snprintf(pl->impl, sizeof pl->impl, "loop");
   bool oom = false;
-  if (!(flags & RT_GEMM_NO_LIBRARY) && plan_dsc_sgemm(pl, &oom)) return pl;
+  if (!(flags & RT_GEMM_NO_LIBRARY) && plan_dsc_sgemm(pl, flags, &oom)) return pl;
   if (oom) {
     ir_error(e->ctx, ir_no_loc, "out of memory planning a GEMM");
     rt_gemm_plan_free(pl);
@@ -478,7 +478,7 @@ const char *rt_gemm_plan_impl(const rt_gemm_plan *p) { return p->impl; }
 
 bool rt_gemm_run(rt_gemm_plan *p, const void *a, const void *b, void *c, char *err, size_t errlen) {
   if (p->dsc_sgemm) {
-    rt_sgemm_typed(p->e->pool, &p->g, p->isa, p->ab, p->c, a, b, c, p->e->sg_scratch,
+    rt_sgemm_typed(p->e->pool, &p->g, p->kernel, p->ab, p->c, a, b, c, p->e->sg_scratch,
                    p->e->sg_per_thread);
     return true;
   }

@@ -16,6 +16,14 @@
  *     hosts (AMD Zen 3), with packing that uses no AVX-512 instruction; the
  *     packing is one template (pack_a_t, pack_b_t) instantiated per kernel
  *     and operand dtype.
+ *   - for bf16 operands on AVX512-BF16 hosts, an opt-in 12x32 kernel with
+ *     vdpbf16ps on bf16 pairs (RT_GEMM_DPBF16; pack_a_pairs, pack_b_pairs,
+ *     kernel512_dp), tested next to the converting kernel. Not the default:
+ *     on this Sapphire Rapids it runs at 0.55-0.9x of the converting
+ *     kernel on GPT-2's shapes (bench/gemm_shapes "dp/512", --best, load
+ *     4.5-5.6): vdpbf16ps does 2 multiply-adds per lane but issues on one
+ *     port where FMAs issue on two, so the peak is the same and the pair
+ *     packing is extra.
  *   - rt_sgemm_scratch_floats is the largest over both kernels and C's
  *     dtypes, so that the memory plan holds whichever the executor picks.
  * The AVX-512 f32 path does the same operations as before (bitwise).
@@ -387,6 +395,25 @@ typedef void sg_kernel_fn(int64_t kc, const float *restrict a, const float *rest
                           int64_t ldc, int mr, int nr, float alpha, float beta);
 
 #define NV512 (NR512 / 16)
+/* The AVX-512 kernels' update of C from their 12 x 32 sums. */
+__attribute__((target("avx512f,fma"))) SG_INLINE void store512(__m512 (*acc)[NV512], float *c,
+                                                               int64_t ldc, int mr, int nr,
+                                                               float alpha, float beta) {
+  __mmask16 mask[NV512];
+  for (int v = 0; v < NV512; v++) {
+    int n = nr - v * 16;
+    mask[v] = n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < mr; r++) {
+    float *cr = c + r * ldc;
+    for (int v = 0; v < NV512; v++) {
+      __m512 x = _mm512_mul_ps(va, acc[r][v]);
+      if (beta != 0) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], cr + v * 16), x);
+      _mm512_mask_storeu_ps(cr + v * 16, mask[v], x);
+    }
+  }
+}
 __attribute__((target("avx512f,fma"))) static void kernel512(int64_t kc, const float *restrict a,
                                                              const float *restrict b, float *c,
                                                              int64_t ldc, int mr, int nr,
@@ -409,20 +436,7 @@ __attribute__((target("avx512f,fma"))) static void kernel512(int64_t kc, const f
     a += MR512;
     b += NR512;
   }
-  __mmask16 mask[NV512];
-  for (int v = 0; v < NV512; v++) {
-    int n = nr - v * 16;
-    mask[v] = n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-  }
-  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  for (int r = 0; r < mr; r++) {
-    float *cr = c + r * ldc;
-    for (int v = 0; v < NV512; v++) {
-      __m512 x = _mm512_mul_ps(va, acc[r][v]);
-      if (beta != 0) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], cr + v * 16), x);
-      _mm512_mask_storeu_ps(cr + v * 16, mask[v], x);
-    }
-  }
+  store512(acc, c, ldc, mr, nr, alpha, beta);
 }
 
 /* BLIS's Haswell shape (transposed): 6 x 16, 12 ymm accumulators + 2 B
@@ -474,6 +488,95 @@ __attribute__((target("avx2,fma"))) static void kernel256(int64_t kc, const floa
     }
 }
 
+/* ---- bf16 pairs for AVX512-BF16 (vdpbf16ps) ----
+ * vdpbf16ps adds to each f32 lane the products of one pair of bf16 from
+ * each operand (the odd element's product first, then the even one's, each
+ * rounded to nearest even as an FMA would; denormals flushed): per step the
+ * A panel holds, per row, the pair (A[r, 2q], A[r, 2q + 1]) as 32 bits, the
+ * B panel per column the pair (B[2q, j], B[2q + 1, j]); an odd depth is
+ * padded with zeros. The panels keep the f32 packing's strides (kc * MR and
+ * kc * NR floats), of which they fill half. */
+
+__attribute__((target("avx512f"))) static void pack_a_pairs(rt_view a, int64_t i0, int64_t mb,
+                                                            int64_t p0, int64_t kc, float *dstf) {
+  const uint16_t *p = a.p;
+  int64_t kp = (kc + 1) / 2;
+  for (int64_t ir = 0; ir < mb; ir += MR512, dstf += kc * MR512) {
+    uint16_t *dst = (uint16_t *)dstf;
+    int rows = (int)min64(MR512, mb - ir);
+    if (rows < MR512 || (kc & 1)) memset(dst, 0, (size_t)(kp * MR512 * 2) * sizeof(uint16_t));
+    for (int r = 0; r < rows; r++) {
+      const uint16_t *s = p + (i0 + ir + r) * a.rs + p0 * a.cs;
+      for (int64_t k = 0; k < kc; k++) dst[((k >> 1) * MR512 + r) * 2 + (k & 1)] = s[k * a.cs];
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) static void pack_b_pairs(rt_view b, int64_t p0, int64_t kc,
+                                                            int64_t j0, int64_t nb, float *dstf) {
+  const uint16_t *p = b.p;
+  uint16_t *dst = (uint16_t *)dstf;
+  int64_t kp = (kc + 1) / 2, nbr = round_up(nb, NR512);
+  /* element t of pair q of column c (c < nbr) */
+#define PAIR(c, q, t) dst[2 * ((c) / NR512 * NR512 * kc + (q)*NR512 + (c) % NR512) + (t)]
+  if (b.cs == 1) {
+    /* row-major B: two rows widened to 32 bits and merged, 16 columns at once */
+    int64_t full = nb / 16 * 16;
+    for (int64_t q = 0; q < kp; q++) {
+      bool two = 2 * q + 1 < kc;
+      const uint16_t *r0 = p + (p0 + 2 * q) * b.rs + j0, *r1 = r0 + b.rs;
+      for (int64_t c = 0; c < full; c += 16) {
+        __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + c)));
+        __m512i hi =
+            two ? _mm512_slli_epi32(
+                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + c))), 16)
+                : _mm512_setzero_si512();
+        _mm512_storeu_si512((void *)&PAIR(c, q, 0), _mm512_or_si512(lo, hi));
+      }
+      for (int64_t c = full; c < nbr; c++) {
+        PAIR(c, q, 0) = c < nb ? r0[c] : 0;
+        PAIR(c, q, 1) = c < nb && two ? r1[c] : 0;
+      }
+    }
+    return;
+  }
+  for (int64_t c = 0; c < nbr; c++) {
+    const uint16_t *s = p + p0 * b.rs + (j0 + c) * b.cs;
+    for (int64_t q = 0; q < kp; q++)
+      for (int t = 0; t < 2; t++) {
+        int64_t k = 2 * q + t;
+        PAIR(c, q, t) = c < nb && k < kc ? s[k * b.rs] : 0;
+      }
+  }
+#undef PAIR
+}
+
+__attribute__((target("avx512f,avx512bf16,fma"))) static void kernel512_dp(
+    int64_t kc, const float *restrict a, const float *restrict b, float *c, int64_t ldc, int mr,
+    int nr, float alpha, float beta) {
+  __m512 acc[MR512][NV512];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR512; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV512; v++) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < (kc + 1) / 2; q++) {
+    __m512bh bv[NV512];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV512; v++) bv[v] = (__m512bh)_mm512_load_si512((const void *)(b + v * 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < MR512; r++) {
+      int32_t pair;
+      memcpy(&pair, a + r, sizeof pair);
+      __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV512; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+    a += MR512;
+    b += NR512;
+  }
+  store512(acc, c, ldc, mr, nr, alpha, beta);
+}
+
 typedef struct {
   const char *name;
   int mr, nr;
@@ -482,24 +585,33 @@ typedef struct {
   sg_kernel_fn *kernel;
 } sg_kernel;
 
-static const sg_kernel kernels[2] = {
-    {"avx2",
-     MR256,
-     NR256,
-     {pack256_a_f32, pack256_a_bf16},
-     {pack256_b_f32, pack256_b_bf16},
-     kernel256},
-    {"avx512",
-     MR512,
-     NR512,
-     {pack512_a_f32, pack512_a_bf16},
-     {pack512_b_f32, pack512_b_bf16},
-     kernel512},
+static const sg_kernel kernels[3] = {
+    [RT_SGEMM_AVX2] = {"avx2",
+                       MR256,
+                       NR256,
+                       {pack256_a_f32, pack256_a_bf16},
+                       {pack256_b_f32, pack256_b_bf16},
+                       kernel256},
+    [RT_SGEMM_AVX512] = {"avx512",
+                         MR512,
+                         NR512,
+                         {pack512_a_f32, pack512_a_bf16},
+                         {pack512_b_f32, pack512_b_bf16},
+                         kernel512},
+    /* bf16 operands only */
+    [RT_SGEMM_AVX512_DPBF16] =
+        {"avx512-dpbf16", MR512, NR512, {NULL, pack_a_pairs}, {NULL, pack_b_pairs}, kernel512_dp},
 };
 
-static const sg_kernel *kernel_of(cg_cpu_isa isa) {
-  return isa >= CG_ISA_AVX512 ? &kernels[1] : &kernels[0];
+rt_sgemm_kernel rt_sgemm_kernel_for(cg_cpu_isa isa, dsc_dtype ab, bool dpbf16) {
+  if (isa < CG_ISA_AVX512) return RT_SGEMM_AVX2;
+  __builtin_cpu_init();
+  if (dpbf16 && ab == DSC_BF16 && __builtin_cpu_supports("avx512bf16"))
+    return RT_SGEMM_AVX512_DPBF16;
+  return RT_SGEMM_AVX512;
 }
+
+const char *rt_sgemm_kernel_name(rt_sgemm_kernel k) { return kernels[k].name; }
 
 /* ---- the blocked loops ---- */
 
@@ -626,15 +738,16 @@ static void run_chunk(void *arg, int64_t begin, int64_t end, int chunk) {
     run_batch(j, j->batch, 0, g->m, begin * NR, min64(end * NR, g->n), scratch);
 }
 
-void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g0, cg_cpu_isa isa, dsc_dtype ab, dsc_dtype cdt,
-                    const void *a, const void *b, void *c, float *scratch, int64_t per_thread) {
+void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g0, rt_sgemm_kernel kernel, dsc_dtype ab,
+                    dsc_dtype cdt, const void *a, const void *b, void *c, float *scratch,
+                    int64_t per_thread) {
   cg_gemm g = canonical(g0);
   if (c_transposed(g0)) {
     const void *t = a; /* C^T = B^T A^T: the operands trade places */
     a = b;
     b = t;
   }
-  const sg_kernel *kr = kernel_of(isa);
+  const sg_kernel *kr = &kernels[kernel];
   int64_t MR = kr->mr, NR = kr->nr;
   rt_sgemm_job j = {&g, kr,      ab == DSC_BF16, cdt == DSC_BF16, a,     b,
                     c,  scratch, per_thread,     g.m >= g.n,      false, 0};
@@ -658,7 +771,8 @@ void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g0, cg_cpu_isa isa, dsc_dtype 
 
 void rt_sgemm(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, float *c,
               float *scratch, int64_t per_thread) {
-  rt_sgemm_typed(pool, g, cg_cpu_isa_get(), DSC_F32, DSC_F32, a, b, c, scratch, per_thread);
+  rt_sgemm_typed(pool, g, rt_sgemm_kernel_for(cg_cpu_isa_get(), DSC_F32, false), DSC_F32, DSC_F32,
+                 a, b, c, scratch, per_thread);
 }
 
 #else /* not x86-64 */
@@ -666,9 +780,16 @@ void rt_sgemm(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, f
 bool rt_sgemm_isa_supported(cg_cpu_isa isa) { return (void)isa, false; }
 bool rt_sgemm_supported(void) { return false; }
 
-void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g, cg_cpu_isa isa, dsc_dtype ab, dsc_dtype cdt,
-                    const void *a, const void *b, void *c, float *scratch, int64_t per_thread) {
-  (void)pool, (void)g, (void)isa, (void)ab, (void)cdt, (void)a, (void)b, (void)c, (void)scratch;
+rt_sgemm_kernel rt_sgemm_kernel_for(cg_cpu_isa isa, dsc_dtype ab, bool dpbf16) {
+  return (void)isa, (void)ab, (void)dpbf16, RT_SGEMM_AVX2;
+}
+
+const char *rt_sgemm_kernel_name(rt_sgemm_kernel k) { return (void)k, "none"; }
+
+void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g, rt_sgemm_kernel kernel, dsc_dtype ab,
+                    dsc_dtype cdt, const void *a, const void *b, void *c, float *scratch,
+                    int64_t per_thread) {
+  (void)pool, (void)g, (void)kernel, (void)ab, (void)cdt, (void)a, (void)b, (void)c, (void)scratch;
   (void)per_thread;
 }
 

@@ -2,7 +2,9 @@
 // (runtime/gemm_cpu.c): every layout of cg_gemm against a double-precision
 // reference, beta == 0 never reading C, and results bitwise independent of
 // the thread count, on every kernel (AVX-512, AVX2, forced by DSC_CPU_ISA)
-// and every dtype pair it takes (f32 or bf16 operands, f32 or bf16 C).
+// and every dtype pair it takes (f32 or bf16 operands, f32 or bf16 C), and
+// for bf16 operands the vdpbf16ps kernel (AVX512-BF16 hosts) next to its
+// converting sibling.
 //
 // The reference is what the interpreter computes for a matmul
 // (ir/interp_ops.c interp_matmul): the operands' values (bf16 decoded
@@ -33,6 +35,7 @@ struct Ctx {
 struct Mode {
   cg_cpu_isa isa;
   dsc_dtype ab, c;
+  bool dpbf16 = false;  // the vdpbf16ps kernel (else bf16 widened to f32)
 };
 const Mode *g_mode = nullptr;  // the running test's
 
@@ -40,11 +43,19 @@ std::string mode_name(const Mode &m) {
   std::string s = cg_cpu_isa_name(m.isa);
   s += m.ab == DSC_BF16 ? "_bf16" : "_f32";
   s += m.c == DSC_BF16 ? "_bf16" : "_f32";
-  return s;
+  return m.dpbf16 ? s + "_dpbf16" : s;
 }
 
 std::string expected_impl(const Mode &m) {
+  if (m.dpbf16) return "dsc:sgemm-avx512-dpbf16";
   return std::string("dsc:sgemm-") + cg_cpu_isa_name(m.isa) + (m.ab == DSC_BF16 ? "-bf16" : "");
+}
+
+int mode_flags(const Mode &m) { return m.dpbf16 ? RT_GEMM_DPBF16 : 0; }
+
+bool host_has(const Mode &m) {
+  __builtin_cpu_init();
+  return cg_cpu_isa_host() >= m.isa && (!m.dpbf16 || __builtin_cpu_supports("avx512bf16"));
 }
 
 // Sets DSC_CPU_ISA for the test's plans and restores it after.
@@ -182,7 +193,7 @@ void prepare(Prepared &p, rt_gemm_engine *e, Ctx &c) {
   ASSERT_LE(cg_gemm_extent(&p.g, 0), (int64_t)p.a.data.size());
   ASSERT_LE(cg_gemm_extent(&p.g, 1), (int64_t)p.b.data.size());
   ASSERT_LE(cg_gemm_extent(&p.g, 2), (int64_t)p.c.data.size());
-  p.plan = rt_gemm_plan_new(e, &p.g, mode.ab, mode.c, 0);
+  p.plan = rt_gemm_plan_new(e, &p.g, mode.ab, mode.c, mode_flags(mode));
   ASSERT_NE(p.plan, nullptr) << c.diags();
   EXPECT_EQ(rt_gemm_plan_impl(p.plan), expected_impl(mode));
 }
@@ -196,8 +207,9 @@ bool run(Prepared &p, char *err, size_t errlen) {
 // |err| <= (k + 4) * 2^-23 * (|alpha| sum_p |a_ip b_pj| + |beta c_ij|),
 // i.e. proportional to the magnitudes involved, never absolute. bf16
 // operands take the same bound (their products are exact in f32; only the
-// f32 sums round). A bf16 C adds its one rounding to nearest even of the
-// f32 result y (|y - ref| <= e, the bound above): 2^-8 |y| <= 2^-8 (|ref| + e).
+// f32 sums round; vdpbf16ps rounds each of its two adds as an FMA, so the
+// same bound holds for it, in another order of k). A bf16 C adds its one rounding to nearest even
+// of the f32 result y (|y - ref| <= e, the bound above): 2^-8 |y| <= 2^-8 (|ref| + e).
 void check(const Prepared &p) {
   const Case &cs = p.cs;
   double worst = 0;
@@ -243,7 +255,7 @@ class Sgemm : public ::testing::TestWithParam<Mode> {
  protected:
   void SetUp() override {
     const Mode &m = GetParam();
-    if (cg_cpu_isa_host() < m.isa) GTEST_SKIP() << "this host has no " << cg_cpu_isa_name(m.isa);
+    if (!host_has(m)) GTEST_SKIP() << "this host has no " << mode_name(m);
     env_ = new IsaEnv(cg_cpu_isa_name(m.isa));
     g_mode = &m;
   }
@@ -255,10 +267,11 @@ class Sgemm : public ::testing::TestWithParam<Mode> {
 };
 
 const Mode kModes[] = {
-    {CG_ISA_AVX512, DSC_F32, DSC_F32},   {CG_ISA_AVX512, DSC_BF16, DSC_F32},
-    {CG_ISA_AVX512, DSC_BF16, DSC_BF16}, {CG_ISA_AVX512, DSC_F32, DSC_BF16},
-    {CG_ISA_AVX2, DSC_F32, DSC_F32},     {CG_ISA_AVX2, DSC_BF16, DSC_F32},
-    {CG_ISA_AVX2, DSC_BF16, DSC_BF16},   {CG_ISA_AVX2, DSC_F32, DSC_BF16},
+    {CG_ISA_AVX512, DSC_F32, DSC_F32},        {CG_ISA_AVX512, DSC_BF16, DSC_F32},
+    {CG_ISA_AVX512, DSC_BF16, DSC_BF16},      {CG_ISA_AVX512, DSC_F32, DSC_BF16},
+    {CG_ISA_AVX2, DSC_F32, DSC_F32},          {CG_ISA_AVX2, DSC_BF16, DSC_F32},
+    {CG_ISA_AVX2, DSC_BF16, DSC_BF16},        {CG_ISA_AVX2, DSC_F32, DSC_BF16},
+    {CG_ISA_AVX512, DSC_BF16, DSC_F32, true}, {CG_ISA_AVX512, DSC_BF16, DSC_BF16, true},
 };
 INSTANTIATE_TEST_SUITE_P(Kernels, Sgemm, ::testing::ValuesIn(kModes),
                          [](const ::testing::TestParamInfo<Mode> &i) {
@@ -513,7 +526,7 @@ void bf16_rounding(const Mode &mode) {
   g.b.row_stride = N, g.b.col_stride = 1;
   g.c.row_stride = N, g.c.col_stride = 1;
   g.alpha = 1;
-  rt_gemm_plan *pl = rt_gemm_plan_new(e, &g, mode.ab, DSC_BF16, 0);
+  rt_gemm_plan *pl = rt_gemm_plan_new(e, &g, mode.ab, DSC_BF16, mode_flags(mode));
   ASSERT_NE(pl, nullptr) << c.diags();
   EXPECT_EQ(rt_gemm_plan_impl(pl), expected_impl(mode));
   char err[256] = "";
@@ -550,7 +563,7 @@ void bf16_rounding(const Mode &mode) {
 TEST(SgemmBf16, OutputRoundsAsTheInterpreter) {
   int ran = 0;
   for (const Mode &m : kModes) {
-    if (m.c != DSC_BF16 || cg_cpu_isa_host() < m.isa) continue;
+    if (m.c != DSC_BF16 || !host_has(m)) continue;
     IsaEnv env(cg_cpu_isa_name(m.isa));
     SCOPED_TRACE(mode_name(m));
     bf16_rounding(m);
@@ -584,7 +597,14 @@ TEST(SgemmPlan, OnlyF32AndBf16PlansOnAvx2OrBetterUseIt) {
     EXPECT_EQ(rt_sgemm_supported(), isa >= CG_ISA_AVX2) << name;
     if (isa >= CG_ISA_AVX2) {
       EXPECT_EQ(std::string(rt_gemm_plan_impl(f32)), "dsc:sgemm-" + name);
+      __builtin_cpu_init();
+      bool dp = isa == CG_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
       EXPECT_EQ(std::string(rt_gemm_plan_impl(bf16)), "dsc:sgemm-" + name + "-bf16");
+      rt_gemm_plan *opt = rt_gemm_plan_new(e, &g, DSC_BF16, DSC_BF16, RT_GEMM_DPBF16);
+      ASSERT_NE(opt, nullptr) << c.diags();
+      EXPECT_EQ(std::string(rt_gemm_plan_impl(opt)),
+                dp ? "dsc:sgemm-avx512-dpbf16" : "dsc:sgemm-" + name + "-bf16");
+      rt_gemm_plan_free(opt);
     } else {
       EXPECT_NE(std::string(rt_gemm_plan_impl(f32)).rfind("dsc:", 0), 0u) << name;
       EXPECT_NE(std::string(rt_gemm_plan_impl(bf16)).rfind("dsc:", 0), 0u) << name;
