@@ -1,11 +1,15 @@
-/* gemm_shapes: dsc's f32 GEMM plan (runtime/gemm_cpu.c, dsc:sgemm-avx512 on
- * AVX-512 hosts) against oneDNN's dnnl_sgemm on the GEMMs of a GPT-2 124M
- * train step (B=4, T=64), side by side in one run, with the f32 FMA peak
- * measured in the same run (bench/fma_peak.c's probe: 16 register-only FMA
- * chains per thread).
+/* gemm_shapes: dsc's GEMM plans (runtime/gemm_cpu.c) against oneDNN's
+ * dnnl_sgemm on the GEMMs of a GPT-2 124M train step (B=4, T=64), side by
+ * side in one run, with the f32 FMA peak measured in the same run
+ * (bench/fma_peak.c's probe: 16 register-only FMA chains per thread). dsc's
+ * plans run with f32 operands on the AVX-512 kernel ("avx512") and on the
+ * AVX2 one (planned under DSC_CPU_ISA=avx2: "avx2"), and with bf16 operands
+ * (f32 C) widened to f32 on both ("bf16", "avx2bf16") and on AVX512-BF16
+ * hosts through vdpbf16ps ("dpbf16"); the ratios compare AVX2 with oneDNN
+ * and bf16 with f32 on the same kernel.
  *
  *   gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time] [--best]
- *               [--huge]
+ *               [--huge] [--dnnl-avx2]
  *
  * --cpu-time (with --threads 1) times with the process's CPU clock, for
  * comparing variants on a loaded machine (preemption does not count).
@@ -19,19 +23,23 @@
  * head) and the C tiles touch a new page per row, and every TLB miss is a
  * two-level (guest + EPT) page walk.
  *
- * The two implementations' repetitions are interleaved (dsc, oneDNN, dsc,
- * ...) and medians reported, so that load from other processes affects both
+ * --dnnl-avx2 caps oneDNN at AVX2 (dnnl_set_max_cpu_isa, as DNNL_MAX_CPU_ISA=AVX2
+ * would), so that its dnnl_sgemm is what an AVX2-only host (Zen 3) would run
+ * against dsc's AVX2 kernel; the effective ISA is printed.
+ *
+ * The implementations' repetitions are interleaved (each once, then again,
+ * ...) and medians reported, so that load from other processes affects all
  * alike. Layouts are the step's (A^T / B^T: the operand is a transposed
  * view, unit row stride). Prints one line per shape and a JSON summary. */
 #define _GNU_SOURCE
 #include <immintrin.h>
-#include <sys/mman.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "bench/fma_probe.h"
@@ -68,7 +76,6 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* ---- the FMA peak (bench/fma_peak.c's probe, AVX-512 only) ---- */
-
 
 typedef struct {
   pthread_barrier_t *start, *stop;
@@ -183,7 +190,7 @@ static cg_gemm make_gemm(const shape *s) {
 static int usage(void) {
   fputs(
       "usage: gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time] "
-      "[--best] [--huge]\n",
+      "[--best] [--huge] [--dnnl-avx2]\n",
       stderr);
   return 2;
 }
@@ -204,6 +211,13 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[i], "--huge") == 0) {
       huge = true;
+      continue;
+    }
+    if (strcmp(argv[i], "--dnnl-avx2") == 0) {
+#ifdef DSC_HAVE_LLVM
+      if (dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2) != dnnl_success)
+        return fputs("gemm_shapes: oneDNN refuses to cap its ISA\n", stderr), 1;
+#endif
       continue;
     }
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -238,9 +252,18 @@ int main(int argc, char **argv) {
   double peak = fma_peak(threads, ms);
   printf("f32 FMA peak, %d threads: %.1f GFLOP/s (operands on %s pages)\n", threads, peak,
          huge ? "huge" : "4 KiB");
-  printf("%-14s %-22s %-6s %9s %6s %9s %6s %6s\n", "gemm", "m x n x k (batch)", "layout",
-         "dsc GF/s", "%peak", "dnnl GF/s", "%peak", "ratio");
-  double tot_flop = 0, tot_dsc = 0, tot_dnnl = 0;
+#ifdef DSC_HAVE_LLVM
+  printf("oneDNN's effective ISA: 0x%x (avx2 0x%x, avx512_core 0x%x)\n",
+         (unsigned)dnnl_get_effective_cpu_isa(), (unsigned)dnnl_cpu_isa_avx2,
+         (unsigned)dnnl_cpu_isa_avx512_core);
+#endif
+  printf("%-14s %-22s %-6s %8s %6s %8s %8s %8s %8s %8s %6s %6s %6s %6s\n", "gemm",
+         "m x n x k (batch)", "layout", "avx512", "%peak", "avx2", "dnnl", "bf16", "avx2bf16",
+         "dpbf16", "2/dnnl", "bf/512", "bf/2", "dp/512");
+  /* avx512, avx2, dnnl, bf16 widened (avx512), bf16 widened (avx2), bf16 vdpbf16ps */
+  enum { N_IMPL = 6 };
+  static const char *const isa_of[N_IMPL] = {"avx512", "avx2", NULL, "avx512", "avx2", "avx512"};
+  double tot_flop = 0, tot[N_IMPL] = {0};
   int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int si = 0; si < n_shapes; si++) {
     const shape *s = &shapes[si];
@@ -251,59 +274,82 @@ int main(int argc, char **argv) {
     size_t nc = (size_t)(nb * s->m * s->n);
     float *a = alloc_operand(na * 4, huge), *b = alloc_operand(nbb * 4, huge);
     float *c = alloc_operand(nc * 4, huge);
-    if (!a || !b || !c) return fputs("gemm_shapes: out of memory\n", stderr), 1;
+    uint16_t *ah = alloc_operand(na * 2, huge), *bh = alloc_operand(nbb * 2, huge);
+    if (!a || !b || !c || !ah || !bh) return fputs("gemm_shapes: out of memory\n", stderr), 1;
     for (size_t i = 0; i < na; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
     for (size_t i = 0; i < nbb; i++) b[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
-    rt_gemm_plan *pl = rt_gemm_plan_new(eng, &g, DSC_F32, DSC_F32, 0);
-    if (!pl) return fputs("gemm_shapes: planning failed\n", stderr), 1;
+    for (size_t i = 0; i < na; i++) ah[i] = ir_bf16_bits(a[i]);
+    for (size_t i = 0; i < nbb; i++) bh[i] = ir_bf16_bits(b[i]);
+    rt_gemm_plan *pl[N_IMPL] = {NULL};
+    for (int q = 0; q < N_IMPL; q++) {
+      if (!isa_of[q]) continue;
+      setenv("DSC_CPU_ISA", isa_of[q], 1); /* the kernel is fixed at planning */
+      pl[q] = rt_gemm_plan_new(eng, &g, q >= 3 ? DSC_BF16 : DSC_F32, DSC_F32,
+                               q == 5 ? RT_GEMM_DPBF16 : 0);
+      if (!pl[q]) return fputs("gemm_shapes: planning failed\n", stderr), 1;
+    }
+    unsetenv("DSC_CPU_ISA");
     double flop = 2.0 * (double)nb * (double)s->m * (double)s->n * (double)s->k;
     /* each timed repetition lasts >= ~20 ms: inner loops of the call */
     int inner = best ? 1 : (int)(4e9 / flop) + 1;
-    double *td = malloc(sizeof(double) * (size_t)reps), *tn = malloc(sizeof(double) * (size_t)reps);
+    double *t[N_IMPL];
+    for (int q = 0; q < N_IMPL; q++) t[q] = malloc(sizeof(double) * (size_t)reps);
     char err[256];
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-      double t0 = now_s();
-      for (int it = 0; it < inner; it++) rt_gemm_run(pl, a, b, c, err, sizeof err);
-      double t1 = now_s();
+      for (int q = 0; q < N_IMPL; q++) {
+        double t0 = now_s();
+        if (pl[q]) {
+          const void *pa = q >= 3 ? (const void *)ah : a, *pb = q >= 3 ? (const void *)bh : b;
+          for (int it = 0; it < inner; it++) rt_gemm_run(pl[q], pa, pb, c, err, sizeof err);
+        } else {
 #ifdef DSC_HAVE_LLVM
-      for (int it = 0; it < inner; it++)
-        for (int64_t bb = 0; bb < nb; bb++)
-          dnnl_sgemm('N' + (s->ta ? 6 : 0), 'N' + (s->tb ? 6 : 0), s->m, s->n, s->k, 1.0f,
-                     a + bb * s->m * s->k, s->ta ? s->m : s->k, b + bb * s->k * s->n,
-                     s->tb ? s->k : s->n, 0.0f, c + bb * s->m * s->n, s->n);
+          for (int it = 0; it < inner; it++)
+            for (int64_t bb = 0; bb < nb; bb++)
+              dnnl_sgemm('N' + (s->ta ? 6 : 0), 'N' + (s->tb ? 6 : 0), s->m, s->n, s->k, 1.0f,
+                         a + bb * s->m * s->k, s->ta ? s->m : s->k, b + bb * s->k * s->n,
+                         s->tb ? s->k : s->n, 0.0f, c + bb * s->m * s->n, s->n);
 #endif
-      double t2 = now_s();
-      if (r >= 0) {
-        td[r] = (t1 - t0) / inner;
-        tn[r] = (t2 - t1) / inner;
+        }
+        if (r >= 0) t[q][r] = (now_s() - t0) / inner;
       }
     }
-    qsort(td, (size_t)reps, sizeof(double), cmp_double);
-    qsort(tn, (size_t)reps, sizeof(double), cmp_double);
-    double d = td[best ? 0 : reps / 2], n = tn[best ? 0 : reps / 2];
+    double d[N_IMPL];
+    for (int q = 0; q < N_IMPL; q++) {
+      qsort(t[q], (size_t)reps, sizeof(double), cmp_double);
+      d[q] = t[q][best ? 0 : reps / 2];
+    }
 #ifndef DSC_HAVE_LLVM
-    n = d; /* no oneDNN in this build: its columns repeat dsc's */
+    d[2] = d[0]; /* no oneDNN in this build: its column repeats dsc's */
 #endif
     char dims[64];
     snprintf(dims, sizeof dims, "%" PRId64 "x%" PRId64 "x%" PRId64 " (%" PRId64 ")", s->m, s->n,
              s->k, nb);
-    printf("%-14s %-22s %-6s %9.1f %5.1f%% %9.1f %5.1f%% %5.2fx  [%s]\n", s->what, dims,
-           s->ta   ? "AtB"
-           : s->tb ? "ABt"
-                   : "AB",
-           flop / d * 1e-9, 100 * flop / d * 1e-9 / peak, flop / n * 1e-9,
-           100 * flop / n * 1e-9 / peak, n / d, rt_gemm_plan_impl(pl));
+    printf(
+        "%-14s %-22s %-6s %8.1f %5.1f%% %8.1f %8.1f %8.1f %8.1f %8.1f %5.2fx %5.2fx %5.2fx "
+        "%5.2fx  [%s]\n",
+        s->what, dims,
+        s->ta   ? "AtB"
+        : s->tb ? "ABt"
+                : "AB",
+        flop / d[0] * 1e-9, 100 * flop / d[0] * 1e-9 / peak, flop / d[1] * 1e-9, flop / d[2] * 1e-9,
+        flop / d[3] * 1e-9, flop / d[4] * 1e-9, flop / d[5] * 1e-9, d[2] / d[1], d[0] / d[3],
+        d[1] / d[4], d[0] / d[5], rt_gemm_plan_impl(pl[5]));
     tot_flop += flop;
-    tot_dsc += d;
-    tot_dnnl += n;
-    rt_gemm_plan_free(pl);
-    free(a), free(b), free(c), free(td), free(tn);
+    for (int q = 0; q < N_IMPL; q++) tot[q] += d[q];
+    for (int q = 0; q < N_IMPL; q++) {
+      if (pl[q]) rt_gemm_plan_free(pl[q]);
+      free(t[q]);
+    }
+    free(a), free(b), free(c), free(ah), free(bh);
   }
   printf(
       "{\"impl\":\"gemm_shapes\",\"threads\":%d,\"peak_gflops\":%.1f,\"dsc_gflops\":%.1f,"
-      "\"dnnl_gflops\":%.1f,\"dsc_pct_peak\":%.1f,\"dnnl_pct_peak\":%.1f}\n",
-      threads, peak, tot_flop / tot_dsc * 1e-9, tot_flop / tot_dnnl * 1e-9,
-      100 * tot_flop / tot_dsc * 1e-9 / peak, 100 * tot_flop / tot_dnnl * 1e-9 / peak);
+      "\"dsc_avx2_gflops\":%.1f,\"dnnl_gflops\":%.1f,\"dsc_bf16_gflops\":%.1f,"
+      "\"dsc_avx2_bf16_gflops\":%.1f,\"dsc_dpbf16_gflops\":%.1f,\"dsc_pct_peak\":%.1f,"
+      "\"dnnl_pct_peak\":%.1f}\n",
+      threads, peak, tot_flop / tot[0] * 1e-9, tot_flop / tot[1] * 1e-9, tot_flop / tot[2] * 1e-9,
+      tot_flop / tot[3] * 1e-9, tot_flop / tot[4] * 1e-9, tot_flop / tot[5] * 1e-9,
+      100 * tot_flop / tot[0] * 1e-9 / peak, 100 * tot_flop / tot[2] * 1e-9 / peak);
   rt_gemm_engine_free(eng);
   rt_pool_free(pool);
   dsc_context_free(ctx);

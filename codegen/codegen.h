@@ -204,7 +204,7 @@ typedef enum {
 typedef struct {
   int threads; /* CPU executor threads (the GEMM scratch is per thread); <= 0: 1 */
   /* runtime/sgemm.c's rt_sgemm_scratch_floats where the runtime uses it (f32
-   * GEMMs on AVX-512 hosts: rt_sgemm_supported), else NULL (no scratch) */
+   * and bf16 GEMMs on AVX2/AVX-512 hosts: rt_sgemm_supported), else NULL */
   int64_t (*gemm_scratch_floats)(const cg_gemm *g);
 } cg_memplan_options;
 

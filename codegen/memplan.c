@@ -13,9 +13,9 @@
  * alloc_aligned of those sizes). So the arena figures here ARE the runtime's
  * arenas, not an estimate. Graph inputs are WORK buffers (placed like the
  * temporaries), so they are inside the WORK arena. Outside the arenas the CPU
- * runtime allocates the packing scratch of its f32 GEMM (runtime/sgemm.c): one
- * slot per thread of the largest rt_sgemm_scratch_floats over the program's
- * f32 GEMMs, plus 64 bytes of alignment (runtime/gemm_cpu.c); the plan adds it
+ * runtime allocates the packing scratch of its f32/bf16 GEMM (runtime/sgemm.c):
+ * one slot per thread of the largest rt_sgemm_scratch_floats over the
+ * program's f32 and bf16 GEMMs, plus 64 bytes of alignment (runtime/gemm_cpu.c); the plan adds it
  * to workspace when the caller passes that function (this layer cannot call
  * the runtime). Not counted: oneDNN's own scratchpads of bf16/f16 GEMMs, the
  * per-run staging of inputs and outputs, thread stacks, code.
@@ -248,15 +248,15 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
   out->padding += out->work_arena - live_exact;
   free(delta), free(is_grad), free(is_comm), free(is_act), free(anc), free(stack);
 
-  /* The f32 GEMM packing scratch (runtime/gemm_cpu.c plan_dsc_sgemm). */
+  /* The packing scratch of the f32 and bf16 GEMMs (runtime/gemm_cpu.c
+   * plan_dsc_sgemm, runtime/sgemm.c rt_sgemm_dtypes_supported). */
   if (o && o->gemm_scratch_floats) {
     int64_t need = 0;
     for (int i = 0; i < ni; i++) {
       const cg_instr *in = &p->instrs[i];
       if (in->kind != CG_INS_GEMM) continue;
-      if (p->buffers[in->gemm.a.buffer].dtype != DSC_F32 ||
-          p->buffers[in->gemm.c.buffer].dtype != DSC_F32)
-        continue;
+      dsc_dtype ab = p->buffers[in->gemm.a.buffer].dtype, c = p->buffers[in->gemm.c.buffer].dtype;
+      if ((ab != DSC_F32 && ab != DSC_BF16) || (c != DSC_F32 && c != DSC_BF16)) continue;
       int64_t f = o->gemm_scratch_floats(&in->gemm);
       if (f > need) need = f;
     }

@@ -1,7 +1,8 @@
-/* GEMMs for the CPU executor, planned once per program instruction: f32 on
- * AVX-512 hosts through dsc's packed SGEMM (runtime/sgemm.c) on our pool;
- * other dtypes and hosts through oneDNN (dnnl_sgemm or matmul primitives),
- * with a blocked C loop for what oneDNN refuses.
+/* GEMMs for the CPU executor, planned once per program instruction: f32 and
+ * bf16 on AVX-512 and AVX2 hosts through dsc's packed GEMM (runtime/sgemm.c,
+ * the kernel cg_cpu_isa_get() names) on our pool; other dtypes and baseline
+ * hosts through oneDNN (dnnl_sgemm or matmul primitives), with a blocked C
+ * loop for what oneDNN refuses.
  *
  * Threading (found on Debian 12's libdnnl 2.6): DNNL_CPU_THREADING_RUNTIME is
  * OMP and libdnnl.so links libgomp, so oneDNN runs its own OpenMP team, not
@@ -44,7 +45,8 @@ struct rt_gemm_plan {
   cg_gemm g;
   dsc_dtype ab, c;
   char impl[72];
-  bool dsc_sgemm; /* f32 through rt_sgemm (runtime/sgemm.c) */
+  bool dsc_sgemm; /* through rt_sgemm_typed (runtime/sgemm.c) */
+  rt_sgemm_kernel kernel; /* its kernel, fixed at planning */
   /* the C loop's job (set per run) */
   const char *pa, *pb;
   char *pc;
@@ -400,13 +402,15 @@ static bool run_sgemm(rt_gemm_plan *p, const float *a, const float *b, float *c,
 }
 #endif
 
-/* f32 on AVX-512 hosts: dsc's packed SGEMM on the pool (faster than
- * oneDNN 2.6's sgemm and matmul here, and bitwise independent of the thread
- * count). Grows the engine's scratch to what the GEMM needs; false with
- * *oom on allocation failure. */
-static bool plan_dsc_sgemm(rt_gemm_plan *pl, bool *oom) {
+/* f32 and bf16 on AVX-512 and AVX2 hosts: dsc's packed GEMM on the pool
+ * (faster than oneDNN 2.6's sgemm and matmul here, far faster for bf16,
+ * and bitwise independent of the thread count), with the kernel of
+ * cg_cpu_isa_get() at planning. Grows the engine's scratch to what the
+ * GEMM needs; false with *oom on allocation failure. */
+static bool plan_dsc_sgemm(rt_gemm_plan *pl, int flags, bool *oom) {
   rt_gemm_engine *e = pl->e;
-  if (pl->ab != DSC_F32 || pl->c != DSC_F32 || !rt_sgemm_supported()) return false;
+  cg_cpu_isa isa = cg_cpu_isa_get();
+  if (!rt_sgemm_dtypes_supported(pl->ab, pl->c) || !rt_sgemm_isa_supported(isa)) return false;
   int64_t need = rt_sgemm_scratch_floats(&pl->g);
   if (need > e->sg_per_thread) {
     size_t bytes = (size_t)need * sizeof(float) * (size_t)e->n_threads + 64;
@@ -422,7 +426,9 @@ static bool plan_dsc_sgemm(rt_gemm_plan *pl, bool *oom) {
     e->sg_per_thread = need;
   }
   pl->dsc_sgemm = true;
-  snprintf(pl->impl, sizeof pl->impl, "dsc:sgemm-avx512");
+  pl->kernel = rt_sgemm_kernel_for(isa, pl->ab, (flags & RT_GEMM_DPBF16) != 0);
+  snprintf(pl->impl, sizeof pl->impl, "dsc:sgemm-%s%s", rt_sgemm_kernel_name(pl->kernel),
+           pl->ab == DSC_BF16 && pl->kernel != RT_SGEMM_AVX512_DPBF16 ? "-bf16" : "");
   return true;
 }
 
@@ -441,7 +447,7 @@ rt_gemm_plan *rt_gemm_plan_new(rt_gemm_engine *e, const cg_gemm *g, dsc_dtype ab
   pl->c = c;
   snprintf(pl->impl, sizeof pl->impl, "loop");
   bool oom = false;
-  if (!(flags & RT_GEMM_NO_LIBRARY) && plan_dsc_sgemm(pl, &oom)) return pl;
+  if (!(flags & RT_GEMM_NO_LIBRARY) && plan_dsc_sgemm(pl, flags, &oom)) return pl;
   if (oom) {
     ir_error(e->ctx, ir_no_loc, "out of memory planning a GEMM");
     rt_gemm_plan_free(pl);
@@ -472,7 +478,8 @@ const char *rt_gemm_plan_impl(const rt_gemm_plan *p) { return p->impl; }
 
 bool rt_gemm_run(rt_gemm_plan *p, const void *a, const void *b, void *c, char *err, size_t errlen) {
   if (p->dsc_sgemm) {
-    rt_sgemm(p->e->pool, &p->g, a, b, c, p->e->sg_scratch, p->e->sg_per_thread);
+    rt_sgemm_typed(p->e->pool, &p->g, p->kernel, p->ab, p->c, a, b, c, p->e->sg_scratch,
+                   p->e->sg_per_thread);
     return true;
   }
 #ifdef DSC_HAVE_LLVM

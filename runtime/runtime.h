@@ -259,13 +259,17 @@ int rt_pool_chunks(const rt_pool *p, int64_t n, int64_t min_chunk);
  * a sum post-op); shapes oneDNN refuses, and builds without oneDNN, use a
  * blocked C loop on the pool. Debian's oneDNN 2.6 threads with OpenMP:
  * each run sets the calling thread's OpenMP thread count to the pool's.
- * f32 GEMMs on AVX-512 hosts take runtime/sgemm.c instead (any build). */
+ * f32 and bf16 GEMMs on AVX2 and AVX-512 hosts take runtime/sgemm.c
+ * instead (any build). */
 typedef struct rt_gemm_engine rt_gemm_engine;
 typedef struct rt_gemm_plan rt_gemm_plan;
 /* One per executor (oneDNN engine and stream); pool must outlive it. */
 rt_gemm_engine *rt_gemm_engine_new(dsc_context *ctx, rt_pool *pool);
 void rt_gemm_engine_free(rt_gemm_engine *e);
-enum { RT_GEMM_NO_LIBRARY = 1 }; /* plan flag: always the C loop (tests) */
+/* plan flags: always the C loop (tests); bf16 through vdpbf16ps where the
+ * host has AVX512-BF16 (opt-in: on this Sapphire Rapids it runs at
+ * 0.55-0.9x of the converting kernel, runtime/sgemm.c) */
+enum { RT_GEMM_NO_LIBRARY = 1, RT_GEMM_DPBF16 = 2 };
 /* ab: dtype of A and B (f32 f64 bf16 f16), c: dtype of C (float dtypes).
  * NULL with a diagnostic when the GEMM is malformed. */
 rt_gemm_plan *rt_gemm_plan_new(rt_gemm_engine *e, const cg_gemm *g, dsc_dtype ab,
@@ -275,21 +279,43 @@ void rt_gemm_plan_free(rt_gemm_plan *p);
  * cg_matrix offset). False (with err) only if the library fails at run. */
 bool rt_gemm_run(rt_gemm_plan *p, const void *a, const void *b, void *c, char *err,
                  size_t errlen);
-/* "dsc:sgemm-avx512", "onednn:<implementation>" or "loop" (tests, profiles). */
+/* "dsc:sgemm-avx512", "dsc:sgemm-avx2" (with "-bf16" for bf16 operands
+ * widened to f32), "dsc:sgemm-avx512-dpbf16",
+ * "onednn:<implementation>" or "loop" (tests, profiles). */
 const char *rt_gemm_plan_impl(const rt_gemm_plan *p);
 
 /* ======================= runtime/sgemm.c =======================
- * dsc's packed f32 GEMM (AVX-512 microkernel) for any strided cg_gemm,
- * threaded on the pool by whole micro-panels or batches, never by K: the
- * result is bitwise identical for any thread count. gemm_cpu.c's plans use
- * it for f32 where rt_sgemm_supported(). */
-bool rt_sgemm_supported(void);
-/* Floats of packing scratch one thread needs for g (a multiple of 16). */
+ * dsc's packed GEMM (an AVX-512 12x32 or an AVX2 6x16 f32 microkernel) for
+ * any strided cg_gemm with f32 or bf16 operands (widened to f32 while
+ * packing) and an f32 or bf16 C (rounded once, to nearest even), threaded
+ * on the pool by whole micro-panels or batches, never by K: the result is
+ * bitwise identical for any thread count. gemm_cpu.c's plans use it where
+ * rt_sgemm_supported() and rt_sgemm_dtypes_supported(). */
+bool rt_sgemm_supported(void); /* for cg_cpu_isa_get() ($DSC_CPU_ISA) */
+bool rt_sgemm_isa_supported(cg_cpu_isa isa); /* AVX2 and above */
+bool rt_sgemm_dtypes_supported(dsc_dtype ab, dsc_dtype c);
+/* Floats of packing scratch one thread needs for g (a multiple of 16), the
+ * largest over the kernels and dtypes (the memory plan knows neither). */
 int64_t rt_sgemm_scratch_floats(const cg_gemm *g);
-/* C = alpha * A . B + beta * C over g's batches (a, b, c: buffer bases, g's
- * offsets added). scratch: 64-byte aligned, rt_pool_threads(pool) slots of
- * per_thread >= rt_sgemm_scratch_floats(g) floats (per_thread a multiple
- * of 16). Only where rt_sgemm_supported(). */
+/* The microkernels: AVX2 6x16, AVX-512 12x32 (f32 FMAs on operands widened
+ * to f32), and for bf16 operands on AVX512-BF16 hosts AVX-512 12x32 with
+ * vdpbf16ps on bf16 pairs (its sums round as f32 FMAs would, denormals
+ * flushed). */
+typedef enum { RT_SGEMM_AVX2, RT_SGEMM_AVX512, RT_SGEMM_AVX512_DPBF16 } rt_sgemm_kernel;
+/* The kernel for isa (>= AVX2) and ab; dpbf16: the vdpbf16ps kernel where
+ * the host has it and ab is bf16 (else the converting sibling). */
+rt_sgemm_kernel rt_sgemm_kernel_for(cg_cpu_isa isa, dsc_dtype ab, bool dpbf16);
+const char *rt_sgemm_kernel_name(rt_sgemm_kernel k); /* "avx2", "avx512", "avx512-dpbf16" */
+/* C = alpha * A . B + beta * C over g's batches (a, b, c: buffer bases of
+ * dtypes ab, ab, c_dtype; g's offsets added) with the kernel (from
+ * rt_sgemm_kernel_for). scratch: 64-byte aligned, rt_pool_threads(pool)
+ * slots of per_thread >= rt_sgemm_scratch_floats(g) floats (per_thread a
+ * multiple of 16). Only where rt_sgemm_isa_supported and
+ * rt_sgemm_dtypes_supported. */
+void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g, rt_sgemm_kernel kernel, dsc_dtype ab,
+                    dsc_dtype c_dtype, const void *a, const void *b, void *c, float *scratch,
+                    int64_t per_thread);
+/* rt_sgemm_typed for f32 operands and C with cg_cpu_isa_get()'s kernel. */
 void rt_sgemm(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, float *c,
               float *scratch, int64_t per_thread);
 

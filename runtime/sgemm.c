@@ -1,5 +1,38 @@
-/* A BLIS-style packed f32 GEMM with an AVX-512 microkernel, for cg_gemm's
- * strided operands (runtime/gemm_cpu.c picks it for f32 on AVX-512 hosts).
+/* A BLIS-style packed GEMM for cg_gemm's strided operands, f32 or bf16
+ * operands and f32 or bf16 C, with an AVX-512 and an AVX2+FMA microkernel
+ * (runtime/gemm_cpu.c picks one by cg_cpu_isa_get(), $DSC_CPU_ISA).
+ *
+ * What changed (issue 16, "fast on any CPU"):
+ *   - bf16 operands: the packing widens bf16 to f32 (a 16-bit shift, exact)
+ *     while it copies, and the same f32 microkernel runs; products of two
+ *     bf16 are exact in f32, so only the f32 accumulation rounds. A bf16 C
+ *     is rounded once, to nearest even (bf16_of_f32: the bits of
+ *     ir_bf16_bits, the interpreter's rounding), from the f32 result of the
+ *     whole depth: over several depth blocks the f32 sums of a block of C
+ *     are kept in scratch (acc) and rounded after the last. Before, bf16
+ *     GEMMs went to oneDNN 2.6's matmul primitive (a 128x256x64 one took
+ *     130 ms in a gpt-tiny step).
+ *   - an AVX2+FMA kernel (6 x 16, BLIS's Haswell shape) for AVX2-only
+ *     hosts (AMD Zen 3), with packing that uses no AVX-512 instruction; the
+ *     packing is one template (pack_a_t, pack_b_t) instantiated per kernel
+ *     and operand dtype.
+ *   - for bf16 operands on AVX512-BF16 hosts, an opt-in 12x32 kernel with
+ *     vdpbf16ps on bf16 pairs (RT_GEMM_DPBF16; pack_a_pairs, pack_b_pairs,
+ *     kernel512_dp), tested next to the converting kernel. Not the default:
+ *     on this Sapphire Rapids it runs at 0.55-0.9x of the converting
+ *     kernel on GPT-2's shapes (bench/gemm_shapes "dp/512", --best, load
+ *     4.5-5.6): vdpbf16ps does 2 multiply-adds per lane but issues on one
+ *     port where FMAs issue on two, so the peak is the same and the pair
+ *     packing is extra.
+ *   - rt_sgemm_scratch_floats is the largest over both kernels and C's
+ *     dtypes, so that the memory plan holds whichever the executor picks.
+ * The AVX-512 f32 path does the same operations as before (bitwise).
+ * Measured (bench/gemm_shapes --dnnl-avx2 --best, 2 threads, load 2.4-3.6):
+ * over GPT-2's step shapes the AVX2 kernel runs at 0.97x oneDNN 2.6's AVX2
+ * dnnl_sgemm (0.83x on 256x768x3072, 0.86x on 256x768x50304, 1.3x on the
+ * batched attention products; oneDNN is not used on that path all the
+ * same: 3% overall, and its results depend on the thread count); bf16
+ * operands run at 0.99-1.02x of f32 on the same kernel (docs/performance.md).
  *
  * Why our own: on these 2-core Xeons (Sapphire Rapids under KVM) oneDNN 2.6's
  * dnnl_sgemm reaches 66-76% of a core's FMA peak on GPT-2's shapes and its
@@ -13,7 +46,7 @@
  *         -> B micro-panels of NR columns (streamed from L2): microkernel.
  * The microkernel keeps an MR x NR tile of C in registers: per step of k it
  * loads NR/16 vectors of B and broadcasts MR elements of A into MR*NR/16
- * FMAs. MR = 12, NR = 32 (BLIS's Skylake-X shape, transposed): 24
+ * FMAs. AVX-512: MR = 12, NR = 32 (BLIS's Skylake-X shape, transposed): 24
  * accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers; 24
  * independent FMA chains cover the 4-cycle latency on two FMA ports (8
  * needed); 14 loads per 24 FMAs stay under the two load ports' limit; the B
@@ -45,6 +78,7 @@
  * after the first block) whatever tile, chunk or thread it lands in, so the
  * result is bitwise identical for any thread count and any run.
  * beta == 0 never reads C (it may hold garbage or NaN). */
+#include <stdint.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
@@ -60,25 +94,20 @@
 #ifndef RT_SGEMM_NB
 #define RT_SGEMM_NB 320
 #endif
-#ifndef RT_SGEMM_MR
-#define RT_SGEMM_MR 12
-#endif
-#ifndef RT_SGEMM_NR
-#define RT_SGEMM_NR 32
-#endif
-#define MR RT_SGEMM_MR
-#define NR RT_SGEMM_NR /* a multiple of 16 */
-#define NV (NR / 16)
 #define KC RT_SGEMM_KC
-#define NB (RT_SGEMM_NB / NR * NR)
-#define MB (1024 / MR * MR)
+#define MR512 12 /* the AVX-512 kernel: 12 x 32 */
+#define NR512 32
+#define MR256 6 /* the AVX2 kernel: 6 x 16 */
+#define NR256 16
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-/* One matrix of one batch: element (r, c) at p[r * rs + c * cs]. */
+/* One matrix of one batch: element (r, c) at p[r * rs + c * cs], f32 or
+ * bf16 elements (the packing's template parameter says which). */
 typedef struct {
-  const float *p;
+  const void *p;
   int64_t rs, cs;
 } rt_view;
 
@@ -116,31 +145,91 @@ static int64_t kc_of(const cg_gemm *g) {
   bool bt = g->b.row_stride == 1 && g->b.col_stride != 1;
   return bt && g->k <= 2 * KC ? g->k : min64(g->k, KC);
 }
-/* The column block: the packed B block stays within KC x NB floats. */
-static int64_t nb_of(const cg_gemm *g) {
-  int64_t kc = kc_of(g);
-  return kc <= KC ? NB : (int64_t)KC * NB / kc / NR * NR;
+/* The column block (for micro-panels of nr columns): the packed B block
+ * stays within KC x NB floats. */
+static int64_t nb_of(const cg_gemm *g, int nr) {
+  int64_t kc = kc_of(g), nb = RT_SGEMM_NB / nr * nr;
+  return kc <= KC ? nb : (int64_t)KC * nb / kc / nr * nr;
+}
+/* The row block: bounds the packed A block, ~1020 rows. */
+static int64_t mb_of(int mr) { return 1024 / mr * mr; }
+
+/* Floats of packing scratch one thread needs for a kernel of mr x nr (A
+ * block, B block, one C tile, and for a bf16 C over several depth blocks
+ * the f32 sums of one mb x nb block), each part a multiple of 16 floats
+ * (64 bytes). */
+static int64_t a_floats(const cg_gemm *g, int mr) {
+  return round_up(min64(round_up(g->m, mr), mb_of(mr)) * kc_of(g), 16);
+}
+static int64_t b_floats(const cg_gemm *g, int nr) {
+  return round_up(min64(round_up(g->n, nr), nb_of(g, nr)) * kc_of(g), 16);
+}
+static int64_t acc_ld(const cg_gemm *g, int nr) { return min64(round_up(g->n, nr), nb_of(g, nr)); }
+static int64_t acc_floats(const cg_gemm *g, int mr, int nr) {
+  if (g->k <= kc_of(g)) return 0;
+  return round_up(min64(round_up(g->m, mr), mb_of(mr)) * acc_ld(g, nr), 16);
+}
+static int64_t scratch_of(const cg_gemm *g, int mr, int nr) {
+  return a_floats(g, mr) + b_floats(g, nr) + round_up(mr * nr, 16) + acc_floats(g, mr, nr);
 }
 
-/* Floats of packing scratch one thread needs (A block, B block, one C tile),
- * each part a multiple of 16 floats (64 bytes). */
-static int64_t a_floats(const cg_gemm *g) {
-  return round_up(min64(round_up(g->m, MR), MB) * kc_of(g), 16);
-}
-static int64_t b_floats(const cg_gemm *g) {
-  return round_up(min64(round_up(g->n, NR), nb_of(g)) * kc_of(g), 16);
-}
-
+/* The largest over the kernels (and over C's dtypes: the bf16-C block is
+ * counted whenever K spans several depth blocks), so that the memory plan,
+ * which knows neither the ISA the executor will pick nor the dtypes, holds
+ * for any of them. */
 int64_t rt_sgemm_scratch_floats(const cg_gemm *g) {
   cg_gemm t = canonical(g);
-  return a_floats(&t) + b_floats(&t) + MR * NR;
+  return max64(scratch_of(&t, MR512, NR512), scratch_of(&t, MR256, NR256));
+}
+
+bool rt_sgemm_dtypes_supported(dsc_dtype ab, dsc_dtype c) {
+  return (ab == DSC_F32 || ab == DSC_BF16) && (c == DSC_F32 || c == DSC_BF16);
 }
 
 #ifdef RT_SGEMM_X86
 
-bool rt_sgemm_supported(void) { return cg_cpu_isa_get() >= CG_ISA_AVX512; /* $DSC_CPU_ISA */ }
+bool rt_sgemm_isa_supported(cg_cpu_isa isa) { return isa >= CG_ISA_AVX2; }
+bool rt_sgemm_supported(void) {
+  return rt_sgemm_isa_supported(cg_cpu_isa_get()); /* $DSC_CPU_ISA */
+}
 
-/* ---- packing ---- */
+#define SG_INLINE static inline __attribute__((always_inline))
+
+/* ---- bf16 (as ir/types.c: bf16 -> f32 exact, f32 -> bf16 to nearest even) ---- */
+
+static inline float f32_of_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* The same bits as ir_bf16_bits((double)x): one rounding to nearest even
+ * (an f32 is exact in double, so rounding it directly is rounding the
+ * double), overflow to infinity, subnormals kept, NaN -> sign | 0x7fc0. */
+static inline uint16_t bf16_of_f32(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Element i of an f32 or bf16 array, as f32. */
+SG_INLINE float elem(const void *p, int64_t i, bool bf16) {
+  return bf16 ? f32_of_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+SG_INLINE const void *elem_ptr(const void *p, int64_t i, bool bf16) {
+  return bf16 ? (const void *)((const uint16_t *)p + i) : (const void *)((const float *)p + i);
+}
+
+/* ---- packing: AVX-512 register transposes ---- */
+
+/* 16 elements from p (f32, or bf16 widened by a shift) */
+__attribute__((target("avx512f"))) static inline __m512 load16(const void *p, bool bf16) {
+  if (!bf16) return _mm512_loadu_ps(p);
+  __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
 
 /* dst[i * dst_ld + j] = src[j * ld + i] for i, j < 16: packs a transposed B
  * (B = W^T with W row-major), whose columns are contiguous. */
@@ -172,67 +261,85 @@ __attribute__((target("avx512f"))) static inline void transpose_regs(__m512 *r) 
   for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
-__attribute__((target("avx512f"))) static void transpose16(const float *src, int64_t ld, float *dst,
-                                                           int64_t dst_ld) {
+__attribute__((target("avx512f"))) static void transpose16(const void *src, int64_t ld, bool bf16,
+                                                           float *dst, int64_t dst_ld) {
   __m512 r[16];
-  for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld);
+  for (int i = 0; i < 16; i++) r[i] = load16(elem_ptr(src, i * ld, bf16), bf16);
   transpose_regs(r);
   for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * dst_ld, r[i]);
 }
 
-/* dst[k * MR + i] = src[i * ld + k] for i < rows (<= MR <= 16), k < 16;
- * lanes rows..MR-1 zero: 16 depths of an A micro-panel from row-major A. */
-__attribute__((target("avx512f"))) static void transpose_rows(const float *src, int64_t ld,
-                                                              int rows, float *dst) {
+/* dst[k * MR512 + i] = src[i * ld + k] for i < rows (<= MR512), k < 16;
+ * lanes rows..MR512-1 zero: 16 depths of an A micro-panel from row-major A. */
+__attribute__((target("avx512f"))) static void transpose_rows(const void *src, int64_t ld,
+                                                              bool bf16, int rows, float *dst) {
   __m512 r[16];
   for (int i = 0; i < 16; i++)
-    r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+    r[i] = i < rows ? load16(elem_ptr(src, i * ld, bf16), bf16) : _mm512_setzero_ps();
   transpose_regs(r);
-  __mmask16 m = (__mmask16)((1u << MR) - 1);
-  for (int k = 0; k < 16; k++) _mm512_mask_storeu_ps(dst + k * MR, m, r[k]);
+  __mmask16 m = (__mmask16)((1u << MR512) - 1);
+  for (int k = 0; k < 16; k++) _mm512_mask_storeu_ps(dst + k * MR512, m, r[k]);
 }
+
+/* ---- packing: one template for every kernel and operand dtype ----
+ * MR, NR: the kernel's shape; bf16: the operands' dtype (widened to f32
+ * here, exactly); x512: the AVX-512 register transposes may be used. The
+ * wrappers below instantiate it per kernel with constant arguments. */
 
 /* A[i0 + r, p0 + k] for r < mb, k < kc into MR-row micro-panels:
  * dst[(panel * kc + k) * MR + r], rows past mb zero. */
-__attribute__((target("avx512f"))) static void pack_a(rt_view a, int64_t i0, int64_t mb, int64_t p0,
-                                                      int64_t kc, float *dst) {
+SG_INLINE void pack_a_t(rt_view a, int64_t i0, int64_t mb, int64_t p0, int64_t kc, float *dst,
+                        int MR, bool bf16, bool x512) {
   for (int64_t ir = 0; ir < mb; ir += MR, dst += kc * MR) {
     int rows = (int)min64(MR, mb - ir);
-    const float *src = a.p + (i0 + ir) * a.rs + p0 * a.cs;
+    int64_t base = (i0 + ir) * a.rs + p0 * a.cs;
     if (a.rs == 1 && rows == MR) {
       /* transposed A: the MR rows of one k are contiguous */
-      for (int64_t k = 0; k < kc; k++) memcpy(dst + k * MR, src + k * a.cs, MR * sizeof(float));
+      for (int64_t k = 0; k < kc; k++) {
+        if (!bf16) {
+          memcpy(dst + k * MR, (const float *)a.p + base + k * a.cs, (size_t)MR * sizeof(float));
+          continue;
+        }
+        for (int r = 0; r < MR; r++) dst[k * MR + r] = elem(a.p, base + k * a.cs + r, true);
+      }
       continue;
     }
     int64_t k16 = 0;
-    if (a.cs == 1 && MR <= 16) {
+    if (x512 && a.cs == 1) {
       /* row-major A: 16 x 16 register transposes of 16 depths of the rows */
-      for (; k16 + 16 <= kc; k16 += 16) transpose_rows(src + k16, a.rs, rows, dst + k16 * MR);
+      for (; k16 + 16 <= kc; k16 += 16)
+        transpose_rows(elem_ptr(a.p, base + k16, bf16), a.rs, bf16, rows, dst + k16 * MR);
     }
     if (rows < MR) memset(dst + k16 * MR, 0, (size_t)((kc - k16) * MR) * sizeof(float));
     /* the rest row by row: reads along each row of A */
-    for (int r = 0; r < rows; r++) {
-      const float *s = src + r * a.rs;
-      for (int64_t k = k16; k < kc; k++) dst[k * MR + r] = s[k * a.cs];
-    }
+    for (int r = 0; r < rows; r++)
+      for (int64_t k = k16; k < kc; k++)
+        dst[k * MR + r] = elem(a.p, base + r * a.rs + k * a.cs, bf16);
   }
 }
 
 /* B[p0 + k, j0 + c] for k < kc, c < nb into NR-column micro-panels:
  * dst[(panel * kc + k) * NR + c], columns past nb zero. */
-__attribute__((target("avx512f"))) static void pack_b(rt_view b, int64_t p0, int64_t kc, int64_t j0,
-                                                      int64_t nb, float *dst) {
+SG_INLINE void pack_b_t(rt_view b, int64_t p0, int64_t kc, int64_t j0, int64_t nb, float *dst,
+                        int NR, bool bf16, bool x512) {
   if (b.cs == 1) {
     /* row-major B: each row segment read once, front to back; full panels
-     * copy NR floats with a constant size (inlined vector moves) */
+     * copy NR elements with a constant count (inlined vector moves) */
     int64_t full = nb / NR * NR;
     for (int64_t k = 0; k < kc; k++) {
-      const float *src = b.p + (p0 + k) * b.rs + j0;
-      for (int64_t jr = 0; jr < full; jr += NR)
-        memcpy(dst + jr * kc + k * NR, src + jr, NR * sizeof(float));
+      int64_t src = (p0 + k) * b.rs + j0;
+      for (int64_t jr = 0; jr < full; jr += NR) {
+        float *d = dst + jr * kc + k * NR;
+        if (!bf16) {
+          memcpy(d, (const float *)b.p + src + jr, (size_t)NR * sizeof(float));
+          continue;
+        }
+        const uint16_t *s = (const uint16_t *)b.p + src + jr;
+        for (int c = 0; c < NR; c++) d[c] = f32_of_bf16(s[c]);
+      }
       if (full < nb) {
         float *d = dst + full * kc + k * NR;
-        memcpy(d, src + full, (size_t)(nb - full) * sizeof(float));
+        for (int64_t c = 0; c < nb - full; c++) d[c] = elem(b.p, src + full + c, bf16);
         memset(d + (nb - full), 0, (size_t)(NR - (nb - full)) * sizeof(float));
       }
     }
@@ -240,78 +347,341 @@ __attribute__((target("avx512f"))) static void pack_b(rt_view b, int64_t p0, int
   }
   for (int64_t jr = 0; jr < nb; jr += NR, dst += kc * NR) {
     int cols = (int)min64(NR, nb - jr);
-    const float *src = b.p + p0 * b.rs + (j0 + jr) * b.cs;
+    int64_t src = p0 * b.rs + (j0 + jr) * b.cs;
     if (cols < NR) memset(dst, 0, (size_t)(kc * NR) * sizeof(float));
-    int64_t k16 = b.rs == 1 ? kc / 16 * 16 : 0;
-    int c16 = b.rs == 1 ? cols / 16 * 16 : 0;
+    int64_t k16 = x512 && b.rs == 1 ? kc / 16 * 16 : 0;
+    int c16 = x512 && b.rs == 1 ? cols / 16 * 16 : 0;
     /* B^T's rows (columns of B) are contiguous: 16 x 16 register transposes */
     for (int c = 0; c < c16; c += 16)
       for (int64_t k = 0; k < k16; k += 16)
-        transpose16(src + c * b.cs + k, b.cs, dst + k * NR + c, NR);
-    for (int c = 0; c < cols; c++) {
-      const float *s = src + c * b.cs;
-      for (int64_t k = c < c16 ? k16 : 0; k < kc; k++) dst[k * NR + c] = s[k * b.rs];
-    }
+        transpose16(elem_ptr(b.p, src + c * b.cs + k, bf16), b.cs, bf16, dst + k * NR + c, NR);
+    for (int c = 0; c < cols; c++)
+      for (int64_t k = c < c16 ? k16 : 0; k < kc; k++)
+        dst[k * NR + c] = elem(b.p, src + c * b.cs + k * b.rs, bf16);
   }
 }
 
-/* ---- the microkernel ---- */
+typedef void sg_pack_a_fn(rt_view a, int64_t i0, int64_t mb, int64_t p0, int64_t kc, float *dst);
+typedef void sg_pack_b_fn(rt_view b, int64_t p0, int64_t kc, int64_t j0, int64_t nb, float *dst);
 
-/* c[r * ldc + j] = alpha * sum_k a[k*MR + r] * b[k*NR + j] + beta * c[...]
- * for r < mr, j < nr (unit column stride); beta == 0 never reads c. */
-__attribute__((target("avx512f,fma"))) static void kernel(int64_t kc, const float *restrict a,
-                                                          const float *restrict b, float *c,
-                                                          int64_t ldc, int mr, int nr, float alpha,
-                                                          float beta) {
-  __m512 acc[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; k++) {
-    __m512 bv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) bv[v] = _mm512_load_ps(b + v * 16);
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; r++) {
-      __m512 av = _mm512_set1_ps(a[r]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
-    }
-    a += MR;
-    b += NR;
+#define SG_PACKERS(name, isa, MR, NR, x512)                                                    \
+  __attribute__((target(isa))) static void name##_a_f32(rt_view a, int64_t i0, int64_t mb,     \
+                                                        int64_t p0, int64_t kc, float *dst) {  \
+    pack_a_t(a, i0, mb, p0, kc, dst, MR, false, x512);                                         \
+  }                                                                                            \
+  __attribute__((target(isa))) static void name##_a_bf16(rt_view a, int64_t i0, int64_t mb,    \
+                                                         int64_t p0, int64_t kc, float *dst) { \
+    pack_a_t(a, i0, mb, p0, kc, dst, MR, true, x512);                                          \
+  }                                                                                            \
+  __attribute__((target(isa))) static void name##_b_f32(rt_view b, int64_t p0, int64_t kc,     \
+                                                        int64_t j0, int64_t nb, float *dst) {  \
+    pack_b_t(b, p0, kc, j0, nb, dst, NR, false, x512);                                         \
+  }                                                                                            \
+  __attribute__((target(isa))) static void name##_b_bf16(rt_view b, int64_t p0, int64_t kc,    \
+                                                         int64_t j0, int64_t nb, float *dst) { \
+    pack_b_t(b, p0, kc, j0, nb, dst, NR, true, x512);                                          \
   }
-  __mmask16 mask[NV];
-  for (int v = 0; v < NV; v++) {
+
+SG_PACKERS(pack512, "avx512f,avx512bw,avx512vl,fma", MR512, NR512, true)
+SG_PACKERS(pack256, "avx2,fma", MR256, NR256, false)
+
+/* ---- the microkernels ----
+ * c[r * ldc + j] = alpha * sum_k a[k*MR + r] * b[k*NR + j] + beta * c[...]
+ * for r < mr, j < nr (unit column stride); beta == 0 never reads c. Every
+ * element: one FMA per k in order of k into a zeroed f32 accumulator, then
+ * x = alpha * acc and, if beta != 0, fma(beta, c, x). */
+
+typedef void sg_kernel_fn(int64_t kc, const float *restrict a, const float *restrict b, float *c,
+                          int64_t ldc, int mr, int nr, float alpha, float beta);
+
+#define NV512 (NR512 / 16)
+/* The AVX-512 kernels' update of C from their 12 x 32 sums. */
+__attribute__((target("avx512f,fma"))) SG_INLINE void store512(__m512 (*acc)[NV512], float *c,
+                                                               int64_t ldc, int mr, int nr,
+                                                               float alpha, float beta) {
+  __mmask16 mask[NV512];
+  for (int v = 0; v < NV512; v++) {
     int n = nr - v * 16;
     mask[v] = n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   for (int r = 0; r < mr; r++) {
     float *cr = c + r * ldc;
-    for (int v = 0; v < NV; v++) {
+    for (int v = 0; v < NV512; v++) {
       __m512 x = _mm512_mul_ps(va, acc[r][v]);
       if (beta != 0) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], cr + v * 16), x);
       _mm512_mask_storeu_ps(cr + v * 16, mask[v], x);
     }
   }
 }
+__attribute__((target("avx512f,fma"))) static void kernel512(int64_t kc, const float *restrict a,
+                                                             const float *restrict b, float *c,
+                                                             int64_t ldc, int mr, int nr,
+                                                             float alpha, float beta) {
+  __m512 acc[MR512][NV512];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR512; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV512; v++) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; k++) {
+    __m512 bv[NV512];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV512; v++) bv[v] = _mm512_load_ps(b + v * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR512; r++) {
+      __m512 av = _mm512_set1_ps(a[r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV512; v++) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+    a += MR512;
+    b += NR512;
+  }
+  store512(acc, c, ldc, mr, nr, alpha, beta);
+}
+
+/* BLIS's Haswell shape (transposed): 6 x 16, 12 ymm accumulators + 2 B
+ * vectors + 1 broadcast of the 16 ymm registers; 12 independent FMA chains
+ * (4-5 cycles latency x 2 ports: 8-10 needed); 8 loads per 12 FMAs. Edge
+ * columns go element by element (AVX2 has no cheap masked loads). */
+__attribute__((target("avx2,fma"))) static void kernel256(int64_t kc, const float *restrict a,
+                                                          const float *restrict b, float *c,
+                                                          int64_t ldc, int mr, int nr, float alpha,
+                                                          float beta) {
+  __m256 acc[MR256][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR256; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; k++) {
+    __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR256; r++) {
+      __m256 av = _mm256_broadcast_ss(a + r);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+    a += MR256;
+    b += NR256;
+  }
+  /* the sums leave the registers once, through constant indices (indexing
+   * acc by the runtime mr made GCC keep acc in memory, stored every k) */
+  float t[MR256 * NR256];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR256; r++) {
+    _mm256_storeu_ps(t + r * NR256, acc[r][0]);
+    _mm256_storeu_ps(t + r * NR256 + 8, acc[r][1]);
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  if (nr == NR256) {
+    for (int r = 0; r < mr; r++)
+      for (int v = 0; v < 2; v++) {
+        float *p = c + r * ldc + v * 8;
+        __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(t + r * NR256 + v * 8));
+        if (beta != 0) x = _mm256_fmadd_ps(vb, _mm256_loadu_ps(p), x);
+        _mm256_storeu_ps(p, x);
+      }
+    return;
+  }
+  for (int r = 0; r < mr; r++)
+    for (int j = 0; j < nr; j++) {
+      float *p = c + r * ldc + j, x = alpha * t[r * NR256 + j];
+      *p = beta != 0 ? _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(beta), _mm_set_ss(*p), _mm_set_ss(x)))
+                     : x;
+    }
+}
+
+/* ---- bf16 pairs for AVX512-BF16 (vdpbf16ps) ----
+ * vdpbf16ps adds to each f32 lane the products of one pair of bf16 from
+ * each operand (the odd element's product first, then the even one's, each
+ * rounded to nearest even as an FMA would; denormals flushed): per step the
+ * A panel holds, per row, the pair (A[r, 2q], A[r, 2q + 1]) as 32 bits, the
+ * B panel per column the pair (B[2q, j], B[2q + 1, j]); an odd depth is
+ * padded with zeros. The panels keep the f32 packing's strides (kc * MR and
+ * kc * NR floats), of which they fill half. */
+
+__attribute__((target("avx512f"))) static void pack_a_pairs(rt_view a, int64_t i0, int64_t mb,
+                                                            int64_t p0, int64_t kc, float *dstf) {
+  const uint16_t *p = a.p;
+  int64_t kp = (kc + 1) / 2;
+  for (int64_t ir = 0; ir < mb; ir += MR512, dstf += kc * MR512) {
+    uint16_t *dst = (uint16_t *)dstf;
+    int rows = (int)min64(MR512, mb - ir);
+    if (rows < MR512 || (kc & 1)) memset(dst, 0, (size_t)(kp * MR512 * 2) * sizeof(uint16_t));
+    for (int r = 0; r < rows; r++) {
+      const uint16_t *s = p + (i0 + ir + r) * a.rs + p0 * a.cs;
+      for (int64_t k = 0; k < kc; k++) dst[((k >> 1) * MR512 + r) * 2 + (k & 1)] = s[k * a.cs];
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) static void pack_b_pairs(rt_view b, int64_t p0, int64_t kc,
+                                                            int64_t j0, int64_t nb, float *dstf) {
+  const uint16_t *p = b.p;
+  uint16_t *dst = (uint16_t *)dstf;
+  int64_t kp = (kc + 1) / 2, nbr = round_up(nb, NR512);
+  /* element t of pair q of column c (c < nbr) */
+#define PAIR(c, q, t) dst[2 * ((c) / NR512 * NR512 * kc + (q)*NR512 + (c) % NR512) + (t)]
+  if (b.cs == 1) {
+    /* row-major B: two rows widened to 32 bits and merged, 16 columns at once */
+    int64_t full = nb / 16 * 16;
+    for (int64_t q = 0; q < kp; q++) {
+      bool two = 2 * q + 1 < kc;
+      const uint16_t *r0 = p + (p0 + 2 * q) * b.rs + j0, *r1 = r0 + b.rs;
+      for (int64_t c = 0; c < full; c += 16) {
+        __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + c)));
+        __m512i hi =
+            two ? _mm512_slli_epi32(
+                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + c))), 16)
+                : _mm512_setzero_si512();
+        _mm512_storeu_si512((void *)&PAIR(c, q, 0), _mm512_or_si512(lo, hi));
+      }
+      for (int64_t c = full; c < nbr; c++) {
+        PAIR(c, q, 0) = c < nb ? r0[c] : 0;
+        PAIR(c, q, 1) = c < nb && two ? r1[c] : 0;
+      }
+    }
+    return;
+  }
+  for (int64_t c = 0; c < nbr; c++) {
+    const uint16_t *s = p + p0 * b.rs + (j0 + c) * b.cs;
+    for (int64_t q = 0; q < kp; q++)
+      for (int t = 0; t < 2; t++) {
+        int64_t k = 2 * q + t;
+        PAIR(c, q, t) = c < nb && k < kc ? s[k * b.rs] : 0;
+      }
+  }
+#undef PAIR
+}
+
+__attribute__((target("avx512f,avx512bf16,fma"))) static void kernel512_dp(
+    int64_t kc, const float *restrict a, const float *restrict b, float *c, int64_t ldc, int mr,
+    int nr, float alpha, float beta) {
+  __m512 acc[MR512][NV512];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR512; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV512; v++) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < (kc + 1) / 2; q++) {
+    __m512bh bv[NV512];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV512; v++) bv[v] = (__m512bh)_mm512_load_si512((const void *)(b + v * 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < MR512; r++) {
+      int32_t pair;
+      memcpy(&pair, a + r, sizeof pair);
+      __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV512; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+    a += MR512;
+    b += NR512;
+  }
+  store512(acc, c, ldc, mr, nr, alpha, beta);
+}
+
+typedef struct {
+  const char *name;
+  int mr, nr;
+  sg_pack_a_fn *pack_a[2]; /* [bf16 operands] */
+  sg_pack_b_fn *pack_b[2];
+  sg_kernel_fn *kernel;
+} sg_kernel;
+
+static const sg_kernel kernels[3] = {
+    [RT_SGEMM_AVX2] = {"avx2",
+                       MR256,
+                       NR256,
+                       {pack256_a_f32, pack256_a_bf16},
+                       {pack256_b_f32, pack256_b_bf16},
+                       kernel256},
+    [RT_SGEMM_AVX512] = {"avx512",
+                         MR512,
+                         NR512,
+                         {pack512_a_f32, pack512_a_bf16},
+                         {pack512_b_f32, pack512_b_bf16},
+                         kernel512},
+    /* bf16 operands only */
+    [RT_SGEMM_AVX512_DPBF16] =
+        {"avx512-dpbf16", MR512, NR512, {NULL, pack_a_pairs}, {NULL, pack_b_pairs}, kernel512_dp},
+};
+
+rt_sgemm_kernel rt_sgemm_kernel_for(cg_cpu_isa isa, dsc_dtype ab, bool dpbf16) {
+  if (isa < CG_ISA_AVX512) return RT_SGEMM_AVX2;
+  __builtin_cpu_init();
+  if (dpbf16 && ab == DSC_BF16 && __builtin_cpu_supports("avx512bf16"))
+    return RT_SGEMM_AVX512_DPBF16;
+  return RT_SGEMM_AVX512;
+}
+
+const char *rt_sgemm_kernel_name(rt_sgemm_kernel k) { return kernels[k].name; }
 
 /* ---- the blocked loops ---- */
 
+typedef struct {
+  const cg_gemm *g; /* canonical */
+  const sg_kernel *kr;
+  bool ab_bf16, c_bf16;
+  const void *a, *b;
+  void *c;
+  float *scratch;
+  int64_t per_thread;
+  bool split_m;  /* chunks are MR-row panels (else NR-column panels) */
+  bool batches;  /* chunks are whole batches */
+  int64_t batch; /* the batch the panels belong to (when !batches) */
+} rt_sgemm_job;
+
+/* C[r, j] (f32 or bf16 at c + r * crs + j * ccs) = x + beta * C[r, j],
+ * rounded once into C's dtype; beta == 0 never reads C. */
+static inline void update(void *c, bool c_bf16, int64_t at, float x, float beta) {
+  if (c_bf16) {
+    uint16_t *p = (uint16_t *)c + at;
+    *p = bf16_of_f32(beta != 0 ? __builtin_fmaf(beta, f32_of_bf16(*p), x) : x);
+  } else {
+    float *p = (float *)c + at;
+    *p = beta != 0 ? __builtin_fmaf(beta, *p, x) : x;
+  }
+}
+
 /* C[i0:i1, j0:j1] of one GEMM (canonical: unit column stride in C, or a
  * strided C updated through the tile buffer), single-threaded. */
-static void gemm_block(const cg_gemm *g, rt_view a, rt_view b, float *c, int64_t i0, int64_t i1,
+static void gemm_block(const rt_sgemm_job *j, rt_view a, rt_view b, void *c, int64_t i0, int64_t i1,
                        int64_t j0, int64_t j1, float *scratch) {
-  float *ap = scratch, *bp = scratch + a_floats(g), *tile = bp + b_floats(g);
+  const cg_gemm *g = j->g;
+  const sg_kernel *kr = j->kr;
+  const int MR = kr->mr, NR = kr->nr;
+  sg_pack_a_fn *pack_a = kr->pack_a[j->ab_bf16];
+  sg_pack_b_fn *pack_b = kr->pack_b[j->ab_bf16];
+  sg_kernel_fn *kernel = kr->kernel;
+  float *ap = scratch, *bp = ap + a_floats(g, MR), *tile = bp + b_floats(g, NR);
+  float *acc = tile + round_up(MR * NR, 16);
   int64_t crs = g->c.row_stride, ccs = g->c.col_stride;
-  float alpha = (float)g->alpha;
-  int64_t kcb = kc_of(g), ncb = nb_of(g);
-  for (int64_t ib = i0; ib < i1; ib += MB) {
-    int64_t mb = min64(MB, i1 - ib);
+  float alpha = (float)g->alpha, beta0 = (float)g->beta;
+  int64_t mcb = mb_of(MR), kcb = kc_of(g), ncb = nb_of(g, NR);
+  for (int64_t ib = i0; ib < i1; ib += mcb) {
+    int64_t mb = min64(mcb, i1 - ib);
+    if (j->c_bf16 && g->k > kcb) {
+      /* bf16 C over several depth blocks: the f32 sums of one mb x nb block
+       * stay in acc until the last depth block, then one rounding into C
+       * (a bf16 C in between would round every block) */
+      int64_t ld = acc_ld(g, NR);
+      for (int64_t jb = j0; jb < j1; jb += ncb) {
+        int64_t nb = min64(ncb, j1 - jb);
+        for (int64_t pb = 0; pb < g->k; pb += kcb) {
+          int64_t kc = min64(kcb, g->k - pb);
+          pack_a(a, ib, mb, pb, kc, ap);
+          pack_b(b, pb, kc, jb, nb, bp);
+          for (int64_t ir = 0; ir < mb; ir += MR)
+            for (int64_t jr = 0; jr < nb; jr += NR)
+              kernel(kc, ap + ir * kc, bp + jr * kc, acc + ir * ld + jr, ld,
+                     (int)min64(MR, mb - ir), (int)min64(NR, nb - jr), 1.0f, pb == 0 ? 0.0f : 1.0f);
+        }
+        for (int64_t r = 0; r < mb; r++)
+          for (int64_t q = 0; q < nb; q++)
+            update(c, true, (ib + r) * crs + (jb + q) * ccs, alpha * acc[r * ld + q], beta0);
+      }
+      continue;
+    }
     for (int64_t pb = 0; pb < g->k; pb += kcb) {
       int64_t kc = min64(kcb, g->k - pb);
-      float beta = pb == 0 ? (float)g->beta : 1.0f;
+      float beta = pb == 0 ? beta0 : 1.0f;
       pack_a(a, ib, mb, pb, kc, ap);
       for (int64_t jb = j0; jb < j1; jb += ncb) {
         int64_t nb = min64(ncb, j1 - jb);
@@ -321,18 +691,17 @@ static void gemm_block(const cg_gemm *g, rt_view a, rt_view b, float *c, int64_t
           const float *apanel = ap + ir * kc;
           for (int64_t jr = 0; jr < nb; jr += NR) {
             int nr = (int)min64(NR, nb - jr);
-            float *ct = c + (ib + ir) * crs + (jb + jr) * ccs;
-            if (ccs == 1) {
-              kernel(kc, apanel, bp + jr * kc, ct, crs, mr, nr, alpha, beta);
+            int64_t at = (ib + ir) * crs + (jb + jr) * ccs;
+            if (ccs == 1 && !j->c_bf16) {
+              kernel(kc, apanel, bp + jr * kc, (float *)c + at, crs, mr, nr, alpha, beta);
               continue;
             }
-            /* strided C: the tile in a buffer, then the update element-wise */
+            /* strided or bf16 C: the tile in a buffer, then the update
+             * element-wise (the same operations as in the kernel) */
             kernel(kc, apanel, bp + jr * kc, tile, NR, mr, nr, 1.0f, 0.0f);
             for (int r = 0; r < mr; r++)
-              for (int j = 0; j < nr; j++) {
-                float *cj = ct + r * crs + j * ccs, x = alpha * tile[r * NR + j];
-                *cj = beta != 0 ? __builtin_fmaf(beta, *cj, x) : x;
-              }
+              for (int q = 0; q < nr; q++)
+                update(c, j->c_bf16, at + r * crs + q * ccs, alpha * tile[r * NR + q], beta);
           }
         }
       }
@@ -340,32 +709,26 @@ static void gemm_block(const cg_gemm *g, rt_view a, rt_view b, float *c, int64_t
   }
 }
 
-typedef struct {
-  const cg_gemm *g; /* canonical */
-  const float *a, *b;
-  float *c;
-  float *scratch;
-  int64_t per_thread;
-  bool split_m;  /* chunks are MR-row panels (else NR-column panels) */
-  bool batches;  /* chunks are whole batches */
-  int64_t batch; /* the batch the panels belong to (when !batches) */
-} rt_sgemm_job;
-
 static void run_batch(const rt_sgemm_job *j, int64_t bb, int64_t i0, int64_t i1, int64_t j0,
                       int64_t j1, float *scratch) {
   const cg_gemm *g = j->g;
   int64_t b0 = bb / g->batch[1], b1 = bb % g->batch[1];
-  rt_view a = {j->a + g->a.offset + b0 * g->a.batch_stride[0] + b1 * g->a.batch_stride[1],
+  int64_t sab = j->ab_bf16 ? 2 : 4, sc = j->c_bf16 ? 2 : 4;
+  rt_view a = {(const char *)j->a +
+                   sab * (g->a.offset + b0 * g->a.batch_stride[0] + b1 * g->a.batch_stride[1]),
                g->a.row_stride, g->a.col_stride};
-  rt_view b = {j->b + g->b.offset + b0 * g->b.batch_stride[0] + b1 * g->b.batch_stride[1],
+  rt_view b = {(const char *)j->b +
+                   sab * (g->b.offset + b0 * g->b.batch_stride[0] + b1 * g->b.batch_stride[1]),
                g->b.row_stride, g->b.col_stride};
-  float *c = j->c + g->c.offset + b0 * g->c.batch_stride[0] + b1 * g->c.batch_stride[1];
-  gemm_block(g, a, b, c, i0, i1, j0, j1, scratch);
+  char *c =
+      (char *)j->c + sc * (g->c.offset + b0 * g->c.batch_stride[0] + b1 * g->c.batch_stride[1]);
+  gemm_block(j, a, b, c, i0, i1, j0, j1, scratch);
 }
 
 static void run_chunk(void *arg, int64_t begin, int64_t end, int chunk) {
   const rt_sgemm_job *j = arg;
   const cg_gemm *g = j->g;
+  int64_t MR = j->kr->mr, NR = j->kr->nr;
   float *scratch = j->scratch + chunk * j->per_thread;
   if (j->batches)
     for (int64_t bb = begin; bb < end; bb++) run_batch(j, bb, 0, g->m, 0, g->n, scratch);
@@ -375,20 +738,24 @@ static void run_chunk(void *arg, int64_t begin, int64_t end, int chunk) {
     run_batch(j, j->batch, 0, g->m, begin * NR, min64(end * NR, g->n), scratch);
 }
 
-void rt_sgemm(rt_pool *pool, const cg_gemm *g0, const float *a, const float *b, float *c,
-              float *scratch, int64_t per_thread) {
+void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g0, rt_sgemm_kernel kernel, dsc_dtype ab,
+                    dsc_dtype cdt, const void *a, const void *b, void *c, float *scratch,
+                    int64_t per_thread) {
   cg_gemm g = canonical(g0);
   if (c_transposed(g0)) {
-    const float *t = a; /* C^T = B^T A^T: the operands trade places */
+    const void *t = a; /* C^T = B^T A^T: the operands trade places */
     a = b;
     b = t;
   }
-  rt_sgemm_job j = {&g, a, b, c, scratch, per_thread, g.m >= g.n, false, 0};
+  const sg_kernel *kr = &kernels[kernel];
+  int64_t MR = kr->mr, NR = kr->nr;
+  rt_sgemm_job j = {&g, kr,      ab == DSC_BF16, cdt == DSC_BF16, a,     b,
+                    c,  scratch, per_thread,     g.m >= g.n,      false, 0};
   int threads = rt_pool_threads(pool);
   int64_t nbatch = g.batch[0] * g.batch[1];
   /* Whole batches per thread when they split evenly or are many (the
    * attention heads); else each batch split over the threads. Every choice
-   * depends on the shape only. */
+   * depends on the shape (and the kernel) only. */
   if (nbatch > 1 && threads > 1 && (nbatch % threads == 0 || nbatch >= 4 * threads)) {
     j.batches = true;
     rt_pool_parallel_for(pool, nbatch, 1, run_chunk, &j);
@@ -402,9 +769,29 @@ void rt_sgemm(rt_pool *pool, const cg_gemm *g0, const float *a, const float *b, 
     rt_pool_parallel_for(pool, units, min_units, run_chunk, &j);
 }
 
+void rt_sgemm(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, float *c,
+              float *scratch, int64_t per_thread) {
+  rt_sgemm_typed(pool, g, rt_sgemm_kernel_for(cg_cpu_isa_get(), DSC_F32, false), DSC_F32, DSC_F32,
+                 a, b, c, scratch, per_thread);
+}
+
 #else /* not x86-64 */
 
+bool rt_sgemm_isa_supported(cg_cpu_isa isa) { return (void)isa, false; }
 bool rt_sgemm_supported(void) { return false; }
+
+rt_sgemm_kernel rt_sgemm_kernel_for(cg_cpu_isa isa, dsc_dtype ab, bool dpbf16) {
+  return (void)isa, (void)ab, (void)dpbf16, RT_SGEMM_AVX2;
+}
+
+const char *rt_sgemm_kernel_name(rt_sgemm_kernel k) { return (void)k, "none"; }
+
+void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g, rt_sgemm_kernel kernel, dsc_dtype ab,
+                    dsc_dtype cdt, const void *a, const void *b, void *c, float *scratch,
+                    int64_t per_thread) {
+  (void)pool, (void)g, (void)kernel, (void)ab, (void)cdt, (void)a, (void)b, (void)c, (void)scratch;
+  (void)per_thread;
+}
 
 void rt_sgemm(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, float *c,
               float *scratch, int64_t per_thread) {

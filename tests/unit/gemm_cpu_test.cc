@@ -1,7 +1,14 @@
-// dsc's packed f32 GEMM (runtime/sgemm.c) through the CPU GEMM plans
+// dsc's packed GEMM (runtime/sgemm.c) through the CPU GEMM plans
 // (runtime/gemm_cpu.c): every layout of cg_gemm against a double-precision
 // reference, beta == 0 never reading C, and results bitwise independent of
-// the thread count.
+// the thread count, on every kernel (AVX-512, AVX2, forced by DSC_CPU_ISA)
+// and every dtype pair it takes (f32 or bf16 operands, f32 or bf16 C), and
+// for bf16 operands the vdpbf16ps kernel (AVX512-BF16 hosts) next to its
+// converting sibling.
+//
+// The reference is what the interpreter computes for a matmul
+// (ir/interp_ops.c interp_matmul): the operands' values (bf16 decoded
+// exactly) multiplied and summed in double, rounded once into C's dtype.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +17,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <cstdlib>
 
 #include "runtime/runtime.h"
 #include "tests/unit/test_util.h"
@@ -22,6 +31,57 @@ struct Ctx {
   std::string diags() const { return ::diags(ctx); }
 };
 
+// The kernel and dtypes every test runs with (a test parameter).
+struct Mode {
+  cg_cpu_isa isa;
+  dsc_dtype ab, c;
+  bool dpbf16 = false;  // the vdpbf16ps kernel (else bf16 widened to f32)
+};
+const Mode *g_mode = nullptr;  // the running test's
+
+std::string mode_name(const Mode &m) {
+  std::string s = cg_cpu_isa_name(m.isa);
+  s += m.ab == DSC_BF16 ? "_bf16" : "_f32";
+  s += m.c == DSC_BF16 ? "_bf16" : "_f32";
+  return m.dpbf16 ? s + "_dpbf16" : s;
+}
+
+std::string expected_impl(const Mode &m) {
+  if (m.dpbf16) return "dsc:sgemm-avx512-dpbf16";
+  return std::string("dsc:sgemm-") + cg_cpu_isa_name(m.isa) + (m.ab == DSC_BF16 ? "-bf16" : "");
+}
+
+int mode_flags(const Mode &m) { return m.dpbf16 ? RT_GEMM_DPBF16 : 0; }
+
+bool host_has(const Mode &m) {
+  __builtin_cpu_init();
+  return cg_cpu_isa_host() >= m.isa && (!m.dpbf16 || __builtin_cpu_supports("avx512bf16"));
+}
+
+// Sets DSC_CPU_ISA for the test's plans and restores it after.
+class IsaEnv {
+ public:
+  explicit IsaEnv(const char *isa) {
+    const char *old = getenv("DSC_CPU_ISA");
+    had_ = old != nullptr;
+    if (old) old_ = old;
+    if (isa)
+      setenv("DSC_CPU_ISA", isa, 1);
+    else
+      unsetenv("DSC_CPU_ISA");
+  }
+  ~IsaEnv() {
+    if (had_)
+      setenv("DSC_CPU_ISA", old_.c_str(), 1);
+    else
+      unsetenv("DSC_CPU_ISA");
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
 // How one operand is laid out: row-major, transposed (unit row stride) or
 // fully strided (no unit stride: every element `gap` apart), with padding
 // between rows/matrices, an offset, and batch dims it broadcasts over.
@@ -32,13 +92,25 @@ struct Layout {
   bool bcast[2] = {false, false};
 };
 
+// data: every element's value; for a bf16 operand h holds its bits (what
+// the GEMM reads and writes) and data the values they decode to.
 struct Operand {
   cg_matrix m{};
+  dsc_dtype dt = DSC_F32;
   std::vector<float> data;
+  std::vector<uint16_t> h;
+  void *ptr() { return dt == DSC_BF16 ? (void *)h.data() : (void *)data.data(); }
+  float value(size_t i) const { return dt == DSC_BF16 ? (float)ir_bf16_value(h[i]) : data[i]; }
+  // bitwise equality of element i with o's
+  bool same(const Operand &o, size_t i) const {
+    if (dt == DSC_BF16) return h[i] == o.h[i];
+    return std::memcmp(&data[i], &o.data[i], sizeof(float)) == 0;
+  }
+  size_t size() const { return data.size(); }
 };
 
 Operand make(std::mt19937 &rng, int64_t b0, int64_t b1, int64_t rows, int64_t cols, const Layout &l,
-             float fill_nan = 0) {
+             float fill_nan = 0, dsc_dtype dt = DSC_F32) {
   Operand o;
   int64_t mat;
   switch (l.kind) {
@@ -64,13 +136,25 @@ Operand make(std::mt19937 &rng, int64_t b0, int64_t b1, int64_t rows, int64_t co
   o.data.resize(l.offset + mat * b0 * b1 + 5);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (auto &x : o.data) x = fill_nan != 0 ? std::numeric_limits<float>::quiet_NaN() : u(rng);
+  o.dt = dt;
+  if (dt == DSC_BF16) {
+    o.h.resize(o.data.size());
+    for (size_t i = 0; i < o.data.size(); i++) {
+      o.h[i] = ir_bf16_bits(o.data[i]);
+      o.data[i] = (float)ir_bf16_value(o.h[i]);
+    }
+  }
   return o;
 }
 
-double at(const Operand &o, int64_t b0, int64_t b1, int64_t r, int64_t c) {
+int64_t index(const Operand &o, int64_t b0, int64_t b1, int64_t r, int64_t c) {
   const cg_matrix &m = o.m;
-  return o.data[m.offset + b0 * m.batch_stride[0] + b1 * m.batch_stride[1] + r * m.row_stride +
-                c * m.col_stride];
+  return m.offset + b0 * m.batch_stride[0] + b1 * m.batch_stride[1] + r * m.row_stride +
+         c * m.col_stride;
+}
+
+double at(const Operand &o, int64_t b0, int64_t b1, int64_t r, int64_t c) {
+  return o.value(index(o, b0, b1, r, c));
 }
 
 struct Case {
@@ -90,10 +174,11 @@ struct Prepared {
 
 void prepare(Prepared &p, rt_gemm_engine *e, Ctx &c) {
   const Case &cs = p.cs;
+  const Mode &mode = *g_mode;
   std::mt19937 rng(99 + (unsigned)(cs.m * 131 + cs.n * 17 + cs.k));
-  p.a = make(rng, cs.b0, cs.b1, cs.m, cs.k, cs.la);
-  p.b = make(rng, cs.b0, cs.b1, cs.k, cs.n, cs.lb);
-  p.c = make(rng, cs.b0, cs.b1, cs.m, cs.n, cs.lc, cs.nan_c ? 1.f : 0.f);
+  p.a = make(rng, cs.b0, cs.b1, cs.m, cs.k, cs.la, 0, mode.ab);
+  p.b = make(rng, cs.b0, cs.b1, cs.k, cs.n, cs.lb, 0, mode.ab);
+  p.c = make(rng, cs.b0, cs.b1, cs.m, cs.n, cs.lc, cs.nan_c ? 1.f : 0.f, mode.c);
   p.c0 = p.c;
   p.g.batch[0] = cs.b0;
   p.g.batch[1] = cs.b1;
@@ -108,15 +193,23 @@ void prepare(Prepared &p, rt_gemm_engine *e, Ctx &c) {
   ASSERT_LE(cg_gemm_extent(&p.g, 0), (int64_t)p.a.data.size());
   ASSERT_LE(cg_gemm_extent(&p.g, 1), (int64_t)p.b.data.size());
   ASSERT_LE(cg_gemm_extent(&p.g, 2), (int64_t)p.c.data.size());
-  p.plan = rt_gemm_plan_new(e, &p.g, DSC_F32, DSC_F32, 0);
+  p.plan = rt_gemm_plan_new(e, &p.g, mode.ab, mode.c, mode_flags(mode));
   ASSERT_NE(p.plan, nullptr) << c.diags();
-  EXPECT_STREQ(rt_gemm_plan_impl(p.plan), "dsc:sgemm-avx512");
+  EXPECT_EQ(rt_gemm_plan_impl(p.plan), expected_impl(mode));
+}
+
+bool run(Prepared &p, char *err, size_t errlen) {
+  return rt_gemm_run(p.plan, p.a.ptr(), p.b.ptr(), p.c.ptr(), err, errlen);
 }
 
 // Every element against a double reference. Tolerance: the classic bound
 // for a length-k f32 dot product plus the alpha/beta update,
 // |err| <= (k + 4) * 2^-23 * (|alpha| sum_p |a_ip b_pj| + |beta c_ij|),
-// i.e. proportional to the magnitudes involved, never absolute.
+// i.e. proportional to the magnitudes involved, never absolute. bf16
+// operands take the same bound (their products are exact in f32; only the
+// f32 sums round; vdpbf16ps rounds each of its two adds as an FMA, so the
+// same bound holds for it, in another order of k). A bf16 C adds its one rounding to nearest even
+// of the f32 result y (|y - ref| <= e, the bound above): 2^-8 |y| <= 2^-8 (|ref| + e).
 void check(const Prepared &p) {
   const Case &cs = p.cs;
   double worst = 0;
@@ -138,26 +231,52 @@ void check(const Prepared &p) {
           double got = at(p.c, i0, i1, i, j);
           ASSERT_TRUE(std::isfinite(got)) << cs.name << " at " << i << "," << j;
           double tol = (double)(cs.k + 4) * std::ldexp(1.0, -23) * bound;
+          if (p.c.dt == DSC_BF16) tol += std::ldexp(1.0, -8) * (std::fabs(ref) + tol);
           ASSERT_LE(std::fabs(got - ref), tol)
               << cs.name << " at (" << i0 << "," << i1 << "," << i << "," << j << ")";
           if (bound > 0) worst = std::max(worst, std::fabs(got - ref) / bound);
         }
   // Elements outside the view (padding, gaps, offsets) are untouched.
-  std::vector<bool> in_view(p.c.data.size(), false);
+  std::vector<bool> in_view(p.c.size(), false);
   for (int64_t i0 = 0; i0 < cs.b0; i0++)
     for (int64_t i1 = 0; i1 < cs.b1; i1++)
       for (int64_t i = 0; i < cs.m; i++)
         for (int64_t j = 0; j < cs.n; j++)
           in_view[p.c.m.offset + i0 * p.c.m.batch_stride[0] + i1 * p.c.m.batch_stride[1] +
                   i * p.c.m.row_stride + j * p.c.m.col_stride] = true;
-  for (size_t i = 0; i < p.c.data.size(); i++)
-    if (!in_view[i]) {
-      float x = p.c.data[i], y = p.c0.data[i];
-      ASSERT_EQ(std::memcmp(&x, &y, sizeof x), 0) << cs.name << " wrote outside C at " << i;
-    }
+  for (size_t i = 0; i < p.c.size(); i++) {
+    if (in_view[i]) continue;
+    ASSERT_TRUE(p.c.same(p.c0, i)) << cs.name << " wrote outside C at " << i;
+  }
 }
 
-bool supported() { return rt_sgemm_supported(); }
+// One test per mode: skipped only where the host lacks the mode's ISA.
+class Sgemm : public ::testing::TestWithParam<Mode> {
+ protected:
+  void SetUp() override {
+    const Mode &m = GetParam();
+    if (!host_has(m)) GTEST_SKIP() << "this host has no " << mode_name(m);
+    env_ = new IsaEnv(cg_cpu_isa_name(m.isa));
+    g_mode = &m;
+  }
+  void TearDown() override {
+    delete env_;
+    g_mode = nullptr;
+  }
+  IsaEnv *env_ = nullptr;
+};
+
+const Mode kModes[] = {
+    {CG_ISA_AVX512, DSC_F32, DSC_F32},        {CG_ISA_AVX512, DSC_BF16, DSC_F32},
+    {CG_ISA_AVX512, DSC_BF16, DSC_BF16},      {CG_ISA_AVX512, DSC_F32, DSC_BF16},
+    {CG_ISA_AVX2, DSC_F32, DSC_F32},          {CG_ISA_AVX2, DSC_BF16, DSC_F32},
+    {CG_ISA_AVX2, DSC_BF16, DSC_BF16},        {CG_ISA_AVX2, DSC_F32, DSC_BF16},
+    {CG_ISA_AVX512, DSC_BF16, DSC_F32, true}, {CG_ISA_AVX512, DSC_BF16, DSC_BF16, true},
+};
+INSTANTIATE_TEST_SUITE_P(Kernels, Sgemm, ::testing::ValuesIn(kModes),
+                         [](const ::testing::TestParamInfo<Mode> &i) {
+                           return mode_name(i.param);
+                         });
 
 std::vector<Case> layout_cases() {
   std::vector<Case> v;
@@ -207,9 +326,7 @@ void run_cases(std::vector<Case> cases, int threads) {
   }
   char err[256] = "";
   for (Prepared &p : ps) {
-    ASSERT_TRUE(
-        rt_gemm_run(p.plan, p.a.data.data(), p.b.data.data(), p.c.data.data(), err, sizeof err))
-        << err;
+    ASSERT_TRUE(run(p, err, sizeof err)) << err;
     check(p);
     rt_gemm_plan_free(p.plan);
   }
@@ -217,13 +334,9 @@ void run_cases(std::vector<Case> cases, int threads) {
   rt_pool_free(pool);
 }
 
-TEST(Sgemm, EveryTranspositionAndStrideMatchesDoubleReference) {
-  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
-  run_cases(layout_cases(), 2);
-}
+TEST_P(Sgemm, EveryTranspositionAndStrideMatchesDoubleReference) { run_cases(layout_cases(), 2); }
 
-TEST(Sgemm, LargeOddShapeAcrossRowBlocks) {
-  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+TEST_P(Sgemm, LargeOddShapeAcrossRowBlocks) {
   std::vector<Case> v;
   Case big;
   big.name = "300x70x1000";
@@ -237,8 +350,7 @@ TEST(Sgemm, LargeOddShapeAcrossRowBlocks) {
   run_cases(v, 2);
 }
 
-TEST(Sgemm, AlphaBetaAndNaNFilledCWithBetaZero) {
-  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+TEST_P(Sgemm, AlphaBetaAndNaNFilledCWithBetaZero) {
   std::vector<Case> v;
   for (Kind kc : {Kind::Rows, Kind::Cols, Kind::Strided}) {
     Case ab;
@@ -255,8 +367,7 @@ TEST(Sgemm, AlphaBetaAndNaNFilledCWithBetaZero) {
   run_cases(v, 2);
 }
 
-TEST(Sgemm, BatchedWithBroadcastOperands) {
-  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+TEST_P(Sgemm, BatchedWithBroadcastOperands) {
   std::vector<Case> v;
   Case bc;
   bc.name = "2x3 batches, A broadcast over dim 1";
@@ -285,8 +396,7 @@ TEST(Sgemm, BatchedWithBroadcastOperands) {
 // The transposed-B packing (16 x 16 register transposes of B^T's rows) at
 // its edges: a 16-column panel, a panel of 15, depths off 16 and across the
 // depth block, odd leading dimensions and offsets, C both ways.
-TEST(Sgemm, TransposedBPackingEdges) {
-  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+TEST_P(Sgemm, TransposedBPackingEdges) {
   struct Size {
     int64_t m, n, k;
   };
@@ -312,8 +422,7 @@ TEST(Sgemm, TransposedBPackingEdges) {
 // The same GEMM on 1, 2 and 3 threads (and on the pthread team as well as
 // the default one) gives the same bits: threads split M or N (or batches),
 // never K.
-TEST(Sgemm, BitwiseIdenticalForAnyThreadCount) {
-  if (!supported()) GTEST_SKIP() << "no AVX-512 on this host";
+TEST_P(Sgemm, BitwiseIdenticalForAnyThreadCount) {
   std::vector<Case> v;
   Case wide;
   wide.name = "wide 64x900x800 (split N)";
@@ -341,7 +450,7 @@ TEST(Sgemm, BitwiseIdenticalForAnyThreadCount) {
   three.b0 = 1, three.b1 = 3, three.m = 200, three.n = 200, three.k = 100;
   v.push_back(three);
   for (const Case &cs : v) {
-    std::vector<float> first;
+    Operand first;
     for (int team : {1, 2, 3, -2}) {  // negative: a pthread team of -team
       int threads = team < 0 ? -team : team;
       Ctx c;
@@ -354,16 +463,15 @@ TEST(Sgemm, BitwiseIdenticalForAnyThreadCount) {
       if (::testing::Test::HasFatalFailure()) return;
       char err[256] = "";
       for (int rep = 0; rep < 2; rep++) {  // and the same bits run after run
-        p.c.data = p.c0.data;
-        ASSERT_TRUE(
-            rt_gemm_run(p.plan, p.a.data.data(), p.b.data.data(), p.c.data.data(), err, sizeof err))
-            << err;
-        if (first.empty()) {
+        p.c = p.c0;
+        ASSERT_TRUE(run(p, err, sizeof err)) << err;
+        if (first.size() == 0) {
           check(p);
-          first = p.c.data;
+          first = p.c;
         } else {
-          ASSERT_EQ(std::memcmp(first.data(), p.c.data.data(), first.size() * sizeof(float)), 0)
-              << cs.name << ": " << threads << " threads, run " << rep;
+          for (size_t i = 0; i < first.size(); i++)
+            ASSERT_TRUE(first.same(p.c, i))
+                << cs.name << ": " << threads << " threads, run " << rep << ", element " << i;
         }
       }
       rt_gemm_plan_free(p.plan);
@@ -373,8 +481,100 @@ TEST(Sgemm, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
-// Other dtypes and the NO_LIBRARY flag keep their paths.
-TEST(Sgemm, OnlyF32PlansUseIt) {
+// k = 1 and wide: one product per element, one depth step per tile.
+TEST_P(Sgemm, DepthOne) {
+  std::vector<Case> v;
+  for (Kind kb : {Kind::Rows, Kind::Cols}) {
+    Case cs;
+    cs.name = kb == Kind::Rows ? "70x90x1" : "70x90x1 B^T";
+    cs.m = 70, cs.n = 90, cs.k = 1;
+    cs.lb.kind = kb;
+    cs.alpha = 0.5, cs.beta = 2;
+    v.push_back(cs);
+  }
+  run_cases(v, 3);
+}
+
+// A bf16 C gets the interpreter's rounding bit for bit: with k = 1,
+// alpha = 1 and beta = 0 each element is one product of two bf16, exact in
+// f32, so the GEMM's only rounding is the f32 -> bf16 one, which must give
+// ir_bf16_bits of the exact product (ties to even, overflow to infinity,
+// NaN stays NaN).
+void bf16_rounding(const Mode &mode) {
+  Ctx c;
+  rt_pool *pool = rt_pool_new(c.ctx, 2);
+  rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
+  ASSERT_NE(e, nullptr) << c.diags();
+  const int64_t M = 37, N = 300;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> mant(-2, 2);
+  std::uniform_int_distribution<int> ex(-40, 40);
+  auto value = [&]() { return std::ldexp(mant(rng), ex(rng)); };
+  std::vector<double> av(M), bv(N);
+  for (auto &x : av) x = mode.ab == DSC_BF16 ? ir_bf16_value(ir_bf16_bits(value())) : value();
+  for (auto &x : bv) x = mode.ab == DSC_BF16 ? ir_bf16_value(ir_bf16_bits(value())) : value();
+  av[0] = std::ldexp(1.5, 100), bv[0] = std::ldexp(1.25, 100);  // overflows to infinity
+  av[1] = std::numeric_limits<double>::quiet_NaN();
+  std::vector<float> af(av.begin(), av.end()), bfl(bv.begin(), bv.end());
+  std::vector<uint16_t> ah(M), bh(N), out(M * N, 0x1234);
+  for (int64_t i = 0; i < M; i++) ah[i] = ir_bf16_bits(av[i]);
+  for (int64_t j = 0; j < N; j++) bh[j] = ir_bf16_bits(bv[j]);
+  cg_gemm g{};
+  g.batch[0] = g.batch[1] = 1;
+  g.m = M, g.n = N, g.k = 1;
+  g.a.row_stride = 1, g.a.col_stride = 1;
+  g.b.row_stride = N, g.b.col_stride = 1;
+  g.c.row_stride = N, g.c.col_stride = 1;
+  g.alpha = 1;
+  rt_gemm_plan *pl = rt_gemm_plan_new(e, &g, mode.ab, DSC_BF16, mode_flags(mode));
+  ASSERT_NE(pl, nullptr) << c.diags();
+  EXPECT_EQ(rt_gemm_plan_impl(pl), expected_impl(mode));
+  char err[256] = "";
+  bool bf = mode.ab == DSC_BF16;
+  ASSERT_TRUE(rt_gemm_run(pl, bf ? (void *)ah.data() : (void *)af.data(),
+                          bf ? (void *)bh.data() : (void *)bfl.data(), out.data(), err, sizeof err))
+      << err;
+  int ties = 0;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double exact = (double)(float)av[i] * (double)(float)bv[j];
+      // an f32 operand's product may round in f32 first: compare with the
+      // f32 product there (still one rounding of the value the GEMM has)
+      if (!bf) exact = (double)((float)av[i] * (float)bv[j]);
+      uint16_t want = ir_bf16_bits(exact), got = out[i * N + j];
+      if (std::isnan(exact)) {
+        EXPECT_TRUE(std::isnan(ir_bf16_value(got))) << i << "," << j;
+        continue;
+      }
+      float ef = (float)exact;
+      uint32_t u;
+      std::memcpy(&u, &ef, sizeof u);
+      if ((u & 0xffff) == 0x8000) ties++;
+      ASSERT_EQ(got, want) << "(" << i << "," << j << "): " << exact;
+    }
+  if (bf) {
+    EXPECT_GT(ties, 10) << "the inputs should exercise ties";
+  }
+  rt_gemm_plan_free(pl);
+  rt_gemm_engine_free(e);
+  rt_pool_free(pool);
+}
+
+TEST(SgemmBf16, OutputRoundsAsTheInterpreter) {
+  int ran = 0;
+  for (const Mode &m : kModes) {
+    if (m.c != DSC_BF16 || !host_has(m)) continue;
+    IsaEnv env(cg_cpu_isa_name(m.isa));
+    SCOPED_TRACE(mode_name(m));
+    bf16_rounding(m);
+    ran++;
+  }
+  if (ran == 0) GTEST_SKIP() << "this host has no AVX2";
+}
+
+// Other dtypes, the NO_LIBRARY flag and a baseline DSC_CPU_ISA keep their
+// paths; f32 and bf16 name the kernel of the ISA.
+TEST(SgemmPlan, OnlyF32AndBf16PlansOnAvx2OrBetterUseIt) {
   Ctx c;
   rt_pool *pool = rt_pool_new(c.ctx, 1);
   rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
@@ -385,18 +585,55 @@ TEST(Sgemm, OnlyF32PlansUseIt) {
   g.a.row_stride = g.b.row_stride = g.c.row_stride = 4;
   g.a.col_stride = g.b.col_stride = g.c.col_stride = 1;
   g.alpha = 1;
-  rt_gemm_plan *f32 = rt_gemm_plan_new(e, &g, DSC_F32, DSC_F32, 0);
-  rt_gemm_plan *f64 = rt_gemm_plan_new(e, &g, DSC_F64, DSC_F64, 0);
-  rt_gemm_plan *loop = rt_gemm_plan_new(e, &g, DSC_F32, DSC_F32, RT_GEMM_NO_LIBRARY);
-  ASSERT_TRUE(f32 && f64 && loop) << c.diags();
-  EXPECT_EQ(std::string(rt_gemm_plan_impl(f32)) == "dsc:sgemm-avx512", rt_sgemm_supported());
-  EXPECT_STRNE(rt_gemm_plan_impl(f64), "dsc:sgemm-avx512");
-  EXPECT_STREQ(rt_gemm_plan_impl(loop), "loop");
-  rt_gemm_plan_free(f32);
-  rt_gemm_plan_free(f64);
-  rt_gemm_plan_free(loop);
+  for (int isa = CG_ISA_BASELINE; isa <= (int)cg_cpu_isa_host(); isa++) {
+    IsaEnv env(cg_cpu_isa_name((cg_cpu_isa)isa));
+    std::string name = cg_cpu_isa_name((cg_cpu_isa)isa);
+    rt_gemm_plan *f32 = rt_gemm_plan_new(e, &g, DSC_F32, DSC_F32, 0);
+    rt_gemm_plan *bf16 = rt_gemm_plan_new(e, &g, DSC_BF16, DSC_BF16, 0);
+    rt_gemm_plan *f64 = rt_gemm_plan_new(e, &g, DSC_F64, DSC_F64, 0);
+    rt_gemm_plan *f16 = rt_gemm_plan_new(e, &g, DSC_F16, DSC_F32, 0);
+    rt_gemm_plan *loop = rt_gemm_plan_new(e, &g, DSC_F32, DSC_F32, RT_GEMM_NO_LIBRARY);
+    ASSERT_TRUE(f32 && bf16 && f64 && f16 && loop) << c.diags();
+    EXPECT_EQ(rt_sgemm_supported(), isa >= CG_ISA_AVX2) << name;
+    if (isa >= CG_ISA_AVX2) {
+      EXPECT_EQ(std::string(rt_gemm_plan_impl(f32)), "dsc:sgemm-" + name);
+      __builtin_cpu_init();
+      bool dp = isa == CG_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+      EXPECT_EQ(std::string(rt_gemm_plan_impl(bf16)), "dsc:sgemm-" + name + "-bf16");
+      rt_gemm_plan *opt = rt_gemm_plan_new(e, &g, DSC_BF16, DSC_BF16, RT_GEMM_DPBF16);
+      ASSERT_NE(opt, nullptr) << c.diags();
+      EXPECT_EQ(std::string(rt_gemm_plan_impl(opt)),
+                dp ? "dsc:sgemm-avx512-dpbf16" : "dsc:sgemm-" + name + "-bf16");
+      rt_gemm_plan_free(opt);
+    } else {
+      EXPECT_NE(std::string(rt_gemm_plan_impl(f32)).rfind("dsc:", 0), 0u) << name;
+      EXPECT_NE(std::string(rt_gemm_plan_impl(bf16)).rfind("dsc:", 0), 0u) << name;
+    }
+    EXPECT_NE(std::string(rt_gemm_plan_impl(f64)).rfind("dsc:", 0), 0u) << name;
+    EXPECT_NE(std::string(rt_gemm_plan_impl(f16)).rfind("dsc:", 0), 0u) << name;
+    EXPECT_STREQ(rt_gemm_plan_impl(loop), "loop");
+    for (rt_gemm_plan *p : {f32, bf16, f64, f16, loop}) rt_gemm_plan_free(p);
+  }
   rt_gemm_engine_free(e);
   rt_pool_free(pool);
+}
+
+// The scratch a plan reserves holds for either kernel (the memory plan
+// calls rt_sgemm_scratch_floats without knowing the ISA or the dtypes).
+TEST(SgemmPlan, ScratchCoversEveryKernel) {
+  cg_gemm g{};
+  g.batch[0] = g.batch[1] = 1;
+  g.m = 256, g.n = 3072, g.k = 768;
+  g.a.row_stride = 768, g.a.col_stride = 1;
+  g.b.row_stride = 3072, g.b.col_stride = 1;
+  g.c.row_stride = 3072, g.c.col_stride = 1;
+  // AVX-512: A 264 (256 in panels of 12) x 384 + B 320 x 384 + a 12 x 32
+  // tile + the bf16-C sums of 264 x 320 (K = 768 spans two depth blocks);
+  // AVX2 (A 258 x 384, sums 258 x 320) needs less.
+  int64_t avx512 = 264 * 384 + 320 * 384 + 12 * 32 + 264 * 320;
+  EXPECT_EQ(rt_sgemm_scratch_floats(&g), avx512);
+  g.k = 300;  // one depth block: no sums kept
+  EXPECT_EQ(rt_sgemm_scratch_floats(&g), 264 * 300 + 320 * 300 + 12 * 32);
 }
 
 }  // namespace
