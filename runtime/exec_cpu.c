@@ -394,6 +394,40 @@ static void store_float(char *base, dsc_dtype dt, int64_t i, double v) {
   cg_store_elem(dt, base + i * (int64_t)dsc_dtype_size(dt), v);
 }
 
+/* bf16 <-> f32 as program/elem.c: widening is exact; narrowing rounds to
+ * nearest even (NaN -> sign | 0x7fc0), the bits of cg_store_elem. */
+static inline float f32_of_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline uint16_t bf16_of_f32(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* One row of the accumulation: a bf16 or f32 src into an f32 dst, or a
+ * bf16 src into a bf16 dst; each add in f32, then rounded into dst's dtype.
+ * That is the reference's double add rounded once: two bf16 values sum
+ * exactly in f32 unless their exponents are over 16 apart, and then the
+ * f32 rounding stays far from a bf16 halfway point. (An f32 src into a bf16
+ * dst could round twice: it takes the generic path.) */
+static void embgrad_row_f32_bf16(char *dst, bool dst_bf16, const char *src, bool src_bf16,
+                                 int64_t begin, int64_t end) {
+  for (int64_t c = begin; c < end; c++) {
+    float sv = src_bf16 ? f32_of_bf16(((const uint16_t *)src)[c]) : ((const float *)src)[c];
+    if (dst_bf16) {
+      uint16_t *d = (uint16_t *)dst + c;
+      *d = bf16_of_f32(f32_of_bf16(*d) + sv);
+    } else {
+      ((float *)dst)[c] += sv;
+    }
+  }
+}
+
 static void embgrad_cols(void *arg, int64_t begin, int64_t end, int chunk) {
   embgrad_job *j = arg;
   const cg_instr *in = j->in;
@@ -417,6 +451,11 @@ static void embgrad_cols(void *arg, int64_t begin, int64_t end, int chunk) {
       const double *s = (const double *)j->src + i * in->cols;
       double *d = (double *)j->dst + id * in->cols;
       for (int64_t c = begin; c < end; c++) d[c] += s[c];
+    } else if ((j->src_dt == DSC_BF16 && j->dst_dt == DSC_BF16) ||
+               (j->src_dt == DSC_BF16 && j->dst_dt == DSC_F32)) {
+      size_t ss = dsc_dtype_size(j->src_dt), ds = dsc_dtype_size(j->dst_dt);
+      embgrad_row_f32_bf16(j->dst + (size_t)(id * in->cols) * ds, j->dst_dt == DSC_BF16,
+                           j->src + (size_t)(i * in->cols) * ss, j->src_dt == DSC_BF16, begin, end);
     } else {
       for (int64_t c = begin; c < end; c++) {
         int64_t di = id * in->cols + c;
