@@ -16,13 +16,16 @@
  * AMD Zen) at the same time, so the clock is the all-core one; it is the
  * scalar clock: a core that lowers its clock for wide vectors (AVX-512
  * licences on Skylake-SP / Ice Lake) reads a little below the expected peak.
- * Below 80% of it, a warning names the likely causes.
+ * Below 80% of it, a warning names the likely causes. Clock trials and FMA
+ * trials alternate, so that other load slows both alike: on a shared machine
+ * the measured clock drops below the nominal one, and the expected peak with
+ * it (expected_gflops_nominal is the figure at /proc/cpuinfo's clock).
  *
  *   fma_peak [--threads N] [--trials K] [--ms MS] [--isa avx512|avx2|baseline]
  *
  * --isa defaults to DSC_CPU_ISA when set (dsc's knob to lower its own ISA),
- * else to the widest the CPU has. Prints one JSON line: {"impl":"fma_peak",
- * "isa":..,"threads":..,"gflops":..,"expected_gflops":..,"clock_ghz":..,
+ * else to the widest the CPU has, by dsc's rule (program/cpu_isa.c). Prints one JSON line:
+ * {"impl":"fma_peak", "isa":..,"threads":..,"gflops":..,"expected_gflops":..,"clock_ghz":..,
  * "core":..,...}; the warning also goes to stderr. */
 #define _GNU_SOURCE
 #include <cpuid.h>
@@ -50,17 +53,23 @@ static double now_s(void) {
 
 static float probe(enum isa isa, int64_t iters, float seed) {
   switch (isa) {
-    case ISA_AVX512: return fma_chains_avx512(iters, seed);
-    case ISA_AVX2: return fma_chains_avx2(iters, seed);
-    default: return fma_chains_sse(iters, seed);
+    case ISA_AVX512:
+      return fma_chains_avx512(iters, seed);
+    case ISA_AVX2:
+      return fma_chains_avx2(iters, seed);
+    default:
+      return fma_chains_sse(iters, seed);
   }
 }
 
 static double flops_per_iter(enum isa isa) {
   switch (isa) {
-    case ISA_AVX512: return FMA_CHAINS * 32.0;
-    case ISA_AVX2: return FMA_CHAINS_AVX2 * 16.0;
-    default: return FMA_CHAINS_SSE * 8.0;
+    case ISA_AVX512:
+      return FMA_CHAINS * 32.0;
+    case ISA_AVX2:
+      return FMA_CHAINS_AVX2 * 16.0;
+    default:
+      return FMA_CHAINS_SSE * 8.0;
   }
 }
 
@@ -158,20 +167,63 @@ static void classify(core_info *ci, enum isa isa) {
   if (strcmp(ci->vendor, "GenuineIntel") == 0 && f == 6) {
     double avx512 = 0;
     switch (m) {
-      case 0x55: ci->core = "Intel Skylake-SP/Cascade Lake"; avx512 = 64;
+      case 0x55:
+        ci->core = "Intel Skylake-SP/Cascade Lake";
+        avx512 = 64;
         ci->note = "Xeon Bronze, Silver and some Gold 5xxx have one 512-bit FMA unit: 32";
         break;
-      case 0x6a: case 0x6c: ci->core = "Intel Ice Lake-SP"; avx512 = 64; break;
-      case 0x8f: ci->core = "Intel Sapphire Rapids"; avx512 = 64; break;
-      case 0xcf: ci->core = "Intel Emerald Rapids"; avx512 = 64; break;
-      case 0xad: case 0xae: ci->core = "Intel Granite Rapids"; avx512 = 64; break;
-      case 0x7d: case 0x7e: case 0x8c: case 0x8d: case 0xa7: case 0x66:
-        ci->core = "Intel Ice Lake/Tiger Lake/Rocket Lake client"; avx512 = 32; break;
-      case 0x3c: case 0x3f: case 0x45: case 0x46: ci->core = "Intel Haswell"; break;
-      case 0x3d: case 0x47: case 0x4f: case 0x56: ci->core = "Intel Broadwell"; break;
-      case 0x4e: case 0x5e: case 0x8e: case 0x9e: case 0xa5: case 0xa6:
-        ci->core = "Intel Skylake client (Kaby/Coffee/Comet Lake)"; break;
-      case 0x97: case 0x9a: case 0xb7: case 0xba: case 0xbf:
+      case 0x6a:
+      case 0x6c:
+        ci->core = "Intel Ice Lake-SP";
+        avx512 = 64;
+        break;
+      case 0x8f:
+        ci->core = "Intel Sapphire Rapids";
+        avx512 = 64;
+        break;
+      case 0xcf:
+        ci->core = "Intel Emerald Rapids";
+        avx512 = 64;
+        break;
+      case 0xad:
+      case 0xae:
+        ci->core = "Intel Granite Rapids";
+        avx512 = 64;
+        break;
+      case 0x7d:
+      case 0x7e:
+      case 0x8c:
+      case 0x8d:
+      case 0xa7:
+      case 0x66:
+        ci->core = "Intel Ice Lake/Tiger Lake/Rocket Lake client";
+        avx512 = 32;
+        break;
+      case 0x3c:
+      case 0x3f:
+      case 0x45:
+      case 0x46:
+        ci->core = "Intel Haswell";
+        break;
+      case 0x3d:
+      case 0x47:
+      case 0x4f:
+      case 0x56:
+        ci->core = "Intel Broadwell";
+        break;
+      case 0x4e:
+      case 0x5e:
+      case 0x8e:
+      case 0x9e:
+      case 0xa5:
+      case 0xa6:
+        ci->core = "Intel Skylake client (Kaby/Coffee/Comet Lake)";
+        break;
+      case 0x97:
+      case 0x9a:
+      case 0xb7:
+      case 0xba:
+      case 0xbf:
         ci->core = "Intel Alder/Raptor Lake";
         ci->note = "P-cores; an E-core has half the FMA throughput";
         break;
@@ -185,12 +237,15 @@ static void classify(core_info *ci, enum isa isa) {
   }
   if (strcmp(ci->vendor, "AuthenticAMD") == 0 || strcmp(ci->vendor, "HygonGenuine") == 0) {
     double avx2 = 32, avx512 = 0;
-    if (f == 0x17 && m >= 0x30) ci->core = "AMD Zen 2";
-    else if (f == 0x17 || f == 0x18) ci->core = "AMD Zen/Zen+", avx2 = 16; /* 2 x 128-bit */
-    else if (f == 0x19 && ((m >= 0x10 && m <= 0x1f) || (m >= 0x60 && m <= 0x7f) ||
-                           (m >= 0xa0 && m <= 0xaf)))
+    if (f == 0x17 && m >= 0x30)
+      ci->core = "AMD Zen 2";
+    else if (f == 0x17 || f == 0x18)
+      ci->core = "AMD Zen/Zen+", avx2 = 16; /* 2 x 128-bit */
+    else if (f == 0x19 &&
+             ((m >= 0x10 && m <= 0x1f) || (m >= 0x60 && m <= 0x7f) || (m >= 0xa0 && m <= 0xaf)))
       ci->core = "AMD Zen 4", avx512 = 32; /* 512-bit ops on the 256-bit pipes */
-    else if (f == 0x19) ci->core = "AMD Zen 3";
+    else if (f == 0x19)
+      ci->core = "AMD Zen 3";
     else if (f == 0x1a) {
       ci->core = "AMD Zen 5", avx512 = 64;
       ci->note = "mobile Zen 5 (Strix) has 256-bit pipes: avx512 32";
@@ -240,7 +295,8 @@ static int physical_cores(int online) {
   char s[64] = "";
   int per_core = 1;
   if (fgets(s, sizeof s, f)) {
-    if (strchr(s, ',')) per_core = 2;
+    if (strchr(s, ','))
+      per_core = 2;
     else if (strchr(s, '-')) { /* "0-1" */
       int lo = 0, hi = 0;
       if (sscanf(s, "%d-%d", &lo, &hi) == 2 && hi > lo) per_core = hi - lo + 1;
@@ -266,7 +322,9 @@ int main(int argc, char **argv) {
   int threads = 2, trials = 5;
   double ms = 200;
   __builtin_cpu_init();
-  int has512 = __builtin_cpu_supports("avx512f");
+  /* dsc's avx512 (program/cpu_isa.c): the subsets its kernels use */
+  int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   enum isa host = has512 ? ISA_AVX512 : has2 ? ISA_AVX2 : ISA_BASELINE, isa = host;
   const char *want = getenv("DSC_CPU_ISA");
@@ -343,7 +401,7 @@ int main(int argc, char **argv) {
   int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
   int phys = physical_cores(online > 0 ? online : 1);
   int cores = threads < phys ? threads : phys;
-  double expected = ci.flop_per_cycle * cores * clock;
+  double expected = ci.flop_per_cycle * cores * clock, nominal = nominal_ghz();
   double frac = expected > 0 ? best / expected : 0;
   char warning[512] = "";
   if (frac < 0.8)
@@ -352,8 +410,8 @@ int main(int argc, char **argv) {
              "core(s) x %.2f GHz): other load on the cores (load average %.2f before), SMT "
              "siblings or a vCPU that shares its core, a lower clock for wide vectors, or a "
              "core the table has wrong%s%s",
-             best, 100 * frac, expected, ci.core, isa_names[isa], ci.flop_per_cycle, cores,
-             clock, load_before, *ci.note ? "; " : "", ci.note);
+             best, 100 * frac, expected, ci.core, isa_names[isa], ci.flop_per_cycle, cores, clock,
+             load_before, *ci.note ? "; " : "", ci.note);
   if (*warning) fprintf(stderr, "fma_peak: WARNING: %s\n", warning);
 
   /* check is printed so the work cannot be optimised away. */
@@ -361,12 +419,16 @@ int main(int argc, char **argv) {
       "{\"impl\":\"fma_peak\",\"isa\":\"%s\",\"threads\":%d,\"trials\":%d,\"gflops\":%.1f,"
       "\"gflops_mean\":%.1f,\"expected_gflops\":%.1f,\"pct_expected\":%.1f,"
       "\"clock_ghz\":%.3f,\"clock_source\":\"measured: %d threads of dependent imul chains\","
-      "\"nominal_ghz\":%.3f,\"flop_per_cycle\":%.0f,\"cores\":%d,\"core\":\"%s\","
+      "\"nominal_ghz\":%.3f,\"expected_gflops_nominal\":%.1f,\"flop_per_cycle\":%.0f,\"cores\":%d,"
+      "\"core\":\"%s\","
       "\"cpu\":\"%s\",\"vendor\":\"%s\",\"family\":%u,\"model\":%u,\"chains\":%d,"
       "\"load1_before\":%.2f,\"note\":\"%s\",\"warning\":\"%s\",\"check\":%.3g}\n",
       isa_names[isa], threads, trials, best, sum / trials, expected, 100 * frac, clock, threads,
-      nominal_ghz(), ci.flop_per_cycle, cores, ci.core, ci.brand, ci.vendor, ci.family, ci.model,
-      isa == ISA_AVX512 ? FMA_CHAINS : isa == ISA_AVX2 ? FMA_CHAINS_AVX2 : FMA_CHAINS_SSE,
+      nominal, ci.flop_per_cycle * cores * nominal, ci.flop_per_cycle, cores, ci.core, ci.brand,
+      ci.vendor, ci.family, ci.model,
+      isa == ISA_AVX512 ? FMA_CHAINS
+      : isa == ISA_AVX2 ? FMA_CHAINS_AVX2
+                        : FMA_CHAINS_SSE,
       load_before, ci.note, warning, (double)check);
   return 0;
 }

@@ -26,7 +26,7 @@
 #define FMA_CHAINS_SSE 14  /* SSE2 mul + add: 14 x 8 flops per iteration */
 
 __attribute__((target("avx512f"))) static inline float fma_chains_avx512(int64_t iters,
-                                                                        float seed) {
+                                                                         float seed) {
   __m512 acc[FMA_CHAINS];
   for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
@@ -39,8 +39,7 @@ __attribute__((target("avx512f"))) static inline float fma_chains_avx512(int64_t
   return _mm512_reduce_add_ps(s);
 }
 
-__attribute__((target("avx2,fma"))) static inline float fma_chains_avx2(int64_t iters,
-                                                                       float seed) {
+__attribute__((target("avx2,fma"))) static inline float fma_chains_avx2(int64_t iters, float seed) {
   __m256 acc[FMA_CHAINS_AVX2];
   for (int c = 0; c < FMA_CHAINS_AVX2; c++) acc[c] = _mm256_set1_ps(seed + (float)c);
   const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
