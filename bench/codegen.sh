@@ -117,6 +117,10 @@ if gflop is None and "pytorch" in rows:
     gflop = rows["pytorch"].get("gflop_est")
 def t(k):
     return rows[k]["step_s_median"] if k in rows else None
+def others(k):  # other processes' share of the CPUs during the part; "!" above 10%
+    f = rows.get(k, {}).get("others_cpu_frac")
+    return f"{100 * f:5.0f}%{'!' if f > 0.1 else ' '}" if f is not None else f"{'':>7}"
+busy = [k for k, r in rows.items() if (r.get("others_cpu_frac") or 0) > 0.1]
 def pt_of(k):  # the PyTorch row of the same precision and load
     base, _, load = k.partition("@")
     p = "pytorch-bf16" if base.endswith("bf16") else "pytorch"
@@ -160,7 +164,7 @@ if gflop:
           "the % against the f32 peak)")
 print()
 print(f"{'impl':<14} {'step s':>9} {'steps':>5} {'GFLOP/s':>9} {'% peak':>7} {'% 374':>6} "
-      f"{'vs pytorch':>10} {'exec_new s':>10}")
+      f"{'vs pytorch':>10} {'exec_new s':>10} {'others':>7}")
 order = ["dsc-cpu", "dsc-cpu-bf16", "pytorch", "pytorch-bf16", "dsc-interp"]
 for k in order:
     if k not in rows:
@@ -175,7 +179,7 @@ for k in order:
     en = rows[k].get("exec_new_s")
     en = f"{en:10.2f}" if en is not None else f"{'':>10}"
     print(f"{k:<14} {s:9.4f} {rows[k]['steps']:5d} {gfs or 0:9.1f} {pk:>7} {p374:>6} {vs:>10} "
-          f"{en}{mark}")
+          f"{en} {others(k)}{mark}")
 print()
 if "dsc-cpu-cold" not in rows and rows.get("dsc-cpu", {}).get("exec_new_s") is not None:
     print(f"executor build (dsc_exec_new, f32): {rows['dsc-cpu']['exec_new_s']:.2f} s "
@@ -208,11 +212,13 @@ if loaded:
     print()
     print(f"under load: {n} busy processes (one spinning shell each), started before and "
           "killed after each timed part")
-    print(f"{'impl':<14} {'idle s':>9} {'loaded s':>9} {'slowdown':>9}")
+    print(f"{'impl':<14} {'idle s':>9} {'loaded s':>9} {'slowdown':>9} {'others idle':>11} "
+          f"{'loaded':>7}")
     for k in loaded:
         i, l = t(k), t(k + "@load")
         sl = f"{l / i:8.2f}x" if i else "      n/a"
-        print(f"{k:<14} {i or 0:9.4f} {l:9.4f} {sl:>9}{mark}")
+        print(f"{k:<14} {i or 0:9.4f} {l:9.4f} {sl:>9} {others(k):>11} {others(k + '@load')}"
+              f"{mark}")
     for d, p in (("dsc-cpu", "pytorch"), ("dsc-cpu-bf16", "pytorch-bf16")):
         if not all(t(x) for x in (d, p, d + "@load", p + "@load")):
             continue
@@ -222,6 +228,10 @@ if loaded:
               f"{sp:.2f}x (target: slowdown no worse than PyTorch's: "
               f"{'met' if sd <= sp else 'NOT met'}; loaded >= 1.3x: "
               f"{'met' if rl >= 1.3 else 'NOT met'}){mark}")
+if any("others_cpu_frac" in r for r in rows.values()):
+    print("others: the share of all CPUs that processes outside the bench (and its busy "
+          "processes) took during that part" + ("; '!' above 10%: " + ", ".join(busy) +
+          " ran beside other work, their figures are unreliable" if busy else ""))
 if "pytorch" in rows:
     p = rows["pytorch"]
     print(f"pytorch {p['torch']}, attention: {p['attention']}")
@@ -324,22 +334,43 @@ else
   PROBE_ISA=()
 fi
 
+# CPU time in clock ticks: all CPUs' busy time (/proc/stat: user nice system
+# irq softirq steal), the script's reaped children's (its own is ~0), the
+# busy processes' while they run.
+CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+cpu_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+own_cpu() { sed 's/^.*) //' "/proc/$$/stat" | awk '{ print $12 + $13 + $14 + $15 }'; }
+bg_cpu() {
+  local p sum=0 v
+  for p in "${BG_PIDS[@]}"; do
+    v=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
+    sum=$((sum + ${v:-0}))
+  done
+  echo "$sum"
+}
 # run ROW CMD...: appends the command's JSON line (its last stdout line) to
-# $JSON, tagged with the row's name and the background load it ran under.
+# $JSON, tagged with the row's name, the background load it ran under and
+# the share of the CPUs that other processes took meanwhile (others_cpu_frac).
 # The command runs in the background and is waited for, so that a signal to
 # the script stops it at once (cleanup kills it and the busy processes).
 run() {
   local name=$1; shift
   log "$name: $*"
-  local line rc bg=${#BG_PIDS[@]}
+  local line rc bg=${#BG_PIDS[@]} t0 t1 busy0 busy1 own0 own1 others
+  t0=$(date +%s.%N) busy0=$(cpu_busy) own0=$(($(own_cpu) + $(bg_cpu)))
   "$@" >"$OUT/$name.out" 2>"$OUT/$name.log" &
   RUN_PID=$!
   wait "$RUN_PID"
   rc=$?
   RUN_PID=
+  t1=$(date +%s.%N) busy1=$(cpu_busy) own1=$(($(own_cpu) + $(bg_cpu)))
+  # the share of all CPUs that other processes took while it ran
+  others=$(awk -v b="$((busy1 - busy0))" -v o="$((own1 - own0))" \
+    -v t0="$t0" -v t1="$t1" -v n="$NCPU" -v hz="$CLK_TCK" \
+    'BEGIN { f = (b - o) / hz / ((t1 - t0) * n); printf "%.3f", f < 0 ? 0 : f }')
   line=$(tail -n 1 "$OUT/$name.out")
   if [ $rc = 0 ] && [[ "$line" == "{"*"}" ]]; then
-    echo "${line%\}},\"row\":\"$name\",\"background\":$bg}" >> "$JSON"
+    echo "${line%\}},\"row\":\"$name\",\"background\":$bg,\"others_cpu_frac\":$others}" >> "$JSON"
   else
     echo "codegen.sh: $name failed (exit $rc), see $OUT/$name.log" >&2
     tail -n 5 "$OUT/$name.log" >&2
