@@ -13,13 +13,17 @@ only (dsc's decay_1d = false), global-norm clipping 1.0. The schedule is
 irrelevant to speed: the lr stays 6e-4. f32 throughout (the train section's
 bf16 is overridden, as bench/train_step.c does).
 
+--model gpt-tiny is examples/gpt-tiny.dsm instead (the same architecture:
+vocab 256, context 64, d 64, 4 heads, 2 layers), for quick runs of
+bench/codegen.sh; its tokens are drawn below 256.
+
 One timed step = zero_grad + forward + backward + clip_grad_norm_ + optimizer
 step (+ loss.item()). Prints one JSON line.
 
-On a GPU (--device cuda, tests/gpu/run.sh): --dtype bf16 is what a PyTorch
-user writes for dsc's bf16 mixed precision: f32 master weights and AdamW
-states, the forward and backward under torch.autocast(bfloat16); AdamW is
-the fused CUDA implementation, attention SDPA (flash) by default. The step
+--dtype bf16 is what a PyTorch user writes for dsc's bf16 mixed precision:
+f32 master weights and AdamW states, the forward and backward under
+torch.autocast(bfloat16) (on the CPU too: bench/codegen.sh's bf16 row). On a
+GPU (--device cuda, tests/gpu/run.sh) AdamW is the fused CUDA implementation, attention SDPA (flash) by default. The step
 ends with torch.cuda.synchronize() (loss.item() does it too), and the JSON
 adds the peak device memory (torch.cuda.max_memory_allocated).
 """
@@ -33,7 +37,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, CTX, D, HEADS, LAYERS = 50304, 1024, 768, 12, 12
+# vocab, ctx, d, heads, layers of the model files
+MODELS = {"gpt2": (50304, 1024, 768, 12, 12), "gpt-tiny": (256, 64, 64, 4, 2)}
+VOCAB, CTX, D, HEADS, LAYERS = MODELS["gpt2"]
 
 
 class Block(nn.Module):
@@ -94,6 +100,7 @@ class GPT2(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=tuple(MODELS), default="gpt2")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
@@ -108,8 +115,10 @@ def main():
                     help="sdpa: F.scaled_dot_product_attention(is_causal=True) (default); "
                          "math: masked softmax as the model's attention op")
     args = ap.parse_args()
+    global VOCAB, CTX, D, HEADS, LAYERS
+    VOCAB, CTX, D, HEADS, LAYERS = MODELS[args.model]
     if args.steps < 1 or args.warmup < 0 or not 1 <= args.seq <= CTX or args.batch < 1:
-        ap.error("need steps >= 1, warmup >= 0, batch >= 1, 1 <= seq <= 1024")
+        ap.error(f"need steps >= 1, warmup >= 0, batch >= 1, 1 <= seq <= {CTX}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -128,10 +137,12 @@ def main():
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     gen = torch.Generator().manual_seed(args.seed + 1)
 
+    draw = min(VOCAB, 50257)
+
     def batch():
         # tokens below GPT-2's real vocabulary (50257), as data would be
-        return (torch.randint(0, 50257, (args.batch, args.seq), generator=gen).to(dev),
-                torch.randint(0, 50257, (args.batch, args.seq), generator=gen).to(dev))
+        return (torch.randint(0, draw, (args.batch, args.seq), generator=gen).to(dev),
+                torch.randint(0, draw, (args.batch, args.seq), generator=gen).to(dev))
 
     times, losses = [], []
     for s in range(args.warmup + args.steps):
@@ -176,7 +187,7 @@ def main():
                      else "masked softmax (math)",
         "optimizer": "torch.optim.AdamW " + ("fused" if args.device == "cuda"
                                               else "default implementation (foreach=None)"),
-        "dtype": args.dtype, "compiled": args.compile,
+        "model": args.model, "dtype": args.dtype, "compiled": args.compile,
         "params": n_params, "gflop_est": round(3 * fwd * 1e-9, 3), "loss_first": round(losses[0], 5),
         "grad_norm_first": round(norm0, 5), "loss_last": round(losses[-1], 5),
         "torch": torch.__version__, **extra,
