@@ -369,7 +369,7 @@ typedef struct {
   char *dst;
   dsc_dtype src_dt, dst_dt;
   int32_t *status;
-  int64_t bad_pos; /* the first position of an id out of range (atomic minimum) */
+  int64_t bad_id, bad_pos; /* the first id out of range (chunk 0 records it) */
 } embgrad_job;
 
 static void embgrad_zero(void *arg, int64_t begin, int64_t end, int chunk) {
@@ -434,11 +434,9 @@ static void embgrad_cols(void *arg, int64_t begin, int64_t end, int chunk) {
   for (int64_t i = 0; i < in->n_ids; i++) {
     int64_t id = j->ids64 ? ((const int64_t *)j->ids)[i] : ((const int32_t *)j->ids)[i];
     if (id < 0 || id >= in->rows) {
-      /* every piece sees the ids in order: the first one it meets is the
-       * first of all, kept by whichever thread gets there */
-      int64_t seen = __atomic_load_n(&j->bad_pos, __ATOMIC_RELAXED);
-      while (i < seen && !__atomic_compare_exchange_n(&j->bad_pos, &seen, i, false,
-                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      if (chunk == 0 && !j->status[0]) {
+        j->bad_id = id;
+        j->bad_pos = i;
       }
       j->status[chunk] = 1;
       continue;
@@ -658,17 +656,16 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
                        p->buffers[in->src].dtype,
                        p->buffers[in->dst].dtype,
                        e->status,
-                       INT64_MAX};
+                       0,
+                       0};
       if (!in->accumulate)
         rt_pool_parallel_for(e->pool, in->rows * in->cols, 1 << 16, embgrad_zero, &j);
       rt_pool_parallel_for(e->pool, in->cols, 64, embgrad_cols, &j);
-      if (any_status(e)) {
-        int64_t bad_id = j.ids64 ? ((const int64_t *)j.ids)[j.bad_pos] : ((const int32_t *)j.ids)[j.bad_pos];
+      if (any_status(e))
         return ir_fail(err, errlen,
                        "%s: index out of range: id %" PRId64 " at position %" PRId64
                        " is outside [0, %" PRId64 ") (instruction %d)",
-                       instr_op(in), bad_id, j.bad_pos, in->rows, i);
-      }
+                       instr_op(in), j.bad_id, j.bad_pos, in->rows, i);
       return true;
     }
     case CG_INS_COPY: {

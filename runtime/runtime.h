@@ -223,18 +223,13 @@ dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out);
  * OpenMP (as oneDNN is), the workers are OpenMP's team, so that oneDNN's
  * GEMMs and our kernels share one team instead of two teams spinning on
  * the same cores; elsewhere a pthread team whose workers spin briefly after
- * a job, then sleep on a condition variable. The pthread team cuts a job
- * into a few pieces per participant, taken in turn (a thread held back by
- * another process on its core leaves its share to the others); OpenMP's
- * split is static. Either way the bounds depend on n, min_chunk and the
- * thread count only, and callers compute each index the same whatever
- * range it is in, so results never depend on timing. A job allocates
- * nothing. Not reentrant: fn must not call rt_pool_parallel_for on the
- * same pool. */
+ * a job, then sleep on a condition variable. The split is static and even
+ * (the same n, min_chunk and thread count always give the same chunks), so
+ * results never depend on timing. A job allocates nothing. Not reentrant:
+ * fn must not call rt_pool_parallel_for on the same pool. */
 typedef struct rt_pool rt_pool;
-/* Runs indices [begin, end); chunk is the number of the participant
- * running it, in [0, rt_pool_threads) (per-thread scratch and status
- * slots: one participant runs one range at a time). */
+/* Runs indices [begin, end); chunk is the chunk's number in
+ * [0, rt_pool_threads) (per-chunk scratch and status slots). */
 typedef void (*rt_range_fn)(void *arg, int64_t begin, int64_t end, int chunk);
 /* n_threads >= 1 (1: everything runs inline). NULL with a diagnostic on
  * failure. */
@@ -244,11 +239,10 @@ rt_pool *rt_pool_new_pthreads(dsc_context *ctx, int n_threads);
 bool rt_pool_is_openmp(const rt_pool *p);
 void rt_pool_free(rt_pool *p);
 int rt_pool_threads(const rt_pool *p);
-/* Runs [0, n) on at most rt_pool_chunks participants, in ranges of at
- * least min_chunk indices (except when n itself is smaller), and returns
- * when all ran. */
+/* Splits [0, n) into at most n_threads chunks of at least min_chunk
+ * indices (except when n itself is smaller) and returns when all ran. */
 void rt_pool_parallel_for(rt_pool *p, int64_t n, int64_t min_chunk, rt_range_fn fn, void *arg);
-/* The participants rt_pool_parallel_for uses for n. */
+/* The chunk bounds rt_pool_parallel_for uses: number of chunks for n. */
 int rt_pool_chunks(const rt_pool *p, int64_t n, int64_t min_chunk);
 
 /* ======================= runtime/gemm_cpu.c =======================

@@ -8,18 +8,15 @@
  * when the other team's threads want the cores. Elsewhere (and in tests,
  * through rt_pool_new_pthreads) a pthread team as below.
  *
- * One job at a time: the caller publishes (n, participants, pieces, fn,
- * arg) and bumps the generation counter; the caller (slot 0) and workers
- * 1 .. participants-1 take pieces from a counter until none is left (see
- * run_pieces), then each worker decrements `pending`; the caller waits for
- * pending to reach zero. Waiting
+ * One job at a time: the caller publishes (n, chunks, fn, arg) and bumps the
+ * generation counter; worker w runs chunk w (the caller runs chunk 0) and
+ * decrements `pending`; the caller waits for pending to reach zero. Waiting
  * spins for a short while (a training step launches jobs back to back, and a
  * futex wake costs several microseconds) and then sleeps on a condition
  * variable, so idle workers do not take cores from oneDNN's own threads. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
@@ -30,8 +27,6 @@
 
 /* Spin iterations before sleeping (each a pause instruction, ~10-40 ns). */
 #define RT_POOL_SPIN 4000
-/* Pieces per participant of a job (see run_pieces). */
-#define RT_POOL_PIECES 4
 
 typedef struct {
   rt_pool *pool;
@@ -53,9 +48,7 @@ struct rt_pool {
   atomic_bool stop; /* set under mu, before the generation bump */
   /* the current job (written before gen is released) */
   int64_t n;
-  int n_chunks;     /* participants (slots 0 .. n_chunks-1) */
-  int n_pieces;     /* the range cut into this many pieces, taken in turn */
-  atomic_int next;  /* the next piece to take */
+  int n_chunks;
   rt_range_fn fn;
   void *arg;
 };
@@ -66,18 +59,9 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Participant `slot` takes pieces until none is left: a thread the
- * scheduler holds back (another process on its core) leaves its share to
- * the others instead of making them wait. Which thread runs which piece
- * varies; the pieces' bounds do not, and every index computes the same
- * whichever range it is in, so results never depend on timing. */
-static void run_pieces(rt_pool *p, int slot) {
-  for (;;) {
-    int c = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-    if (c >= p->n_pieces) return;
-    int64_t begin = p->n * c / p->n_pieces, end = p->n * (c + 1) / p->n_pieces;
-    if (begin < end) p->fn(p->arg, begin, end, slot);
-  }
+static void run_chunk(rt_pool *p, int c) {
+  int64_t begin = p->n * c / p->n_chunks, end = p->n * (c + 1) / p->n_chunks;
+  if (begin < end) p->fn(p->arg, begin, end, c);
 }
 
 static void *worker_main(void *arg) {
@@ -102,7 +86,7 @@ static void *worker_main(void *arg) {
     seen = g;
     /* Every worker acknowledges every job (even without a chunk of it), so
      * the caller never rewrites the job while a worker still reads it. */
-    if (w->index < p->n_chunks) run_pieces(p, w->index);
+    if (w->index < p->n_chunks) run_chunk(p, w->index);
     if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
       pthread_mutex_lock(&p->mu);
       pthread_cond_signal(&p->done);
@@ -216,20 +200,11 @@ void rt_pool_parallel_for(rt_pool *p, int64_t n, int64_t min_chunk, rt_range_fn 
 #pragma omp parallel num_threads(chunks)
     {
       int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      for (int c = t; c < chunks; c += nt) {
-        int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
-        if (begin < end) fn(arg, begin, end, c);
-      }
+      for (int c = t; c < chunks; c += nt) run_chunk(p, c);
     }
     return;
   }
 #endif
-  /* pieces: a few per participant, none under min_chunk */
-  int64_t most = n / (min_chunk > 0 ? min_chunk : 1);
-  p->n_pieces = (int)(most < (int64_t)chunks * RT_POOL_PIECES ? (most > chunks ? most : chunks)
-                                                               : (int64_t)chunks * RT_POOL_PIECES);
-  if (getenv("DSC_POOL_STATIC")) p->n_pieces = chunks;
-  atomic_store_explicit(&p->next, 0, memory_order_relaxed);
   atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
   /* Under the mutex so a worker between its generation check and its
    * cond_wait cannot miss the broadcast. */
@@ -237,7 +212,7 @@ void rt_pool_parallel_for(rt_pool *p, int64_t n, int64_t min_chunk, rt_range_fn 
   atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->mu);
-  run_pieces(p, 0);
+  run_chunk(p, 0);
   for (int s = 0; s < RT_POOL_SPIN; s++) {
     if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0) return;
     cpu_relax();
