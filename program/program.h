@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "dsc/core.h"
 #include "dsc/exec.h"
@@ -319,6 +320,22 @@ void cg_store_elem(dsc_dtype dtype, void *p, double v);
 /* v truncated toward zero to a `bits`-bit integer (32 wraps, 64 saturates
  * to INT64_MIN out of range, NaN is 0): the integer stores above. */
 int64_t cg_trunc_int(double v, int bits);
+/* The fast f32 <-> bf16 pair for the CPU executor's loops (GEMM packing and
+ * stores, embedding gradients): widening is exact; narrowing gives the bits
+ * of ir_bf16_bits((double)x) (an f32 is exact in double): nearest even,
+ * overflow to infinity, subnormals kept, NaN -> sign | 0x7fc0. */
+static inline float cg_f32_of_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline uint16_t cg_bf16_of_f32(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* ======================= program/cpu_isa.c =======================
  * The CPU's vector ISA, one answer for the compile step (LLVM target

@@ -394,21 +394,6 @@ static void store_float(char *base, dsc_dtype dt, int64_t i, double v) {
   cg_store_elem(dt, base + i * (int64_t)dsc_dtype_size(dt), v);
 }
 
-/* bf16 <-> f32 as program/elem.c: widening is exact; narrowing rounds to
- * nearest even (NaN -> sign | 0x7fc0), the bits of cg_store_elem. */
-static inline float f32_of_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-static inline uint16_t bf16_of_f32(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* One row of the accumulation: a bf16 or f32 src into an f32 dst, or a
  * bf16 src into a bf16 dst; each add in f32, then rounded into dst's dtype.
  * That is the reference's double add rounded once: two bf16 values sum
@@ -418,10 +403,10 @@ static inline uint16_t bf16_of_f32(float x) {
 static void embgrad_row_f32_bf16(char *dst, bool dst_bf16, const char *src, bool src_bf16,
                                  int64_t begin, int64_t end) {
   for (int64_t c = begin; c < end; c++) {
-    float sv = src_bf16 ? f32_of_bf16(((const uint16_t *)src)[c]) : ((const float *)src)[c];
+    float sv = src_bf16 ? cg_f32_of_bf16(((const uint16_t *)src)[c]) : ((const float *)src)[c];
     if (dst_bf16) {
       uint16_t *d = (uint16_t *)dst + c;
-      *d = bf16_of_f32(f32_of_bf16(*d) + sv);
+      *d = cg_bf16_of_f32(cg_f32_of_bf16(*d) + sv);
     } else {
       ((float *)dst)[c] += sv;
     }

@@ -6,7 +6,7 @@
  *   - bf16 operands: the packing widens bf16 to f32 (a 16-bit shift, exact)
  *     while it copies, and the same f32 microkernel runs; products of two
  *     bf16 are exact in f32, so only the f32 accumulation rounds. A bf16 C
- *     is rounded once, to nearest even (bf16_of_f32: the bits of
+ *     is rounded once, to nearest even (cg_bf16_of_f32: the bits of
  *     ir_bf16_bits, the interpreter's rounding), from the f32 result of the
  *     whole depth: over several depth blocks the f32 sums of a block of C
  *     are kept in scratch (acc) and rounded after the last. Before, bf16
@@ -197,26 +197,11 @@ bool rt_sgemm_supported(void) {
 
 /* ---- bf16 (as ir/types.c: bf16 -> f32 exact, f32 -> bf16 to nearest even) ---- */
 
-static inline float f32_of_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/* The same bits as ir_bf16_bits((double)x): one rounding to nearest even
- * (an f32 is exact in double, so rounding it directly is rounding the
- * double), overflow to infinity, subnormals kept, NaN -> sign | 0x7fc0. */
-static inline uint16_t bf16_of_f32(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+/* cg_f32_of_bf16 / cg_bf16_of_f32: program/program.h */
 
 /* Element i of an f32 or bf16 array, as f32. */
 SG_INLINE float elem(const void *p, int64_t i, bool bf16) {
-  return bf16 ? f32_of_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+  return bf16 ? cg_f32_of_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 SG_INLINE const void *elem_ptr(const void *p, int64_t i, bool bf16) {
   return bf16 ? (const void *)((const uint16_t *)p + i) : (const void *)((const float *)p + i);
@@ -335,7 +320,7 @@ SG_INLINE void pack_b_t(rt_view b, int64_t p0, int64_t kc, int64_t j0, int64_t n
           continue;
         }
         const uint16_t *s = (const uint16_t *)b.p + src + jr;
-        for (int c = 0; c < NR; c++) d[c] = f32_of_bf16(s[c]);
+        for (int c = 0; c < NR; c++) d[c] = cg_f32_of_bf16(s[c]);
       }
       if (full < nb) {
         float *d = dst + full * kc + k * NR;
@@ -579,7 +564,7 @@ __attribute__((target("avx512f,avx512bf16,fma"))) static void kernel512_dp(
 
 /* ---- a row of a bf16 C ----
  * dst[q] = bf16(alpha * src[q] + beta * dst[q]) for q < n (beta == 0 never
- * reads dst): update()'s operations and bf16_of_f32's bits, vectorised
+ * reads dst): update()'s operations and cg_bf16_of_f32's bits, vectorised
  * (a scalar loop here cost a small bf16 GEMM three times its f32 time). */
 typedef void sg_store_bf16_fn(uint16_t *dst, const float *src, int n, float alpha, float beta);
 
@@ -631,7 +616,7 @@ __attribute__((target("avx2,fma"))) static void store_bf16_256(uint16_t *dst, co
     _mm_storeu_si128((__m128i *)(dst + q), _mm256_castsi256_si128(packed));
   }
   for (; q < n; q++)
-    dst[q] = bf16_of_f32(beta != 0 ? __builtin_fmaf(beta, f32_of_bf16(dst[q]), alpha * src[q])
+    dst[q] = cg_bf16_of_f32(beta != 0 ? __builtin_fmaf(beta, cg_f32_of_bf16(dst[q]), alpha * src[q])
                                    : alpha * src[q]);
 }
 
@@ -695,7 +680,7 @@ typedef struct {
 static inline void update(void *c, bool c_bf16, int64_t at, float x, float beta) {
   if (c_bf16) {
     uint16_t *p = (uint16_t *)c + at;
-    *p = bf16_of_f32(beta != 0 ? __builtin_fmaf(beta, f32_of_bf16(*p), x) : x);
+    *p = cg_bf16_of_f32(beta != 0 ? __builtin_fmaf(beta, cg_f32_of_bf16(*p), x) : x);
   } else {
     float *p = (float *)c + at;
     *p = beta != 0 ? __builtin_fmaf(beta, *p, x) : x;
