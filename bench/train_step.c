@@ -320,7 +320,7 @@ int main(int argc, char **argv) {
       for (int64_t j = 0; j < ntok; j++) in[k]->data[j] = (double)(rng_next(&rs) % (uint64_t)draw);
     if (profile && s == warmup) dsc_exec_set_profiling(e, true);
     double ts = now_s();
-    dsc_status st = dsc_exec_run(e, "train_step", (const dsc_tensor *const *)in, 3, outs);
+    dsc_status st = dsc_exec_run_step(e, (const dsc_tensor *const *)in, 3, outs);
     double dt = now_s() - ts;
     if (st != DSC_OK) {
       code = fail(ctx, "dsc_exec_run");

@@ -1437,6 +1437,9 @@ static bool place_work(L *l) {
   for (int i = 0; i < p->n_buffers; i++) {
     cg_buffer *b = &p->buffers[i];
     if (b->kind == CG_BUF_PARAM) b->first_use = b->last_use = -1;
+    /* a node's buffer that no instruction touches (a fused update that its
+     * kernel writes straight into the param's STATE buffer): no memory */
+    if (b->kind == CG_BUF_TEMP && b->first_use < 0) b->numel = 0;
     if (b->kind == CG_BUF_INPUT) {
       b->first_use = 0; /* written by the caller before the run */
       if (b->last_use < 0) b->last_use = 0;
@@ -1814,8 +1817,7 @@ static void lower_nodes(L *l) {
   const ir_graph *g = l->g;
   int n = l->n;
   /* A group seen again after its run ended is not contiguous: one flag per
-   * group (scanning the rest of the graph per group was quadratic: minutes
-   * on an unrolled grad_accum). */
+   * group (scanning the rest of the graph per group was quadratic). */
   int max_group = 0;
   for (int i = 0; i < n; i++)
     if (g->nodes[i]->group > max_group) max_group = g->nodes[i]->group;

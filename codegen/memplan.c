@@ -24,7 +24,9 @@
  *   params      bytes of the trainable params (STATE), as this rank holds them
  *               (a shard [S] when sharded: S = ceil(numel / world), zero-padded)
  *   optimizer   bytes of every module state (STATE): opt.m.*, opt.v.*,
- *               opt.momentum.*, opt.step, fp16's loss-scale scalars
+ *               opt.momentum.*, opt.step, fp16's loss-scale scalars; but
+ *               the accumulation states acc.* (grad_accum > 1, pass
+ *               accumulate) are grads
  *   grads, activations, comm, workspace: the WORK buffers live at the
  *               instruction where the WORK arena's live bytes peak, by the
  *               value they hold (first match):
@@ -111,7 +113,7 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
   out->stage = meta_i64(m, "zero.stage", 0);
 
   /* STATE: params and states, exact bytes; the alignment gaps go to workspace. */
-  int64_t state_exact = 0;
+  int64_t state_exact = 0, acc_bytes = 0;
   for (int i = 0; i < m->n_params; i++) {
     const ir_param *pr = &m->params[i];
     int64_t numel = dsc_type_numel(&pr->type);
@@ -131,7 +133,10 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
       continue;
     }
     state_exact += bytes;
-    if (pr->state) {
+    if (pr->state && strncmp(pr->name, "acc.", 4) == 0) {
+      out->bytes[CG_MEM_GRADS] += bytes; /* pass accumulate's sums of the micro-batches */
+      acc_bytes += bytes;
+    } else if (pr->state) {
       out->bytes[CG_MEM_OPTIMIZER] += bytes;
       out->state_elems += numel;
     } else {
@@ -228,6 +233,7 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
     live += delta[i];
     if (live > out->grads_held) out->grads_held = live;
   }
+  out->grads_held += acc_bytes; /* held through the whole step */
 
   /* Classification at the peak, exact bytes. */
   int64_t live_exact = 0;

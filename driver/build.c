@@ -127,29 +127,45 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
   po.train = cfg;
   /* The interpreter runs composite ops itself; compiled backends need the
    * codegen passes (decompose, fuse) too. */
-  /* the interpreter: up to the tiers (pass offload only sets module meta) */
-  if (backend == DSC_BACKEND_INTERP) po.stop_after = "offload";
+  /* the interpreter: up to the micro-batch loop (decompose and fuse are for codegen) */
+  if (backend == DSC_BACKEND_INTERP) po.stop_after = "accumulate";
   if ((st = dsc_run_pipeline(m, &po)) != DSC_OK) return st;
   if (want_fwd && backend != DSC_BACKEND_INTERP) st = dsc_run_codegen_passes(*fwd);
   return st;
 }
 
+dsc_type drv_step_input_type(const dsc_module *m, int i) {
+  const dsc_graph *micro = dsc_module_find_graph(m, "micro_step");
+  const dsc_graph *g = micro ? micro : dsc_module_find_graph(m, "train_step");
+  dsc_type t = dsc_node_type(dsc_graph_input_at(g, i));
+  if (micro && t.rank >= 1) t.dims[0] *= dsc_step_micro_batches(m);
+  return t;
+}
+
+/* train_step(tokens[rows, T], targets[rows, T], lr) -> (loss, grad_norm[,
+ * skipped]), or with grad_accum K > 1 micro_step(tokens[rows/K, T],
+ * targets[rows/K, T], first) -> (loss) and train_step(lr) -> the same. */
 dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T) {
   const dsc_graph *g = dsc_module_find_graph(m, "train_step");
-  bool shape_ok = g && dsc_graph_input_count(g) == 3 && dsc_graph_output_count(g) >= 2 &&
-                  dsc_graph_output_count(g) <= 3;
+  const dsc_graph *micro = dsc_module_find_graph(m, "micro_step");
+  int n_data = micro ? dsc_graph_input_count(micro) - 1 : g ? dsc_graph_input_count(g) - 1 : 0;
+  bool shape_ok = g && n_data == 2 && dsc_graph_output_count(g) >= 2 &&
+                  dsc_graph_output_count(g) <= 3 &&
+                  dsc_graph_input_count(g) == (micro ? 1 : 3) &&
+                  (!micro || dsc_graph_output_count(micro) == 1);
   for (int i = 0; shape_ok && i < 2; i++) {
-    dsc_type ty = dsc_node_type(dsc_graph_input_at(g, i));
+    dsc_type ty = drv_step_input_type(m, i);
     shape_ok = ty.rank == 2 && ty.dims[0] == rows && ty.dims[1] == T;
   }
   if (shape_ok) {
-    dsc_type lt = dsc_node_type(dsc_graph_input_at(g, 2));
+    dsc_type lt = dsc_node_type(dsc_graph_input_at(g, dsc_graph_input_count(g) - 1));
     shape_ok = lt.rank == 0 && lt.dtype == DSC_F32;
   }
   if (!shape_ok) {
     ir_error(ctx, ir_no_loc,
              "trainer: the pipeline did not produce train_step(tokens[B*K, T], targets[B*K, T], "
-             "lr: f32[]) -> (loss, grad_norm)");
+             "lr: f32[]) -> (loss, grad_norm), or with grad_accum K > 1 micro_step(tokens[B, T], "
+             "targets[B, T], first: f32[]) -> (loss) and train_step(lr: f32[])");
     return DSC_ERR_INTERNAL;
   }
   return DSC_OK;
@@ -167,25 +183,50 @@ dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_
   return drv_plan_step_work(ctx, m, threads, out, NULL);
 }
 
-dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
-                              dsc_step_work *work) {
-  const dsc_graph *g = dsc_module_find_graph(m, "train_step");
-  if (!g) {
-    ir_error(ctx, ir_no_loc, "memory plan: the module has no graph 'train_step'");
-    return DSC_ERR_INTERNAL;
-  }
-  ir_arena a;
-  ir_arena_init(&a, ctx);
+/* Plans one program of the step; *prog stays in arena a. */
+static dsc_status plan_graph(const dsc_graph *g, ir_arena *a, int threads, cg_memplan *out,
+                             cg_program **prog) {
   cg_memplan_options o = {drv_default_threads(threads), NULL};
 #ifdef DSC_HAVE_LLVM
   if (rt_sgemm_supported()) o.gemm_scratch_floats = sgemm_scratch; /* runtime/gemm_cpu.c */
 #else
   (void)sgemm_scratch;
 #endif
-  cg_program *prog = NULL;
-  dsc_status st = cg_memplan_graph(g, &a, &o, out, work ? &prog : NULL);
+  return cg_memplan_graph(g, a, &o, out, prog);
+}
+
+/* With grad_accum K > 1 the step is K runs of micro_step, then train_step:
+ * the executor's one WORK arena is the larger program's, so the plan is
+ * that program's (both share the STATE arena); the work is K x micro_step's
+ * then train_step's (dsc_step_work's repeat). */
+dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
+                              dsc_step_work *work) {
+  const dsc_graph *g = dsc_module_find_graph(m, "train_step");
+  const dsc_graph *micro = dsc_module_find_graph(m, "micro_step");
+  if (!g) {
+    ir_error(ctx, ir_no_loc, "memory plan: the module has no graph 'train_step'");
+    return DSC_ERR_INTERNAL;
+  }
+  ir_arena a;
+  ir_arena_init(&a, ctx);
+  cg_program *prog = NULL, *mprog = NULL;
+  cg_memplan mp;
+  dsc_status st = plan_graph(g, &a, threads, out, &prog);
+  if (st == DSC_OK && micro) st = plan_graph(micro, &a, threads, &mp, &mprog);
+  if (st == DSC_OK && micro) {
+    int64_t held = mp.grads_held > out->grads_held ? mp.grads_held : out->grads_held;
+    if (mp.work_arena + mp.gemm_scratch > out->work_arena + out->gemm_scratch) *out = mp;
+    out->grads_held = held;
+  }
   /* the cost model's summary of the program (driver/autocfg.c) */
-  if (st == DSC_OK && work) st = drv_step_work(ctx, prog, out->world, work);
+  if (st == DSC_OK && work) {
+    dsc_step_work mw;
+    memset(&mw, 0, sizeof mw);
+    st = drv_step_work(ctx, prog, out->world, work);
+    if (st == DSC_OK && micro) st = drv_step_work(ctx, mprog, out->world, &mw);
+    if (st == DSC_OK && micro) st = drv_step_work_repeat(ctx, &mw, dsc_step_micro_batches(m), work);
+    dsc_step_work_free(&mw);
+  }
   ir_arena_release(&a);
   return st;
 }

@@ -166,6 +166,30 @@ dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world, d
   return DSC_OK;
 }
 
+dsc_status drv_step_work_repeat(dsc_context *ctx, const dsc_step_work *micro, int64_t times,
+                                dsc_step_work *w) {
+  int n = micro->n_events + w->n_events;
+  dsc_step_event *ev = malloc(sizeof *ev * (size_t)(n > 0 ? n : 1));
+  if (!ev) return ir_error(ctx, ir_no_loc, "auto: out of memory"), DSC_ERR_INTERNAL;
+  memcpy(ev, micro->events, sizeof *ev * (size_t)micro->n_events);
+  for (int i = 0; i < w->n_events; i++) {
+    ev[micro->n_events + i] = w->events[i];
+    if (ev[micro->n_events + i].kind != DSC_EV_COMPUTE) ev[micro->n_events + i].coll += micro->n_coll;
+  }
+  free(w->events);
+  w->events = ev, w->n_events = n;
+  w->repeat_events = micro->n_events, w->repeat = times;
+  w->n_coll += micro->n_coll;
+  double k = (double)times;
+  w->gemm_flops += k * micro->gemm_flops, w->kernel_flops += k * micro->kernel_flops;
+  for (int c = 0; c < 4; c++) {
+    w->coll_bytes[c] += k * micro->coll_bytes[c];
+    w->link_bytes[c] += k * micro->link_bytes[c];
+    w->coll_count[c] += times * micro->coll_count[c];
+  }
+  return DSC_OK;
+}
+
 /* ---------------------------------------------------------------------------
  * The cost */
 
@@ -181,8 +205,12 @@ void dsc_step_cost_eval(const dsc_step_work *w, const dsc_rates *r, int64_t host
   /* one compute stream (t) and one communication stream (comm_free) */
   double *end = w->n_coll > 0 ? calloc((size_t)w->n_coll, sizeof *end) : NULL;
   double t = 0, comm_free = 0;
-  for (int i = 0; i < w->n_events; i++) {
-    const dsc_step_event *e = &w->events[i];
+  /* the micro-batch's events `repeat` times, then the rest */
+  int64_t reps = w->repeat > 1 ? w->repeat : 1, head = w->repeat_events;
+  int64_t total = head * reps + (w->n_events - head);
+  for (int64_t i = 0; i < total; i++) {
+    int64_t r = i < head * reps ? i % head : i - head * (reps - 1);
+    const dsc_step_event *e = &w->events[r];
     if (e->kind == DSC_EV_COMPUTE) {
       t += e->flops / rate;
     } else if (e->kind == DSC_EV_START) {

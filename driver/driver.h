@@ -49,7 +49,10 @@ dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64
 dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
                             const dsc_train_config *cfg, dsc_backend backend, bool want_fwd,
                             dsc_module **fwd);
-/* train_step(tokens[rows, T], targets[rows, T], lr: f32[]) -> 2 or 3 outputs. */
+/* The type of the step's data input i (tokens 0, targets 1) with all its
+ * rows: micro_step's input x grad_accum when the step is a loop. */
+dsc_type drv_step_input_type(const dsc_module *m, int i);
+/* The step's graphs as the trainer runs them (driver/build.c's comment). */
 dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T);
 /* The memory plan of step module m's train_step (codegen/memplan.c) with
  * the CPU runtime's GEMM scratch for `threads` (0: one per core, the
@@ -79,9 +82,6 @@ dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
                                   dsc_train_config *cfg);
 
 /* ======================= driver/limits.c ======================= */
-/* Refuses a grad_accum whose unrolled step IR would not fit this host
- * (estimated from m's forward graph, before the pipeline builds it). */
-dsc_status drv_check_unroll(dsc_context *ctx, const dsc_module *m, int64_t grad_accum);
 /* Refuses more in-process ranks than runtime/limits.c allows (comm NULL or
  * another backend: nothing to check). */
 dsc_status drv_check_ranks_here(dsc_context *ctx, const dsc_comm *comm);
@@ -133,6 +133,9 @@ dsc_status drv_offload_auto_keep(dsc_context *ctx, const char *path, dsc_train_c
 /* ======================= driver/cost.c =======================
  * The cost model's summary of a step program of `world` ranks: FLOPs and
  * collectives in program order (include/dsc/autocfg.h). */
+/* Prepends `times` runs of micro's events to w (the grad_accum loop). */
+dsc_status drv_step_work_repeat(dsc_context *ctx, const dsc_step_work *micro, int64_t times,
+                                dsc_step_work *w);
 dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world,
                          dsc_step_work *out);
 

@@ -106,6 +106,13 @@ static dsc_status plan_once(dsc_context *sub, const char *path, const dsc_train_
     if (rt_sgemm_supported()) o.gemm_scratch_floats = rt_sgemm_scratch_floats; /* as plan.c */
 #endif
     st = cg_memplan_graph(g, &a, &o, &out->plan, &prog);
+    /* grad_accum > 1: micro_step shares the STATE arena and the one WORK
+     * arena; the step's peak is the larger program's (driver/build.c) */
+    const dsc_graph *micro = dsc_module_find_graph(m, "micro_step");
+    cg_memplan mp;
+    if (st == DSC_OK && micro && (st = cg_memplan_graph(micro, &a, &o, &mp, NULL)) == DSC_OK &&
+        mp.peak > out->plan.peak)
+      out->plan.peak = mp.peak;
   }
   if (st == DSC_OK) {
     int n = out->n_params = dsc_module_param_count(m);
@@ -126,8 +133,11 @@ static dsc_status plan_once(dsc_context *sub, const char *path, const dsc_train_
       const ir_param *p = &m->params[i];
       char key[600];
       snprintf(key, sizeof key, "shard.%s", p->name);
+      /* acc.*: the micro-batches' gradient sums, read by every micro_step */
+      bool acc = p->state && strncmp(p->name, "acc.", 4) == 0;
       out->is_candidate[i] =
-          p->state ? cfg->offload.optimizer == DSC_OFFLOAD_AUTO
+          acc     ? false
+          : p->state ? cfg->offload.optimizer == DSC_OFFLOAD_AUTO
                    : cfg->offload.param == DSC_OFFLOAD_AUTO && dsc_module_get_meta(m, key) != NULL;
       if (!(out->names[i] = strdup(p->name))) {
         ir_error(sub, ir_no_loc, "offload auto: out of memory");

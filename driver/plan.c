@@ -45,8 +45,6 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   /* offload auto: the values the budget requires (driver/offload_auto.c) */
   drv_offload_budget ob = {o->memory_budget, o->host_memory_budget, o->offload_dir != NULL,
                            o->threads, o->offload_auto_lenient};
-  /* the unrolled grad_accum's IR is built here, whatever the planned world */
-  if ((st = drv_check_unroll(ctx, *m, cfg.grad_accum)) != DSC_OK) return st;
   drv_offload_report rep;
   st = drv_offload_auto(ctx, o->model_path, &cfg, &ob, &rep);
   if (st == DSC_OK) st = drv_build_graphs(ctx, o->model_path, *m, &cfg, DSC_BACKEND_CPU, false, NULL);

@@ -181,7 +181,7 @@ struct dsc_trainer {
   dsc_module *m;   /* the step module */
   dsc_module *fwd; /* forward module for validation (NULL without a val shard) */
   dsc_program *prog; /* the .dsx the modules and kernels come from, or NULL */
-  dsc_graph *step_g, *fwd_g;
+  dsc_graph *step_g, *micro_g, *fwd_g; /* micro_step: grad_accum > 1 */
   dsc_params *params;     /* host copy (doubles): checkpoints, initialisation */
   dsc_exec *step_x, *fwd_x; /* the backend's executors of step and validation modules */
   dsc_params *fwd_params;   /* host staging for the validation executor */
@@ -400,10 +400,18 @@ static dsc_status open_log(dsc_context *ctx, const char *path, int64_t keep_upto
   return DSC_OK;
 }
 
+/* Pass accumulate's sums of the micro-batches (acc.*): rewritten by every
+ * step's first micro-batch, so checkpoints leave them out (and a run may
+ * resume with another grad_accum). */
+static bool transient_state(const dsc_module *m, int i) {
+  return dsc_module_param_is_state(m, i) && strncmp(dsc_module_param_name(m, i), "acc.", 4) == 0;
+}
+
 static dsc_status build_specs(dsc_trainer *t) {
   const dsc_module *m = t->m;
   int n = dsc_module_param_count(m);
   for (int i = 0; i < n; i++) {
+    if (transient_state(m, i)) continue;
     if (dsc_module_param_is_state(m, i))
       t->n_opt++;
     else
@@ -421,6 +429,7 @@ static dsc_status build_specs(dsc_trainer *t) {
   memset(t->full_t, 0, sizeof(dsc_tensor *) * (size_t)(n + 1));
   int km = 0, ko = 0;
   for (int i = 0; i < n; i++) {
+    if (transient_state(m, i)) continue;
     dsc_tensor_spec s = {dsc_module_param_name(m, i), dsc_module_param_type(m, i)};
     dsc_tensor *v = dsc_params_get(t->params, i);
     int64_t w;
@@ -847,7 +856,6 @@ static dsc_status open_graphs(dsc_trainer *t, open_state *s) {
     drv_offload_budget ob = {o->memory_budget, o->host_memory_budget,
                              o->offload_dir && o->offload_dir[0], o->threads, false};
     char *auto_text = NULL;
-    if ((st = drv_check_unroll(ctx, t->m, t->cfg.grad_accum)) != DSC_OK) return st;
     if ((st = drv_offload_auto_keep(ctx, s->model_path, &t->cfg, &ob, &t->arena, &auto_text)) !=
             DSC_OK ||
         (st = drv_build_graphs(ctx, s->model_path, t->m, &t->cfg, s->backend, s->has_val,
@@ -861,7 +869,10 @@ static dsc_status open_graphs(dsc_trainer *t, open_state *s) {
   }
   if ((st = drv_check_step(ctx, t->m, s->B * s->K, s->T)) != DSC_OK) return st;
   t->step_g = dsc_module_find_graph(t->m, "train_step");
-  if (!(t->params = dsc_params_init_rank(t->m, t->cfg.seed, t->rank))) return DSC_ERR_INTERNAL;
+  t->micro_g = dsc_module_find_graph(t->m, "micro_step");
+  if (!(t->params = dsc_params_init_rank(t->m, t->cfg.seed, t->rank)))
+    return ir_check_interrupt(ctx, "initialising the params") != DSC_OK ? DSC_ERR_INTERRUPTED
+                                                                         : DSC_ERR_INTERNAL;
   if ((st = build_specs(t)) != DSC_OK) return st;
   for (int i = 0; t->fwd && i < dsc_module_param_count(t->fwd); i++) {
     const char *name = dsc_module_param_name(t->fwd, i);
@@ -919,9 +930,20 @@ static dsc_status restore_checkpoint(dsc_trainer *t, open_state *s) {
  * sequences do not depend on the world. */
 static dsc_status open_loaders(dsc_trainer *t, open_state *s) {
   int64_t B = s->B, T = s->T, seed = (int64_t)t->cfg.seed;
+  /* the global batch's tokens and targets (int32), and this rank's share of
+   * them as the step's f64 input tensors, before anything is allocated */
+  double rows = (double)B * (double)s->K * (double)t->world;
+  double need = rows * (double)T * 2 * 4 + (double)B * (double)s->K * (double)T * 2 * 8;
+  char what[200];
+  snprintf(what, sizeof what,
+           "holding a step's tokens (batch %" PRId64 " x grad_accum %" PRId64 " x world %" PRId64
+           " rows of %" PRId64 ")",
+           B, s->K, (int64_t)t->world, T);
+  dsc_status st = rt_check_host_memory(t->ctx, what, need > 9e18 ? INT64_MAX : (int64_t)need);
+  if (st != DSC_OK) return st;
   dsc_loader_options lo = {B * s->K * t->world, T, t->info.vocab, (uint64_t)seed,
                            DSC_LOADER_SHUFFLE};
-  dsc_status st = dsc_loader_open(t->ctx, s->train_path, &lo, &t->train);
+  st = dsc_loader_open(t->ctx, s->train_path, &lo, &t->train);
   if (st != DSC_OK) return st;
   if (s->ck && (st = dsc_loader_seek(t->train, s->ck->state.loader)) != DSC_OK) {
     ir_error(t->ctx, rt_loc(s->ck->dir), "the checkpoint's loader position does not fit %s",
@@ -1000,9 +1022,9 @@ static dsc_status open_buffers(dsc_trainer *t, open_state *s) {
   t->buf_bytes = sizeof(int32_t) * (size_t)(s->B * s->K * t->world * s->T);
   t->buf_in = ir_alloc(ctx, t->buf_bytes);
   t->buf_tgt = ir_alloc(ctx, t->buf_bytes);
-  t->in_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 0)));
-  t->in_tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 1)));
-  t->in_lr = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->step_g, 2)));
+  t->in_tok = dsc_tensor_new(ctx, drv_step_input_type(t->m, 0));
+  t->in_tgt = dsc_tensor_new(ctx, drv_step_input_type(t->m, 1));
+  t->in_lr = dsc_tensor_new(ctx, dsc_type_make(DSC_F32, 0, NULL));
   if (s->has_val) {
     t->v_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 0)));
     t->v_tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 1)));
@@ -1119,6 +1141,7 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   /* Comm messages name the step ("(step 12)"). */
   if (t->comm) { /* a failed collective names its step */
     dsc_graph_set_collective_tags(t->step_g, t->step + 1);
+    if (t->micro_g) dsc_graph_set_collective_tags(t->micro_g, t->step + 1);
     dsc_exec_set_collective_tag(t->step_x, t->step + 1);
   }
   double lr = dsc_lr_at(&t->cfg, t->step);
@@ -1126,7 +1149,7 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
   dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
   int64_t rss0 = t->rss_stepped || !t->info.mem_planned ? -1 : rss_now();
-  st = dsc_exec_run(t->step_x, "train_step", ins, 3, outs);
+  st = dsc_exec_run_step(t->step_x, ins, 3, outs);
   if (st != DSC_OK) return st;
   if (!t->rss_stepped && t->info.mem_planned) {
     int64_t rss1 = rss_now();
@@ -1216,6 +1239,7 @@ static dsc_status save_sharded(dsc_trainer *t, dsc_checkpoint_state *s) {
   dsc_kv *extra = ir_arena_alloc(&a, sizeof(dsc_kv) * (size_t)(s->n_extra + 1));
   int n_meta = 0;
   for (int i = 0; i < n && !a.failed; i++) {
+    if (transient_state(m, i)) continue;
     const char *name = dsc_module_param_name(m, i);
     bool state = dsc_module_param_is_state(m, i);
     int k = t->full_t[i] ? 2 : state ? 1 : 0; /* model, optimizer, shards */

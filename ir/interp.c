@@ -165,6 +165,11 @@ dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank) {
   for (int i = 0; i < m->n_params; i++) {
     const ir_param *pa = &m->params[i];
     size_t bytes;
+    /* GPT-2's 124M values take seconds: a Ctrl-C stops it */
+    if (ir_check_interrupt(ctx, "initialising the params") != DSC_OK) {
+      dsc_params_free(p);
+      return NULL;
+    }
     if ((unsigned)pa->type.dtype >= DSC_DTYPE_COUNT || !tensor_bytes(&pa->type, &bytes)) {
       char tb[200];
       dsc_type_format(&pa->type, tb, sizeof tb);

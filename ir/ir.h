@@ -173,8 +173,16 @@ typedef enum { IR_PLACE_DEVICE = 0, IR_PLACE_HOST = 1 } ir_place;
  * update reads. The memory plan counts these buffers as "grads". */
 /* IR_ROLE_RECOMPUTED: a value the backward computes again instead of
  * keeping the forward's (passes/remat.c, and what decompose expands it to):
- * cse must not give it back the forward's matmul or gather. */
-typedef enum { IR_ROLE_NONE = 0, IR_ROLE_GRAD = 1, IR_ROLE_RECOMPUTED = 2 } ir_role;
+ * cse must not give it back the forward's matmul or gather.
+ * IR_ROLE_LOSS: the micro-batch's loss as the forward computes it (the
+ * optimizer pass marks it); with the gradients it is what pass accumulate
+ * carries from one micro-batch to the optimizer step. */
+typedef enum {
+  IR_ROLE_NONE = 0,
+  IR_ROLE_GRAD = 1,
+  IR_ROLE_RECOMPUTED = 2,
+  IR_ROLE_LOSS = 3
+} ir_role;
 
 struct dsc_graph {
   const char *name;

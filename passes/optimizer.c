@@ -2,10 +2,13 @@
  * training-step graph "train_step" (contract: include/dsc/train.h, formulas:
  * docs/training.md).
  *
- * 1. inputs: the forward inputs with the leading dim x grad_accum, then lr;
- * 2. per micro-batch k: slice rows [k*B, (k+1)*B) of every input and inline
- *    a copy of the differentiated forward graph;
- * 3. average losses and gradients (sum, then x 1/K);
+ * 1. inputs: the forward inputs (one micro-batch), then lr;
+ * 2. inline a copy of the differentiated forward graph; its loss (role
+ *    IR_ROLE_LOSS) and gradients (IR_ROLE_GRAD) are the micro-batch's;
+ * 3. with grad_accum K > 1 pass "accumulate" later splits the graph into
+ *    "micro_step", run K times (the gradients and the loss summed x 1/K
+ *    into accumulation states), and this graph's optimizer part, which
+ *    reads the sums; the steps below are written for one micro-batch;
  * 4. grad_norm = sqrt(sum over params of sum(g*g)); clipping scales every
  *    gradient by clip / maximum(grad_norm, clip);
  * 5. the update of each param (adamw, sgd or muon) from states created
@@ -255,47 +258,29 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   ir_module *m = o->m;
   ir_graph *g = o->g;
   const dsc_train_config *cfg = o->cfg;
-  int64_t K = cfg->grad_accum;
   int n_in = f->n_inputs, n_out = f->n_outputs;
   ir_node **in = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(n_in + 1));
-  ir_node **mb = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)(n_in + 1));
-  ir_node **outs = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)n_out);
   ir_node **acc = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)n_out);
-  if (!in || !mb || !outs || !acc)
+  if (!in || !acc)
     return ir_error(m->ctx, ir_no_loc, "out of memory in the optimizer pass"), DSC_ERR_INTERNAL;
 
-  /* 1. inputs */
+  /* 1. inputs: one micro-batch (pass accumulate loops over K of them) */
   for (int i = 0; i < n_in; i++) {
     dsc_type t = f->inputs[i]->type;
-    if (K > 1) {
-      if (t.rank == 0) {
-        ir_error(m->ctx, ir_no_loc,
-                 "optimizer: grad_accum = %lld needs a batch dim, but input '%s' is a scalar",
-                 (long long)K, f->inputs[i]->name);
-        return DSC_ERR_USER;
-      }
-      t.dims[0] *= K;
+    if (cfg->grad_accum > 1 && t.rank == 0) {
+      ir_error(m->ctx, ir_no_loc,
+               "optimizer: grad_accum = %lld needs a batch dim, but input '%s' is a scalar",
+               (long long)cfg->grad_accum, f->inputs[i]->name);
+      return DSC_ERR_USER;
     }
     if (!(in[i] = dsc_graph_input(g, f->inputs[i]->name, t))) return DSC_ERR_USER;
   }
   o->lr = dsc_graph_input(g, "lr", dsc_type_make(DSC_F32, 0, NULL));
   if (!o->lr) return DSC_ERR_USER;
 
-  /* 2-3. micro-batches, summed then averaged */
-  for (int64_t k = 0; k < K; k++) {
-    for (int i = 0; i < n_in; i++) {
-      mb[i] = in[i];
-      if (K == 1) continue;
-      int64_t rows = f->inputs[i]->type.dims[0];
-      dsc_attr a[3] = {dsc_attr_int("axis", 0), dsc_attr_int("start", k * rows),
-                       dsc_attr_int("end", (k + 1) * rows)};
-      if (!(mb[i] = dsc_build(g, DSC_OP_SLICE, &in[i], 1, a, 3))) return DSC_ERR_USER;
-    }
-    if (!pass_inline_graph(g, f, mb, outs)) return DSC_ERR_INTERNAL;
-    for (int j = 0; j < n_out; j++) acc[j] = k == 0 ? outs[j] : add(o, acc[j], outs[j]);
-  }
-  if (K > 1)
-    for (int j = 0; j < n_out; j++) acc[j] = scale(o, acc[j], 1.0 / (double)K);
+  /* 2. the micro-batch's loss and gradients */
+  if (!pass_inline_graph(g, f, in, acc)) return DSC_ERR_INTERNAL;
+  acc[0]->role = IR_ROLE_LOSS;
   ir_node *loss = as_dtype(o, acc[0], DSC_F32);
 
   /* fp16: unscale, and test the gradients for inf/nan (a sum of all

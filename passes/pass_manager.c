@@ -40,6 +40,10 @@ static dsc_status run_schedule(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_schedule_run(m, opts->train);
 }
 
+static dsc_status run_accumulate(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_accumulate_run(m, opts->train);
+}
+
 static dsc_status run_decompose(ir_module *m, const dsc_pipeline_options *opts) {
   (void)opts;
   return pass_decompose_run(m);
@@ -87,6 +91,11 @@ static const struct {
      "overlap: reduce_scatters merged into buckets (--bucket-bytes), all_gathers started ahead "
      "of their use within --prefetch-bytes; nothing at world 1",
      run_schedule},
+    {"accumulate",
+     "gradient accumulation as a loop (grad_accum > 1): graph 'micro_step' (forward, backward, "
+     "the gradients summed into states acc.*) run once per micro-batch, then 'train_step' (the "
+     "update) once; nothing at grad_accum 1",
+     run_accumulate},
     {"decompose",
      "rewrite composite ops (softmax, norms, attention, cross_entropy) into primitive ops for "
      "code generation",

@@ -132,6 +132,16 @@ dsc_status pass_remat_run(ir_module *m, const dsc_train_config *cfg);
 /* passes/schedule.c: buckets reduce_scatters and prefetches all_gathers of
  * graph train_step (cfg->zero.bucket_bytes, prefetch_bytes). */
 dsc_status pass_schedule_run(ir_module *m, const dsc_train_config *cfg);
+
+/* ======================= passes/accumulate.c =======================
+ * Gradient accumulation as a loop: with cfg->grad_accum K > 1, graph
+ * "train_step" (one micro-batch, after zero/offload/schedule) is cut into
+ * "micro_step" (forward, backward and the gradients' collectives, summing
+ * the gradients and the loss x 1/K into states "acc.<n>"; inputs: the
+ * micro-batch's, then first: f32[]) and "train_step" (lr) -> its outputs,
+ * reading the sums. Module meta accumulate.steps = K, accumulate.reduce =
+ * micro_batch | step (cfg->zero.reduce_each_micro_batch). Nothing at K 1. */
+dsc_status pass_accumulate_run(ir_module *m, const dsc_train_config *cfg);
 dsc_status pass_precision_run(ir_module *m, const dsc_train_config *cfg);
 /* Checks cfg->fp16's loss-scaling settings (a diagnostic when invalid). */
 bool pass_precision_check_fp16(ir_module *m, const dsc_train_config *cfg);

@@ -73,6 +73,9 @@ static const dsc_setting table[] = {
      size_want, zero_bytes_flag, CFG(zero.bucket_bytes), KNOB(bucket_bytes)},
     {"zero.prefetch_bytes", NULL, "--prefetch-bytes", "prefetch_bytes", DSC_SETTING_BYTES, 0,
      I64MAX, size_want, zero_bytes_flag, CFG(zero.prefetch_bytes), KNOB(prefetch_bytes)},
+    {"zero.reduce_each_micro_batch", NULL, "--reduce-each-micro-batch",
+     "reduce_each_micro_batch", DSC_SETTING_BOOL, 0, 0, "true or false", NULL,
+     CFG(zero.reduce_each_micro_batch), KNOB(reduce_each_micro_batch)},
     {"zero.persist_threshold", "zero_optimization.stage3_param_persistence_threshold",
      "--persist-threshold", "persist_threshold", DSC_SETTING_INT, 0, I64MAX,
      "a number of elements (>= 0)", NULL, CFG(zero.persist_threshold), KNOB(persist_threshold)},
@@ -282,6 +285,9 @@ bool dsc_setting_parse(const dsc_setting *s, const char *text, bool flag, dsc_se
       char *end;
       v.num = strtod(text, &end);
       ok = *text && !*end;
+    } else if (s->kind == DSC_SETTING_BOOL) {
+      v.b = strcmp(text, "true") == 0;
+      ok = v.b || strcmp(text, "false") == 0;
     } else
       ok = parse_name(s, text, &v);
   } else {
@@ -370,6 +376,8 @@ static dsc_setting_value knob_value(const dsc_run_knobs *k, const dsc_setting *s
   const char *p = (const char *)k + s->knob_off;
   if (s->kind == DSC_SETTING_INT || s->kind == DSC_SETTING_BYTES)
     memcpy(&v.i, p, sizeof v.i);
+  else if (s->kind == DSC_SETTING_BOOL)
+    memcpy(&v.b, p, sizeof v.b);
   else {
     int e;
     memcpy(&e, p, sizeof e);

@@ -205,7 +205,7 @@ dsc_status dsc_loader_open(dsc_context *ctx, const char *path, const dsc_loader_
   *out = NULL;
   dsc_loc loc = rt_loc(path);
   if (opts->batch <= 0 || opts->seq <= 0 || opts->batch > INT32_MAX || opts->seq > INT32_MAX) {
-    ir_error(ctx, loc, "loader: batch and seq must be positive (got B=%" PRId64 ", T=%" PRId64 ")",
+    ir_error(ctx, loc, "loader: batch and seq must be between 1 and 2^31-1 (got B=%" PRId64 ", T=%" PRId64 ")",
              opts->batch, opts->seq);
     return DSC_ERR_USER;
   }

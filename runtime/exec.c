@@ -369,6 +369,29 @@ dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const 
   return st;
 }
 
+dsc_status dsc_exec_run_step(dsc_exec *e, const dsc_tensor *const *inputs, int n_inputs,
+                             dsc_tensor **outputs) {
+  int64_t K = dsc_step_micro_batches(e->m);
+  if (K == 1) return dsc_exec_run(e, "train_step", inputs, n_inputs, outputs);
+  if (n_inputs < 1 || n_inputs > DSC_MAX_STEP_INPUTS) {
+    ir_error(e->ctx, ir_no_loc, "training step: %d inputs (1 to %d)", n_inputs,
+             DSC_MAX_STEP_INPUTS);
+    return DSC_ERR_USER;
+  }
+  dsc_tensor views[DSC_MAX_STEP_INPUTS];
+  const dsc_tensor *vp[DSC_MAX_STEP_INPUTS];
+  for (int i = 0; i < n_inputs; i++) vp[i] = &views[i];
+  for (int64_t k = 0; k < K; k++) {
+    double first;
+    dsc_status st = dsc_step_micro_inputs(e->m, inputs, n_inputs, k, views, &first);
+    dsc_tensor *loss = NULL;
+    if (st == DSC_OK) st = dsc_exec_run(e, "micro_step", vp, n_inputs, &loss);
+    dsc_tensor_free(e->ctx, loss);
+    if (st != DSC_OK) return st;
+  }
+  return dsc_exec_run(e, "train_step", &inputs[n_inputs - 1], 1, outputs);
+}
+
 dsc_status dsc_exec_set_comm(dsc_exec *e, dsc_comm *comm) {
   e->comm = comm;
   return e->be->set_comm ? e->be->set_comm(e->impl, comm) : DSC_OK;

@@ -22,7 +22,7 @@ typedef struct {
 typedef struct {
   const cg_program *p;
   const cg_cpu_kernel_fn *fns;
-  char *work_raw, *work;
+  char *work; /* the executor's WORK arena (one run at a time: shared) */
   int64_t work_bytes;
   char *host_work_raw, *host_work; /* the host work arena (host-placed temporaries) */
   int64_t host_work_bytes;
@@ -44,6 +44,8 @@ struct rt_cpu_exec {
   rt_gemm_engine *gemm;
   char *state_raw, *state;
   int64_t state_bytes;
+  char *work_raw, *work; /* the largest program's WORK arena, shared by all */
+  int64_t work_bytes;
   /* offload tiers (cg_tier): [0] unused (the STATE arena), [1] host,
    * [2] the disk tier's staging (runtime/exec.c fills it from the file) */
   char *tier_raw[CG_TIER_COUNT], *tier_base[CG_TIER_COUNT];
@@ -149,7 +151,7 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
                           true, NULL};
   if (!cg_program_verify(e->ctx, p, &lim)) return false;
   rp->work_bytes = p->arena_bytes[CG_ARENA_WORK];
-  rp->work = alloc_aligned(e->ctx, rp->work_bytes, &rp->work_raw);
+  rp->work = e->work;
   rp->host_work_bytes = p->host_work_bytes;
   if (rp->host_work_bytes > 0 &&
       !(rp->host_work = alloc_aligned(e->ctx, rp->host_work_bytes, &rp->host_work_raw))) {
@@ -227,6 +229,16 @@ rt_cpu_exec *rt_cpu_exec_new_tiered(dsc_context *ctx, const cg_program *const *p
       goto fail;
     }
   }
+  /* Programs run one at a time (a step's micro_step then train_step), so
+   * they share one WORK arena: the memory plan counts the largest. */
+  for (int i = 0; i < n_progs; i++)
+    if (progs[i]->arena_bytes[CG_ARENA_WORK] > e->work_bytes)
+      e->work_bytes = progs[i]->arena_bytes[CG_ARENA_WORK];
+  if (!(e->work = alloc_aligned(ctx, e->work_bytes, &e->work_raw))) {
+    ir_error(ctx, ir_no_loc, "out of memory creating the CPU executor (WORK arena %" PRId64 " bytes)",
+             e->work_bytes);
+    goto fail;
+  }
   e->progs = ir_arena_alloc(&e->arena, sizeof *e->progs * (size_t)(n_progs + 1));
   e->status = ir_arena_alloc(&e->arena, sizeof *e->status * (size_t)n_threads);
   if (!e->state || !e->progs || !e->status) {
@@ -257,14 +269,14 @@ void rt_cpu_exec_free(rt_cpu_exec *e) {
     rt_prog *rp = &e->progs[i];
     if (rp->plans)
       for (int j = 0; j < rp->p->n_instrs; j++) rt_gemm_plan_free(rp->plans[j]);
-    if (rp->work_raw)
-      ir_free(e->ctx, rp->work_raw, (size_t)(rp->work_bytes + arena_slack(rp->work_bytes)));
     if (rp->host_work_raw)
       ir_free(e->ctx, rp->host_work_raw,
               (size_t)(rp->host_work_bytes + arena_slack(rp->host_work_bytes)));
   }
   if (e->state_raw)
     ir_free(e->ctx, e->state_raw, (size_t)(e->state_bytes + arena_slack(e->state_bytes)));
+  if (e->work_raw)
+    ir_free(e->ctx, e->work_raw, (size_t)(e->work_bytes + arena_slack(e->work_bytes)));
   for (int t = 1; t < CG_TIER_COUNT; t++)
     if (e->tier_raw[t])
       ir_free(e->ctx, e->tier_raw[t], (size_t)(e->tier_bytes[t] + arena_slack(e->tier_bytes[t])));

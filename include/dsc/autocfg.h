@@ -71,6 +71,10 @@ typedef struct {
   int64_t coll_count[4];
   int n_events, n_coll;
   dsc_step_event *events; /* malloc'd; dsc_step_work_free */
+  /* gradient accumulation: events [0, repeat_events) are one micro-batch,
+   * replayed `repeat` times before the rest (0 or 1: no repeat) */
+  int repeat_events;
+  int64_t repeat;
 } dsc_step_work;
 void dsc_step_work_free(dsc_step_work *w);
 

@@ -88,6 +88,14 @@ void dsc_exec_tier_bytes(const dsc_exec *e, int64_t *device, int64_t *host, int6
 dsc_status dsc_exec_run(dsc_exec *e, const char *graph, const dsc_tensor *const *inputs,
                         int n_inputs, dsc_tensor **outputs);
 
+/* Runs one training step (dsc_interp_run_step's contract, include/dsc/interp.h):
+ * with grad_accum K > 1, "micro_step" on each micro-batch's rows of the
+ * data inputs, then "train_step" on lr (the last input); else "train_step"
+ * on all inputs. outputs: train_step's. A failure in a micro-batch leaves
+ * the params and optimizer states as they were. */
+dsc_status dsc_exec_run_step(dsc_exec *e, const dsc_tensor *const *inputs, int n_inputs,
+                             dsc_tensor **outputs);
+
 /* The communicator the collective ops (all_reduce_start/wait, ...) of every
  * later dsc_exec_run go through; NULL unsets it; DSC_OK (cuda: see below). Every
  * backend: interp passes it to dsc_interp_run_with; cpu runs each start as

@@ -54,6 +54,24 @@ dsc_tensor *dsc_params_find(const dsc_params *p, const char *name);
 dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
                           const dsc_tensor *const *inputs, int n_inputs, dsc_tensor **outputs);
 
+/* The training step (include/dsc/train.h). With grad_accum K > 1 the module
+ * holds graph "micro_step" (pass accumulate) and a step is K runs of it on
+ * rows [k*B, (k+1)*B) of the step's data inputs, then one run of
+ * "train_step" on lr; with K 1 it is one run of "train_step".
+ * dsc_step_micro_batches: K (1 without micro_step).
+ * dsc_step_micro_inputs: micro-batch k's inputs as views into `inputs` (the
+ * step's: data with K*B rows, then lr), then `first` (1 for k = 0): views
+ * must hold n_inputs tensors; an error names an input of the wrong type.
+ * dsc_interp_run_step: the whole step on the interpreter; outputs as
+ * train_step's. At most DSC_MAX_STEP_INPUTS inputs. */
+#define DSC_MAX_STEP_INPUTS 16
+int64_t dsc_step_micro_batches(const dsc_module *m);
+dsc_status dsc_step_micro_inputs(const dsc_module *m, const dsc_tensor *const *inputs,
+                                 int n_inputs, int64_t k, dsc_tensor *views, double *first);
+dsc_status dsc_interp_run_step(const dsc_module *m, const dsc_params *params,
+                               const dsc_tensor *const *inputs, int n_inputs,
+                               dsc_tensor **outputs);
+
 /* Options of a run; NULL means all defaults. */
 typedef struct {
   /* Runs the collective ops (all_reduce_start, ...): each start calls the

@@ -59,6 +59,8 @@ typedef struct {
   /* the disk tier's streaming */
   bool has_offload_prefetch_bytes, has_offload_io_threads;
   int64_t offload_prefetch_bytes, offload_io_threads;
+  /* grad_accum > 1 at stages 2-3: reduce-scatter every micro-batch (true) or once per step */
+  bool has_reduce_each_micro_batch, reduce_each_micro_batch;
 } dsc_run_knobs;
 
 typedef enum {

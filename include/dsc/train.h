@@ -1,12 +1,15 @@
 /* dsc public API: training settings and the pass pipeline that turns a
  * forward graph into one training-step graph.
  *
- * After dsc_run_pipeline with the default pipeline (precision, autodiff,
- * optimizer) the module holds one graph "train_step":
- *   inputs  the forward graph's inputs, each with its leading (batch) dim
- *           multiplied by grad_accum (micro-batch k is rows [k*B, (k+1)*B)),
- *           then `lr: f32[]`, the learning rate of this step (the host
- *           computes the schedule with dsc_lr_at);
+ * After dsc_run_pipeline with the default pipeline the module holds graph
+ * "train_step":
+ *   inputs  the forward graph's inputs (one micro-batch), then `lr: f32[]`,
+ *           the learning rate of this step (the host computes the schedule
+ *           with dsc_lr_at); with grad_accum K > 1 (pass "accumulate") the
+ *           micro-batch part is graph "micro_step" (the forward inputs, then
+ *           `first: f32[]`), run K times, and train_step takes lr alone:
+ *           run a whole step with dsc_exec_run_step / dsc_interp_run_step on
+ *           inputs with K*B rows (micro-batch k is rows [k*B, (k+1)*B));
  *   outputs [loss: f32[] (mean over the micro-batches), grad_norm: f32[]
  *           (global L2 norm of the averaged gradients, before clipping)];
  *           at cfg->world > 1 (pass "zero") the averaged gradients and the
@@ -121,6 +124,13 @@ typedef struct {
      * (train.zero.bucket_bytes, --bucket-bytes; default 25 MiB; 0: one per
      * gradient). */
     int64_t bucket_bytes;
+    /* With grad_accum > 1 at stages 2-3 (pass "accumulate"): the gradients
+     * are reduce-scattered after every micro-batch's backward into
+     * shard-sized accumulation buffers (true, the default: DeepSpeed's
+     * ZeRO-2/3), or once per step after the last micro-batch (false: 1/K the
+     * communication, full-size buffers). Stages 0-1 reduce once per step, as
+     * DeepSpeed does. train.zero.reduce_each_micro_batch. */
+    bool reduce_each_micro_batch;
     /* stage 3: params of at most this many elements stay whole on every
      * rank, as DeepSpeed's stage3_param_persistence_threshold
      * (train.zero.persist_threshold, --persist-threshold; default 0: every

@@ -31,22 +31,24 @@ stop_after() {
   took=$(( ($(date +%s%N) - t0) / 1000000 ))
 }
 
-# 1. dsc train of GPT-2 with its own train section (grad_accum 64, unrolled:
-# minutes of compiling): SIGINT after 1 s ends it with 130, nothing written.
+# 1. dsc train of GPT-2 with its own train section (seconds of initialising
+# 124M params and compiling kernels): SIGINT after 1 s ends it with 130,
+# nothing written.
 stop_after INT 1 "$TMP/t" "$DSC" train "$SRC/examples/gpt2.dsm" --data "$TMP/c" --steps 1 --out "$TMP/run"
 [ $rc -eq 130 ] && pass || { fail "train, SIGINT while compiling: exit $rc after ${took} ms, expected 130"; cat "$TMP/t.err"; }
 expect_grep 'error: interrupted while ' "$TMP/t.err"
 [ ! -e "$TMP/run" ] && pass || fail "an interrupted train created $TMP/run: $(ls "$TMP/run")"
 echo "train SIGINT: exit $rc ${took} ms after the signal"
 
-# 2. dsc plan of the same: SIGTERM -> 143.
-stop_after TERM 1 "$TMP/p" "$DSC" plan "$SRC/examples/gpt2.dsm"
+# 2. dsc plan of LLaMA-70B (80 layers through every pass: seconds): SIGTERM -> 143.
+stop_after TERM 1 "$TMP/p" "$DSC" plan "$SRC/examples/llama-70b.dsm" --world 64
 [ $rc -eq 143 ] && pass || { fail "plan, SIGTERM: exit $rc after ${took} ms, expected 143"; cat "$TMP/p.err"; }
 expect_grep 'error: interrupted while ' "$TMP/p.err"
 echo "plan SIGTERM: exit $rc ${took} ms after the signal"
 
-# 3. dsc compile: SIGINT -> 130 and no .dsx.
-stop_after INT 1 "$TMP/k" "$DSC" compile "$SRC/examples/gpt2.dsm" -o "$TMP/gpt2.dsx"
+# 3. dsc compile of LLaMA-70B (its passes and 6k kernels compiled cold:
+# seconds): SIGINT -> 130 and no .dsx.
+DSC_CACHE_DIR=off stop_after INT 1 "$TMP/k" "$DSC" compile "$SRC/examples/llama-70b.dsm" -o "$TMP/gpt2.dsx"
 [ $rc -eq 130 ] && pass || { fail "compile, SIGINT: exit $rc after ${took} ms, expected 130"; cat "$TMP/k.err"; }
 [ ! -e "$TMP/gpt2.dsx" ] && pass || fail "an interrupted compile wrote $TMP/gpt2.dsx"
 

@@ -533,8 +533,8 @@ static void check_train_step(dsc_context *ctx) {
       in[0]->data[j] = floor(uniform() * 256), in[1]->data[j] = floor(uniform() * 256);
     in[2]->data[0] = (double)(float)1e-3;
     dsc_tensor *ri[2] = {0}, *rc[2] = {0};
-    bool ran = dsc_exec_run(xi, "train_step", (const dsc_tensor *const *)in, 3, ri) == DSC_OK &&
-               dsc_exec_run(xc, "train_step", (const dsc_tensor *const *)in, 3, rc) == DSC_OK;
+    bool ran = dsc_exec_run_step(xi, (const dsc_tensor *const *)in, 3, ri) == DSC_OK &&
+               dsc_exec_run_step(xc, (const dsc_tensor *const *)in, 3, rc) == DSC_OK;
     char name[80];
     if (!ran) {
       last_diags(ctx, diag, sizeof diag);

@@ -310,7 +310,7 @@ TEST(AutocfgSearch, NoneFitsNamesTheSmallestPeak) {
   s.o.memory_budget = 4096;
   ASSERT_EQ(dsc_autocfg_search(s.ctx, &s.o, &s.r), DSC_ERR_USER);
   EXPECT_EQ(s.r.n_fit, 0);
-  ASSERT_GE(s.r.smallest, 0);
+  ASSERT_GE(s.r.smallest, 0) << diags(s.ctx);
   int64_t smallest = s.r.cand[s.r.smallest].plan.rank.peak;
   for (int i = 0; i < s.r.n; i++) EXPECT_GE(s.r.cand[i].plan.rank.peak, smallest);
   std::string d = diags(s.ctx);

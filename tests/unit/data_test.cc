@@ -311,7 +311,7 @@ TEST(Loader, RejectsShortShardBadPositionAndBadIds) {
   dsc_diag_clear(c.ctx);
   o.batch = 0;
   EXPECT_EQ(dsc_loader_open(c.ctx, p.c_str(), &o, &l), DSC_ERR_USER);
-  EXPECT_NE(c.msgs().find("batch and seq must be positive"), std::string::npos);
+  EXPECT_NE(c.msgs().find("batch and seq must be between 1 and 2^31-1"), std::string::npos);
 }
 
 }  // namespace

@@ -211,8 +211,7 @@ struct Harness {
     lr = lrt->data[0];
     const dsc_tensor *in[3] = {x, lab, lrt};
     dsc_tensor *out[2] = {nullptr, nullptr};
-    ASSERT_EQ(dsc_interp_run(dsc_module_find_graph(step_m, "train_step"), P, in, 3, out), DSC_OK)
-        << diags(ctx);
+    ASSERT_EQ(dsc_interp_run_step(step_m, P, in, 3, out), DSC_OK) << diags(ctx);
     losses.push_back(out[0]->data[0]);
     norms.push_back(out[1]->data[0]);
     for (auto *t : out) dsc_tensor_free(ctx, t);
@@ -559,9 +558,14 @@ TEST(Optimizer, GradAccumTwoEqualsOneBatchOfTwiceTheSize) {
       EXPECT_LT(rel_err(a->data, rb), kRelTol) << name;
     }
   }
-  // the step graph takes 2B rows and slices them
-  dsc_graph *g = dsc_module_find_graph(acc.step_m, "train_step");
-  EXPECT_EQ(dsc_node_type(dsc_graph_input_at(g, 0)).dims[0], 8);
+  // the loop: micro_step takes B rows, run twice; train_step only lr
+  EXPECT_EQ(dsc_step_micro_batches(acc.step_m), 2);
+  dsc_graph *g = dsc_module_find_graph(acc.step_m, "micro_step");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(dsc_node_type(dsc_graph_input_at(g, 0)).dims[0], 4);
+  EXPECT_EQ(dsc_graph_input_count(dsc_module_find_graph(acc.step_m, "train_step")), 1);
+  EXPECT_EQ(dsc_step_micro_batches(one.step_m), 1);
+  EXPECT_EQ(dsc_module_find_graph(one.step_m, "micro_step"), nullptr);
 }
 
 TEST(Optimizer, StepGraphShapeAndTextRoundTrip) {
@@ -576,9 +580,20 @@ TEST(Optimizer, StepGraphShapeAndTextRoundTrip) {
   EXPECT_EQ(dsc_module_find_graph(m, "forward"), nullptr);
   dsc_graph *g = dsc_module_find_graph(m, "train_step");
   ASSERT_NE(g, nullptr);
-  ASSERT_EQ(dsc_graph_input_count(g), 3);
-  EXPECT_STREQ(dsc_node_name(dsc_graph_input_at(g, 2)), "lr");
+  // grad_accum 2: train_step(lr) reads the sums micro_step(x, labels, first) keeps
+  ASSERT_EQ(dsc_graph_input_count(g), 1);
+  EXPECT_STREQ(dsc_node_name(dsc_graph_input_at(g, 0)), "lr");
   ASSERT_EQ(dsc_graph_output_count(g), 2);
+  dsc_graph *mg = dsc_module_find_graph(m, "micro_step");
+  ASSERT_NE(mg, nullptr);
+  ASSERT_EQ(dsc_graph_input_count(mg), 3);
+  EXPECT_STREQ(dsc_node_name(dsc_graph_input_at(mg, 2)), "first");
+  EXPECT_EQ(dsc_node_type(dsc_graph_input_at(mg, 0)).dims[0], 4);
+  int sums = 0;
+  for (int i = 0; i < dsc_graph_node_count(mg); i++)
+    sums += dsc_node_op(dsc_graph_node(mg, i)) == DSC_OP_ASSIGN;
+  EXPECT_EQ(sums, 1 + 4);  // the loss and each param's gradient
+  EXPECT_STREQ(dsc_module_get_meta(m, "accumulate.steps"), "2");
   for (int i = 0; i < 2; i++) {
     dsc_type t = dsc_node_type(dsc_graph_output_at(g, i));
     EXPECT_EQ(t.rank, 0);
