@@ -4,7 +4,8 @@
 usage: trace_overlap.py [--json] [--merge OUT] TRACE [TRACE ...]
 
 Reads Chrome traces written by `dsc train --trace FILE` (docs/training.md,
-"Traces"). Under mpirun rank R > 0 writes FILE.rankR: given FILE alone, the
+"Traces"): complete events ("X") and async pairs ("b"/"e", the comm and copy
+tracks, whose spans overlap). Under mpirun rank R > 0 writes FILE.rankR: given FILE alone, the
 FILE.rank* next to it are read too. Per rank (pid), over the events of
 category "collective":
   comm = the union of the spans on the "comm" track (a collective from its
@@ -57,6 +58,36 @@ def union_us(spans):
     return total
 
 
+def spans(events):
+    """The events as spans with ts and dur: complete events ("X") as they are,
+    async pairs ("b" ... "e" of one pid, cat and id: collectives and copies,
+    which overlap) joined into one, with the begin's name and args."""
+    out, open_ = [], {}
+    for ev in events:
+        ph = ev.get("ph")
+        if ph == "X":
+            out.append(ev)
+        elif ph in ("b", "e"):
+            key = (ev.get("pid"), ev.get("cat"), ev.get("id"))
+            if ph == "b":
+                if key in open_:
+                    fail(f"async span begun twice: {json.dumps(ev)[:200]}")
+                open_[key] = ev
+                continue
+            b = open_.pop(key, None)
+            if b is None:
+                fail(f"async end without a begin: {json.dumps(ev)[:200]}")
+            try:
+                ts, te = float(b["ts"]), float(ev["ts"])
+            except (KeyError, TypeError, ValueError):
+                fail(f"malformed event: {json.dumps(ev)[:200]}")
+            span = dict(b, ph="X", dur=te - ts)
+            out.append(span)
+    if open_:
+        fail(f"{len(open_)} async span(s) without an end")
+    return out
+
+
 def analyse(events):
     # track names from the thread_name metadata (pid, tid) -> name
     names = {}
@@ -64,9 +95,7 @@ def analyse(events):
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
             names[(ev.get("pid"), ev.get("tid"))] = ev.get("args", {}).get("name")
     ranks = {}
-    for ev in events:
-        if ev.get("ph") != "X":
-            continue
+    for ev in spans(events):
         try:
             pid, ts, dur = ev["pid"], float(ev["ts"]), float(ev["dur"])
         except (KeyError, TypeError, ValueError):

@@ -18,6 +18,7 @@
 typedef struct {
   bool named; /* process and thread names written */
   int64_t comm_ns, wait_ns, n;
+  int64_t async_ids; /* async spans written (their ids) */
 } trace_rank;
 
 struct dsc_trace {
@@ -172,17 +173,31 @@ void dsc_trace_span(dsc_trace *t, int pid, dsc_trace_track track, const char *ca
     name_rank(t, pid);
     r->named = true;
   }
-  sep(t);
-  fputs("{\"name\":", t->f);
-  put_json_string(t->f, name ? name : "?");
-  fputs(",\"cat\":", t->f);
-  put_json_string(t->f, cat ? cat : track_names[track]);
-  fprintf(t->f, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", pid, (int)track);
-  put_us(t->f, t0_ns);
-  fputs(",\"dur\":", t->f);
-  put_us(t->f, t1_ns - t0_ns);
-  if (args_json) fprintf(t->f, ",\"args\":%s", args_json);
-  fputc('}', t->f);
+  /* Collectives and transfers overlap one another on their track: a pair
+   * of async events ("b"/"e", one id per span: rank << 32 | n, unique in a
+   * merged file) is valid for any overlap, where complete events on one
+   * thread must nest (Perfetto moves the others to overflow tracks). */
+  bool async = r && (track == DSC_TRACE_COMM || track == DSC_TRACE_COPY);
+  for (int end = 0; end < (async ? 2 : 1); end++) {
+    sep(t);
+    fputs("{\"name\":", t->f);
+    put_json_string(t->f, name ? name : "?");
+    fputs(",\"cat\":", t->f);
+    put_json_string(t->f, cat ? cat : track_names[track]);
+    fprintf(t->f, ",\"ph\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":", async ? (end ? "e" : "b") : "X",
+            pid, (int)track);
+    put_us(t->f, end ? t1_ns : t0_ns);
+    if (async)
+      fprintf(t->f, ",\"id\":\"0x%" PRIx64 "\"",
+              ((uint64_t)pid << 32) | (uint64_t)(r->async_ids & 0xffffffff));
+    if (!async) {
+      fputs(",\"dur\":", t->f);
+      put_us(t->f, t1_ns - t0_ns);
+    }
+    if (args_json && !end) fprintf(t->f, ",\"args\":%s", args_json);
+    fputc('}', t->f);
+  }
+  if (async) r->async_ids++;
   pthread_mutex_unlock(&t->lock);
 }
 

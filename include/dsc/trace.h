@@ -3,10 +3,14 @@
  * A trace is one JSON file in the Trace Event Format (viewable in Perfetto,
  * ui.perfetto.dev, or chrome://tracing): {"traceEvents": [...], ...}. Each
  * rank is a process (pid = rank, named "rank R") with one thread per track
- * (dsc_trace_track, named by thread_name metadata). Every event is a
- * complete event ("ph": "X") with ts and dur in microseconds of
- * CLOCK_MONOTONIC, one clock for every thread and process of a host, so the
- * files of several processes (mpirun) can be merged as they are.
+ * (dsc_trace_track, named by thread_name metadata). Events on the step,
+ * compute and wait tracks are complete events ("ph": "X", ts and dur), which
+ * nest; collectives (comm) and copies and transfers (copy), which overlap
+ * one another, are async pairs ("ph": "b" at the start, "e" at the end,
+ * with one "id" per span, unique across ranks: rank << 32 | n). Times are
+ * microseconds of CLOCK_MONOTONIC, one clock for every thread and process
+ * of a host, so the files of several processes (mpirun) can be merged as
+ * they are.
  *
  * Events are written as they come (buffered), under a lock: the ranks of an
  * in-process run (threads) share one trace. dsc_trace_close completes the

@@ -36,7 +36,16 @@ ev = d["traceEvents"]
 names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
 procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
 assert sorted(procs) == pids and all(procs[p] == f"rank {p}" for p in pids), procs
-xs = [e for e in ev if e["ph"] == "X"]
+# complete events, and the comm and copy tracks' async pairs as spans
+xs, begun = [e for e in ev if e["ph"] == "X"], {}
+for e in ev:
+    if e["ph"] == "b":
+        begun[(e["pid"], e["cat"], e["id"])] = e
+    elif e["ph"] == "e":
+        b = begun.pop((e["pid"], e["cat"], e["id"]))
+        xs.append(dict(b, ph="X", dur=e["ts"] - b["ts"]))
+assert not begun, begun
+assert not [e for e in ev if e["ph"] == "X" and e["tid"] in (3, 5)], "comm/copy as complete events"
 assert {e["pid"] for e in xs} == set(pids), {e["pid"] for e in xs}
 for p in pids:
     tracks = {names[(p, t)] for t in range(1, 6)}
@@ -72,9 +81,21 @@ expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --backend interp --steps 3 --out
   expect_grep '^trace: .*/i.json: no collectives traced' "$TMP/out"
 check_trace "$TMP/i.json" 3 0 0 >/dev/null && pass || fail "interp trace"
 python3 -c 'import json,sys; ev=json.load(open(sys.argv[1]))["traceEvents"]
-assert [e["name"] for e in ev if e["ph"]=="X" and e["tid"]==5 and e["name"].startswith("checkpoint")] == ["checkpoint step 3"]
+assert [e["name"] for e in ev if e["ph"]=="b" and e["tid"]==5 and e["name"].startswith("checkpoint")] == ["checkpoint step 3"]
 assert sum(e["name"] == "train_step (interpreter)" for e in ev if e["ph"]=="X") == 3' "$TMP/i.json" &&
   pass || fail "interp trace: checkpoint or interpreter events"
+
+# the Trace Event Format's schema, nesting complete events, paired async ones
+CHECK=(python3 "$SRC/tests/cli/lib/trace_check.py" "$SRC/tests/cli/lib/chrome_trace.schema.json")
+expect_exit 0 "${CHECK[@]}" "$TMP/i.json" && expect_grep '^ok$' "$TMP/out"
+# the checker fails: two complete events on one track that overlap partially,
+# an async begin without its end, an event without a pid
+printf '%s' '{"traceEvents":[{"name":"a","ph":"X","pid":0,"tid":2,"ts":0,"dur":10},{"name":"b","ph":"X","pid":0,"tid":2,"ts":5,"dur":10}]}' >"$TMP/bad1.json"
+expect_exit 1 "${CHECK[@]}" "$TMP/bad1.json" && expect_grep "'b' \[5, 15\] overlaps 'a'" "$TMP/err"
+printf '%s' '{"traceEvents":[{"name":"a","cat":"c","ph":"b","id":"0x1","pid":0,"tid":3,"ts":0}]}' >"$TMP/bad2.json"
+expect_exit 1 "${CHECK[@]}" "$TMP/bad2.json" && expect_grep 'never end' "$TMP/err"
+printf '%s' '{"traceEvents":[{"name":"a","ph":"X","tid":3,"ts":0,"dur":1}]}' >"$TMP/bad3.json"
+expect_exit 1 "${CHECK[@]}" "$TMP/bad3.json" && expect_grep "no 'pid'" "$TMP/err"
 
 # training that fails midway (the loss overflows) still leaves valid JSON
 expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --backend interp --steps 20 --lr 1e9 \
@@ -103,6 +124,8 @@ for r in ov["ranks"]:
 PY
   expect_exit 0 python3 "$TOOL" "$TMP/r2.json" && expect_grep '^hidden: [0-9.]+% of ' "$TMP/out"
   expect_exit 1 python3 "$TOOL" "$TMP/c_train.bin" && expect_grep 'not valid JSON' "$TMP/err"
+  # overlapping collectives: async pairs; every complete event nests
+  expect_exit 0 "${CHECK[@]}" "$TMP/r2.json"
 
   # SIGTERM midway: the run checkpoints, exits 143, and the trace is valid
   "$DSC" train "$MODEL" "${RUN[@]}" --backend cpu --threads 1 --ranks 2 --steps 100000 \
@@ -117,6 +140,7 @@ PY
   code=$?
   [ $code -eq 143 ] && pass || fail "SIGTERM: exit $code"
   python3 -m json.tool "$TMP/sig.json" >/dev/null && pass || fail "stopped run: trace is not valid JSON"
+  expect_exit 0 "${CHECK[@]}" "$TMP/sig.json"
 
   # mpirun: rank R > 0 writes FILE.rankR; the tool reads them together
   if command -v mpirun >/dev/null 2>&1 && ! "$DSC" launch -n 2 --dry-run train x 2>&1 | grep -q 'without MPI'; then
@@ -129,6 +153,7 @@ PY
     expect_exit 0 python3 "$TOOL" --merge "$TMP/merged.json" "$TMP/m.json" &&
       expect_grep 'over 2 rank\(s\)' "$TMP/out"
     check_trace "$TMP/merged.json" 3 0,1 1 >/dev/null && pass || fail "merged trace"
+    expect_exit 0 "${CHECK[@]}" "$TMP/m.json" "$TMP/m.json.rank1" "$TMP/merged.json"
     # a rank that fails closes its trace before the job is aborted
     "$DSC" launch -n 2 -- train "$MODEL" --data "$TMP/none" --trace "$TMP/bad.json" \
       >"$TMP/out" 2>"$TMP/err"
