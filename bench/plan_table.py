@@ -24,7 +24,14 @@ exits 1 if one differs.
 stage 0 without offload, with the optimizer states on the host, on disk and
 under --offload-optimizer auto with a budget half a state set below the
 no-offload peak, and prints dsc train's planned memory against the measured
-RSS growth, with the commands. Python 3 standard library only.
+RSS growth, with the commands.
+
+--scale times `dsc plan` of LLaMA-7B and the 78B with their own train
+sections (grad_accum 1024, seq 4096) at worlds 8, 64 and 512, wall time and
+peak RSS of each, against the issue's bound (5 s, 2 GB on 2 cores); then
+GPT-2's plan and `dsc compile` (an empty kernel cache) at its own grad_accum
+64 against --grad-accum 1 (bound: within 1.2x). Prints the CPU and the load.
+Exit 1 when a bound is missed. Python 3 standard library only.
 """
 import argparse
 import json
@@ -229,6 +236,63 @@ def measured(a):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def timed(cmd, env=None):
+    """(wall seconds, peak RSS bytes) of cmd; raises on a non-zero exit."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - t0
+    err = p.stderr.read().decode(errors="replace")
+    p.stderr.close()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd), p.returncode, err.strip()[:300]))
+    return wall, ru.ru_maxrss * 1024
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def scale(a):
+    """Plans at scale and grad_accum's cost: the issue's bounds."""
+    print("CPU: %s, %d CPUs, load %.2f %.2f %.2f\n" % ((cpu_model(), os.cpu_count()) + os.getloadavg()))
+    ok = True
+    print("| model (own train section) | world | dsc plan | peak RSS |")
+    print("|---|---:|---:|---:|")
+    for title, model in (MODELS[2], BIG):
+        for world in (8, 64, 512):
+            wall, rss = timed([a.dsc, "plan", model, "--world", str(world)])
+            good = wall < 5 and rss < 2e9
+            ok &= good
+            print("| %s | %d | %.2f s | %s |%s" % (title, world, wall, human(rss),
+                                                  "" if good else " over the bound"))
+    tmp = tempfile.mkdtemp(prefix="dsc-plan-scale-")
+    env = dict(os.environ, DSC_CACHE_DIR="off")
+    print("\n| GPT-2, dsc ... examples/gpt2.dsm | grad_accum 64 | grad_accum 1 | ratio |")
+    print("|---|---:|---:|---:|")
+    for label, cmd in (("plan --world 8", ["plan", "--world", "8"]),
+                       ("compile -o X.dsx", ["compile", "-o", os.path.join(tmp, "g.dsx")])):
+        k64 = min(timed([a.dsc] + cmd[:1] + ["examples/gpt2.dsm"] + cmd[1:], env)[0]
+                  for _ in range(3))
+        k1 = min(timed([a.dsc] + cmd[:1] + ["examples/gpt2.dsm"] + cmd[1:] +
+                       ["--grad-accum", "1"], env)[0] for _ in range(3))
+        good = k64 <= 1.2 * k1
+        ok &= good
+        print("| %s | %.2f s | %.2f s | %.2fx |%s" % (label, k64, k1, k64 / k1,
+                                                    "" if good else " over 1.2x"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    print("\n(best of 3 for GPT-2; load after: %.2f)" % os.getloadavg()[0])
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dsc", default="build/dsc")
@@ -237,7 +301,11 @@ def main():
     ap.add_argument("--no-70b", action="store_true", help="skip the 78B model")
     ap.add_argument("--measured", action="store_true",
                     help="instead of the tables: train gpt-tiny, planned vs measured memory")
+    ap.add_argument("--scale", action="store_true",
+                    help="instead of the tables: plan time and memory at scale, grad_accum's cost")
     a = ap.parse_args()
+    if a.scale:
+        sys.exit(scale(a))
     if a.measured:
         measured(a)
     else:
