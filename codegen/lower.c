@@ -513,9 +513,8 @@ static bool materialize(L *l, const ir_node *n) {
   return true;
 }
 
-static int param_index(const ir_graph *g, const ir_node *n) {
-  const char *name = ir_attr_str(n, "name");
-  return dsc_module_find_param(g->module, name);
+static int param_index(const L *l, const ir_node *n) {
+  return dsc_module_find_param(l->g->module, ir_attr_str(n, "name"));
 }
 
 static bool resolve(L *l, const ir_node *n, view *v) {
@@ -525,7 +524,7 @@ static bool resolve(L *l, const ir_node *n, view *v) {
   }
   switch (n->op) {
     case DSC_OP_PARAM: {
-      int j = param_index(l->g, n);
+      int j = param_index(l, n);
       if (j < 0) return fail(l, n, DSC_ERR_USER, "unknown param '%s'", ir_attr_str(n, "name"));
       if (l->p->buffers[l->param_buf[j]].tier == CG_TIER_DISK) /* no memory of its own */
         return fail(l, n, DSC_ERR_USER,
@@ -996,7 +995,7 @@ static bool lower_collective_wait(L *l, const ir_node *n) {
 static bool lower_tier(L *l, const ir_node *n) {
   cg_program *p = l->p;
   if (n->op == DSC_OP_TIER_READ_START || n->op == DSC_OP_TIER_WRITE_START) {
-    int j = param_index(l->g, n);
+    int j = param_index(l, n);
     if (j < 0) return fail(l, n, DSC_ERR_USER, "unknown param '%s'", ir_attr_str(n, "name"));
     if (p->buffers[l->param_buf[j]].tier != CG_TIER_DISK)
       return fail(l, n, DSC_ERR_USER, "'%s' is not on the disk tier (module meta tier.<name>)",
@@ -1468,7 +1467,12 @@ static bool place_work(L *l) {
   }
   int *order = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
   int *active = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
-  if (!order || !active) return oom(l);
+  int64_t *bytes = ir_arena_alloc(l->a, sizeof(int64_t) * (size_t)(p->n_buffers + 1));
+  if (!order || !active || !bytes) return oom(l);
+  for (int i = 0; i < p->n_buffers; i++) { /* as placed: 64-byte aligned, at least 64 */
+    bytes[i] = align64((int64_t)dsc_dtype_size(p->buffers[i].dtype) * p->buffers[i].numel);
+    if (bytes[i] == 0) bytes[i] = 64;
+  }
   /* first fit in order of first use: the device WORK arena, then the host's */
   for (int tier = CG_TIER_DEVICE; tier <= CG_TIER_HOST; tier++) {
     int nw = 0;
@@ -1493,16 +1497,15 @@ static bool place_work(L *l) {
       for (int j = 0; j < na; j++)
         if (p->buffers[active[j]].last_use >= b->first_use) active[k++] = active[j];
       na = k;
-      int64_t size = align64((int64_t)dsc_dtype_size(b->dtype) * b->numel);
-      if (size == 0) size = 64;
+      int64_t size = bytes[order[i]];
       int64_t off = 0;
       for (;;) { /* lowest offset that overlaps no active buffer */
         bool moved = false;
         for (int j = 0; j < na; j++) {
           const cg_buffer *o = &p->buffers[active[j]];
-          int64_t osz = align64((int64_t)dsc_dtype_size(o->dtype) * o->numel);
-          if (off < o->offset + osz && o->offset < off + size) {
-            off = o->offset + osz;
+          int64_t end = o->offset + bytes[active[j]];
+          if (off < end && o->offset < off + size) {
+            off = end;
             moved = true;
           }
         }
@@ -1759,7 +1762,7 @@ static dsc_status lower_check_in_flight(L *l) {
 /* An assign: recorded now, resolved once every value has its buffer. */
 static void lower_assign(L *l, const ir_node *x) {
   cg_program *p = l->p;
-  int j = param_index(l->g, x);
+  int j = param_index(l, x);
   if (j < 0) {
     fail(l, x, DSC_ERR_USER, "assign to unknown param '%s'", ir_attr_str(x, "name"));
     return;
@@ -1880,16 +1883,26 @@ static dsc_status lower_assigns(L *l) {
   }
   /* in place: per kernel, the assigns whose value it stores */
   if (l->status == DSC_OK && p->n_assigns > 0) {
+    /* the assigns grouped by kernel, in assign order (a scan of every
+     * assign per instruction was O(instructions x assigns)) */
     int *idx = ir_arena_alloc(l->a, sizeof(int) * (size_t)p->n_assigns);
-    if (!idx) return oom(l), DSC_ERR_INTERNAL;
-    for (int i = 0; i < p->n_instrs && l->status == DSC_OK; i++) {
-      int cnt = 0;
-      for (int s = 0; s < p->n_assigns; s++)
-        if (l->store_instr[assign_src[s]->id] == i &&
-            l->buf[assign_src[s]->id] == p->assigns[s].buffer)
-          idx[cnt++] = s;
-      if (cnt) inplace_kernel(l, i, idx, cnt);
+    int *first = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_instrs + 2));
+    if (!idx || !first) return oom(l), DSC_ERR_INTERNAL;
+    memset(first, 0, sizeof(int) * (size_t)(p->n_instrs + 2));
+    for (int s = 0; s < p->n_assigns; s++) {
+      int k = l->store_instr[assign_src[s]->id];
+      if (k >= 0 && k < p->n_instrs && l->buf[assign_src[s]->id] == p->assigns[s].buffer)
+        first[k + 2]++;
     }
+    for (int i = 0; i < p->n_instrs; i++) first[i + 2] += first[i + 1];
+    for (int s = 0; s < p->n_assigns; s++) {
+      int k = l->store_instr[assign_src[s]->id];
+      if (k >= 0 && k < p->n_instrs && l->buf[assign_src[s]->id] == p->assigns[s].buffer)
+        idx[first[k + 1]++] = s;
+    }
+    /* first[i] is now where kernel i's assigns begin, first[i + 1] where they end */
+    for (int i = 0; i < p->n_instrs && l->status == DSC_OK; i++)
+      if (first[i + 1] > first[i]) inplace_kernel(l, i, idx + first[i], first[i + 1] - first[i]);
   }
   if (l->status == DSC_OK && p->n_assigns > 0) inplace_transfers(l, assign_src);
   return l->status;

@@ -202,6 +202,10 @@ struct dsc_module {
   const char *name;
   ir_param *params;
   int n_params, cap_params;
+  /* name -> index of params (open addressing, -1 empty; grown as params are
+   * added): shape rules look params up by name once per node */
+  int *param_slots;
+  int cap_slots;
   ir_graph **graphs;
   int n_graphs, cap_graphs;
   ir_meta *meta;

@@ -45,6 +45,26 @@ void dsc_module_free(dsc_module *m) {
 const char *dsc_module_name(const dsc_module *m) { return m->name; }
 dsc_context *dsc_module_context(const dsc_module *m) { return m->ctx; }
 
+static void slot_insert(int *slots, int cap, const ir_param *params, int i) {
+  size_t h = (size_t)ir_fnv1a64(params[i].name) & (size_t)(cap - 1);
+  while (slots[h] >= 0) h = (h + 1) & (size_t)(cap - 1);
+  slots[h] = i;
+}
+
+/* Keeps the table at most half full; false when out of memory. */
+static bool index_param(dsc_module *m, int i) {
+  if (2 * (i + 1) > m->cap_slots) {
+    int cap = m->cap_slots ? 2 * m->cap_slots : 64;
+    int *slots = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)cap);
+    if (!slots) return false;
+    for (int k = 0; k < cap; k++) slots[k] = -1;
+    for (int k = 0; k < i; k++) slot_insert(slots, cap, m->params, k);
+    m->param_slots = slots, m->cap_slots = cap; /* the old table stays in the arena */
+  }
+  slot_insert(m->param_slots, m->cap_slots, m->params, i);
+  return true;
+}
+
 dsc_status dsc_module_add_param(dsc_module *m, const char *name, dsc_type type, dsc_init init) {
   if (dsc_module_find_param(m, name) >= 0) {
     ir_error(m->ctx, ir_no_loc, "parameter '%s' is declared twice", name);
@@ -57,6 +77,7 @@ dsc_status dsc_module_add_param(dsc_module *m, const char *name, dsc_type type, 
   if (!p->name) return oom(m), DSC_ERR_INTERNAL;
   p->type = type;
   p->init = init;
+  if (!index_param(m, m->n_params)) return oom(m), DSC_ERR_INTERNAL;
   m->n_params++;
   return DSC_OK;
 }
@@ -74,8 +95,10 @@ dsc_type dsc_module_param_type(const dsc_module *m, int i) { return m->params[i]
 dsc_init dsc_module_param_init(const dsc_module *m, int i) { return m->params[i].init; }
 
 int dsc_module_find_param(const dsc_module *m, const char *name) {
-  for (int i = 0; i < m->n_params; i++)
-    if (strcmp(m->params[i].name, name) == 0) return i;
+  if (!name || m->cap_slots == 0) return -1;
+  for (size_t h = (size_t)ir_fnv1a64(name) & (size_t)(m->cap_slots - 1); m->param_slots[h] >= 0;
+       h = (h + 1) & (size_t)(m->cap_slots - 1))
+    if (strcmp(m->params[m->param_slots[h]].name, name) == 0) return m->param_slots[h];
   return -1;
 }
 

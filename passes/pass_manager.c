@@ -2,9 +2,28 @@
  * {name, description, run}; later passes (remat, schedule, ...) are
  * new rows. After each pass the module is verified (always in builds
  * without NDEBUG, else on request), so a pass that breaks the IR is named. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "passes/passes.h"
+
+/* DSC_TIME_PASSES=1: each pass's wall time and the nodes after it, on
+ * stderr (docs/memory.md "How the passes scale"). */
+static double seconds_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void report_time(const ir_module *m, const char *pass, double s) {
+  long nodes = 0;
+  for (int i = 0; i < m->n_graphs; i++) nodes += m->graphs[i]->n_nodes;
+  fprintf(stderr, "dsc: pass %-10s %8.3f s, %ld nodes in %d graph(s) after it\n", pass, s, nodes,
+          m->n_graphs);
+}
 
 static dsc_status run_precision(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_precision_run(m, opts->train);
@@ -148,10 +167,14 @@ dsc_status dsc_run_pipeline(dsc_module *m, const dsc_pipeline_options *opts) {
     ir_error(m->ctx, ir_no_loc, "the IR given to the pass pipeline is invalid");
     return DSC_ERR_USER;
   }
+  const char *tp = getenv("DSC_TIME_PASSES");
+  bool timed = tp && *tp && strcmp(tp, "0") != 0;
   for (int i = 0; i <= last; i++) {
     dsc_status st = ir_check_interrupt(m->ctx, "running the passes");
+    double t0 = timed ? seconds_now() : 0;
     if (st == DSC_OK) st = passes[i].run(m, opts);
     if (st != DSC_OK) return st;
+    if (timed) report_time(m, passes[i].name, seconds_now() - t0);
     if (verify && dsc_module_verify(m) != DSC_OK) {
       ir_error(m->ctx, ir_no_loc, "the IR is invalid after pass '%s' (a bug in that pass)",
                passes[i].name);
@@ -176,10 +199,14 @@ dsc_status dsc_run_codegen_passes(dsc_module *m) {
     if (strcmp(passes[i].name, "decompose") == 0) first = i;
   dsc_pipeline_options none;
   memset(&none, 0, sizeof none);
+  const char *tp = getenv("DSC_TIME_PASSES");
+  bool timed = tp && *tp && strcmp(tp, "0") != 0;
   for (int i = first; i >= 0 && i < N_PASSES; i++) {
     dsc_status st = ir_check_interrupt(m->ctx, "running the passes");
+    double t0 = timed ? seconds_now() : 0;
     if (st == DSC_OK) st = passes[i].run(m, &none);
     if (st != DSC_OK) return st;
+    if (timed) report_time(m, passes[i].name, seconds_now() - t0);
 #ifndef NDEBUG
     if (dsc_module_verify(m) != DSC_OK) {
       ir_error(m->ctx, ir_no_loc, "the IR is invalid after pass '%s' (a bug in that pass)",
