@@ -303,6 +303,8 @@ void cg_llvm_jit_set_threads(cg_llvm_jit *j, int threads);
 /* Kernels compiled by this JIT so far (equal kernels count once), and
  * kernels loaded from the disk cache or a program file. */
 void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits);
+/* The object bytes linked into the JIT so far (the kernels' code and data). */
+size_t cg_llvm_jit_code_bytes(const cg_llvm_jit *j);
 
 /* ======================= codegen/cuda.c (DSC_HAVE_CUDA) =======================
  * GPU code generation: kernel IR -> CUDA C -> NVRTC -> PTX and cubin.

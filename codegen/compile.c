@@ -103,6 +103,7 @@ static dsc_status compile_cpu(compiled *c, dsc_module *m, const char *cache) {
   dsc_status st = cg_llvm_compile_with(c->jit, all, (int)total, fns, objs, lens);
   if (st != DSC_OK) return st;
   cg_llvm_jit_stats(c->jit, &c->pub.compiled, &c->pub.cached);
+  c->pub.code_bytes = cg_llvm_jit_code_bytes(c->jit);
   return DSC_OK;
 }
 
@@ -148,6 +149,7 @@ dsc_status cg_compile_module(dsc_module *m, const cg_compile_options *o,
     return DSC_ERR_INTERNAL;
   }
   memset(c, 0, sizeof *c);
+  c->pub.compile_other = -1; /* the caller measures it (driver/exec_new.c) */
   c->ctx = ctx;
   ir_arena_init(&c->arena, ctx);
   c->program = o->program;

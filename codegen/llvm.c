@@ -1300,6 +1300,7 @@ struct cg_llvm_jit {
   jit_sym *syms;
   int n_syms, cap_syms;
   int compiled, cache_hits;
+  size_t code_bytes; /* object bytes linked into the JIT (its code and data) */
   int compile_threads; /* 0: the host's */
 };
 
@@ -1383,6 +1384,8 @@ void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits) {
   if (compiled) *compiled = j ? j->compiled : 0;
   if (cache_hits) *cache_hits = j ? j->cache_hits : 0;
 }
+
+size_t cg_llvm_jit_code_bytes(const cg_llvm_jit *j) { return j ? j->code_bytes : 0; }
 
 /* The op part of a lowered kernel's name "k<instr>_<op>" (the whole name
  * otherwise): kernels equal in body and op share one symbol and object. */
@@ -1682,6 +1685,7 @@ dsc_status cg_llvm_compile_with(cg_llvm_jit *j, kir_kernel *const *kernels, int 
       fns[i] = fns[s->same_as];
       continue;
     }
+    j->code_bytes += LLVMGetBufferSize(s->obj);
     LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, j->jd, s->obj); /* takes obj */
     s->obj = NULL;
     LLVMOrcExecutorAddress addr = 0;
@@ -1821,6 +1825,11 @@ cg_llvm_jit *cg_llvm_jit_new(dsc_context *ctx, const char *cache_dir) {
 void cg_llvm_jit_free(cg_llvm_jit *j) { (void)j; }
 
 void cg_llvm_jit_set_threads(cg_llvm_jit *j, int threads) { (void)j, (void)threads; }
+
+size_t cg_llvm_jit_code_bytes(const cg_llvm_jit *j) {
+  (void)j;
+  return 0;
+}
 
 void cg_llvm_jit_stats(const cg_llvm_jit *j, int *compiled, int *cache_hits) {
   (void)j;

@@ -31,8 +31,16 @@ dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_p
                              program_module,
                              be->target == CG_TARGET_CPU ? check_cpu_arenas : NULL};
     if (be->target == CG_TARGET_CUDA) st = rt_cuda_device_arch(dsc_module_context(m), &co.cuda_arch);
+    /* what the compile leaves resident outside the heap (thread stacks,
+     * LLVM's mappings), for dsc_exec_memory_report */
+    int64_t rss0 = rt_rss_bytes(), heap0 = rt_heap_bytes();
     if (st == DSC_OK) st = cg_compile_module(m, &co, &c);
     if (st != DSC_OK) return st;
+    int64_t rss1 = rt_rss_bytes(), heap1 = rt_heap_bytes();
+    c->compile_other = rss0 < 0 || rss1 < 0 || heap0 < 0 || heap1 < 0
+                           ? -1
+                           : rss1 - rss0 - (heap1 - heap0) - (int64_t)c->code_bytes;
+    if (c->compile_other < 0 && rss0 >= 0 && heap0 >= 0) c->compile_other = 0;
   }
   return rt_exec_new(m, opts, c, out);
 }

@@ -215,18 +215,13 @@ struct dsc_trainer {
   const char *ckpt_dir; /* where, on every rank */
   bool val_any;      /* some rank evaluates (every rank gathers for it) */
   int64_t rss_exec; /* RSS growth over creating the step executor; -1: unknown */
+  int64_t heap_exec; /* malloc heap growth over the same; -1: unknown */
   bool rss_stepped; /* the first step's growth is in info.mem_rss_growth */
 };
 
 /* The resident set of this process (bytes), -1 when /proc is not there. */
-static int64_t rss_now(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  long long size = 0, resident = -1;
-  if (!f) return -1;
-  if (fscanf(f, "%lld %lld", &size, &resident) != 2) resident = -1;
-  fclose(f);
-  return resident < 0 ? -1 : resident * (int64_t)sysconf(_SC_PAGESIZE);
-}
+static int64_t heap_now(void) { return rt_heap_bytes(); }
+static int64_t rss_now(void) { return rt_rss_bytes(); }
 
 const dsc_trainer_info *dsc_trainer_get_info(const dsc_trainer *t) { return &t->info; }
 /* Copies the executor's params and states into the host copy when a step
@@ -985,10 +980,11 @@ static dsc_status open_executor(dsc_trainer *t, open_state *s) {
   if (o->host_memory_budget > 0 &&
       (st = check_host_budget(t, backend, &mplan, o->host_memory_budget)) != DSC_OK)
     return st;
-  int64_t rss0 = rss_now();
+  int64_t rss0 = rss_now(), heap0 = heap_now();
   if ((st = dsc_exec_new_with_program(t->m, &xo, t->prog, "step", &t->step_x)) != DSC_OK) return st;
   if (backend == DSC_BACKEND_CPU) {
-    int64_t rss1 = rss_now();
+    int64_t rss1 = rss_now(), heap1 = heap_now();
+    t->heap_exec = heap0 < 0 || heap1 < 0 ? -1 : heap1 - heap0;
     /* on the CPU the host tier is the same RAM: the RSS growth covers both */
     t->info.mem_planned = mplan.peak + mplan.host_arena + mplan.host_work;
     t->info.mem_host = mplan.host_arena + mplan.host_work; /* + host-placed temporaries */
@@ -1148,13 +1144,26 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
   dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
-  int64_t rss0 = t->rss_stepped || !t->info.mem_planned ? -1 : rss_now();
+  int64_t rss0 = t->rss_stepped || !t->info.mem_planned ? -1 : rss_now(), heap0 = heap_now();
   st = dsc_exec_run_step(t->step_x, ins, 3, outs);
   if (st != DSC_OK) return st;
   if (!t->rss_stepped && t->info.mem_planned) {
     int64_t rss1 = rss_now();
     t->info.mem_rss_growth =
         rss0 < 0 || rss1 < 0 || t->rss_exec < 0 ? -1 : t->rss_exec + rss1 - rss0;
+    int64_t heap1 = heap_now();
+    t->info.mem_heap = heap0 < 0 || heap1 < 0 || t->heap_exec < 0 ? -1 : t->heap_exec + heap1 - heap0;
+    dsc_exec_memory xm;
+    dsc_exec_memory_report(t->step_x, &xm);
+    /* the arenas and the GEMM scratch are malloc'd (mmapped chunks): counted
+     * as resident above; the kernel compile's growth outside the heap (its
+     * threads' stacks, LLVM's own mappings) is named apart */
+    if (t->info.mem_heap >= 0 && xm.arenas >= 0 && xm.gemm_scratch_resident >= 0)
+      t->info.mem_heap -= xm.arenas + xm.gemm_scratch_resident;
+    t->info.mem_compile = xm.compile_other;
+    t->info.mem_arenas_touched = xm.arenas_resident;
+    t->info.mem_gemm_scratch = xm.gemm_scratch_resident;
+    t->info.mem_kernel_code = xm.kernel_code;
     t->rss_stepped = true;
   }
   t->params_stale = true;

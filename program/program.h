@@ -259,6 +259,10 @@ typedef struct {
   /* kernels compiled now, loaded from a program file (.dsx), and objects
    * taken from the kernel cache */
   int compiled, prebuilt, cached;
+  size_t code_bytes; /* cpu: object bytes of the kernels linked into the process */
+  /* the compile's resident-set growth outside the malloc heap (set by the
+   * caller that measured it; -1: not measured) */
+  int64_t compile_other;
   void *owner;
   void (*release)(void *owner);
 } cg_compiled_module;

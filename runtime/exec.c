@@ -411,6 +411,17 @@ dsc_status dsc_exec_set_trace(dsc_exec *e, dsc_trace *trace, int pid) {
   return DSC_OK;
 }
 
+void dsc_exec_memory_report(const dsc_exec *e, dsc_exec_memory *out) {
+  memset(out, 0, sizeof *out);
+  if (e->be->memory)
+    e->be->memory(e->impl, &out->arenas, &out->arenas_resident, &out->gemm_scratch_resident);
+  out->compile_other = -1;
+  if (e->compiled && e->compiled->target == CG_TARGET_CPU) {
+    out->kernel_code = (int64_t)e->compiled->code_bytes;
+    out->compile_other = e->compiled->compile_other;
+  }
+}
+
 int64_t dsc_exec_device_bytes(const dsc_exec *e) {
   return e->be->device_bytes ? e->be->device_bytes(e->impl) : 0;
 }

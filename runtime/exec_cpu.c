@@ -288,6 +288,26 @@ void rt_cpu_exec_free(rt_cpu_exec *e) {
 
 void *rt_cpu_exec_state(rt_cpu_exec *e) { return e->state; }
 
+static void add_resident(int64_t *sum, const void *p, int64_t bytes) {
+  int64_t r = rt_resident_bytes(p, (size_t)bytes);
+  *sum = *sum < 0 || r < 0 ? -1 : *sum + r;
+}
+
+void rt_cpu_exec_memory(const rt_cpu_exec *e, int64_t *arenas, int64_t *arenas_resident,
+                        int64_t *scratch_resident) {
+  int64_t all = e->state_bytes + e->work_bytes, res = 0;
+  add_resident(&res, e->state, e->state_bytes);
+  add_resident(&res, e->work, e->work_bytes);
+  for (int t = 1; t < CG_TIER_COUNT; t++)
+    if (e->tier_base[t]) all += e->tier_bytes[t], add_resident(&res, e->tier_base[t], e->tier_bytes[t]);
+  for (int i = 0; i < e->n_progs; i++)
+    if (e->progs[i].host_work)
+      all += e->progs[i].host_work_bytes,
+          add_resident(&res, e->progs[i].host_work, e->progs[i].host_work_bytes);
+  *arenas = all, *arenas_resident = res;
+  *scratch_resident = rt_gemm_engine_scratch_resident(e->gemm);
+}
+
 void *rt_cpu_exec_tier(rt_cpu_exec *e, int tier) {
   if (tier <= 0 || tier >= CG_TIER_COUNT) return tier == 0 ? e->state : NULL;
   return e->tier_base[tier];

@@ -254,6 +254,11 @@ static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
   return DSC_OK;
 }
 
+static void cpu_memory(const void *impl, int64_t *arenas, int64_t *resident, int64_t *scratch) {
+  const cpu_exec *x = impl;
+  rt_cpu_exec_memory(x->cpu, arenas, resident, scratch);
+}
+
 const rt_executor rt_exec_cpu = {
     .name = "cpu",
     .id = DSC_BACKEND_CPU,
@@ -273,4 +278,5 @@ const rt_executor rt_exec_cpu = {
     .set_offload = cpu_set_offload,
     .set_profiling = cpu_set_profiling,
     .print_profile = cpu_print_profile,
+    .memory = cpu_memory,
 };

@@ -84,6 +84,10 @@ rt_gemm_engine *rt_gemm_engine_new(dsc_context *ctx, rt_pool *pool) {
   return e;
 }
 
+int64_t rt_gemm_engine_scratch_resident(const rt_gemm_engine *e) {
+  return e && e->sg_raw ? rt_resident_bytes(e->sg_raw, e->sg_bytes) : 0;
+}
+
 void rt_gemm_engine_free(rt_gemm_engine *e) {
   if (!e) return;
   if (e->sg_raw) ir_free(e->ctx, e->sg_raw, e->sg_bytes);

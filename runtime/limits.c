@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "runtime/runtime.h"
@@ -80,4 +84,39 @@ dsc_status rt_check_inproc_ranks(dsc_context *ctx, int64_t ranks) {
            " (or dsc launch for ranks in processes on more machines)",
            ranks, RT_THREADS_PER_CPU, cpus, cap, cap);
   return DSC_ERR_USER;
+}
+
+int64_t rt_resident_bytes(const void *p, size_t n) {
+  if (!p || n == 0) return 0;
+  long pg = sysconf(_SC_PAGESIZE);
+  if (pg <= 0) return -1;
+  uintptr_t lo = (uintptr_t)p & ~((uintptr_t)pg - 1);
+  uintptr_t hi = ((uintptr_t)p + n + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+  size_t pages = (hi - lo) / (size_t)pg;
+  unsigned char vec[4096];
+  int64_t resident = 0;
+  for (size_t at = 0; at < pages; at += sizeof vec) { /* in chunks: no allocation */
+    size_t k = pages - at < sizeof vec ? pages - at : sizeof vec;
+    if (mincore((void *)(lo + at * (size_t)pg), k * (size_t)pg, vec) != 0) return -1;
+    for (size_t i = 0; i < k; i++) resident += vec[i] & 1;
+  }
+  return resident * pg;
+}
+
+int64_t rt_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long long size = 0, resident = -1;
+  if (!f) return -1;
+  if (fscanf(f, "%lld %lld", &size, &resident) != 2) resident = -1;
+  fclose(f);
+  return resident < 0 ? -1 : resident * (int64_t)sysconf(_SC_PAGESIZE);
+}
+
+int64_t rt_heap_bytes(void) {
+#ifdef __GLIBC__
+  struct mallinfo2 mi = mallinfo2();
+  return (int64_t)(mi.arena + mi.hblkhd);
+#else
+  return -1;
+#endif
 }

@@ -260,6 +260,8 @@ typedef struct rt_gemm_plan rt_gemm_plan;
 /* One per executor (oneDNN engine and stream); pool must outlive it. */
 rt_gemm_engine *rt_gemm_engine_new(dsc_context *ctx, rt_pool *pool);
 void rt_gemm_engine_free(rt_gemm_engine *e);
+/* Resident bytes of the engine's packing scratch (rt_sgemm's; not oneDNN's own). */
+int64_t rt_gemm_engine_scratch_resident(const rt_gemm_engine *e);
 /* plan flags: always the C loop (tests); bf16 through vdpbf16ps where the
  * host has AVX512-BF16 (opt-in: on this Sapphire Rapids it runs at
  * 0.55-0.9x of the converting kernel, runtime/sgemm.c) */
@@ -337,6 +339,11 @@ rt_cpu_exec *rt_cpu_exec_new_tiered(dsc_context *ctx, const cg_program *const *p
 void rt_cpu_exec_free(rt_cpu_exec *e);
 /* The STATE arena's base (params in and out via the buffers' offsets). */
 void *rt_cpu_exec_state(rt_cpu_exec *e);
+/* Its arenas (STATE, WORK, the host tiers and host work arenas): bytes
+ * allocated and resident (touched); the GEMM packing scratch's resident
+ * bytes. -1 where mincore cannot tell. */
+void rt_cpu_exec_memory(const rt_cpu_exec *e, int64_t *arenas, int64_t *arenas_resident,
+                        int64_t *scratch_resident);
 /* Tier t's arena (0: STATE), NULL when it has none. release_tier gives its
  * whole pages back to the OS (their contents become zeros): the disk
  * staging between runs. */
@@ -434,6 +441,13 @@ int rt_online_cpus(void);
 dsc_status rt_check_host_memory(dsc_context *ctx, const char *what, int64_t bytes);
 dsc_status rt_check_threads(dsc_context *ctx, int64_t threads);
 dsc_status rt_check_inproc_ranks(dsc_context *ctx, int64_t ranks);
+/* Bytes of [p, p + n) resident in RAM now (mincore over its whole pages);
+ * -1 when it cannot tell. */
+int64_t rt_resident_bytes(const void *p, size_t n);
+/* The process's resident set, and the bytes its malloc heap holds from the
+ * system (glibc: brk'd arenas + mmapped chunks); -1 when unknown. */
+int64_t rt_rss_bytes(void);
+int64_t rt_heap_bytes(void);
 
 /* ======================= runtime/exec.c: the executor interface =======================
  * One backend of the public executor (include/dsc/exec.h), in the shape of
@@ -477,6 +491,8 @@ typedef struct {
   void (*set_profiling)(void *impl, bool on);
   dsc_status (*print_profile)(void *impl, int graph, int top, FILE *out);
   int64_t (*device_bytes)(const void *impl);
+  /* host memory it can name (dsc_exec_memory_report); NULL: none */
+  void (*memory)(const void *impl, int64_t *arenas, int64_t *resident, int64_t *scratch);
 } rt_executor;
 
 extern const rt_executor rt_exec_interp; /* runtime/exec_interp.c */

@@ -211,6 +211,23 @@ static void print_memory(const dsc_trainer_info *info) {
   if (getrusage(RUSAGE_SELF, &ru) == 0)
     printf(", peak RSS %.1f MiB", (double)ru.ru_maxrss / 1024.0);
   putchar('\n');
+  /* what of the growth it can name; the rest: thread stacks, libraries */
+  const int64_t part[5] = {info->mem_arenas_touched, info->mem_gemm_scratch,
+                           info->mem_kernel_code, info->mem_heap, info->mem_compile};
+  const char *name[5] = {"arenas touched", "GEMM scratch", "kernel code", "malloc heap",
+                         "compile threads and LLVM maps"};
+  if (info->mem_rss_growth < 0 || info->world > 1) return; /* ranks share the process's RSS */
+  int64_t rest = info->mem_rss_growth;
+  printf("memory: of the measured:");
+  for (int i = 0; i < 5; i++) {
+    if (part[i] < 0) {
+      printf(" %s n/a,", name[i]);
+      continue;
+    }
+    printf(" %s %.1f,", name[i], (double)part[i] / mib);
+    rest -= part[i];
+  }
+  printf(" unexplained %.1f MiB\n", (double)rest / mib);
 }
 
 /* Flag value parsers; false with a usage message. */

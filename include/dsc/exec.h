@@ -147,6 +147,19 @@ int dsc_exec_kernels_cached(const dsc_exec *e);
  * peak of every run); 0 on the other backends. */
 int64_t dsc_exec_device_bytes(const dsc_exec *e);
 
+/* The host memory the executor holds that it can name (cpu backend; zeros
+ * elsewhere): its arenas (STATE, the one WORK arena its programs share, the
+ * host tiers and host work arenas) as allocated and as resident now (the
+ * pages the runs touched, by mincore), the GEMM packing scratch resident,
+ * the object bytes of the kernels it linked (their code and data), and the
+ * resident-set growth while its kernels compiled that the malloc heap does
+ * not hold (the compile threads' stacks, LLVM's mappings), less that code.
+ * -1 in a field it cannot tell. */
+typedef struct {
+  int64_t arenas, arenas_resident, gemm_scratch_resident, kernel_code, compile_other;
+} dsc_exec_memory;
+void dsc_exec_memory_report(const dsc_exec *e, dsc_exec_memory *out);
+
 /* Per-instruction timing of the compiled backends (off by default; the
  * interpreter has none). dsc_exec_print_profile prints graph's `top`
  * slowest instructions (kernel launches, GEMMs, ...) with their share of

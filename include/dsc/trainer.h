@@ -106,6 +106,14 @@ typedef struct {
    * over creating the step executor plus its first step (-1: unknown), the
    * part the plan predicts; set once the first step has run. */
   int64_t mem_planned, mem_rss_growth;
+  /* What of mem_rss_growth the trainer can name (-1: unknown): the step
+   * executor's arenas as resident after the first step (the pages it
+   * touched), its GEMM packing scratch resident, its kernels' object bytes,
+   * and the malloc heap's growth over the same two windows (LLVM's compile,
+   * bookkeeping; glibc), and the kernel compile's growth outside the heap
+   * (its worker threads' stacks, LLVM's own mappings). The rest (the
+   * executor's threads, libraries' lazy pages) is mem_rss_growth minus these. */
+  int64_t mem_arenas_touched, mem_gemm_scratch, mem_kernel_code, mem_heap, mem_compile;
   /* Offload (cpu backend): of mem_planned, the host arena (host-tier values);
    * the disk tier's staging (held during a step only) and file bytes */
   int64_t mem_host, mem_disk_staging, mem_disk_file;
