@@ -113,6 +113,13 @@ if "$DSC" compile "$MODEL" --target cuda -o "$TMP/cuda.dsx" >"$TMP/out" 2>"$TMP/
   expect_grep 'cuda.dsx: warning: compiling the kernels from the IR: it holds cuda kernels' "$TMP/err"
   expect_grep "0 kernels loaded, [1-9][0-9]* compiled" "$TMP/out"
   same_losses "$TMP/dsm.jsonl" "$TMP/cuda.jsonl" && pass || fail "cuda .dsx on cpu: losses differ"
+  # grad_accum 2: the micro-batch loop's two step graphs, each its own NVRTC program
+  expect_exit 0 "$DSC" compile "$MODEL" --target cuda --grad-accum 2 -o "$TMP/cuda2.dsx" &&
+    expect_grep '3 graphs, [1-9][0-9]* kernels for cuda' "$TMP/out"
+  expect_exit 0 "$DSC" compile --list "$TMP/cuda2.dsx"
+  for g in step/train_step step/micro_step; do
+    for ext in cu ptx cubin; do expect_grep "^  cuda/$g\\.$ext +[1-9][0-9]* bytes" "$TMP/out"; done
+  done
 elif grep -q 'built without' "$TMP/err"; then
   echo "--target cuda: this build has no NVRTC; skipped the cuda checks"
 else
