@@ -46,17 +46,24 @@ fi
 
 # The Python safetensors package (not in Debian 12) for the test that reads
 # dsc's files with an independent reader. Debian's pip refuses to install
-# into the system Python, hence a venv; it sees Debian's numpy.
+# into the system Python, hence a venv, made from Debian's python3 so that it
+# sees Debian's numpy (another python3 first on PATH, such as pyenv's, sees
+# neither: then numpy comes from PyPI too).
 [ -n "$venv" ] || exit 0
 if python3 -c 'import safetensors, numpy' 2>/dev/null; then
   echo "install-deps: python3 already has safetensors and numpy (no venv needed)"
   exit 0
 fi
+py=python3
+[ -x /usr/bin/python3 ] && py=/usr/bin/python3
 if [ ! -x "$venv/bin/python3" ]; then
-  echo "install-deps: making a Python venv in $venv"
-  python3 -m venv --system-site-packages "$venv"
+  echo "install-deps: making a Python venv in $venv ($py)"
+  "$py" -m venv --system-site-packages "$venv"
 fi
-if ! "$venv/bin/python3" -c 'import safetensors, numpy' 2>/dev/null; then
-  echo "install-deps: installing safetensors from PyPI into $venv"
-  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check safetensors
+want=()
+"$venv/bin/python3" -c 'import safetensors' 2>/dev/null || want+=(safetensors)
+"$venv/bin/python3" -c 'import numpy' 2>/dev/null || want+=(numpy)
+if [ ${#want[@]} -gt 0 ]; then
+  echo "install-deps: installing ${want[*]} from PyPI into $venv"
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${want[@]}"
 fi

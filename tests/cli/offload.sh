@@ -121,7 +121,7 @@ disk=$(jnum disk "$TMP/plan-disk") size=$(stat -c %s "$TMP/od/dsc-offload-rank0.
 for m in none host; do
   expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --batch 2 --seq 32 --steps 2 --eval-every 0 --backend cpu --out "$TMP/o-mem-$m" \
     $([ $m = host ] && echo --offload-optimizer host)
-  line=$(grep '^memory: ' "$TMP/out")
+  line=$(grep '^memory: planned' "$TMP/out")
   planned=$(sed -E 's/^memory: planned ([0-9.]+) MiB.*/\1/' <<<"$line")
   want=$(awk -v p="$(jnum peak "$TMP/plan-$m")" -v h="$(jnum host "$TMP/plan-$m")" \
     'BEGIN { printf "%.1f", (p + h) / 1048576 }')
@@ -137,7 +137,7 @@ for m in none host disk; do
   "$DSC" train "$MODEL" --data "$TMP/c" --batch 64 --threads 2 --steps 1 --quiet "${off[@]}" >/dev/null 2>&1
   expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --batch 64 --threads 2 --steps 2 --eval-every 0 \
     "${off[@]}" || continue
-  line=$(grep '^memory: ' "$TMP/out")
+  line=$(grep '^memory: planned' "$TMP/out")
   echo "offload $m, batch 64: $line"
   planned=$(sed -E 's/^memory: planned ([0-9.]+) MiB.*/\1/' <<<"$line")
   measured=$(sed -E 's/.*measured ([0-9.]+) MiB.*/\1/' <<<"$line")
