@@ -133,7 +133,7 @@ dsc_status cg_memplan_program(const ir_graph *g, const cg_program *p, const cg_m
       continue;
     }
     state_exact += bytes;
-    if (pr->state && strncmp(pr->name, "acc.", 4) == 0) {
+    if (dsc_step_is_sum(m, i)) {
       out->bytes[CG_MEM_GRADS] += bytes; /* pass accumulate's sums of the micro-batches */
       acc_bytes += bytes;
     } else if (pr->state) {

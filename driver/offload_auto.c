@@ -134,7 +134,7 @@ static dsc_status plan_once(dsc_context *sub, const char *path, const dsc_train_
       char key[600];
       snprintf(key, sizeof key, "shard.%s", p->name);
       /* acc.*: the micro-batches' gradient sums, read by every micro_step */
-      bool acc = p->state && strncmp(p->name, "acc.", 4) == 0;
+      bool acc = dsc_step_is_sum(m, i);
       out->is_candidate[i] =
           acc     ? false
           : p->state ? cfg->offload.optimizer == DSC_OFFLOAD_AUTO

@@ -395,18 +395,11 @@ static dsc_status open_log(dsc_context *ctx, const char *path, int64_t keep_upto
   return DSC_OK;
 }
 
-/* Pass accumulate's sums of the micro-batches (acc.*): rewritten by every
- * step's first micro-batch, so checkpoints leave them out (and a run may
- * resume with another grad_accum). */
-static bool transient_state(const dsc_module *m, int i) {
-  return dsc_module_param_is_state(m, i) && strncmp(dsc_module_param_name(m, i), "acc.", 4) == 0;
-}
-
 static dsc_status build_specs(dsc_trainer *t) {
   const dsc_module *m = t->m;
   int n = dsc_module_param_count(m);
   for (int i = 0; i < n; i++) {
-    if (transient_state(m, i)) continue;
+    if (dsc_step_is_sum(m, i)) continue; /* rewritten each step: not checkpointed */
     if (dsc_module_param_is_state(m, i))
       t->n_opt++;
     else
@@ -424,7 +417,7 @@ static dsc_status build_specs(dsc_trainer *t) {
   memset(t->full_t, 0, sizeof(dsc_tensor *) * (size_t)(n + 1));
   int km = 0, ko = 0;
   for (int i = 0; i < n; i++) {
-    if (transient_state(m, i)) continue;
+    if (dsc_step_is_sum(m, i)) continue; /* rewritten each step: not checkpointed */
     dsc_tensor_spec s = {dsc_module_param_name(m, i), dsc_module_param_type(m, i)};
     dsc_tensor *v = dsc_params_get(t->params, i);
     int64_t w;
@@ -1248,7 +1241,7 @@ static dsc_status save_sharded(dsc_trainer *t, dsc_checkpoint_state *s) {
   dsc_kv *extra = ir_arena_alloc(&a, sizeof(dsc_kv) * (size_t)(s->n_extra + 1));
   int n_meta = 0;
   for (int i = 0; i < n && !a.failed; i++) {
-    if (transient_state(m, i)) continue;
+    if (dsc_step_is_sum(m, i)) continue; /* rewritten each step: not checkpointed */
     const char *name = dsc_module_param_name(m, i);
     bool state = dsc_module_param_is_state(m, i);
     int k = t->full_t[i] ? 2 : state ? 1 : 0; /* model, optimizer, shards */

@@ -15,6 +15,11 @@ int64_t dsc_step_micro_batches(const dsc_module *m) {
   return *end == 0 && k >= 1 ? (int64_t)k : 1;
 }
 
+bool dsc_step_is_sum(const dsc_module *m, int i) {
+  return i >= 0 && i < m->n_params && m->params[i].state &&
+         strncmp(m->params[i].name, "acc.", 4) == 0;
+}
+
 dsc_status dsc_step_micro_inputs(const dsc_module *m, const dsc_tensor *const *inputs,
                                  int n_inputs, int64_t k, dsc_tensor *views, double *first) {
   const dsc_graph *g = dsc_module_find_graph(m, "micro_step");

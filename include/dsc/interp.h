@@ -66,6 +66,10 @@ dsc_status dsc_interp_run(const dsc_graph *g, const dsc_params *params,
  * train_step's. At most DSC_MAX_STEP_INPUTS inputs. */
 #define DSC_MAX_STEP_INPUTS 16
 int64_t dsc_step_micro_batches(const dsc_module *m);
+/* Whether module param i is one of pass accumulate's sums (state acc.<n>):
+ * a gradient buffer rewritten by every step's first micro-batch (the memory
+ * plan counts it as grads; checkpoints and offload leave it alone). */
+bool dsc_step_is_sum(const dsc_module *m, int i);
 dsc_status dsc_step_micro_inputs(const dsc_module *m, const dsc_tensor *const *inputs,
                                  int n_inputs, int64_t k, dsc_tensor *views, double *first);
 dsc_status dsc_interp_run_step(const dsc_module *m, const dsc_params *params,
