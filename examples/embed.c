@@ -27,7 +27,7 @@ int main(void) {
 
   /* parameters: name, type, initializer */
   int64_t wdims[2] = {4, 3}, bdims[1] = {3}, xdims[2] = {2, 4};
-  dsc_init normal = {DSC_INIT_NORMAL, 0.5, 0.0}, zeros = {DSC_INIT_ZEROS, 0, 0};
+  dsc_init normal = {DSC_INIT_NORMAL, 0.5, 0.0, NULL}, zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
   if (dsc_module_add_param(m, "w", dsc_type_make(DSC_F32, 2, wdims), normal) ||
       dsc_module_add_param(m, "b", dsc_type_make(DSC_F32, 1, bdims), zeros)) {
     rc = fail(ctx, "adding params");

@@ -137,6 +137,38 @@ struct dsc_params {
   dsc_tensor **t;
 };
 
+/* Elements [first, first + cnt) of param pa's initial value (its stream of
+ * docs/ir.md) into d; false (reported) for an unknown kind. */
+static bool init_values(dsc_context *ctx, const ir_param *pa, uint64_t seed, double *d,
+                        int64_t first, int64_t cnt) {
+  ir_rng rng;
+  uint64_t x = seed ^ ir_fnv1a64(pa->name);
+  ir_rng_seed(&rng, ir_splitmix64(&x));
+  double a = pa->init.a, b = pa->init.b;
+  switch (pa->init.kind) {
+    case DSC_INIT_ZEROS:
+      return true;
+    case DSC_INIT_ONES:
+      for (int64_t k = 0; k < cnt; k++) d[k] = 1.0;
+      return true;
+    case DSC_INIT_CONST:
+      for (int64_t k = 0; k < cnt; k++) d[k] = a;
+      return true;
+    case DSC_INIT_NORMAL:
+      for (int64_t k = 0; k < 2 * first; k++) ir_rng_uniform(&rng); /* a normal takes two */
+      for (int64_t k = 0; k < cnt; k++) d[k] = b + a * ir_rng_normal(&rng);
+      return true;
+    case DSC_INIT_UNIFORM:
+      for (int64_t k = 0; k < first; k++) ir_rng_uniform(&rng);
+      for (int64_t k = 0; k < cnt; k++) d[k] = a + (b - a) * ir_rng_uniform(&rng);
+      return true;
+    default:
+      ir_error(ctx, ir_no_loc, "parameter '%s' has an unknown initializer kind %d", pa->name,
+               (int)pa->init.kind);
+      return false;
+  }
+}
+
 dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed) {
   return dsc_params_init_rank(m, seed, 0);
 }
@@ -201,32 +233,33 @@ dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank) {
       first = (int64_t)rank * cnt;
       cnt = first >= n ? 0 : n - first < cnt ? n - first : cnt;
     }
-    ir_rng rng;
-    uint64_t x = seed ^ ir_fnv1a64(pa->name); /* the stream of docs/ir.md */
-    ir_rng_seed(&rng, ir_splitmix64(&x));
-    double a = pa->init.a, b = pa->init.b;
-    switch (pa->init.kind) {
-      case DSC_INIT_ZEROS:
-        break;
-      case DSC_INIT_ONES:
-        for (int64_t k = 0; k < cnt; k++) t->data[k] = 1.0;
-        break;
-      case DSC_INIT_CONST:
-        for (int64_t k = 0; k < cnt; k++) t->data[k] = a;
-        break;
-      case DSC_INIT_NORMAL:
-        for (int64_t k = 0; k < 2 * first; k++) ir_rng_uniform(&rng); /* a normal takes two */
-        for (int64_t k = 0; k < cnt; k++) t->data[k] = b + a * ir_rng_normal(&rng);
-        break;
-      case DSC_INIT_UNIFORM:
-        for (int64_t k = 0; k < first; k++) ir_rng_uniform(&rng);
-        for (int64_t k = 0; k < cnt; k++) t->data[k] = a + (b - a) * ir_rng_uniform(&rng);
-        break;
-      default:
-        ir_error(ctx, ir_no_loc, "parameter '%s' has an unknown initializer kind %d", pa->name,
-                 (int)pa->init.kind);
+    /* copy(): the source's stream and initializer, rounded to its dtype */
+    const ir_param *src = pa;
+    if (pa->init.kind == DSC_INIT_COPY) {
+      int si = dsc_module_find_param(m, pa->init.from);
+      dsc_type sfull;
+      int64_t sworld;
+      int ssh = si >= 0 ? dsc_module_param_shard(m, si, &sfull, &sworld) : -1;
+      int64_t full_n = sh > 0 ? dsc_type_numel(&full) : dsc_type_numel(&t->type);
+      src = si >= 0 ? &m->params[si] : NULL;
+      if (!src || ssh < 0 || src->init.kind == DSC_INIT_COPY ||
+          (ssh > 0 ? dsc_type_numel(&sfull) : dsc_type_numel(&src->type)) != full_n) {
+        ir_error(ctx, ir_no_loc,
+                 "parameter '%s': copy(%s) names no parameter of the same size with its own "
+                 "initializer",
+                 pa->name, pa->init.from ? pa->init.from : "");
         dsc_params_free(p);
         return NULL;
+      }
+    }
+    if (!init_values(ctx, src, seed, t->data, first, cnt)) {
+      dsc_params_free(p);
+      return NULL;
+    }
+    if (src != pa) {
+      dsc_tensor view = *t;
+      view.type.dtype = src->type.dtype;
+      ir_round_to_dtype(&view);
     }
     ir_round_to_dtype(t);
   }

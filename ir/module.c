@@ -77,6 +77,9 @@ dsc_status dsc_module_add_param(dsc_module *m, const char *name, dsc_type type, 
   if (!p->name) return oom(m), DSC_ERR_INTERNAL;
   p->type = type;
   p->init = init;
+  p->init.from = NULL;
+  if (init.kind == DSC_INIT_COPY && !(p->init.from = ir_arena_strdup(&m->arena, init.from ? init.from : "")))
+    return oom(m), DSC_ERR_INTERNAL;
   if (!index_param(m, m->n_params)) return oom(m), DSC_ERR_INTERNAL;
   m->n_params++;
   return DSC_OK;

@@ -653,7 +653,7 @@ static void parse_param(parser *p, bool state) {
   dsc_type type;
   if (!expect(p, T_COLON, "':'") || !parse_type(p, &type) || !expect(p, T_EQ, "'='"))
     return skip_line(p, line);
-  dsc_init init = {DSC_INIT_ZEROS, 0, 0};
+  dsc_init init = {DSC_INIT_ZEROS, 0, 0, NULL};
   token it = p->tok;
   int nargs = 0;
   if (is_word(&it, "zeros"))
@@ -666,8 +666,10 @@ static void parse_param(parser *p, bool state) {
     init.kind = DSC_INIT_NORMAL, nargs = 2;
   else if (is_word(&it, "uniform"))
     init.kind = DSC_INIT_UNIFORM, nargs = 2;
+  else if (is_word(&it, "copy"))
+    init.kind = DSC_INIT_COPY;
   else {
-    expected(p, "an initializer (zeros, ones, const, normal, uniform)");
+    expected(p, "an initializer (zeros, ones, const, normal, uniform, copy)");
     return skip_line(p, line);
   }
   next(p);
@@ -676,6 +678,11 @@ static void parse_param(parser *p, bool state) {
     if (nargs == 2 && (!expect(p, T_COMMA, "','") || !parse_float(p, &init.b)))
       return skip_line(p, line);
     if (!expect(p, T_RPAREN, "')'")) return skip_line(p, line);
+  }
+  if (init.kind == DSC_INIT_COPY) {
+    if (!expect(p, T_LPAREN, "'('") || !(init.from = take_name(p, "the name of the parameter copied")) ||
+        !expect(p, T_RPAREN, "')'"))
+      return skip_line(p, line);
   }
   if ((state ? dsc_module_add_state : dsc_module_add_param)(p->m, name, type, init) != DSC_OK)
     out_of_memory(p);

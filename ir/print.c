@@ -201,6 +201,11 @@ static void w_init(writer *w, dsc_init init) {
       w_double(w, init.b);
       w_puts(w, ")");
       break;
+    case DSC_INIT_COPY:
+      w_puts(w, "copy(");
+      w_name(w, init.from);
+      w_puts(w, ")");
+      break;
     default:
       w_puts(w, "?");
       break;

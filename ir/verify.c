@@ -329,11 +329,19 @@ dsc_status dsc_module_verify(const dsc_module *m) {
       fmt_type(&p->type, t, sizeof t);
       module_error(&v, "parameter '%s': type %s %s", p->name, t, tp);
     }
-    if ((unsigned)p->init.kind > DSC_INIT_UNIFORM)
+    if ((unsigned)p->init.kind > DSC_INIT_COPY)
       module_error(&v, "parameter '%s' has an invalid initializer kind %d", p->name,
                    (int)p->init.kind);
     const char *ip = init_problem(p);
     if (ip) module_error(&v, "parameter '%s': %s", p->name, ip);
+    if (p->init.kind == DSC_INIT_COPY) {
+      const ir_param *src = ir_module_param(m, p->init.from);
+      if (!src || src == p || src->init.kind == DSC_INIT_COPY)
+        module_error(&v, "parameter '%s': copy(%s) names no other parameter with its own initializer",
+                     p->name, p->init.from ? p->init.from : "");
+      else if (!dsc_dtype_is_float(p->type.dtype) || !dsc_dtype_is_float(src->type.dtype))
+        module_error(&v, "parameter '%s': copy() copies only float tensors", p->name);
+    }
     for (int j = 0; j < i; j++)
       if (m->params[j].name && strcmp(m->params[j].name, p->name) == 0) {
         module_error(&v, "parameter '%s' is declared twice", p->name);

@@ -72,11 +72,14 @@ typedef enum {
   DSC_INIT_CONST,   /* a = value */
   DSC_INIT_NORMAL,  /* a = std, b = mean */
   DSC_INIT_UNIFORM, /* [a, b) */
+  DSC_INIT_COPY,    /* the initial value of param `from` (the same full numel), in this
+                       dtype: mixed precision's f32 master weights (printed copy(NAME)) */
 } dsc_init_kind;
 
 typedef struct {
   dsc_init_kind kind;
   double a, b;
+  const char *from; /* DSC_INIT_COPY: the param copied (the module keeps its own copy) */
 } dsc_init;
 
 /* ---- modules ---- */

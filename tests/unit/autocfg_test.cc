@@ -109,7 +109,7 @@ TEST(AutocfgWork, GemmFlopsOfALoweredChain) {
   dsc_node *y = dsc_graph_input(g, "x", t);
   for (int i = 0; i < 3; i++) {
     std::string name = "w" + std::to_string(i);
-    ASSERT_EQ(dsc_module_add_param(m, name.c_str(), t, {DSC_INIT_NORMAL, 0.1, 0}), DSC_OK);
+    ASSERT_EQ(dsc_module_add_param(m, name.c_str(), t, {DSC_INIT_NORMAL, 0.1, 0, NULL}), DSC_OK);
     y = dsc_matmul(g, y, dsc_param_ref(g, name.c_str()));
   }
   dsc_node *r = dsc_build(g, DSC_OP_RELU, &y, 1, nullptr, 0);

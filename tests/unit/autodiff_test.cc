@@ -88,7 +88,7 @@ struct Harness {
   }
 
   dsc_node *param(const char *name, std::vector<int64_t> dims, Gen gen = away) {
-    dsc_init init = {DSC_INIT_ZEROS, 0, 0};
+    dsc_init init = {DSC_INIT_ZEROS, 0, 0, NULL};
     EXPECT_EQ(dsc_module_add_param(m, name, ty(dims), init), DSC_OK);
     gens.push_back(gen);
     return dsc_param_ref(g, name);
@@ -284,7 +284,7 @@ TEST(AutodiffGrad, CastSameDtype) {
 // f32 -> f64: the gradient is dy cast back to f32, exactly.
 TEST(AutodiffGrad, CastF32ToF64CastsGradientBack) {
   Harness h;
-  dsc_init init = {DSC_INIT_ZEROS, 0, 0};
+  dsc_init init = {DSC_INIT_ZEROS, 0, 0, NULL};
   ASSERT_EQ(dsc_module_add_param(h.m, "x", ty({5}, DSC_F32), init), DSC_OK);
   dsc_node *x = dsc_param_ref(h.g, "x");
   h.weighted_sum_loss(dsc_cast(h.g, x, DSC_F64));

@@ -88,7 +88,7 @@ TEST(Cse, DifferentAttributesOrInputsDoNotMerge) {
 // is dropped.
 TEST(Cse, AssignsAndInputsStayUnusedPureNodesGo) {
   Graph t;
-  dsc_init init = {DSC_INIT_ZEROS, 0, 0};
+  dsc_init init = {DSC_INIT_ZEROS, 0, 0, NULL};
   ASSERT_EQ(dsc_module_add_param(t.m, "p", ty({3}), init), DSC_OK);
   ASSERT_EQ(dsc_module_add_param(t.m, "q", ty({3}), init), DSC_OK);
   dsc_node *x = dsc_graph_input(t.g, "x", ty({3}));

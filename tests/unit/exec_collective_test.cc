@@ -70,7 +70,7 @@ const char *cache_dir() { return kernel_cache.get(); }
 //   assign w <- tanh(w) + w
 dsc_module *main_module(dsc_context *ctx, int world, int64_t tag_base = 0) {
   dsc_module *m = dsc_module_new(ctx, "m");
-  dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0};
+  dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0, NULL};
   if (dsc_module_add_param(m, "w", T(DSC_F32, {4}), init) != DSC_OK) return nullptr;
   dsc_graph *g = dsc_graph_new(m, "step");
   dsc_node *x = dsc_graph_input(g, "x", T(DSC_F32, {2 * world, 3}));

@@ -1063,7 +1063,7 @@ struct Params : ::testing::Test {
     EXPECT_FALSE(cnt.size_mismatch);
   }
   void add(const char *name, dsc_type t, dsc_init_kind k, double a = 0, double b = 0) {
-    dsc_init init = {k, a, b};
+    dsc_init init = {k, a, b, nullptr};
     ASSERT_EQ(dsc_module_add_param(m, name, t, init), DSC_OK);
   }
 };

@@ -88,8 +88,8 @@ dsc_module *BuildEverything(dsc_context *ctx) {
   EXPECT_EQ(dsc_module_set_meta(m, "train.optimizer", "adamw(lr = 0.0006, betas = (0.9, 0.95))"),
             DSC_OK);
   EXPECT_EQ(dsc_module_set_meta(m, "esc \"q\"", "back\\slash\nnew\ttab\x01!"), DSC_OK);
-  dsc_init normal{DSC_INIT_NORMAL, 0.02, 0.0}, ones{DSC_INIT_ONES, 0, 0},
-      zeros{DSC_INIT_ZEROS, 0, 0}, cst{DSC_INIT_CONST, 0.5, 0}, uni{DSC_INIT_UNIFORM, -0.1, 0.1};
+  dsc_init normal{DSC_INIT_NORMAL, 0.02, 0.0, NULL}, ones{DSC_INIT_ONES, 0, 0, NULL},
+      zeros{DSC_INIT_ZEROS, 0, 0, NULL}, cst{DSC_INIT_CONST, 0.5, 0, NULL}, uni{DSC_INIT_UNIFORM, -0.1, 0.1, NULL};
   EXPECT_EQ(dsc_module_add_param(m, "wte", T(DSC_F32, {10, 4}), normal), DSC_OK);
   EXPECT_EQ(dsc_module_add_param(m, "h.0.ln1_w", T(DSC_F32, {4}), ones), DSC_OK);
   EXPECT_EQ(dsc_module_add_param(m, "h.0.ln1_b", T(DSC_F32, {4}), zeros), DSC_OK);
@@ -609,7 +609,7 @@ struct RawFixture {
   RawFixture() {
     ctx = dsc_context_new(nullptr, nullptr);
     m = dsc_module_new(ctx, "raw");
-    dsc_init ones{DSC_INIT_ONES, 0, 0};
+    dsc_init ones{DSC_INIT_ONES, 0, 0, NULL};
     dsc_module_add_param(m, "w", T(DSC_F32, {2, 3}), ones);
     g = dsc_graph_new(m, "g");
     x = dsc_graph_input(g, "x", T(DSC_F32, {2, 3}));
@@ -686,7 +686,7 @@ TEST(IrVerify, RejectsBadAttributes) {
 TEST(IrVerify, RejectsBadGraphsAndParams) {
   RawFixture f;
   // duplicate and invalid params (bypassing dsc_module_add_param's check)
-  dsc_init z{DSC_INIT_ZEROS, 0, 0};
+  dsc_init z{DSC_INIT_ZEROS, 0, 0, NULL};
   dsc_module_add_param(f.m, "w2", T(DSC_F32, {1}), z);
   f.m->params[1].name = f.m->params[0].name;
   f.m->params[1].type.rank = 9;

@@ -278,7 +278,7 @@ TEST_F(Lower, OneValueAssignedToTwoParams) {
     m = dsc_module_new(ctx, "t");
     g = dsc_graph_new(m, "g");
     dsc_type t = ty(DSC_F32, {4, 8});
-    dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0};
+    dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0, NULL};
     ASSERT_EQ(dsc_module_add_param(m, "p1", t, init), DSC_OK);
     ASSERT_EQ(dsc_module_add_param(m, "p2", t, init), DSC_OK);
     dsc_node *x = input("x", t);

@@ -44,7 +44,7 @@ dsc_graph *chain(Fixture &f, int n) {
   dsc_node *y = dsc_graph_input(g, "x", f32({64, 64}));
   for (int i = 0; i < n; i++) {
     std::string name = "w" + std::to_string(i);
-    EXPECT_EQ(dsc_module_add_param(f.m, name.c_str(), f32({64, 64}), {DSC_INIT_NORMAL, 0.1, 0}),
+    EXPECT_EQ(dsc_module_add_param(f.m, name.c_str(), f32({64, 64}), {DSC_INIT_NORMAL, 0.1, 0, NULL}),
               DSC_OK);
     y = dsc_matmul(g, y, dsc_param_ref(g, name.c_str()));
   }
@@ -60,8 +60,8 @@ TEST(MemPlan, ChainPeakIsBelowTheSumAndCategoriesAddUp) {
   Fixture f;
   const int n = 8;
   dsc_graph *g = chain(f, n);
-  ASSERT_EQ(dsc_module_add_state(f.m, "opt.step", f32({}), {DSC_INIT_ZEROS, 0, 0}), DSC_OK);
-  ASSERT_EQ(dsc_module_add_state(f.m, "opt.m.w0", f32({64, 64}), {DSC_INIT_ZEROS, 0, 0}), DSC_OK);
+  ASSERT_EQ(dsc_module_add_state(f.m, "opt.step", f32({}), {DSC_INIT_ZEROS, 0, 0, NULL}), DSC_OK);
+  ASSERT_EQ(dsc_module_add_state(f.m, "opt.m.w0", f32({64, 64}), {DSC_INIT_ZEROS, 0, 0, NULL}), DSC_OK);
   ASSERT_EQ(dsc_run_codegen_passes(f.m), DSC_OK) << diags(f.ctx);
   cg_memplan p;
   cg_program *prog = nullptr;
@@ -124,7 +124,7 @@ TEST(MemPlan, GemmScratchIsWorkspaceAndPartOfThePeak) {
 TEST(MemPlan, GradsAndCommAreClassified) {
   Fixture f;
   dsc_graph *g = dsc_graph_new(f.m, "step");
-  ASSERT_EQ(dsc_module_add_param(f.m, "w", f32({64, 64}), {DSC_INIT_NORMAL, 0.1, 0}), DSC_OK);
+  ASSERT_EQ(dsc_module_add_param(f.m, "w", f32({64, 64}), {DSC_INIT_NORMAL, 0.1, 0, NULL}), DSC_OK);
   dsc_node *x = dsc_graph_input(g, "x", f32({64, 64}));
   dsc_node *w = dsc_param_ref(g, "w");
   dsc_node *h = dsc_matmul(g, x, w);   // forward
@@ -156,8 +156,8 @@ TEST(MemPlan, ShardsCountTheFullModelAndTheirPadding) {
   Fixture f;
   // w: 10 elements over 4 ranks -> shards of 3 (rank 3 holds 1 real, 2 zeros);
   // s: a state of 8 over 4 -> 2 each, no padding
-  ASSERT_EQ(dsc_module_add_param(f.m, "w", f32({3}), {DSC_INIT_ZEROS, 0, 0}), DSC_OK);
-  ASSERT_EQ(dsc_module_add_state(f.m, "s", f32({2}), {DSC_INIT_ZEROS, 0, 0}), DSC_OK);
+  ASSERT_EQ(dsc_module_add_param(f.m, "w", f32({3}), {DSC_INIT_ZEROS, 0, 0, NULL}), DSC_OK);
+  ASSERT_EQ(dsc_module_add_state(f.m, "s", f32({2}), {DSC_INIT_ZEROS, 0, 0, NULL}), DSC_OK);
   ASSERT_EQ(dsc_module_set_meta(f.m, "shard.w", "4 2x5"), DSC_OK);
   ASSERT_EQ(dsc_module_set_meta(f.m, "shard.s", "4 8"), DSC_OK);
   ASSERT_EQ(dsc_module_set_meta(f.m, "zero.world", "4"), DSC_OK);

@@ -155,7 +155,7 @@ TEST(OffloadHost, LoweringPutsHostValuesInTheHostWorkArenaAndTheCpuRunsThem) {
 // w' = w - lr * s'; assigns w and s; outputs loss and |s'|^2.
 dsc_module *step_module(dsc_context *ctx) {
   dsc_module *m = dsc_module_new(ctx, "step");
-  dsc_init ones = {DSC_INIT_NORMAL, 0.5, 1.0};
+  dsc_init ones = {DSC_INIT_NORMAL, 0.5, 1.0, NULL};
   if (dsc_module_add_param(m, "w", T(DSC_F32, {32}), ones) != DSC_OK ||
       dsc_module_add_state(m, "s", T(DSC_F32, {32}), ones) != DSC_OK ||
       dsc_module_set_meta(m, "tier.s", "host") != DSC_OK)
