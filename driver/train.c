@@ -709,6 +709,38 @@ static void apply_layers(const setting_layer *rows, int n, const dsc_checkpoint 
   }
 }
 
+/* A resumed run keeps its master weights or their absence (the params'
+ * dtype depends on it): from the state's "master_weights", or, in a state
+ * written before it was recorded, from whether the optimizer set holds
+ * opt.master.* tensors. */
+static dsc_status resolve_master_weights(dsc_trainer *t, open_state *s) {
+  if (!s->ck) return DSC_OK;
+  const char *v = ck_extra(s->ck, "master_weights");
+  bool ck_mw = false;
+  if (v && strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
+    ir_error(t->ctx, rt_loc(s->ck->dir),
+             "malformed checkpoint state: \"master_weights\" is '%s' (true or false)", v);
+    return DSC_ERR_USER;
+  }
+  if (v) {
+    ck_mw = strcmp(v, "true") == 0;
+  } else {
+    const dsc_tensor_set *o = s->ck->optimizer;
+    for (int i = 0; o && i < o->n && !ck_mw; i++) ck_mw = strncmp(o->names[i], "opt.master.", 11) == 0;
+    if (!ck_mw && t->cfg.precision == DSC_PRECISION_F32) ck_mw = t->cfg.master_weights;
+  }
+  if (s->o->knobs.has_master_weights && s->o->knobs.master_weights != ck_mw &&
+      t->cfg.precision != DSC_PRECISION_F32) {
+    ir_error(t->ctx, rt_loc(s->ck->dir),
+             "the checkpoint was trained with master_weights %s, not %s (a resumed run keeps "
+             "them: its params' dtype depends on it)",
+             ck_mw ? "true" : "false", ck_mw ? "false" : "true");
+    return DSC_ERR_USER;
+  }
+  t->cfg.master_weights = ck_mw;
+  return DSC_OK;
+}
+
 /* A resumed run keeps its precision (its optimizer states depend on it); a
  * program file's graphs fix it (agreed with the flag in program_modules)
  * and, with muon's separate adam_lr, the ratio of the two rates. */
@@ -781,6 +813,7 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
   drv_run_settings rs = {
       .who = "trainer", .B = s->B, .world = t->world, .grad_accum = s->K, .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
+  if ((st = resolve_master_weights(t, s)) != DSC_OK) return st;
   if (s->ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
     const char *w = ck_extra(s->ck, "world");
@@ -869,6 +902,10 @@ static dsc_status open_graphs(dsc_trainer *t, open_state *s) {
     dsc_type b_t = a_t;
     int64_t w;
     if (j >= 0 && dsc_module_param_shard(t->m, j, &b_t, &w) < 0) j = -1;
+    /* master weights hold the step's params in bf16/fp16: the f32
+     * validation forward reads those values exactly */
+    if (j >= 0 && dsc_dtype_is_float(a_t.dtype) && dsc_dtype_is_float(b_t.dtype))
+      b_t.dtype = a_t.dtype;
     if (j < 0 || !dsc_type_equal(&a_t, &b_t)) {
       ir_error(ctx, ir_no_loc,
                "trainer: the validation module's param '%s' is not in the step module", name);
@@ -1308,6 +1345,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"steps", num[5]},
       {"lr", num[6]},
       {"precision", dsc_precision_name(t->cfg.precision)},
+      {"master_weights", t->cfg.master_weights ? "true" : "false"},
       {"save_every", num[7]},
       {"eval_every", num[8]},
       {"world", num[9]},
@@ -1448,7 +1486,11 @@ static dsc_status sampler_inner(dsc_sampler *s, const dsc_sampler_options *o) {
   dsc_context *ctx = s->ctx;
   dsc_checkpoint *ck = NULL;
   dsc_status st = dsc_checkpoint_load(ctx, o->checkpoint, NULL, 0, NULL, 0, &ck);
-  if (st != DSC_OK) return st;
+  if (st == DSC_OK) st = dsc_checkpoint_use_master_weights(ctx, ck, NULL);
+  if (st != DSC_OK) {
+    dsc_checkpoint_free(ctx, ck);
+    return st;
+  }
   const char *model = o->model_path ? o->model_path : ck_extra(ck, "model");
   int64_t T = 0;
   const char *seq = ck_extra(ck, "seq");

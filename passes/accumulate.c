@@ -69,6 +69,7 @@ typedef struct {
   ir_node **map;   /* old id -> node of the part it went to */
   ir_node **dup;   /* old id -> the optimizer part's copy of a duplicable source */
   ir_node **acc;   /* old id -> the optimizer part's read of its accumulation state */
+  ir_node **wide;  /* old id -> the f32 state itself, when acc is its cast to a low dtype */
   bool *in_micro;  /* old id -> in the micro-batch part */
   bool *carried;   /* old id -> accumulated */
   ir_node *first;  /* micro_step's input "first" as a bool */
@@ -84,14 +85,19 @@ static ir_node *copy_node(ir_graph *dst, const ir_node *x, ir_node *const *in) {
   return c;
 }
 
-/* micro_step: acc = first ? x / K : acc + x / K, assigned. */
+/* micro_step: acc = first ? x / K : acc + x / K, assigned. A bf16 or fp16
+ * gradient is summed in f32 (as DeepSpeed's BF16_Optimizer accumulates
+ * into fp32 buffers): one rounding to the low dtype per step instead of K. */
 static bool accumulate(acc_state *s, const ir_node *old, ir_node *x) {
   ir_module *m = s->m;
   const char *name = ir_arena_printf(&m->arena, "acc.%d", s->n_acc++);
   if (!name) return false;
-  dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
-  if (dsc_module_add_state(m, name, x->type, zeros) != DSC_OK) return false;
+  dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
   ir_graph *g = s->micro;
+  dsc_dtype low = x->type.dtype;
+  bool widen = old->role != IR_ROLE_LOSS && (low == DSC_BF16 || low == DSC_F16);
+  if (widen && !(x = dsc_cast(g, x, DSC_F32))) return false;
+  if (dsc_module_add_state(m, name, x->type, zeros) != DSC_OK) return false;
   ir_node *inv = dsc_const(g, 1.0 / (double)s->K, dsc_type_make(x->type.dtype, 0, NULL));
   ir_node *part = inv ? dsc_binary(g, DSC_OP_MUL, x, inv) : NULL;
   ir_node *sum = part ? dsc_binary(g, DSC_OP_ADD, dsc_param_ref(g, name), part) : NULL;
@@ -102,6 +108,10 @@ static bool accumulate(acc_state *s, const ir_node *old, ir_node *x) {
   /* the optimizer part reads the state where it read the value */
   ir_node *r = dsc_param_ref(s->step, name);
   if (!r) return false;
+  if (widen) {
+    s->wide[old->id] = r;
+    if (!(r = dsc_cast(s->step, r, low))) return false;
+  }
   s->acc[old->id] = r;
   return true;
 }
@@ -121,13 +131,13 @@ static dsc_status split(acc_state *s, bool reduce_each) {
   int n = g->n_nodes;
   size_t np = sizeof(ir_node *) * (size_t)(n + 1);
   s->map = ir_arena_alloc(&m->arena, np), s->dup = ir_arena_alloc(&m->arena, np);
-  s->acc = ir_arena_alloc(&m->arena, np);
+  s->acc = ir_arena_alloc(&m->arena, np), s->wide = ir_arena_alloc(&m->arena, np);
   s->in_micro = ir_arena_alloc(&m->arena, (size_t)n + 1);
   s->carried = ir_arena_alloc(&m->arena, (size_t)n + 1);
   ir_node **stack = ir_arena_alloc(&m->arena, np);
-  if (!s->map || !s->dup || !s->acc || !s->in_micro || !s->carried || !stack)
+  if (!s->map || !s->dup || !s->acc || !s->wide || !s->in_micro || !s->carried || !stack)
     return ir_error(m->ctx, ir_no_loc, "accumulate: out of memory"), DSC_ERR_INTERNAL;
-  memset(s->map, 0, np), memset(s->dup, 0, np), memset(s->acc, 0, np);
+  memset(s->map, 0, np), memset(s->dup, 0, np), memset(s->acc, 0, np), memset(s->wide, 0, np);
   memset(s->in_micro, 0, (size_t)n + 1), memset(s->carried, 0, (size_t)n + 1);
 
   /* live: what the outputs, the assigns and the tier writes need (the
@@ -199,6 +209,11 @@ static dsc_status split(acc_state *s, bool reduce_each) {
     if (x->n_in > 8 && !(in = ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)x->n_in)))
       return ir_error(m->ctx, ir_no_loc, "accumulate: out of memory"), DSC_ERR_INTERNAL;
     bool micro = s->in_micro[i];
+    if (!micro && x->op == DSC_OP_CAST && s->wide[x->in[0]->id] &&
+        x->type.dtype == s->wide[x->in[0]->id]->type.dtype) {
+      s->map[i] = s->wide[x->in[0]->id]; /* the f32 reader of a sum reads it unrounded */
+      continue;
+    }
     for (int q = 0; q < x->n_in; q++) {
       const ir_node *y = x->in[q];
       in[q] = micro ? s->map[y->id] : step_input(s, y);

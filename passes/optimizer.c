@@ -95,7 +95,7 @@ static bool add_assign(opt_state *o, const char *name, ir_node *value) {
 static const char *new_state(opt_state *o, const char *what, const char *param, dsc_type t) {
   const char *name = ir_arena_printf(&o->m->arena, "opt.%s.%s", what, param);
   if (!name) return ir_error(o->m->ctx, ir_no_loc, "out of memory in the optimizer pass"), NULL;
-  dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
+  dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
   return dsc_module_add_state(o->m, name, t, zeros) == DSC_OK ? name : NULL;
 }
 
@@ -254,6 +254,19 @@ static bool loss_scale_update(opt_state *o, ir_node *finite) {
          add_assign(o, "opt.good_steps", where(o, finite, good_good, f0));
 }
 
+/* The state opt.master.<p> of the j-th trainable param (1-based, as the
+ * forward's outputs), -1 when it has none (precision pass, master weights). */
+static int master_of(const ir_module *m, int j) {
+  for (int p = 0, k = 0; p < m->n_params; p++) {
+    if (m->params[p].state || ++k != j) continue;
+    char name[512];
+    snprintf(name, sizeof name, "opt.master.%s", m->params[p].name);
+    int s = dsc_module_find_param(m, name);
+    return s >= 0 && m->params[s].state ? s : -1;
+  }
+  return -1;
+}
+
 static dsc_status build_step(opt_state *o, ir_graph *f) {
   ir_module *m = o->m;
   ir_graph *g = o->g;
@@ -286,6 +299,16 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   /* fp16: unscale, and test the gradients for inf/nan (a sum of all
    * gradient elements is finite iff s - s == 0; a finite sum that
    * overflows f32 would need gradients beyond 1e38 / numel) */
+  for (int j = 1; j < n_out; j++)
+    if (acc[j]) acc[j]->role = IR_ROLE_GRAD; /* the memory plan's "grads" */
+
+  /* master weights: the low-precision gradients (what the ranks reduce)
+   * are read in f32 by everything below, as the master weights are */
+  for (int j = 1; j < n_out; j++)
+    if (acc[j]->type.dtype != DSC_F32 && dsc_dtype_is_float(acc[j]->type.dtype) &&
+        master_of(m, j) >= 0)
+      acc[j] = as_dtype(o, acc[j], DSC_F32);
+
   bool fp16 = cfg->precision == DSC_PRECISION_FP16;
   ir_node *finite = NULL;
   if (fp16) {
@@ -299,9 +322,6 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
     finite = dsc_binary(g, DSC_OP_EQUAL, sub(o, s, s), scalar(o, 0, DSC_F32));
     if (!finite) return DSC_ERR_USER;
   }
-
-  for (int j = 1; j < n_out; j++)
-    if (acc[j]) acc[j]->role = IR_ROLE_GRAD; /* the memory plan's "grads" */
 
   /* 4. global norm and clipping */
   ir_node *sumsq = NULL;
@@ -330,8 +350,12 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   for (int p = 0, j = 1; p < m->n_params; p++) {
     if (m->params[p].state) continue;
     const char *pname = m->params[p].name;
-    dsc_type pt = m->params[p].type;
-    ir_node *pv = dsc_param_ref(g, pname), *grad = acc[j++];
+    int master = master_of(m, j);
+    /* with master weights the update reads and writes the f32 copy, and
+     * the param gets its rounding */
+    const char *uname = master >= 0 ? m->params[master].name : pname;
+    dsc_type pt = m->params[master >= 0 ? master : p].type;
+    ir_node *pv = dsc_param_ref(g, uname), *grad = acc[j++];
     ir_node *lr = lr_of(o, pt.dtype), *np;
     bool decay = cfg->opt.weight_decay > 0 && (pt.rank >= 2 || cfg->opt.decay_1d);
     if (cfg->opt.kind == DSC_OPT_SGD) {
@@ -342,6 +366,8 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
       if (adam_ratio != 1.0) lr = scale(o, lr, adam_ratio);
       np = adamw_update(o, pname, pv, grad, lr, decay);
     }
+    if (master >= 0 && !add_assign(o, uname, np)) return DSC_ERR_USER;
+    if (master >= 0) np = as_dtype(o, np, m->params[p].type.dtype);
     if (!add_assign(o, pname, np)) return DSC_ERR_USER;
   }
 
@@ -391,7 +417,7 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
   }
   if (!check_forward(m, f)) return DSC_ERR_USER;
   if (dsc_module_find_param(m, "opt.step") < 0) {
-    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
+    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
     dsc_status st = dsc_module_add_state(m, "opt.step", dsc_type_make(DSC_F32, 0, NULL), zeros);
     if (st != DSC_OK) return st;
   }
@@ -405,8 +431,8 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
       return DSC_ERR_USER;
     }
     dsc_type t0 = dsc_type_make(DSC_F32, 0, NULL);
-    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0};
-    dsc_init hyst = {DSC_INIT_CONST, (double)cfg->fp16.hysteresis, 0};
+    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
+    dsc_init hyst = {DSC_INIT_CONST, (double)cfg->fp16.hysteresis, 0, NULL};
     dsc_status st = dsc_module_add_state(m, "opt.good_steps", t0, zeros);
     if (st == DSC_OK) st = dsc_module_add_state(m, "opt.hysteresis_left", t0, hyst);
     if (st != DSC_OK) return st;

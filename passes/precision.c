@@ -1,6 +1,14 @@
 /* The precision pass: mixed-precision training (bf16 or fp16 compute with
- * f32 master weights), as PyTorch's autocast and DeepSpeed do it. Runs on
+ * f32 master weights), as DeepSpeed and PyTorch's autocast do it. Runs on
  * graph "forward" before autodiff; with f32 it does nothing.
+ *
+ * Master weights (cfg->master_weights, the default): every trainable f32
+ * param is held in the low dtype from here on, and state opt.master.<p>
+ * (f32, init copy(p)) is the optimizer's copy (pass optimizer updates it and
+ * writes p = its rounding; the zero pass shards it with the moments). A
+ * param read then is a low-precision value, cast up where an f32 op reads
+ * it, and autodiff's gradients arrive in the low dtype: the ZeRO paper's
+ * 2 + 2 + 12 bytes per param. Without (autocast), params stay f32:
  *
  * The forward graph is rebuilt node by node into a new graph that replaces
  * it (same name, inputs and outputs). Every f32 value gets a dtype from the
@@ -17,8 +25,9 @@
  * Values of other dtypes (ints, bool, f64) are untouched, as are `cast`
  * inputs. The outputs are cast back to their f32 types: the loss stays f32.
  * Autodiff then differentiates through the casts (the gradient of a cast is
- * the cast back), so the params' gradients arrive in f32 and the optimizer
- * (f32 states) is unchanged.
+ * the cast back), so the params' gradients arrive in their dtype: f32
+ * without master weights (the optimizer and its f32 states unchanged), the
+ * low dtype with them.
  *
  * fp16 also creates the state opt.loss_scale (f32[], 2^initial_scale_power)
  * and makes the forward return loss * opt.loss_scale, so that the backward
@@ -36,6 +45,7 @@ typedef struct {
   dsc_dtype low;
   ir_node **map;             /* [f->n_nodes] clone in its natural dtype; NULL: f32 const */
   ir_node **as_f32, **as_lo; /* [f->n_nodes] the value as f32 / as the low dtype */
+  bool *held_low;            /* [f->n_nodes] a param read of a param now held in `low` */
 } prec_state;
 
 /* Ops that read their f32 inputs in f32 (their result is f32 too). */
@@ -104,6 +114,10 @@ static bool rebuild(prec_state *s, ir_node **outs) {
       continue;
     }
     if (n->op == DSC_OP_CONST && n->type.dtype == DSC_F32) continue; /* made per dtype */
+    if (n->op == DSC_OP_PARAM && s->held_low[i]) { /* held in the low dtype now */
+      if (!(s->map[i] = dsc_param_ref(g, ir_attr_str(n, "name")))) return false;
+      continue;
+    }
     ir_node *small[8], **in = small;
     if (n->n_in > 8 && !(in = ir_arena_alloc(&s->m->arena, sizeof(ir_node *) * (size_t)n->n_in)))
       return oom(s->m);
@@ -132,6 +146,50 @@ bool pass_precision_check_fp16(ir_module *m, const dsc_train_config *cfg) {
     what = "min_loss_scale must be a positive number";
   if (what) ir_error(m->ctx, ir_no_loc, "precision fp16: %s", what);
   return what == NULL;
+}
+
+/* Master weights: every trainable f32 param is held in the low dtype from
+ * now on, and state opt.master.<p> (f32, initial value copy(p): the low
+ * value, exactly, as DeepSpeed's fp32 partition cloned from the bf16
+ * params) is the optimizer's copy that the update reads and writes.
+ * held[p] marks the params changed. Graphs other than `forward` must not
+ * read them (their param nodes would keep the f32 type). */
+static bool hold_params_low(ir_module *m, const ir_graph *f, dsc_dtype low, bool *held) {
+  for (int p = 0; p < m->n_params; p++) {
+    ir_param *pa = &m->params[p];
+    held[p] = !pa->state && pa->type.dtype == DSC_F32;
+    if (!held[p]) continue;
+    const char *name = ir_arena_printf(&m->arena, "opt.master.%s", pa->name);
+    if (!name) return oom(m);
+    if (dsc_module_find_param(m, name) >= 0) {
+      ir_error(m->ctx, ir_no_loc, "precision: the module already has '%s'", name);
+      return false;
+    }
+  }
+  for (int gi = 0; gi < m->n_graphs; gi++) {
+    const ir_graph *o = m->graphs[gi];
+    for (int i = 0; o != f && i < o->n_nodes; i++) {
+      if (o->nodes[i]->op != DSC_OP_PARAM) continue;
+      int p = dsc_module_find_param(m, ir_attr_str(o->nodes[i], "name"));
+      if (p >= 0 && held[p]) {
+        ir_error(m->ctx, ir_no_loc,
+                 "precision: graph '%s' reads '%s', which master weights hold in %s; run it "
+                 "from a module without the training passes, or set master_weights false",
+                 o->name, m->params[p].name, dsc_dtype_name(low));
+        return false;
+      }
+    }
+  }
+  int n = m->n_params;
+  for (int p = 0; p < n; p++) {
+    if (!held[p]) continue;
+    dsc_type t = m->params[p].type;
+    dsc_init copy = {DSC_INIT_COPY, 0, 0, m->params[p].name};
+    const char *name = ir_arena_printf(&m->arena, "opt.master.%s", m->params[p].name);
+    if (!name || dsc_module_add_state(m, name, t, copy) != DSC_OK) return false;
+    m->params[p].type.dtype = low; /* after add_state: m->params may have moved */
+  }
+  return true;
 }
 
 /* Puts graph `g` (created last) in the place of `f` and gives it f's name. */
@@ -175,7 +233,18 @@ dsc_status pass_precision_run(ir_module *m, const dsc_train_config *cfg) {
   s.map = ir_arena_alloc(&m->arena, sz);
   s.as_f32 = ir_arena_alloc(&m->arena, sz);
   s.as_lo = ir_arena_alloc(&m->arena, sz);
-  if (!s.map || !s.as_f32 || !s.as_lo) return oom(m), DSC_ERR_INTERNAL;
+  s.held_low = ir_arena_alloc(&m->arena, sizeof(bool) * (size_t)(f->n_nodes + 1));
+  bool *held = ir_arena_alloc(&m->arena, sizeof(bool) * (size_t)(m->n_params + 1));
+  if (!s.map || !s.as_f32 || !s.as_lo || !s.held_low || !held) return oom(m), DSC_ERR_INTERNAL;
+  memset(s.held_low, 0, sizeof(bool) * (size_t)(f->n_nodes + 1));
+  if (cfg->master_weights) {
+    if (!hold_params_low(m, f, s.low, held)) return DSC_ERR_USER;
+    for (int i = 0; i < f->n_nodes; i++) {
+      const ir_node *n = f->nodes[i];
+      int p = n->op == DSC_OP_PARAM ? dsc_module_find_param(m, ir_attr_str(n, "name")) : -1;
+      s.held_low[i] = p >= 0 && held[p];
+    }
+  }
   const char *tmp = "forward.precision";
   if (!(s.g = dsc_graph_new(m, tmp))) return DSC_ERR_INTERNAL;
   ir_node *loss = NULL;
@@ -183,7 +252,7 @@ dsc_status pass_precision_run(ir_module *m, const dsc_train_config *cfg) {
   if (ok && fp16) {
     /* the backward pass runs on loss * scale; the scale is a power of two,
      * so the optimizer's division gives back the loss exactly */
-    dsc_init init = {DSC_INIT_CONST, ldexp(1.0, (int)cfg->fp16.initial_scale_power), 0};
+    dsc_init init = {DSC_INIT_CONST, ldexp(1.0, (int)cfg->fp16.initial_scale_power), 0, NULL};
     dsc_graph_set_loc(s.g, loss->loc);
     ok = dsc_module_add_state(m, "opt.loss_scale", dsc_type_make(DSC_F32, 0, NULL), init) == DSC_OK;
     ir_node *scale = ok ? dsc_param_ref(s.g, "opt.loss_scale") : NULL;

@@ -44,6 +44,8 @@ static const dsc_setting table[] = {
      "one of constant, cosine, linear, warmup_cosine, warmup_linear", NULL, -1, NOKNOB},
     {"precision", NULL, NULL, "the precision", DSC_SETTING_PRECISION, 0, 0, "f32, bf16 or fp16",
      NULL, CFG(precision), NOKNOB},
+    {"master_weights", NULL, "--master-weights", "master_weights", DSC_SETTING_BOOL, 0, 0,
+     "true or false", NULL, CFG(master_weights), KNOB(master_weights)},
     {"seed", NULL, NULL, "the seed", DSC_SETTING_INT, 0, I64MAX, nonneg_int, NULL, CFG(seed),
      NOKNOB},
     {"eval_every", NULL, NULL, "eval_every", DSC_SETTING_INT, 0, I64MAX, nonneg_int, NULL,

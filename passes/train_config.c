@@ -198,6 +198,7 @@ static void set_defaults(dsc_train_config *cfg) {
   cfg->zero.prefetch_bytes = 64 << 20;
   cfg->zero.bucket_bytes = 25 << 20;
   cfg->zero.reduce_each_micro_batch = true;
+  cfg->master_weights = true;
   cfg->offload.prefetch_bytes = 64 << 20;
   cfg->offload.io_threads = 4;
   cfg->seed = 1337;

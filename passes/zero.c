@@ -48,12 +48,18 @@ static dsc_status internal(ir_module *m, const char *why) {
   return DSC_ERR_INTERNAL;
 }
 
-/* x of a norm term [cast](sum(x * x)), or NULL. */
+/* The gradient x of a norm term [cast](sum(y * y)), y = [cast](x) [/
+ * opt.loss_scale]: the value as the backward gives it (with master weights
+ * a bf16 or fp16 gradient, read in f32), or NULL. */
 static ir_node *term_value(ir_node *t) {
   if (t->op == DSC_OP_CAST) t = t->in[0];
   if (t->op != DSC_OP_SUM || t->in[0]->op != DSC_OP_MUL) return NULL;
-  ir_node *mul = t->in[0];
-  return mul->in[0] == mul->in[1] ? mul->in[0] : NULL;
+  ir_node *mul = t->in[0], *y = mul->in[0];
+  if (y != mul->in[1]) return NULL;
+  if (y->op == DSC_OP_DIV && y->in[1]->op == DSC_OP_PARAM && y->in[1]->type.rank == 0)
+    y = y->in[0]; /* fp16: the unscaled gradient */
+  if (y->op == DSC_OP_CAST && y->in[0]->role == IR_ROLE_GRAD) y = y->in[0];
+  return y;
 }
 
 /* The n averaged gradients, in module param order, from grad_norm. */

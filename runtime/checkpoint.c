@@ -788,3 +788,35 @@ dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
   *out = &c->pub;
   return DSC_OK;
 }
+
+dsc_status dsc_checkpoint_use_master_weights(dsc_context *ctx, dsc_checkpoint *c, int *n_replaced) {
+  int n = 0;
+  for (int i = 0; c && c->model && c->optimizer && i < c->model->n; i++) {
+    char name[1024];
+    snprintf(name, sizeof name, "opt.master.%s", c->model->names[i]);
+    const dsc_tensor *m = dsc_tensor_set_find(c->optimizer, name);
+    dsc_tensor *p = c->model->tensors[i];
+    if (!m) continue;
+    dsc_type want = p->type;
+    want.dtype = m->type.dtype;
+    if (!dsc_type_equal(&want, &m->type)) {
+      char a[96], b[96];
+      dsc_type_format(&p->type, a, sizeof a);
+      dsc_type_format(&m->type, b, sizeof b);
+      ir_error(ctx, rt_loc(c->dir), "master weights '%s' are %s, the param '%s' is %s", name, b,
+               c->model->names[i], a);
+      return DSC_ERR_USER;
+    }
+    dsc_tensor *copy = dsc_tensor_new(ctx, m->type);
+    if (!copy) {
+      ir_error(ctx, rt_loc(c->dir), "out of memory copying '%s'", name);
+      return DSC_ERR_INTERNAL;
+    }
+    memcpy(copy->data, m->data, sizeof(double) * (size_t)dsc_type_numel(&m->type));
+    dsc_tensor_free(ctx, p);
+    c->model->tensors[i] = copy;
+    n++;
+  }
+  if (n_replaced) *n_replaced = n;
+  return DSC_OK;
+}

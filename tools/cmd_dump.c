@@ -7,7 +7,8 @@
 static const char dump_help[] =
     "usage: dsc dump FILE [--dot] [-o OUT] [--batch B] [--seq T] [--dim NAME=V]\n"
     "                [--after PASS | --print-after-all] [--grad-accum K] [--verify]\n"
-    "                [--precision f32|bf16|fp16] [--world N] [--zero-stage S]\n"
+    "                [--precision f32|bf16|fp16] [--master-weights true|false]\n"
+    "                [--world N] [--zero-stage S]\n"
     "                [--bucket-bytes N] [--prefetch-bytes N] [--persist-threshold N]\n"
     "                [--unshard-bytes N] [--checkpoint-activations none|selective|offload]\n"
     "                [--offload-optimizer none|host|disk] [--offload-param none|host|disk]\n"
@@ -23,7 +24,8 @@ static const char dump_help[] =
     "(--after optimizer: the whole training step); --print-after-all prints it\n"
     "after every pass. The train settings come from the model's train section;\n"
     "--grad-accum overrides its grad_accum, --precision its precision (mixed\n"
-    "precision: bf16 or fp16 compute with f32 master weights). --world and\n"
+    "precision: bf16 or fp16 params, gradients and compute with f32 master weights;\n"
+    "--master-weights false: f32 params and gradients, bf16 or fp16 compute). --world and\n"
     "--zero-stage give one rank's program of N ranks at that ZeRO stage (see\n"
     "dsc train --help for the other four). --verify checks the\n"
     "IR after each pass. --list-passes lists the passes in pipeline order.\n";

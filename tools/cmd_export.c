@@ -151,6 +151,8 @@ int cli_export(int argc, char **argv) {
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   dsc_checkpoint *ck = NULL;
   dsc_status st = dsc_checkpoint_load(ctx, dir, NULL, 0, NULL, 0, &ck);
+  int n_master = 0;
+  if (st == DSC_OK) st = dsc_checkpoint_use_master_weights(ctx, ck, &n_master);
   if (st == DSC_OK) st = check_against_model(ctx, ck, model);
   if (st == DSC_OK) {
     char step[32];
@@ -164,8 +166,9 @@ int cli_export(int argc, char **argv) {
     if (st == DSC_OK) {
       int64_t n = 0;
       for (int i = 0; i < ck->model->n; i++) n += dsc_type_numel(&ck->model->tensors[i]->type);
-      printf("%s: %d tensors, %lld params (%s) from %s (step %s)\n", out, ck->model->n,
-             (long long)n, dtype, ck->dir, step);
+      printf("%s: %d tensors, %lld params (%s) from %s (step %s)%s\n", out, ck->model->n,
+             (long long)n, dtype, ck->dir, step,
+             n_master ? ", from the f32 master weights" : "");
     }
   }
   dsc_checkpoint_free(ctx, ck);

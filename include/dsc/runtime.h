@@ -151,6 +151,12 @@ dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
                                const dsc_tensor_spec *optimizer_spec, int n_optimizer,
                                dsc_checkpoint **out);
 void dsc_checkpoint_free(dsc_context *ctx, dsc_checkpoint *c);
+/* Mixed precision with master weights (train.master_weights): the model set
+ * holds the bf16/fp16 params, the optimizer set their f32 copies
+ * "opt.master.<name>". Replaces every model tensor that has one by a copy
+ * of it, so that export and sampling read the full-precision weights (as
+ * DeepSpeed's zero_to_fp32.py); *n_replaced (may be NULL) counts them. */
+dsc_status dsc_checkpoint_use_master_weights(dsc_context *ctx, dsc_checkpoint *c, int *n_replaced);
 
 #ifdef __cplusplus
 }

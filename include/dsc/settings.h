@@ -61,6 +61,8 @@ typedef struct {
   int64_t offload_prefetch_bytes, offload_io_threads;
   /* grad_accum > 1 at stages 2-3: reduce-scatter every micro-batch (true) or once per step */
   bool has_reduce_each_micro_batch, reduce_each_micro_batch;
+  /* bf16/fp16: low-precision params and gradients with f32 master weights (true) */
+  bool has_master_weights, master_weights;
 } dsc_run_knobs;
 
 typedef enum {

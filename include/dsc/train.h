@@ -21,7 +21,8 @@
  * The forward graph itself is removed (it is inlined into the step).
  *
  * Mixed precision (cfg->precision, pass "precision", docs/training.md): with
- * bf16 or fp16 the params stay f32 (master weights) and the forward computes
+ * bf16 or fp16 the params are held in the low dtype with f32 master weights
+ * in the optimizer states (cfg->master_weights) and the forward computes
  * in the low dtype (norms, softmax, losses and sum/mean in f32); the step's
  * inputs and outputs keep their types. fp16 adds dynamic loss scaling with
  * the states opt.loss_scale, opt.good_steps, opt.hysteresis_left and a third
@@ -95,6 +96,13 @@ typedef struct {
     int64_t decay_steps; /* 0: the run's steps */
   } sched;
   dsc_precision precision; /* train.precision: f32 (default), bf16, fp16 */
+  /* bf16/fp16 (train.master_weights, --master-weights; default true): the
+   * trainable params and their gradients are held in the low dtype and the
+   * optimizer keeps an f32 master copy of each, state "opt.master.<param>"
+   * (sharded with the moments from stage 1), as DeepSpeed's bf16/fp16 and
+   * the ZeRO paper's mixed-precision model states; false: f32 params and
+   * gradients, the forward casts (PyTorch's autocast). */
+  bool master_weights;
   /* fp16 dynamic loss scaling (DeepSpeed's "fp16" settings) */
   struct {
     int64_t initial_scale_power; /* the scale starts at 2^this (16) */

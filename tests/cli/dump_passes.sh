@@ -52,11 +52,19 @@ expect_exit 0 "$DSC" dump "$MLP" --after accumulate --batch 4 --grad-accum 3 --v
   expect_grep '^meta "accumulate\.steps" = "3"$' "$TMP/out"
 }
 
-# --precision: bf16 computes in bf16 with f32 params; fp16 adds the loss scale and `skipped`
+# --precision: bf16 computes in bf16 with bf16 params and f32 master weights
+# (autocast's f32 params with --master-weights false); fp16 adds the loss
+# scale and `skipped`
 expect_exit 0 "$DSC" dump "$MLP" --after optimizer --precision bf16 --verify && {
   expect_grep '= cast\(%[0-9]+\) \{dtype = bf16\} : bf16\[' "$TMP/out"
-  expect_grep '^param w1: f32\[32,64\]' "$TMP/out"
+  expect_grep '^param w1: bf16\[32,64\]' "$TMP/out"
+  expect_grep '^state opt\.master\.w1: f32\[32,64\] = copy\(w1\)$' "$TMP/out"
+  expect_grep 'assign\(%[0-9]+\) \{name = "opt\.master\.w1"\}' "$TMP/out"
   expect_grep '^  return %[0-9]+, %[0-9]+$' "$TMP/out"
+}
+expect_exit 0 "$DSC" dump "$MLP" --after optimizer --precision bf16 --master-weights false --verify && {
+  expect_grep '^param w1: f32\[32,64\]' "$TMP/out"
+  grep -q 'opt\.master' "$TMP/out" && fail "autocast: master weights in the dump" || pass
 }
 expect_exit 0 "$DSC" dump "$MLP" --after optimizer --precision fp16 && {
   expect_grep '^state opt\.loss_scale: f32\[\] = const\(65536' "$TMP/out"

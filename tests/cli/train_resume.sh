@@ -76,6 +76,21 @@ expect_exit 0 "$DSC" train --resume "$TMP/p2" --quiet
 for f in model optimizer; do
   cmp "$TMP/p1/latest/$f.safetensors" "$TMP/p2/latest/$f.safetensors" && pass || fail "bf16 resume: $f differs"
 done
+# with master weights (the default) the checkpoint holds bf16 params and
+# f32 opt.master.* (resume keeps them, and refuses autocast's f32 params);
+# a run with --master-weights false resumes as one
+expect_grep '"master_weights":[[:space:]]*"true"' "$TMP/p2/latest/state.json"
+expect_exit 1 "$DSC" train --resume "$TMP/p2" --master-weights false --quiet &&
+  expect_grep 'trained with master_weights true, not false' "$TMP/err"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --precision bf16 --master-weights false --steps 4 \
+  --out "$TMP/q1"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --precision bf16 --master-weights false --steps 4 \
+  --stop-at 2 --out "$TMP/q2"
+expect_exit 0 "$DSC" train --resume "$TMP/q2" --quiet
+for f in model optimizer; do
+  cmp "$TMP/q1/latest/$f.safetensors" "$TMP/q2/latest/$f.safetensors" && pass ||
+    fail "bf16 autocast resume: $f differs"
+done
 
 # 6. a sequence longer than the model's context is refused before anything runs
 expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/c" --batch 2 --seq 65 --steps 1 --out "$TMP/long" &&

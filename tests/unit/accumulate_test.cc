@@ -27,7 +27,8 @@ struct Ctx {
 
 // mlp.dsm with micro-batch B through the pipeline up to `stop` (nullptr: all).
 dsc_module *piped(dsc_context *ctx, int64_t B, int64_t K, const char *stop, int64_t world = 1,
-                  int64_t stage = 0, bool each = true) {
+                  int64_t stage = 0, bool each = true,
+                  dsc_precision precision = DSC_PRECISION_F32) {
   dsc_dim_binding dims[1] = {{"B", B}};
   dsc_frontend_options fo = {dims, 1};
   dsc_module *m = nullptr;
@@ -38,6 +39,7 @@ dsc_module *piped(dsc_context *ctx, int64_t B, int64_t K, const char *stop, int6
   cfg.grad_accum = K, cfg.world = world, cfg.zero.stage = stage;
   cfg.zero.reduce_each_micro_batch = each;
   cfg.clip = 1.0;
+  cfg.precision = precision;
   dsc_pipeline_options po;
   memset(&po, 0, sizeof po);
   po.train = &cfg;
@@ -79,6 +81,35 @@ TEST(AccumulatePass, TheProgramDoesNotGrowWithGradAccum) {
             count_op(dsc_module_find_graph(one, "train_step"), DSC_OP_MATMUL));
   EXPECT_EQ(count_op(dsc_module_find_graph(two, "train_step"), DSC_OP_MATMUL), 0);
   dsc_module_free(one), dsc_module_free(two), dsc_module_free(many);
+}
+
+// bf16 with master weights: the bf16 gradients are summed in f32 states
+// (one rounding per step, not one per micro-batch), and the optimizer part
+// reads the f32 sums themselves, not a bf16 rounding of them.
+TEST(AccumulatePass, Bf16GradientsAreSummedInF32) {
+  Ctx c;
+  for (int stage : {0, 2}) {
+    dsc_module *m = piped(c.ctx, 4, 4, "accumulate", stage ? 2 : 1, stage, true,
+                          DSC_PRECISION_BF16);
+    ASSERT_NE(m, nullptr);
+    int acc = 0;
+    for (int i = 0; i < dsc_module_param_count(m); i++) {
+      if (std::strncmp(dsc_module_param_name(m, i), "acc.", 4) != 0) continue;
+      acc++;
+      EXPECT_EQ(dsc_module_param_type(m, i).dtype, DSC_F32) << dsc_module_param_name(m, i);
+    }
+    EXPECT_GT(acc, 1);
+    const dsc_graph *g = dsc_module_find_graph(m, "train_step");
+    for (int i = 0; i < dsc_graph_node_count(g); i++) {
+      const dsc_node *n = dsc_graph_node(g, i);
+      if (dsc_node_op(n) != DSC_OP_CAST || dsc_node_type(n).dtype != DSC_F32) continue;
+      const dsc_node *x = dsc_node_input(n, 0);
+      // no f32 -> bf16 -> f32 round trip of a sum
+      EXPECT_FALSE(dsc_node_op(x) == DSC_OP_CAST && dsc_node_op(dsc_node_input(x, 0)) == DSC_OP_PARAM)
+          << "stage " << stage << " node " << i;
+    }
+    dsc_module_free(m);
+  }
 }
 
 TEST(AccumulatePass, WhereTheRanksReduce) {

@@ -131,23 +131,41 @@ TEST(Precision, SettingsAndDefaults) {
   dsc_module_free(m2);
 }
 
-// bf16: params and their reads stay f32, a cast to bf16 follows them where
-// a low-precision op reads them; matmul/attention/embedding/gelu run in
-// bf16; the norms, softmax and the loss in f32; the graph verifies and its
-// text round-trips; inputs and outputs keep their types.
-TEST(Precision, Bf16GraphStructure) {
+// bf16 without master weights (autocast): params and their reads stay f32,
+// a cast to bf16 follows them where a low-precision op reads them. With
+// master weights (the default): the params are bf16, each has an f32 state
+// opt.master.<p> = copy(p), and a cast to f32 follows a param where a norm
+// reads it. Both: matmul/attention/embedding/gelu run in bf16; the norms,
+// softmax and the loss in f32; the graph verifies and its text round-trips;
+// inputs and outputs keep their types.
+void check_bf16_structure(bool master) {
   Ctx c;
   dsc_module *m = compile(c.ctx, tiny_source("f32"), 2, 8);
   ASSERT_NE(m, nullptr);
   dsc_train_config cfg = config(c.ctx, DSC_PRECISION_BF16);
+  EXPECT_TRUE(cfg.master_weights);  // the default
+  cfg.master_weights = master;
   dsc_pipeline_options po = {&cfg, "precision", false, nullptr, true};
   ASSERT_EQ(dsc_run_pipeline(m, &po), DSC_OK) << diags(c.ctx);
   ASSERT_EQ(dsc_module_graph_count(m), 1);
   dsc_graph *g = dsc_module_find_graph(m, "forward");
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(dsc_module_verify(m), DSC_OK) << diags(c.ctx);
-  for (int p = 0; p < dsc_module_param_count(m); p++)
-    EXPECT_EQ(dsc_module_param_type(m, p).dtype, DSC_F32) << dsc_module_param_name(m, p);
+  const dsc_dtype held = master ? DSC_BF16 : DSC_F32;
+  int n_master = 0;
+  for (int p = 0; p < dsc_module_param_count(m); p++) {
+    const char *name = dsc_module_param_name(m, p);
+    if (!dsc_module_param_is_state(m, p)) {
+      EXPECT_EQ(dsc_module_param_type(m, p).dtype, held) << name;
+      continue;
+    }
+    ASSERT_EQ(std::strncmp(name, "opt.master.", 11), 0) << name;
+    n_master++;
+    EXPECT_EQ(dsc_module_param_type(m, p).dtype, DSC_F32) << name;
+    EXPECT_EQ(dsc_module_param_init(m, p).kind, DSC_INIT_COPY) << name;
+    EXPECT_STREQ(dsc_module_param_init(m, p).from, name + 11);
+  }
+  EXPECT_EQ(n_master, master ? 10 : 0);
   ASSERT_EQ(dsc_graph_output_count(g), 1);
   EXPECT_EQ(dsc_node_type(dsc_graph_output_at(g, 0)).dtype, DSC_F32);
   EXPECT_EQ(dsc_node_type(dsc_graph_input_at(g, 0)).dtype, DSC_I32);
@@ -157,7 +175,7 @@ TEST(Precision, Bf16GraphStructure) {
     counts[n->op]++;
     switch (n->op) {
       case DSC_OP_PARAM:
-        EXPECT_EQ(n->type.dtype, DSC_F32);
+        EXPECT_EQ(n->type.dtype, held);
         break;
       case DSC_OP_MATMUL:
       case DSC_OP_ATTENTION:
@@ -178,7 +196,7 @@ TEST(Precision, Bf16GraphStructure) {
         break;
       case DSC_OP_CAST:
         if (n->in[0]->op == DSC_OP_PARAM) {
-          EXPECT_EQ(n->type.dtype, DSC_BF16);
+          EXPECT_EQ(n->type.dtype, master ? DSC_F32 : DSC_BF16);
           param_casts++;
         }
         break;
@@ -188,7 +206,7 @@ TEST(Precision, Bf16GraphStructure) {
   }
   // wte, wpe, attn_w, proj_w, gate_w, fc_w, fc_proj_w feed bf16 ops (once
   // each: casts are shared); ln1_w, ln1_b, rms_w are read by the f32 norms
-  EXPECT_EQ(param_casts, 7);
+  EXPECT_EQ(param_casts, master ? 3 : 7);
   EXPECT_EQ(counts[DSC_OP_LAYERNORM], 1);
   EXPECT_EQ(counts[DSC_OP_SOFTMAX], 1);
   EXPECT_EQ(counts[DSC_OP_CROSS_ENTROPY], 1);
@@ -210,6 +228,48 @@ TEST(Precision, Bf16GraphStructure) {
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(dsc_graph_input_count(g), 3);
   EXPECT_EQ(dsc_graph_output_count(g), 2);
+  dsc_module_free(m);
+}
+
+TEST(Precision, Bf16GraphStructureAutocast) { check_bf16_structure(false); }
+TEST(Precision, Bf16GraphStructureMasterWeights) { check_bf16_structure(true); }
+
+// copy(NAME): the master weight starts as its param's value exactly (the
+// param's own stream, rounded to bf16), also in a shard; the verifier and
+// the init refuse a copy of nothing.
+TEST(Precision, CopyInitIsTheParamsValueAndNeedsASource) {
+  Ctx c;
+  dsc_module *m = dsc_module_new(c.ctx, "m");
+  int64_t dims[2] = {3, 5};
+  ASSERT_EQ(dsc_module_add_param(m, "w", dsc_type_make(DSC_BF16, 2, dims),
+                                 {DSC_INIT_NORMAL, 0.3, 0.1, NULL}),
+            DSC_OK);
+  ASSERT_EQ(dsc_module_add_state(m, "opt.master.w", dsc_type_make(DSC_F32, 2, dims),
+                                 {DSC_INIT_COPY, 0, 0, "w"}),
+            DSC_OK);
+  EXPECT_EQ(dsc_module_verify(m), DSC_OK) << diags(c.ctx);
+  dsc_params *p = dsc_params_init(m, 7);
+  ASSERT_NE(p, nullptr) << diags(c.ctx);
+  const dsc_tensor *w = dsc_params_find(p, "w"), *mw = dsc_params_find(p, "opt.master.w");
+  int exact = 0, distinct = 0;
+  for (int k = 0; k < 15; k++) {
+    exact += w->data[k] == mw->data[k];
+    distinct += w->data[k] != w->data[0];
+  }
+  EXPECT_EQ(exact, 15);
+  EXPECT_GT(distinct, 10);  // random values, not a constant
+  dsc_params_free(p);
+  // a state copying an absent param
+  ASSERT_EQ(dsc_module_add_state(m, "opt.master.x", dsc_type_make(DSC_F32, 2, dims),
+                                 {DSC_INIT_COPY, 0, 0, "x"}),
+            DSC_OK);
+  EXPECT_NE(dsc_module_verify(m), DSC_OK);
+  EXPECT_NE(diags(c.ctx).find("copy(x) names no other parameter"), std::string::npos)
+      << diags(c.ctx);
+  dsc_diag_clear(c.ctx);
+  EXPECT_EQ(dsc_params_init(m, 7), nullptr);
+  EXPECT_NE(diags(c.ctx).find("'opt.master.x': copy(x) names no parameter"), std::string::npos)
+      << diags(c.ctx);
   dsc_module_free(m);
 }
 
