@@ -15,10 +15,11 @@ program). Each plan is one `dsc plan MODEL --world N --zero-stage S --batch B
 --json`.
 
 The script checks every plan's model states against the ZeRO and
-ZeRO-Offload formulas (f32 master params and grads, AdamW: 4 + 4 + 8 bytes
-per param, each divided by N where the stage shards it; what is offloaded
-counted on the host instead of the device) within the shard padding, and
-exits 1 if one differs.
+ZeRO-Offload formulas (AdamW; bytes per param as the plan's
+bytes_per_param: f32 4 + 4 + 8; bf16 with master weights 2 + 2 + 12, bf16
+params and gradients, f32 master weights and moments; each divided by N where
+the stage shards it; what is offloaded counted on the host instead of the
+device) within the shard padding, and exits 1 if one differs.
 
 --measured trains gpt-tiny (batch 64 x seq 64, 2 steps, cpu backend) at
 stage 0 without offload, with the optimizer states on the host, on disk and
@@ -67,14 +68,17 @@ def human(b):
     return "%.2f %s" % (v, units[u])
 
 
-def formula(stage, psi, n, opt_host, param_host):
-    """ZeRO (stages) and ZeRO-Offload (tiers), f32 AdamW: params 4, grads 4,
-    optimizer 8 bytes per param (+ the 4-byte step count), divided by N where
-    the stage shards them. Returns the bytes of params, grads and optimizer
-    on the device and of the values on the host tier."""
-    p = 4 * psi / (n if stage >= 3 else 1)
-    g = 4 * psi / (n if stage >= 2 else 1)
-    o = 8 * psi / (n if stage >= 1 else 1) + 4
+def formula(stage, psi, n, opt_host, param_host, per_param):
+    """ZeRO (stages) and ZeRO-Offload (tiers), AdamW: params P, grads G,
+    optimizer K bytes per param (+ the 4-byte step count), divided by N where
+    the stage shards them; per_param is the plan's bytes_per_param: f32 4, 4,
+    8; bf16 with master weights 2, 2, 12 (the f32 master weights are
+    optimizer states). Returns the bytes of params, grads and optimizer on
+    the device and of the values on the host tier."""
+    P, G, K = per_param["P"], per_param["G"], per_param["K"]
+    p = P * psi / (n if stage >= 3 else 1)
+    g = G * psi / (n if stage >= 2 else 1)
+    o = K * psi / (n if stage >= 1 else 1) + 4
     host = (o if opt_host else 0) + (p if param_host else 0)
     return (0 if param_host else p), g, (0 if opt_host else o), host
 
@@ -98,9 +102,11 @@ def plan(dsc, model, world, stage, batch, seq, flags):
     # and temporaries (passes/offload_host.c)
     rank["host_values"] = rank["host"] - rank["host_work"]
     opt_host = "--offload-optimizer" in flags
-    p, g, o, host = formula(stage, obj["param_count"], world, opt_host, "--offload-param" in flags)
+    p, g, o, host = formula(stage, obj["param_count"], world, opt_host, "--offload-param" in flags,
+                            obj["bytes_per_param"])
     # shards pad each tensor to a multiple of N: at most 4 bytes per tensor,
-    # value kind (params, grads, m, v) and rank; 1% covers it for these models
+    # value kind (params, grads, master, m, v) and rank; 1% covers it for
+    # these models (tests/cli/plan_formula.sh checks GPT-2 to the byte)
     checks = [("params", rank["params"], p), ("optimizer", rank["optimizer"], o),
               ("host values", rank["host_values"], host)]
     if opt_host:  # ZeRO-Offload: gradients leave the device during the backward

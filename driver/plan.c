@@ -68,9 +68,12 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   out->stage = cfg.zero.stage;
   out->precision = cfg.precision;
   out->optimizer = cfg.opt.kind;
+  out->master_weights = cfg.master_weights && cfg.precision != DSC_PRECISION_F32;
+  out->p_bytes = out->g_bytes = out->master_weights ? 2 : 4;
   out->k_bytes = cfg.opt.kind == DSC_OPT_ADAMW ? 8
                  : cfg.opt.kind == DSC_OPT_SGD ? (cfg.opt.momentum > 0 ? 4 : 0)
                                                : -1;
+  if (out->k_bytes >= 0 && out->master_weights) out->k_bytes += 4; /* the f32 master */
   out->batch = cfg.batch, out->seq = cfg.seq, out->grad_accum = cfg.grad_accum;
   out->state_arena = p.state_arena, out->work_arena = p.work_arena;
   out->gemm_scratch = p.gemm_scratch, out->padding = p.padding;

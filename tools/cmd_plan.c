@@ -31,7 +31,9 @@ static const char plan_help[] =
     "  --zero-stage S    one stage (0-3); with --json the stage of the object\n"
     "                    (default: the model's train.zero.stage)\n"
     "  --json            one JSON object: {\"param_count\", \"world\", \"stage\",\n"
-    "                    \"precision\", \"ranks\": [{\"rank\", \"params\", \"grads\",\n"
+    "                    \"precision\", \"master_weights\", \"bytes_per_param\": {\"P\", \"G\",\n"
+    "                    \"K\"} (the formulas' bytes per param; K -1: none),\n"
+    "                    \"ranks\": [{\"rank\", \"params\", \"grads\",\n"
     "                    \"optimizer\", \"activations\", \"workspace\", \"comm\", \"peak\",\n"
     "                    \"grads_held\", \"model_states\"}]} (bytes; model_states =\n"
     "                    params + grads_held + optimizer, the table's rows)\n"
@@ -111,8 +113,8 @@ static const char *first_error(const dsc_context *ctx) {
  * grads G, optimizer K bytes per parameter in f32 (Rajbhandari et al.,
  * section 5: Pos = (P+G)Psi + K Psi/N, Pos+g = P Psi + (G+K) Psi/N,
  * Pos+g+p = (P+G+K) Psi/N). */
-static double zero_formula(int stage, double psi, double n, int k) {
-  double P = 4, G = 4, K = k;
+static double zero_formula(int stage, double psi, double n, const dsc_memory_plan *p) {
+  double P = p->p_bytes, G = p->g_bytes, K = p->k_bytes;
   switch (stage) {
     case 0:
       return (P + G + K) * psi;
@@ -125,9 +127,11 @@ static double zero_formula(int stage, double psi, double n, int k) {
   }
 }
 
-static const char *formula_text(int stage) {
-  static const char *t[4] = {"(4+4+K)Psi", "(4+4)Psi+K*Psi/N", "4Psi+(4+K)Psi/N", "(4+4+K)Psi/N"};
-  return t[stage];
+static const char *formula_text(int stage, bool master) {
+  static const char *t[2][4] = {
+      {"(4+4+K)Psi", "(4+4)Psi+K*Psi/N", "4Psi+(4+K)Psi/N", "(4+4+K)Psi/N"},
+      {"(2+2+K)Psi", "(2+2)Psi+K*Psi/N", "2Psi+(2+K)Psi/N", "(2+2+K)Psi/N"}};
+  return t[master][stage];
 }
 
 /* --host-memory-budget: the offloaded bytes of the planned stage (or of
@@ -187,8 +191,10 @@ static void print_offload_auto(const dsc_memory_plan *p, int stage) {
 
 static void print_json(const dsc_memory_plan *p) {
   printf("{\"param_count\": %" PRId64 ", \"world\": %" PRId64 ", \"stage\": %" PRId64
-         ", \"precision\": \"%s\", \"ranks\": [",
-         p->param_count, p->world, p->stage, dsc_precision_name(p->precision));
+         ", \"precision\": \"%s\", \"master_weights\": %s, \"bytes_per_param\": {\"P\": "
+         "%d, \"G\": %d, \"K\": %d}, \"ranks\": [",
+         p->param_count, p->world, p->stage, dsc_precision_name(p->precision),
+         p->master_weights ? "true" : "false", p->p_bytes, p->g_bytes, p->k_bytes);
   const dsc_plan_figures *f = &p->rank;
   for (int64_t r = 0; r < p->world; r++)
     printf("%s{\"rank\": %" PRId64 ", \"params\": %" PRId64 ", \"grads\": %" PRId64
@@ -277,22 +283,27 @@ static void print_table(const char *model, const dsc_memory_plan *plans, const b
   int k = p0->k_bytes;
   if (k >= 0) {
     printf("%-16s", "  ZeRO formula");
-    for (int s = 0; s < 4; s++) printf("%18s", formula_text(s));
+    for (int s = 0; s < 4; s++) printf("%18s", formula_text(s, p0->master_weights));
     printf("\n%-16s", "");
     for (int s = 0; s < 4; s++) {
       human(b, sizeof b,
-            (int64_t)(zero_formula(s, (double)p0->param_count, (double)p0->world, k) + 0.5));
+            (int64_t)(zero_formula(s, (double)p0->param_count, (double)p0->world, p0) + 0.5));
       printf("%18s", b);
     }
     printf("\n");
-    printf("\nK = %d (optimizer state bytes per param, f32). ", k);
-    if (p0->precision != DSC_PRECISION_F32)
-      printf(
-          "In %s the paper counts (2+2+K)Psi with K = 12 (f32 master params, m, v):\n"
-          "dsc's f32 params are the master weights and its gradients are f32, so the same\n"
-          "16 bytes per param appear as (4+4+8)Psi; the %s param copies are transient\n"
-          "(activations/workspace). ",
-          dsc_precision_name(p0->precision), dsc_precision_name(p0->precision));
+    if (p0->master_weights)
+      printf("\nK = %d (optimizer state bytes per param: the f32 master weights and the "
+             "moments; the params\nand gradients are %s, 2 bytes each, as the paper counts "
+             "mixed precision). ",
+             k, dsc_precision_name(p0->precision));
+    else if (p0->precision != DSC_PRECISION_F32)
+      printf("\nK = %d (optimizer state bytes per param, f32). master_weights false: the f32 "
+             "params are the\nmaster weights and the gradients f32, so the paper's "
+             "(2+2+4+K)Psi appear as (4+4+K)Psi;\nthe %s param copies are transient "
+             "(activations/workspace). ",
+             k, dsc_precision_name(p0->precision));
+    else
+      printf("\nK = %d (optimizer state bytes per param, f32). ", k);
     printf(
         "grads: the gradient bytes live at the peak\n"
         "instruction; grads held: the most live at once (all of them at the update). Model\n"

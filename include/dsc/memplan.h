@@ -62,8 +62,12 @@ typedef struct {
   int64_t world, stage; /* as configured (at world 1 every stage runs as stage 0) */
   dsc_precision precision;
   dsc_optimizer_kind optimizer;
-  int k_bytes; /* the ZeRO paper's K in f32: optimizer state bytes per param (adamw 8,
-                * sgd 4 with momentum else 0); -1 when not one number (muon) */
+  /* bytes per param of the params (P), gradients (G) and optimizer states
+   * (K) as the ZeRO paper counts them: f32 4 + 4 + K0, with master weights
+   * (bf16/fp16) 2 + 2 + (4 + K0), K0 = adamw 8, sgd 4 with momentum else 0;
+   * k_bytes -1 when not one number (muon) */
+  int p_bytes, g_bytes, k_bytes;
+  bool master_weights; /* bf16/fp16 params and grads, f32 master weights */
   int64_t batch, seq, grad_accum;
   /* the allocations: peak = state_arena + work_arena + gemm_scratch */
   int64_t state_arena, work_arena, gemm_scratch;

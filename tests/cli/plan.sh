@@ -48,7 +48,7 @@ check_json() {
   local w=$1 s=$2 f="$TMP/plan-$1-$2.json"
   cp "$TMP/out" "$f"
   [ "$(wc -l <"$f")" -eq 1 ] && pass || fail "--json is not one line"
-  expect_grep "^\{\"param_count\": $PSI, \"world\": $w, \"stage\": $s, \"precision\": \"f32\", \"ranks\": \[" "$f"
+  expect_grep "^\{\"param_count\": $PSI, \"world\": $w, \"stage\": $s, \"precision\": \"f32\", \"master_weights\": false, \"bytes_per_param\": \{\"P\": 4, \"G\": 4, \"K\": 8\}, \"ranks\": \[" "$f"
   [ "$(grep -oE '"rank": [0-9]+' "$f" | tr -d -c '0-9\n' | paste -sd,)" = "$(seq -s, 0 $((w - 1)))" ] &&
     pass || fail "world $w stage $s: ranks are not 0..$((w - 1))"
   local p g o a ws c peak
@@ -96,9 +96,10 @@ for s in 1 2 3; do
     expect_grep "^params +471\.00 KiB( +[^ ]+){$((s - 1))} +-( |$)" "$TMP/out"
   fi
 done
-# bf16: f32 master params and grads, the paper's (2+2+12) explained
+# bf16: bf16 params and grads with f32 master weights, the paper's (2+2+12)
+# (tests/cli/plan_formula.sh checks GPT-2's to the byte)
 expect_exit 0 "$DSC" plan "$MODEL" --precision bf16 --zero-stage 0
-expect_grep '\(2\+2\+K\)Psi with K = 12' "$TMP/out"
+expect_grep '^K = 12 \(optimizer state bytes per param: the f32 master weights' "$TMP/out"
 # a model larger than this machine could train plans all the same (GPT-2, 64
 # ranks): only the compile runs
 expect_exit 0 "$DSC" plan "$SRC/examples/gpt2.dsm" --world 64 --zero-stage 0 --json --batch 1 --seq 256 \
