@@ -64,6 +64,65 @@ dsc_status drv_plan_step(dsc_context *ctx, const dsc_module *m, int threads, cg_
 dsc_status drv_plan_step_work(dsc_context *ctx, const dsc_module *m, int threads, cg_memplan *out,
                               dsc_step_work *work);
 
+/* ======================= driver/ds_config.c =======================
+ * A DeepSpeed config file (dsc train|plan --deepspeed FILE) as a layer of
+ * settings between the model's train section and the flags: each key
+ * DeepSpeed defines becomes a train setting with DeepSpeed's meaning
+ * (docs/deepspeed.md), applied to the step module's train.* metadata, so
+ * the settings table checks it as any train section value. */
+enum { DRV_DS_ABSENT, DRV_DS_AUTO, DRV_DS_GIVEN };
+typedef struct {
+  int state; /* DRV_DS_*: absent means DeepSpeed's default, auto the model's value */
+  double v;
+} drv_ds_opt_field;
+typedef struct {
+  const char *key;   /* the train setting: "zero.stage" */
+  const char *value; /* in the train section's syntax: "3" */
+  const char *from;  /* the ds_config key it came from: "zero_optimization.stage" */
+  dsc_loc loc;       /* that key's place in the file */
+} drv_ds_setting;
+typedef struct {
+  bool given;
+  dsc_optimizer_kind kind;
+  drv_ds_opt_field lr, beta1, beta2, eps, weight_decay, momentum;
+  bool nesterov;
+  dsc_loc loc;
+  drv_ds_setting src[3]; /* optimizer, lr, weight_decay (key NULL: "auto") */
+} drv_ds_opt;
+
+#define DRV_DS_AUTO_MAX 32
+typedef struct {
+  const char *path;
+  drv_ds_setting *set;
+  int n, cap;
+  /* the batch triple (0: not given, or "auto"): train_batch_size,
+   * train_micro_batch_size_per_gpu, gradient_accumulation_steps */
+  int64_t global, micro, accum;
+  dsc_loc batch_loc[3];
+  const char *offload_dir; /* offload_*.nvme_path */
+  drv_ds_opt opt;           /* "optimizer", made a setting when applied */
+  /* "auto" values: left to the model and the flags, reported */
+  struct {
+    const char *path, *what;
+  } autos[DRV_DS_AUTO_MAX];
+  int n_auto;
+} drv_ds_config;
+
+/* Reads and checks FILE (errors and warnings name its line and column). */
+dsc_status drv_ds_config_read(dsc_context *ctx, const char *path, ir_arena *arena,
+                              drv_ds_config *out);
+/* DeepSpeed's batch rule: train_batch_size = micro x accumulation x world;
+ * any two give the third, a contradiction is an error with the arithmetic.
+ * flag_micro / flag_accum (> 0) are the command line's, over the file's;
+ * *micro / *accum: 0 where neither says (the model's train section). */
+dsc_status drv_ds_config_batch(dsc_context *ctx, const drv_ds_config *c, int64_t world,
+                               int64_t flag_micro, int64_t flag_accum, int64_t *micro,
+                               int64_t *accum);
+/* Writes the file's settings over module m's train.* metadata. */
+dsc_status drv_ds_config_apply(dsc_context *ctx, const drv_ds_config *c, dsc_module *m);
+/* The file's setting of train key `key`, or NULL. */
+const drv_ds_setting *drv_ds_config_find(const drv_ds_config *c, const char *key);
+
 /* ======================= driver/settings.c =======================
  * The run settings that override the model's train section, applied the
  * same way by dsc train (driver/train.c), dsc plan (driver/plan.c) and dsc

@@ -29,8 +29,24 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
              "plan: batch, seq and grad_accum must not be negative, world at most 2^31-1");
     return DSC_ERR_USER;
   }
+  /* a ds_config: DeepSpeed's batch triple before the compile, its other
+   * settings over the train section after it (as dsc train) */
+  int64_t B = o->batch, K = o->grad_accum;
+  drv_ds_config ds;
+  ir_arena arena;
+  ir_arena_init(&arena, ctx);
+  dsc_status st = DSC_OK;
+  if (o->ds_config && (st = drv_ds_config_read(ctx, o->ds_config, &arena, &ds)) == DSC_OK) {
+    int64_t micro, accum;
+    st = drv_ds_config_batch(ctx, &ds, world, o->batch, o->grad_accum, &micro, &accum);
+    if (B <= 0 && micro > 0) B = micro;
+    if (K <= 0 && accum > 0) K = accum;
+  }
   drv_model_facts f;
-  dsc_status st = drv_compile_step(ctx, o->model_path, o->batch, o->seq, m, &f);
+  if (st == DSC_OK) st = drv_compile_step(ctx, o->model_path, B, o->seq, m, &f);
+  if (st == DSC_OK && o->ds_config) st = drv_ds_config_apply(ctx, &ds, *m);
+  bool has_dir = o->offload_dir != NULL || (o->ds_config && st == DSC_OK && ds.offload_dir);
+  ir_arena_release(&arena);
   if (st != DSC_OK) return st;
   dsc_train_config cfg;
   if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;
@@ -38,12 +54,12 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   drv_run_settings rs = {.who = "plan",
                          .B = f.B,
                          .world = world,
-                         .grad_accum = o->grad_accum,
+                         .grad_accum = K,
                          .precision = o->precision,
                          .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, &cfg)) != DSC_OK) return st;
   /* offload auto: the values the budget requires (driver/offload_auto.c) */
-  drv_offload_budget ob = {o->memory_budget, o->host_memory_budget, o->offload_dir != NULL,
+  drv_offload_budget ob = {o->memory_budget, o->host_memory_budget, has_dir,
                            o->threads, o->offload_auto_lenient};
   drv_offload_report rep;
   st = drv_offload_auto(ctx, o->model_path, &cfg, &ob, &rep);

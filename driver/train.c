@@ -176,6 +176,8 @@ static void json_num(FILE *f, const char *key, double v, const char *fmt) {
 struct dsc_trainer {
   dsc_context *ctx;
   ir_arena arena; /* paths, specs, small arrays */
+  drv_ds_config ds; /* --deepspeed FILE (ds.path NULL: none) */
+  bool *in_section; /* per settings-table row: the model's train section sets it */
   dsc_trainer_info info;
   dsc_train_config cfg;
   dsc_module *m;   /* the step module */
@@ -594,6 +596,55 @@ static dsc_status check_options(dsc_trainer *t, const dsc_trainer_options *o) {
   return DSC_OK;
 }
 
+/* --deepspeed FILE: its settings (applied over the train section once the
+ * model is compiled) and, before the compile, DeepSpeed's batch triple as
+ * the micro-batch and grad_accum where the flags leave them; its nvme_path
+ * as the offload directory where --offload-dir leaves it. */
+static dsc_status open_ds_config(dsc_trainer *t, open_state *s, dsc_trainer_options *oc) {
+  if (!oc->ds_config) return DSC_OK;
+  dsc_context *ctx = t->ctx;
+  dsc_status st = drv_ds_config_read(ctx, oc->ds_config, &t->arena, &t->ds);
+  if (st != DSC_OK) return st;
+  if (oc->model_path && drv_is_program(oc->model_path)) {
+    ir_error(ctx, rt_loc(oc->ds_config),
+             "a .dsx program holds its settings compiled in; --deepspeed applies to a model file "
+             "(.dsm)");
+    return DSC_ERR_USER;
+  }
+  int64_t micro, accum;
+  if ((st = drv_ds_config_batch(ctx, &t->ds, t->world, oc->batch, oc->grad_accum, &micro,
+                                &accum)) != DSC_OK)
+    return st;
+  if (s->B <= 0 && micro > 0) s->B = micro;
+  if (s->K <= 0 && accum > 0) s->K = accum;
+  if ((!oc->offload_dir || !oc->offload_dir[0]) && t->ds.offload_dir)
+    oc->offload_dir = t->ds.offload_dir;
+  return DSC_OK;
+}
+
+/* The step module's train section as compiled, then the ds_config over it. */
+static dsc_status apply_ds_config(dsc_trainer *t) {
+  int n = dsc_setting_count();
+  t->in_section = ir_arena_alloc(&t->arena, sizeof(bool) * (size_t)(n + 1));
+  if (!t->in_section) return oom(t->ctx);
+  for (int i = 0; i < n; i++) {
+    char key[96];
+    snprintf(key, sizeof key, "train.%s", dsc_setting_at(i)->key);
+    t->in_section[i] = dsc_module_get_meta(t->m, key) != NULL;
+  }
+  /* lr and weight_decay also come from the section's optimizer(lr = ...) */
+  const char *opt = dsc_module_get_meta(t->m, "train.optimizer");
+  for (int i = 0; opt && i < n; i++) {
+    const char *k = dsc_setting_at(i)->key;
+    if (strcmp(k, "lr") == 0 || strcmp(k, "weight_decay") == 0) {
+      char pat[32];
+      snprintf(pat, sizeof pat, "%s =", k);
+      t->in_section[i] |= strstr(opt, pat) != NULL;
+    }
+  }
+  return t->ds.path ? drv_ds_config_apply(t->ctx, &t->ds, t->m) : DSC_OK;
+}
+
 /* --resume: the checkpoint, and what it records of the model, the data and
  * the shape of a step (batch, seq, grad_accum must agree with the flags). */
 static dsc_status open_resume(dsc_trainer *t, open_state *s) {
@@ -653,6 +704,7 @@ static dsc_status open_program(dsc_trainer *t, open_state *s) {
     if ((st = drv_compile_step(ctx, s->model_path, s->B, s->T, &t->m, &facts)) != DSC_OK) return st;
     s->B = facts.B, s->T = facts.T;
     t->info.vocab = facts.vocab;
+    if ((st = apply_ds_config(t)) != DSC_OK) return st;
   }
   t->B = s->B, t->T = s->T;
   t->info.model_name = dsc_module_name(t->m);
@@ -1114,7 +1166,8 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
   return DSC_OK;
 }
 
-static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
+static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *opts) {
+  dsc_trainer_options oc = *opts, *o = &oc; /* the ds_config may fill offload_dir */
   open_state s = {.o = o,
                   .B = o->batch,
                   .T = o->seq,
@@ -1122,7 +1175,8 @@ static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *o) {
                   .model_path = o->model_path,
                   .prefix = o->data_prefix};
   dsc_status st;
-  if ((st = check_options(t, o)) == DSC_OK && (st = open_resume(t, &s)) == DSC_OK &&
+  if ((st = check_options(t, o)) == DSC_OK && (st = open_ds_config(t, &s, o)) == DSC_OK &&
+      (st = open_resume(t, &s)) == DSC_OK &&
       (st = open_program(t, &s)) == DSC_OK && (st = resolve_settings(t, &s)) == DSC_OK &&
       (st = open_data(t, &s)) == DSC_OK && (st = open_graphs(t, &s)) == DSC_OK &&
       (st = restore_checkpoint(t, &s)) == DSC_OK && (st = open_loaders(t, &s)) == DSC_OK &&
@@ -1615,4 +1669,169 @@ dsc_status dsc_sampler_next(dsc_sampler *s, double temperature, int64_t top_k, i
   *token = dsc_sample_logits(out->data + (s->n - 1) * s->V, s->V, temperature, top_k, s->rng.s);
   dsc_tensor_free(s->ctx, out);
   return DSC_OK;
+}
+
+/* ------------------------------------------------ --print-config */
+
+/* Setting s's value in cfg, in the train section's syntax. */
+static void format_setting(const dsc_setting *s, const dsc_train_config *cfg, char *buf, size_t n) {
+  const char *p = (const char *)cfg + (s->cfg_off >= 0 ? s->cfg_off : 0);
+  int64_t i;
+  double d;
+  bool b;
+  int e;
+  char x[5][40];
+  if (strcmp(s->key, "lr") == 0) {
+    ir_format_double(cfg->opt.lr, buf, n);
+  } else if (strcmp(s->key, "weight_decay") == 0) {
+    ir_format_double(cfg->opt.weight_decay, buf, n);
+  } else if (s->kind == DSC_SETTING_OPTIMIZER) {
+    const char *k = cfg->opt.kind == DSC_OPT_SGD ? "sgd" : cfg->opt.kind == DSC_OPT_MUON ? "muon" : "adamw";
+    ir_format_double(cfg->opt.lr, x[0], sizeof x[0]);
+    ir_format_double(cfg->opt.weight_decay, x[1], sizeof x[1]);
+    if (cfg->opt.kind == DSC_OPT_SGD) {
+      ir_format_double(cfg->opt.momentum, x[2], sizeof x[2]);
+      snprintf(buf, n, "%s(lr = %s, momentum = %s, nesterov = %s, weight_decay = %s)", k, x[0],
+               x[2], cfg->opt.nesterov ? "true" : "false", x[1]);
+    } else {
+      ir_format_double(cfg->opt.beta1, x[2], sizeof x[2]);
+      ir_format_double(cfg->opt.beta2, x[3], sizeof x[3]);
+      ir_format_double(cfg->opt.eps, x[4], sizeof x[4]);
+      snprintf(buf, n, "%s(lr = %s, betas = (%s, %s), eps = %s, weight_decay = %s)", k, x[0], x[2],
+               x[3], x[4], x[1]);
+    }
+  } else if (s->kind == DSC_SETTING_SCHEDULE) {
+    const char *k = cfg->sched.kind == DSC_SCHED_COSINE   ? "cosine"
+                    : cfg->sched.kind == DSC_SCHED_LINEAR ? "linear"
+                                                          : "constant";
+    ir_format_double(cfg->sched.min_lr, x[0], sizeof x[0]);
+    snprintf(buf, n, "%s(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64 ")", k,
+             cfg->sched.warmup, x[0], cfg->sched.decay_steps);
+  } else if (strcmp(s->key, "train_batch_size") == 0) {
+    snprintf(buf, n, "%" PRId64, cfg->batch * cfg->grad_accum * cfg->world);
+  } else if (s->cfg_off < 0) {
+    snprintf(buf, n, "-");
+  } else if (s->kind == DSC_SETTING_INT || s->kind == DSC_SETTING_BYTES) {
+    memcpy(&i, p, sizeof i);
+    snprintf(buf, n, "%" PRId64, i);
+  } else if (s->kind == DSC_SETTING_NUM) {
+    memcpy(&d, p, sizeof d);
+    ir_format_double(d, buf, n);
+  } else if (s->kind == DSC_SETTING_BOOL) {
+    memcpy(&b, p, sizeof b);
+    snprintf(buf, n, "%s", b ? "true" : "false");
+  } else {
+    memcpy(&e, p, sizeof e);
+    const char *name = s->kind == DSC_SETTING_PRECISION ? dsc_precision_name((dsc_precision)e)
+                       : s->kind == DSC_SETTING_TIER    ? dsc_offload_name((dsc_offload_tier)e)
+                                                        : dsc_remat_name((dsc_remat_policy)e);
+    if (s->kind == DSC_SETTING_REMAT && e == DSC_REMAT_BLOCKS && cfg->remat_every > 1)
+      snprintf(buf, n, "blocks:%" PRId64, cfg->remat_every);
+    else
+      snprintf(buf, n, "%s", name ? name : "?");
+  }
+}
+
+/* Where setting row i's value came from. */
+static void setting_source(const dsc_trainer *t, const dsc_trainer_options *o, bool resumed, int i,
+                           char *buf, size_t n) {
+  const dsc_setting *s = dsc_setting_at(i);
+  const char *k = s->key;
+  /* the flags: run knobs, then the trainer's own options */
+  bool knob = s->has_off >= 0 && *(const bool *)((const char *)&o->knobs + s->has_off);
+  const char *flag = knob ? s->flag
+                     : strcmp(k, "batch") == 0 && o->batch > 0         ? "--batch"
+                     : strcmp(k, "seq") == 0 && o->seq > 0             ? "--seq"
+                     : strcmp(k, "grad_accum") == 0 && o->grad_accum > 0 ? "--grad-accum"
+                     : strcmp(k, "steps") == 0 && o->steps > 0          ? "--steps"
+                     : strcmp(k, "lr") == 0 && o->lr > 0                ? "--lr"
+                     : strcmp(k, "seed") == 0 && o->has_seed            ? "--seed"
+                     : strcmp(k, "precision") == 0 && o->precision      ? "--precision"
+                     : strcmp(k, "log_every") == 0 && o->log_every > 0  ? "--log-every"
+                     : strcmp(k, "save_every") == 0 && o->save_every >= 0 ? "--save-every"
+                     : strcmp(k, "eval_every") == 0 && o->eval_every >= 0 ? "--eval-every"
+                                                                         : NULL;
+  if (flag) {
+    snprintf(buf, n, "flag %s", flag);
+    return;
+  }
+  static const char *const ck_keys[] = {"batch", "seq", "grad_accum", "steps", "lr", "precision",
+                                        "master_weights", "seed", "save_every", "eval_every",
+                                        "zero.stage"};
+  for (size_t j = 0; resumed && j < sizeof ck_keys / sizeof ck_keys[0]; j++)
+    if (strcmp(k, ck_keys[j]) == 0) {
+      snprintf(buf, n, "the checkpoint resumed");
+      return;
+    }
+  const drv_ds_config *c = &t->ds;
+  const drv_ds_setting *d = c->path ? drv_ds_config_find(c, k) : NULL;
+  /* the batch triple sets batch and grad_accum through DeepSpeed's rule */
+  bool triple = strcmp(k, "batch") == 0 || strcmp(k, "grad_accum") == 0 ||
+                strcmp(k, "train_batch_size") == 0;
+  int64_t given = strcmp(k, "batch") == 0 ? c->micro : strcmp(k, "grad_accum") == 0 ? c->accum : 0;
+  if (!d && c->path && triple && (c->global > 0 || given > 0)) {
+    int w = given > 0 ? (strcmp(k, "batch") == 0 ? 1 : 2) : 0;
+    snprintf(buf, n, "%s:%d (%s)", c->path, c->batch_loc[w].line,
+             w == 0 ? "train_batch_size, DeepSpeed's batch rule" : w == 1 ? "train_micro_batch_size_per_gpu" : "gradient_accumulation_steps");
+    return;
+  }
+  if (d) {
+    snprintf(buf, n, "%s:%d (%s)", c->path, d->loc.line, d->from);
+    return;
+  }
+  if (t->in_section && t->in_section[i]) {
+    snprintf(buf, n, "the model's train section");
+    return;
+  }
+  snprintf(buf, n, "default");
+}
+
+dsc_status dsc_trainer_print_config(dsc_context *ctx, const dsc_trainer_options *opts, int world,
+                                    FILE *out) {
+  dsc_trainer *t = ir_alloc(ctx, sizeof *t);
+  if (!t) return oom(ctx);
+  memset(t, 0, sizeof *t);
+  t->ctx = ctx;
+  ir_arena_init(&t->arena, ctx);
+  dsc_trainer_options oc = *opts, *o = &oc;
+  open_state s = {.o = o,
+                  .B = o->batch,
+                  .T = o->seq,
+                  .K = o->grad_accum,
+                  .model_path = o->model_path,
+                  .prefix = o->data_prefix};
+  dsc_status st;
+  st = check_options(t, o);
+  if (!o->comm && world > 1) t->world = t->info.world = world;
+  if (st == DSC_OK && (st = open_ds_config(t, &s, o)) == DSC_OK &&
+      (st = open_resume(t, &s)) == DSC_OK && (st = open_program(t, &s)) == DSC_OK)
+    st = resolve_settings(t, &s);
+  if (st == DSC_OK) {
+    fprintf(out, "settings of %s (%s%s%s), rank 0 of %d:\n", t->info.model_path,
+            t->ds.path ? "ds_config " : "no ds_config", t->ds.path ? t->ds.path : "",
+            s.ck ? ", resumed" : "", t->world);
+    for (int i = 0; i < dsc_setting_count(); i++) {
+      const dsc_setting *row = dsc_setting_at(i);
+      bool own = row->kind == DSC_SETTING_OPTIMIZER || row->kind == DSC_SETTING_SCHEDULE ||
+                 strcmp(row->key, "lr") == 0 || strcmp(row->key, "weight_decay") == 0;
+      if (row->kind == DSC_SETTING_SECTION || (row->cfg_off < 0 && !own)) continue;
+      bool alias = false; /* another row of the same field has the flag (zero.bucket) */
+      for (int j = 0; j < dsc_setting_count() && row->cfg_off >= 0; j++)
+        alias |= j != i && dsc_setting_at(j)->cfg_off == row->cfg_off && !row->flag &&
+                 dsc_setting_at(j)->flag;
+      if (alias) continue;
+      char v[400], src[400];
+      format_setting(row, &t->cfg, v, sizeof v);
+      setting_source(t, o, s.ck != NULL, i, src, sizeof src);
+      fprintf(out, "  %-28s %-40s # %s\n", row->key, v, src);
+    }
+    if (o->offload_dir)
+      fprintf(out, "  %-28s %-40s # %s\n", "(offload dir)", o->offload_dir,
+                  opts->offload_dir ? "flag --offload-dir" : "ds_config nvme_path");
+    for (int i = 0; i < t->ds.n_auto; i++)
+      fprintf(out, "  auto: %s: %s\n", t->ds.autos[i].path, t->ds.autos[i].what);
+  }
+  dsc_checkpoint_free(ctx, s.ck);
+  dsc_trainer_free(t);
+  return st;
 }

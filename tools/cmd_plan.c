@@ -43,6 +43,8 @@ static const char plan_help[] =
     "  --reduce-each-micro-batch B\n"
     "                    the ZeRO schedule, as dsc train (they change what is live)\n"
     "  --checkpoint-activations P  none, selective, block, blocks:K or offload, as dsc train\n"
+    "  --deepspeed FILE  a DeepSpeed config, as dsc train (its batch triple, optimizer,\n"
+    "                    precision, ZeRO and offload keys; the flags above override it)\n"
     "  --memory-budget B bytes one rank may use (e.g. 16GiB): says which stages fit;\n"
     "                    exit 1 when none of those planned does\n"
     "  --offload-optimizer T, --offload-param T  none, host or disk, as dsc train:\n"
@@ -367,6 +369,11 @@ int cli_plan(int argc, char **argv) {
       return CLI_EXIT_OK;
     } else if (strcmp(a, "--json") == 0) {
       json = true;
+    } else if (strcmp(a, "--deepspeed") == 0 || strcmp(a, "--config") == 0 ||
+               strcmp(a, "--deepspeed_config") == 0) {
+      if (!has_val || !argv[i + 1][0])
+        return cli_usage_error("plan", "%s needs a ds_config.json file", a), CLI_EXIT_USER;
+      o.ds_config = argv[++i];
     } else if (strcmp(a, "--bytes") == 0) {
       exact_bytes = true;
     } else if (strcmp(a, "--precision") == 0) {

@@ -79,6 +79,12 @@ static const char train_help[] =
     "                    oneDNN GEMMs; the default where built) or cuda\n"
     "  --threads N       cpu backend threads (default: one per core)\n"
     "  --profile         time every instruction of the step; print the slowest at the end\n"
+    "  --deepspeed FILE  a DeepSpeed config (ds_config.json; also --config,\n"
+    "                    --deepspeed_config): its keys with DeepSpeed's meaning over\n"
+    "                    the model's train section, under these flags (docs/deepspeed.md)\n"
+    "  --print-config    print every setting, its value and where it came from\n"
+    "                    (default, train section, ds_config key and line, flag); no\n"
+    "                    training\n"
     "  --trace FILE      write a Chrome trace (Perfetto, chrome://tracing) of the run:\n"
     "                    tracks step, compute, comm, wait and copy per rank (pid = rank);\n"
     "                    ends with the share of communication hidden behind compute.\n"
@@ -407,6 +413,7 @@ typedef struct {
   int64_t ranks;
   const char *trace_path;
   cli_auto au;
+  bool print_config;
 } train_args;
 
 /* A flag of the run itself (paths, shape, schedule, cadence). 1: handled,
@@ -500,6 +507,13 @@ static int machine_flag(int argc, char **argv, int *i, train_args *ta) {
     o->profile = true;
   } else if (strcmp(a, "--quiet") == 0) {
     ta->quiet = true;
+  } else if (strcmp(a, "--deepspeed") == 0 || strcmp(a, "--config") == 0 ||
+             strcmp(a, "--deepspeed_config") == 0) {
+    if (*i + 1 >= argc || !argv[*i + 1][0])
+      return cli_usage_error("train", "%s needs a ds_config.json file", a), -1;
+    o->ds_config = argv[++*i];
+  } else if (strcmp(a, "--print-config") == 0) {
+    ta->print_config = true;
   } else {
     return 0;
   }
@@ -532,10 +546,21 @@ static int parse_train_args(int argc, char **argv, train_args *ta) {
   }
   if (!ta->o.resume && !ta->o.model_path)
     return cli_usage_error("train", "missing model file"), CLI_EXIT_USER;
-  if (!ta->o.resume && !ta->o.data_prefix)
+  if (!ta->o.resume && !ta->o.data_prefix && !ta->print_config)
     return cli_usage_error("train", "missing --data PREFIX (token shards from 'dsc data')"),
            CLI_EXIT_USER;
   return -1;
+}
+
+/* --print-config: the settings with their sources, no training. */
+static int print_config(train_args *ta, int64_t mpi_world) {
+  dsc_context *ctx = dsc_context_new(NULL, NULL);
+  if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+  int world = (int)(ta->ranks > 1 ? ta->ranks : mpi_world > 1 ? mpi_world : 1);
+  dsc_status st = dsc_trainer_print_config(ctx, &ta->o, world, stdout);
+  dsc_diag_print(ctx, stderr);
+  dsc_context_free(ctx);
+  return cli_exit_code(st);
 }
 
 /* mpirun's world against --ranks and this build; -1 to go on, else the
@@ -639,6 +664,7 @@ int cli_train(int argc, char **argv) {
   if (code >= 0) return code;
   int64_t mpi_world = mpi_env_world();
   if ((code = check_world(mpi_world, ta.ranks)) >= 0) return code;
+  if (ta.print_config) return print_config(&ta, mpi_world);
   if (ta.au.on) {
     int64_t world = ta.ranks > 1 ? ta.ranks : mpi_world > 1 ? mpi_world : 1;
     if ((code = train_auto(&ta.o, &ta.au, world, mpi_world > 1, ta.quiet)) != CLI_EXIT_OK)

@@ -35,6 +35,8 @@ typedef struct {
    * instead of failing (the auto-configuration search: a candidate that
    * does not fit) */
   bool offload_auto_lenient;
+  /* a DeepSpeed config (as dsc train --deepspeed), or NULL */
+  const char *ds_config;
 } dsc_plan_options;
 
 /* Adaptive offload (offload "auto", driver/offload_auto.c): one value moved

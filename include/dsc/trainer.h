@@ -82,7 +82,19 @@ typedef struct {
   /* > 0: bytes of host memory one rank's offloaded values may take (the
    * host arena plus the disk tier's staging), checked like memory_budget */
   int64_t host_memory_budget;
+  /* A DeepSpeed config (ds_config.json; docs/deepspeed.md), or NULL: its
+   * keys with DeepSpeed's meaning, over the model's train section and
+   * under the options and knobs above. */
+  const char *ds_config;
 } dsc_trainer_options;
+
+/* Resolves the settings of a run as dsc_trainer_open would (compiling the
+ * model, reading the ds_config and a checkpoint to resume) and prints each
+ * with its value and where it came from (default, the model's train
+ * section, the ds_config's key and line, a flag), without training, for
+ * rank 0 of `world` ranks. */
+dsc_status dsc_trainer_print_config(dsc_context *ctx, const dsc_trainer_options *opts, int world,
+                                    FILE *out);
 
 typedef struct dsc_trainer dsc_trainer;
 

@@ -1,0 +1,147 @@
+# dsc train --deepspeed ds_config.json (issue 19 item 1): typical DeepSpeed
+# configs train the tiny GPT with the same loss curve as the equivalent flags
+# and train section; every error and warning names the key, its line and
+# column; --print-config shows each setting's source.
+source "$(dirname "$0")/lib/common.bash"
+source "$(dirname "$0")/lib/corpus.bash"
+MODEL="$SRC/examples/gpt-tiny.dsm"
+make_corpus "$TMP/corpus.txt"
+expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
+RUN=(--data "$TMP/c" --seq 16 --steps 3 --eval-every 0 --quiet)
+
+# losses FILE: the step losses of a run's log
+losses() { grep -o '"loss":[^,}]*' "$1" | tr '\n' ' '; }
+# same_curve NAME: the ds_config run and the flags run logged the same losses
+same_curve() {
+  local a b
+  a=$(losses "$TMP/$1-ds.jsonl") b=$(losses "$TMP/$1-flags.jsonl")
+  [ -n "$a" ] && [ "$a" = "$b" ] && pass || fail "$1: ds_config losses [$a], flags [$b]"
+}
+# variant NAME TRAIN-LINES...: gpt-tiny with its train section replaced (its
+# schedule kept)
+# (beside a copy of its imports)
+cp -r "$SRC/examples/lib" "$TMP/lib"
+variant() {
+  local out="$TMP/$1.dsm"
+  shift
+  sed '/^train {/,$d' "$MODEL" >"$out"
+  { echo "train {"; printf '  %s\n' "$@" "schedule = cosine(warmup = 50, min_lr = 3e-4)"; echo "}"; } >>"$out"
+  echo "$out"
+}
+
+# 1. the batch triple: 8 sequences = micro x accumulation 2 x 2 ranks
+cat >"$TMP/batch.json" <<'EOF'
+{"train_batch_size": 8, "gradient_accumulation_steps": 2}
+EOF
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --deepspeed "$TMP/batch.json" --log "$TMP/batch-ds.jsonl"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --batch 2 --grad-accum 2 --log "$TMP/batch-flags.jsonl"
+same_curve batch
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --deepspeed "$TMP/batch.json" --print-config
+expect_grep '^  batch +2 +# .*batch.json:1 \(train_batch_size, DeepSpeed.s batch rule\)' "$TMP/out"
+expect_grep '^  grad_accum +2 +# .*batch.json:1 \(gradient_accumulation_steps\)' "$TMP/out"
+expect_grep '^  train_batch_size +8 ' "$TMP/out"
+# a flag over the file: --grad-accum 4 contradicts 8 = 2 x 4 x 2? (micro 1)
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --deepspeed "$TMP/batch.json" --grad-accum 4 --print-config
+expect_grep '^  batch +1 ' "$TMP/out"
+expect_grep '^  grad_accum +4 +# flag --grad-accum' "$TMP/out"
+
+# 2. AdamW + bf16 + ZeRO-3 with the optimizer states on the host
+cat >"$TMP/z3.json" <<'EOF'
+{
+  "train_micro_batch_size_per_gpu": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.98], "eps": 1e-7, "weight_decay": 0.05}},
+  "gradient_clipping": 0.5,
+  "bf16": {"enabled": true},
+  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+}
+EOF
+V=$(variant z3 "batch = 2, seq = 16" "optimizer = adamw(lr = 0.002, betas = (0.9, 0.98), eps = 1e-7, weight_decay = 0.05)" "clip = 0.5" "precision = bf16")
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --deepspeed "$TMP/z3.json" --log "$TMP/z3-ds.jsonl"
+expect_exit 0 "$DSC" train "$V" "${RUN[@]}" --ranks 2 --zero-stage 3 --offload-optimizer host --log "$TMP/z3-flags.jsonl"
+same_curve z3
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --deepspeed "$TMP/z3.json" --print-config
+expect_grep '^  optimizer +adamw\(lr = 0.002, betas = \(0.9, 0.98\), eps = 1e-07, weight_decay = 0.05\) +# .*z3.json:3 \(optimizer\)' "$TMP/out"
+expect_grep '^  zero.stage +3 +# .*z3.json:6 \(zero_optimization.stage\)' "$TMP/out"
+expect_grep '^  offload.optimizer +host +# .*z3.json:6 \(zero_optimization.offload_optimizer.device\)' "$TMP/out"
+expect_grep '^  precision +bf16 +# .*z3.json:5 \(bf16.enabled\)' "$TMP/out"
+expect_grep '^  steps +3 +# flag --steps' "$TMP/out"
+expect_grep '^  schedule +cosine.* # the model.s train section' "$TMP/out"
+
+# 3. fp16 with dynamic loss scaling and ZeRO-2 (the fp16 keys are train settings too)
+cat >"$TMP/fp16.json" <<'EOF'
+{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+ "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 2,
+          "hysteresis": 1, "min_loss_scale": 0.5}}
+EOF
+V=$(variant fp16 "batch = 2, seq = 16" "optimizer = adamw(lr = 3e-3, betas = (0.9, 0.95), weight_decay = 0.1)" "clip = 1.0" "precision = fp16" "fp16 { initial_scale_power = 12, loss_scale_window = 2, hysteresis = 1, min_loss_scale = 0.5 }")
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --deepspeed "$TMP/fp16.json" --log "$TMP/fp16-ds.jsonl"
+expect_exit 0 "$DSC" train "$V" "${RUN[@]}" --ranks 2 --zero-stage 2 --log "$TMP/fp16-flags.jsonl"
+same_curve fp16
+
+# 4. "auto" values (as Hugging Face's Trainer writes them): the model's values
+cat >"$TMP/auto.json" <<'EOF'
+{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+ "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+ "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+ "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}
+EOF
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --batch 2 --ranks 2 --deepspeed "$TMP/auto.json" --log "$TMP/auto-ds.jsonl"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --batch 2 --ranks 2 --zero-stage 2 --log "$TMP/auto-flags.jsonl"
+same_curve auto
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --batch 2 --ranks 2 --deepspeed "$TMP/auto.json" --print-config
+expect_grep '^  auto: optimizer.params.lr: the model.s value' "$TMP/out"
+expect_grep '^  lr +0.003 +# the model.s train section' "$TMP/out"
+expect_grep '^  optimizer +adamw\(lr = 0.003, betas = \(0.9, 0.95\), eps = 1e-08, weight_decay = 0.1\)' "$TMP/out"
+
+# 5. ZeRO-Infinity: optimizer states and param shards on NVMe (nvme_path is the offload dir)
+mkdir -p "$TMP/nvme"
+cat >"$TMP/nvme.json" <<EOF
+{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+  "offload_optimizer": {"device": "nvme", "nvme_path": "$TMP/nvme"},
+  "offload_param": {"device": "nvme", "nvme_path": "$TMP/nvme"}}}
+EOF
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --deepspeed "$TMP/nvme.json" --log "$TMP/nvme-ds.jsonl"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --batch 2 --zero-stage 3 --offload-optimizer disk \
+  --offload-param disk --offload-dir "$TMP/nvme" --log "$TMP/nvme-flags.jsonl"
+same_curve nvme
+
+# 6. errors: each names the file, the line and column, and the key
+err_case() { # NAME TEXT PATTERN
+  printf '%s\n' "$2" >"$TMP/$1.json"
+  expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/$1.json" --print-config &&
+    expect_grep "$3" "$TMP/err"
+}
+err_case syntax $'{\n  "zero_optimization" {"stage": 2}\n}' 'syntax.json:2:23: error: .*syntax.json is not valid JSON \(at line 2, column 23\)'
+err_case trailing '{"zero_optimization": {"stage": 2}}}' 'trailing.json:1:36: error: .*is not valid JSON'
+err_case unknown $'{\n  "zero_optimisation": {"stage": 2}\n}' "unknown.json:2:3: error: unknown ds_config key 'zero_optimisation'; did you mean 'zero_optimization'\\?"
+err_case nested '{"zero_optimization": {"stag": 2}}' "nested.json:1:24: error: unknown ds_config key 'zero_optimization.stag'; did you mean 'stage'\\?"
+err_case type '{"gradient_clipping": "1.0"}' "type.json:1:2: error: ds_config 'gradient_clipping' must be a non-negative number or \"auto\", got \"1.0\" \\(a string\\)"
+err_case stage '{"zero_optimization": {"stage": 4}}' "ds_config zero_optimization.stage must be 0, 1, 2 or 3, got 4"
+err_case triple '{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}' \
+  "train_batch_size 10 is not train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 x world 1 = 4 \\(DeepSpeed's rule\\)"
+err_case divide '{"train_batch_size": 9, "train_micro_batch_size_per_gpu": 2}' \
+  "train_batch_size 9 is not divisible by train_micro_batch_size_per_gpu 2 x world 1 = 2"
+err_case opt '{"optimizer": {"type": "Lamb"}}' "optimizer type 'Lamb' is not one dsc implements \\(Adam, AdamW, SGD, Muon\\)"
+err_case l2 '{"optimizer": {"type": "Adam", "params": {"weight_decay": 0.1, "adam_w_mode": false}}}' "Adam with adam_w_mode false \\(L2 weight decay in the gradient\\) is not implemented"
+err_case static '{"fp16": {"enabled": true, "loss_scale": 128}}' "fp16 static loss_scale 128 is not implemented in dsc; 0 \\(dynamic scaling\\) is"
+err_case both '{"fp16": {"enabled": true}, "bf16": {"enabled": true}}' "ds_config enables both bf16 and fp16"
+err_case device '{"zero_optimization": {"offload_param": {"device": "gpu"}}}' "'zero_optimization.offload_param.device' must be one of \"none\", \"cpu\", \"nvme\", got \"gpu\""
+err_case array '[1, 2]' "a ds_config is a JSON object, got an array"
+expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/none.json" &&
+  expect_grep "cannot open .*none.json" "$TMP/err"
+expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed && expect_grep "deepspeed needs a ds_config.json file" "$TMP/err"
+
+# 7. warnings: DeepSpeed keys dsc does not use or has not implemented yet,
+# each with what dsc does instead; keys that are off stay silent
+cat >"$TMP/warn.json" <<'EOF'
+{"wall_clock_breakdown": true, "tensorboard": {"enabled": false}, "prescale_gradients": false,
+ "zero_optimization": {"stage": 2, "overlap_comm": true, "zero_quantized_gradients": true},
+ "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}
+EOF
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/warn.json" --print-config
+expect_grep "warn.json:1:2: warning: ds_config 'wall_clock_breakdown' is not implemented in dsc yet: --profile" "$TMP/err"
+expect_grep "warning: ds_config 'zero_optimization.overlap_comm' has no effect in dsc: the schedule pass always overlaps" "$TMP/err"
+expect_grep "warning: ds_config 'zero_optimization.zero_quantized_gradients' is not implemented in dsc yet: ZeRO\\+\\+" "$TMP/err"
+expect_grep "warning: ds_config 'scheduler' is not implemented in dsc yet: the model's train.schedule applies" "$TMP/err"
+grep -q "'tensorboard'\|'prescale_gradients'" "$TMP/err" && fail "a key that is off warned" || pass
+finish
