@@ -4,6 +4,8 @@
  * the model's values and nothing runs, so a plan for 64 ranks of GPT-2 takes
  * the time of one compile on any machine. */
 #include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -98,12 +100,51 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   out->sharded = p.sharded;
   out->host_bytes = p.host_bytes, out->disk_bytes = p.disk_bytes;
   out->host_work = p.host_work;
+  out->largest_param = 0;
+  out->largest_name[0] = 0;
+  for (int i = 0; i < dsc_module_param_count(*m); i++) {
+    dsc_type full;
+    int64_t w;
+    if (dsc_module_param_is_state(*m, i) || dsc_module_param_shard(*m, i, &full, &w) < 0) continue;
+    if (dsc_type_numel(&full) > out->largest_param) {
+      out->largest_param = dsc_type_numel(&full);
+      snprintf(out->largest_name, sizeof out->largest_name, "%s", dsc_module_param_name(*m, i));
+    }
+  }
   int64_t ranks[2] = {0, world - 1};
   for (int i = 0; i < 2; i++) {
     out->pad_params[i] = cg_memplan_shard_padding(*m, ranks[i], false);
     out->pad_states[i] = cg_memplan_shard_padding(*m, ranks[i], true);
   }
   return DSC_OK;
+}
+
+dsc_deepspeed_estimate dsc_deepspeed_estimate_zero(int stage, int64_t psi, int64_t largest,
+                                                    int64_t gpus_per_node, int64_t nodes,
+                                                    bool cpu_offload, bool cpu_offload_params,
+                                                    bool zero_init, double buffer_factor) {
+  double P = (double)psi, gpus = (double)(nodes * gpus_per_node), per_node = (double)gpus_per_node;
+  double cpu, gpu;
+  if (stage == 2) {
+    /* fp16 params 2 Psi; without offload also fp16 grads 2 Psi and 16 Psi / N
+     * of fp32 master, moments and gradient partition */
+    gpu = cpu_offload ? 2 * P : 4 * P + floor(16 * P / gpus);
+    cpu = cpu_offload ? P * fmax(4 * gpus, 16) * buffer_factor : P * 4 * per_node * buffer_factor;
+  } else {
+    double layer = 4.0 * (double)largest, nf = 1.0 / (double)nodes;
+    if (cpu_offload && cpu_offload_params) {
+      gpu = layer;
+      cpu = zero_init ? P * 18 * nf * buffer_factor : P * fmax(4 * per_node, 18 * nf) * buffer_factor;
+    } else if (cpu_offload) {
+      gpu = layer + floor(2 * P / gpus);
+      cpu = zero_init ? P * 16 * nf * buffer_factor : P * fmax(4 * per_node, 16 * nf) * buffer_factor;
+    } else {
+      gpu = layer + floor(18 * P / gpus);
+      cpu = zero_init ? (double)largest * 4 * per_node * buffer_factor : P * 4 * per_node * buffer_factor;
+    }
+  }
+  dsc_deepspeed_estimate e = {(int64_t)cpu, (int64_t)gpu};
+  return e;
 }
 
 dsc_status dsc_plan_memory(dsc_context *ctx, const dsc_plan_options *o, dsc_memory_plan *out) {

@@ -330,6 +330,74 @@ static void print_table(const char *model, const dsc_memory_plan *plans, const b
   if (p0->world == 1) printf("at world 1 every stage runs as stage 0 (nothing to shard)\n");
 }
 
+/* --deepspeed: DeepSpeed's estimate_zero2/3_model_states_mem_needs for the
+ * same model and world (one node of N GPUs), each row beside dsc's exact
+ * plan with the same offload, and the terms that differ. */
+static int deepspeed_estimates(const dsc_plan_options *o, dsc_context *ctx) {
+  static const struct {
+    int stage;
+    bool opt, param, zero_init;
+  } rows[] = {{2, true, false, true},  {2, false, false, true}, {3, true, true, true},
+              {3, true, true, false},  {3, true, false, true},  {3, true, false, false},
+              {3, false, false, true}, {3, false, false, false}};
+  int64_t n = o->world > 1 ? o->world : 1;
+  dsc_memory_plan p;
+  char a[32], b[32], c[32], d[32], e[32];
+  bool head = false;
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    dsc_plan_options so = *o;
+    so.knobs.has_zero_stage = true, so.knobs.zero_stage = rows[r].stage;
+    so.knobs.has_offload_optimizer = so.knobs.has_offload_param = true;
+    so.knobs.offload_optimizer = rows[r].opt ? DSC_OFFLOAD_HOST : DSC_OFFLOAD_NONE;
+    so.knobs.offload_param = rows[r].param ? DSC_OFFLOAD_HOST : DSC_OFFLOAD_NONE;
+    dsc_diag_clear(ctx);
+    dsc_status st = dsc_plan_memory(ctx, &so, &p);
+    if (st != DSC_OK) {
+      /* param offload plans at world > 1 only: DeepSpeed's row alone */
+      if (n > 1 || !rows[r].param) return dsc_diag_print(ctx, stderr), cli_exit_code(st);
+      p.rank.params = p.grads_held = p.rank.optimizer = p.rank.peak = p.host_bytes = -1;
+    }
+    if (!head) {
+      human(a, sizeof a, p.largest_param * 4);
+      printf("\nDeepSpeed's estimators (deepspeed.runtime.zero: estimate_zero2/3_model_states_"
+             "mem_needs) for Psi = %" PRId64 "\nand the largest layer %s (%" PRId64
+             " params, 4 bytes each: %s) on 1 node x %" PRId64 " GPUs,\nadditional_buffer_factor "
+             "1.5, beside dsc's exact plan with the same offload:\n\n",
+             p.param_count, p.largest_name, p.largest_param, a, n);
+      printf("%-6s %-14s %-17s %-9s | %12s %12s | %13s %12s %12s\n", "stage", "offload_param",
+             "offload_optimizer", "zero_init", "DS per CPU", "DS per GPU", "dsc host/node",
+             "dsc states", "dsc peak");
+      head = true;
+    }
+    dsc_deepspeed_estimate de = dsc_deepspeed_estimate_zero(
+        rows[r].stage, p.param_count, p.largest_param, n, 1, rows[r].opt, rows[r].param,
+        rows[r].zero_init, 1.5);
+    human(a, sizeof a, de.cpu), human(b, sizeof b, de.gpu);
+    bool have = p.rank.peak >= 0;
+    if (have) {
+      human(c, sizeof c, p.host_bytes * n); /* every rank of the node holds as much */
+      human(d, sizeof d, p.rank.params + p.grads_held + p.rank.optimizer);
+      human(e, sizeof e, p.rank.peak);
+    }
+    printf("%-6d %-14s %-17s %-9s | %12s %12s | %13s %12s %12s\n", rows[r].stage,
+           rows[r].stage == 2 ? "-" : rows[r].param ? "cpu" : "none", rows[r].opt ? "cpu" : "none",
+           rows[r].stage == 2 ? "-" : rows[r].zero_init ? "1" : "0", a, b, have ? c : "-",
+           have ? d : "-", have ? e : "(world 1)");
+  }
+  printf(
+      "\nThe terms that differ: DeepSpeed's per GPU is model states alone (fp16 params and\n"
+      "gradients 2 + 2 Psi where not sharded, 16 Psi/N of fp32 master, moments and gradient\n"
+      "partition, and at stage 3 the largest layer's params gathered in fp32, 4 bytes each);\n"
+      "dsc states are the same model states as its plan holds them ((2+2+12) Psi sharded by\n"
+      "the stage, the reduced gradient kept in bf16: 14 not 16 Psi/N), and dsc peak adds\n"
+      "what DeepSpeed's estimate leaves out: activations, workspace, the gathered params and\n"
+      "collective buffers. DeepSpeed's per CPU multiplies its counts by the buffer factor 1.5\n"
+      "(zero_init 0: every GPU of the node loads an fp32 copy of the model; dsc initialises\n"
+      "each shard where it lives, as zero_init 1); dsc host/node is the host tier it plans,\n"
+      "to the byte, for the node's N ranks; dsc states and peak are per rank (per GPU).\n");
+  return CLI_EXIT_OK;
+}
+
 /* --auto: the search (tools/cmd_auto.c) instead of the table */
 static int plan_auto(const dsc_plan_options *o, const cli_auto *au, bool json) {
   if (budget <= 0)
@@ -496,6 +564,7 @@ int cli_plan(int argc, char **argv) {
       budget_verdict(plans, n, stdout);
     }
   }
+  if (code == CLI_EXIT_OK && !json && o.ds_config) code = deepspeed_estimates(&o, ctx);
   if (code == CLI_EXIT_OK && budget > 0 && !fits_any) code = CLI_EXIT_USER;
   if (code == CLI_EXIT_OK && host_budget > 0 && !host_verdict(&o, ctx)) code = CLI_EXIT_USER;
   dsc_context_free(ctx);

@@ -95,7 +95,25 @@ typedef struct {
   int auto_candidates, n_offloaded, auto_plans;
   int64_t offloaded_host, offloaded_disk;
   dsc_plan_offloaded offloaded[DSC_PLAN_OFFLOADED_MAX];
+  /* the largest trainable param tensor (elements of its full shape): what
+   * DeepSpeed's estimators call the largest layer */
+  int64_t largest_param;
+  char largest_name[128];
 } dsc_memory_plan;
+
+/* DeepSpeed's model-state estimators, as deepspeed.runtime.zero's
+ * estimate_zero2_model_states_mem_needs (stage 2: cpu_offload) and
+ * estimate_zero3_model_states_mem_needs (stage 3: cpu_offload,
+ * cpu_offload_params, zero_init) compute them: bytes per CPU (host) and per
+ * GPU for `psi` params, the largest layer's `largest`, on `nodes` x
+ * `gpus_per_node`, with their additional_buffer_factor (1.5 by default). */
+typedef struct {
+  int64_t cpu, gpu;
+} dsc_deepspeed_estimate;
+dsc_deepspeed_estimate dsc_deepspeed_estimate_zero(int stage, int64_t psi, int64_t largest,
+                                                    int64_t gpus_per_node, int64_t nodes,
+                                                    bool cpu_offload, bool cpu_offload_params,
+                                                    bool zero_init, double buffer_factor);
 
 /* Every problem (no file, bad model, a stage the pipeline refuses) is a
  * diagnostic on ctx. */

@@ -105,6 +105,24 @@ expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --batch 2 --zero-stage
   --offload-param disk --offload-dir "$TMP/nvme" --log "$TMP/nvme-flags.jsonl"
 same_curve nvme
 
+# dsc plan --deepspeed: DeepSpeed's estimators beside the exact plan, for
+# Psi = 120576 (gpt-tiny) and its largest layer wte (256 x 64) at 2 GPUs
+expect_exit 0 "$DSC" plan "$MODEL" --world 2 --deepspeed "$TMP/z3.json" --bytes
+expect_grep "for Psi = 120576$" "$TMP/out"
+expect_grep "^and the largest layer wte \(16384 params, 4 bytes each: 65536 B\) on 1 node x 2 GPUs," "$TMP/out"
+PSI=120576 L=16384
+ds_row() { # STAGE PARAM OPT ZI CPU GPU STATES: the row's DeepSpeed figures and dsc's model states
+  expect_grep "^$1 +$2 +$3 +$4 +\| +$5 B +$6 B \| +[0-9]+ B +$7 B " "$TMP/out"
+}
+# stage 2: offload: cpu Psi x max(4 x 2, 16) x 1.5, gpu 2 Psi; none: cpu 4 Psi x 2 x 1.5, gpu 4 Psi + 16 Psi / 2
+ds_row 2 - cpu - $((PSI * 16 * 3 / 2)) $((2 * PSI)) $((2 * PSI + PSI))
+ds_row 2 - none - $((PSI * 4 * 2 * 3 / 2)) $((4 * PSI + 8 * PSI)) $((2 * PSI + 14 * PSI / 2 + 4))
+# stage 3 without offload, zero_init: cpu 4 x largest x 2 x 1.5, gpu 4 x largest + 18 Psi / 2
+ds_row 3 none none 1 $((4 * L * 2 * 3 / 2)) $((4 * L + 9 * PSI)) $((16 * PSI / 2 + 4))
+# stage 3, everything on the CPU: cpu 18 Psi x 1.5, gpu the largest layer
+ds_row 3 cpu cpu 1 $((18 * PSI * 3 / 2)) $((4 * L)) $((2 * PSI / 2)) # dsc: the grads on the device
+expect_grep "^The terms that differ: DeepSpeed's per GPU is model states alone" "$TMP/out"
+
 # 6. errors: each names the file, the line and column, and the key
 err_case() { # NAME TEXT PATTERN
   printf '%s\n' "$2" >"$TMP/$1.json"
