@@ -32,6 +32,7 @@
 
 static const char launch_help[] =
     "usage: dsc launch -n N [--mpirun PATH] [--dry-run] [--] train ARGS...\n"
+    "       dsc launch [--num_gpus G] [--num_nodes M] [--hostfile FILE] [--] train ARGS...\n"
     "\n"
     "Runs 'mpirun -np N DSC train ARGS...' with DSC this dsc binary: N processes,\n"
     "one rank each (Open MPI; docs/training.md \"Data parallel\"). The exit status is\n"
@@ -45,6 +46,14 @@ static const char launch_help[] =
     "  -n N           ranks (processes), 1 to 1024\n"
     "  --mpirun PATH  the launcher (default: mpirun from PATH)\n"
     "  --dry-run      print the command instead of running it\n"
+    "DeepSpeed's launcher flags (deepspeed --num_gpus 2 train.py ...), mapped onto\n"
+    "mpirun (on the CPU a GPU is a rank):\n"
+    "  --num_gpus G   ranks per node (without a hostfile: -n G on this node)\n"
+    "  --num_nodes M  the first M hosts of the hostfile\n"
+    "  --hostfile F   DeepSpeed's hostfile: one 'HOST slots=N' per line, '#'\n"
+    "                 comments; the ranks are the hosts' slots (at most G each),\n"
+    "                 run as 'mpirun -np TOTAL --host HOST:N,...'\n"
+    "The command it runs is printed on stderr first.\n"
     "For Open MPI it sets, unless already set: OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1\n"
     "when run as root (containers), and OMPI_MCA_rmaps_base_oversubscribe=1 when\n"
     "N exceeds the online CPUs, as the project's MPI tests do.\n"
@@ -361,16 +370,103 @@ static int supervise(char *const *args) {
   return code;
 }
 
+/* DeepSpeed's hostfile: "HOST slots=N" per line, '#' comments, blank
+ * lines. The hosts (at most max_hosts) into *hosts as "HOST:N,..." with N
+ * capped at per_host (> 0), their slots summed into *total; false after
+ * printing what is wrong (file:line). */
+static bool read_hostfile(const char *path, int64_t max_hosts, int64_t per_host, char *hosts,
+                          size_t cap, int64_t *total) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "dsc launch: error: cannot open hostfile %s: %s\n", path, strerror(errno));
+    return false;
+  }
+  char line[1024];
+  int ln = 0;
+  int64_t n_hosts = 0;
+  size_t k = 0;
+  *total = 0;
+  hosts[0] = 0;
+  bool ok = true;
+  while (ok && fgets(line, sizeof line, f)) {
+    ln++;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    char host[256], extra[8];
+    long long slots;
+    int got = sscanf(line, " %255s slots=%lld %7s", host, &slots, extra);
+    if (got <= 0 || (got == EOF)) continue; /* blank or comment */
+    if (got != 2 || slots < 1 || slots > 1024) {
+      fprintf(stderr,
+              "dsc launch: error: %s:%d: expected 'HOST slots=N' (N from 1 to 1024), as in "
+              "DeepSpeed's hostfile\n",
+              path, ln);
+      ok = false;
+      break;
+    }
+    char needle[260];
+    snprintf(needle, sizeof needle, "%s:", host);
+    for (char *p = strstr(hosts, needle); p; p = strstr(p + 1, needle))
+      if (p == hosts || p[-1] == ',') {
+        fprintf(stderr, "dsc launch: error: %s:%d: host '%s' is listed twice\n", path, ln, host);
+        ok = false;
+        break;
+      }
+    if (!ok) break;
+    if (max_hosts > 0 && n_hosts >= max_hosts) continue;
+    if (per_host > 0 && slots > per_host) slots = per_host;
+    int w = snprintf(hosts + k, cap - k, "%s%s:%lld", k ? "," : "", host, slots);
+    if (w < 0 || (size_t)w >= cap - k) {
+      fprintf(stderr, "dsc launch: error: %s: too many hosts\n", path);
+      ok = false;
+      break;
+    }
+    k += (size_t)w, n_hosts++, *total += slots;
+  }
+  fclose(f);
+  if (ok && n_hosts == 0) {
+    fprintf(stderr, "dsc launch: error: hostfile %s lists no host ('HOST slots=N' lines)\n", path);
+    ok = false;
+  }
+  if (ok && max_hosts > n_hosts) {
+    fprintf(stderr, "dsc launch: error: --num_nodes %" PRId64 ", but hostfile %s lists %" PRId64
+            " host%s\n", max_hosts, path, n_hosts, n_hosts == 1 ? "" : "s");
+    ok = false;
+  }
+  return ok;
+}
+
+/* A DeepSpeed launcher flag's value: "--flag V" or "--flag=V". */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
+  size_t l = strlen(flag);
+  if (strncmp(argv[*i], flag, l) != 0) return NULL;
+  if (argv[*i][l] == '=') return argv[*i] + l + 1;
+  if (argv[*i][l] || *i + 1 >= argc) return NULL;
+  return argv[++*i];
+}
+
 int cli_launch(int argc, char **argv) {
-  int64_t n = 0;
-  const char *mpirun = NULL;
+  int64_t n = 0, num_gpus = 0, num_nodes = 0;
+  const char *mpirun = NULL, *hostfile = NULL;
   bool dry = false;
   int i = 1;
   for (; i < argc; i++) {
-    const char *a = argv[i];
+    const char *a = argv[i], *v;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(launch_help, stdout);
       return CLI_EXIT_OK;
+    } else if (strncmp(a, "--num_gpus", 10) == 0 || strncmp(a, "--num_nodes", 11) == 0) {
+      bool gpus = a[6] == 'g';
+      const char *flag = gpus ? "--num_gpus" : "--num_nodes";
+      int64_t x;
+      if (!(v = flag_value(argc, argv, &i, flag)) || !cli_parse_i64(v, &x) || x < 1 || x > 1024)
+        return cli_usage_error("launch", "%s needs an integer in [1, 1024]", flag), CLI_EXIT_USER;
+      *(gpus ? &num_gpus : &num_nodes) = x;
+    } else if (strncmp(a, "--hostfile", 10) == 0) {
+      if (!(v = flag_value(argc, argv, &i, "--hostfile")) || !*v)
+        return cli_usage_error("launch", "--hostfile needs a file ('HOST slots=N' lines)"),
+               CLI_EXIT_USER;
+      hostfile = v;
     } else if (strcmp(a, "-n") == 0 || strcmp(a, "-np") == 0) {
       if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &n) || n < 1 || n > 1024)
         return cli_usage_error("launch", "-n needs an integer in [1, 1024]"), CLI_EXIT_USER;
@@ -391,7 +487,31 @@ int cli_launch(int argc, char **argv) {
              CLI_EXIT_USER;
     }
   }
-  if (n == 0) return cli_usage_error("launch", "missing -n N (the number of ranks)"), CLI_EXIT_USER;
+  /* DeepSpeed's flags: the hosts and their slots */
+  char hosts[4096] = "";
+  if (hostfile) {
+    int64_t total = 0;
+    if (!read_hostfile(hostfile, num_nodes, num_gpus, hosts, sizeof hosts, &total))
+      return CLI_EXIT_USER;
+    if (n > total)
+      return cli_usage_error("launch", "-n %" PRId64 " ranks, but the hostfile gives %" PRId64
+                             " slots", n, total),
+             CLI_EXIT_USER;
+    if (n == 0) n = total;
+  } else if (num_nodes > 1) {
+    return cli_usage_error("launch", "--num_nodes %" PRId64 " needs a --hostfile naming the nodes",
+                           num_nodes),
+           CLI_EXIT_USER;
+  } else if (num_gpus > 0) {
+    if (n > 0 && n != num_gpus)
+      return cli_usage_error("launch", "-n %" PRId64 " and --num_gpus %" PRId64 " disagree", n,
+                             num_gpus),
+             CLI_EXIT_USER;
+    n = num_gpus;
+  }
+  if (n == 0)
+    return cli_usage_error("launch", "missing -n N (the number of ranks) or --num_gpus N"),
+           CLI_EXIT_USER;
   if (i >= argc)
     return cli_usage_error("launch",
                            "missing the command after '--' (dsc launch -n N -- train ...)"),
@@ -440,7 +560,7 @@ int cli_launch(int argc, char **argv) {
 
   /* mpirun -np N SELF train ARGS... */
   int n_rest = argc - i;
-  char **args = calloc((size_t)n_rest + 5, sizeof *args);
+  char **args = calloc((size_t)n_rest + 7, sizeof *args);
   char np[24];
   if (!args) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   snprintf(np, sizeof np, "%" PRId64, n);
@@ -448,6 +568,7 @@ int cli_launch(int argc, char **argv) {
   args[k++] = launcher;
   args[k++] = "-np";
   args[k++] = np;
+  if (hosts[0]) args[k++] = "--host", args[k++] = hosts;
   args[k++] = self;
   for (int j = i; j < argc; j++) args[k++] = argv[j];
   args[k] = NULL;
@@ -467,6 +588,9 @@ int cli_launch(int argc, char **argv) {
     free(args);
     return CLI_EXIT_OK;
   }
+  fputs("dsc launch: running:", stderr);
+  for (int j = 0; j < k; j++) fprintf(stderr, " %s", args[j]);
+  fputc('\n', stderr);
   int code = supervise(args);
   free(args);
   return code;

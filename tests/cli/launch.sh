@@ -119,6 +119,38 @@ expect_grep '^TERM$' "$TMP/args"
 expect_exit 0 "$DSC" launch -n 2 --mpirun "$TMP/fake-mpirun" --dry-run train a &&
   expect_grep "^$TMP/fake-mpirun -np 2 $dsc_abs train a\$" "$TMP/out"
 
+# DeepSpeed's launcher flags map onto mpirun (issue 19 item 2)
+printf '# two nodes\nworker-1 slots=4\nworker-2 slots=4   # the second\n\n' >"$TMP/hostfile"
+launch_dry() { # EXPECTED-ARGS FLAGS...: the command dsc launch would run
+  local want=$1
+  shift
+  expect_exit 0 "$DSC" launch --mpirun "$TMP/fake-mpirun" --dry-run "$@" -- train m.dsm &&
+    expect_grep "^$TMP/fake-mpirun $want $dsc_abs train m.dsm\$" "$TMP/out"
+}
+launch_dry "-np 8 --host worker-1:4,worker-2:4" --hostfile "$TMP/hostfile"
+launch_dry "-np 4 --host worker-1:2,worker-2:2" --hostfile="$TMP/hostfile" --num_gpus 2
+launch_dry "-np 4 --host worker-1:4" --hostfile "$TMP/hostfile" --num_nodes=1
+launch_dry "-np 3" --num_gpus 3
+launch_dry "-np 6 --host worker-1:4,worker-2:4" --hostfile "$TMP/hostfile" -n 6
+launch_err() { # PATTERN FLAGS...
+  local want=$1
+  shift
+  expect_exit 1 "$DSC" launch --mpirun "$TMP/fake-mpirun" --dry-run "$@" -- train m.dsm &&
+    expect_grep "$want" "$TMP/err"
+}
+printf 'a slots=2\nb slot=3\n' >"$TMP/hf-bad"
+printf 'a slots=2\na slots=3\n' >"$TMP/hf-twice"
+printf '# nothing\n' >"$TMP/hf-empty"
+launch_err "hf-bad:2: expected 'HOST slots=N' \(N from 1 to 1024\), as in DeepSpeed's hostfile" --hostfile "$TMP/hf-bad"
+launch_err "hf-twice:2: host 'a' is listed twice" --hostfile "$TMP/hf-twice"
+launch_err "lists no host" --hostfile "$TMP/hf-empty"
+launch_err "cannot open hostfile .*nope" --hostfile "$TMP/nope"
+launch_err "--num_nodes 3, but hostfile .* lists 2 hosts" --hostfile "$TMP/hostfile" --num_nodes 3
+launch_err "-n 9 ranks, but the hostfile gives 8 slots" --hostfile "$TMP/hostfile" -n 9
+launch_err "--num_nodes 2 needs a --hostfile naming the nodes" --num_nodes 2
+launch_err "-n 2 and --num_gpus 3 disagree" -n 2 --num_gpus 3
+launch_err "--num_gpus needs an integer in \[1, 1024\]" --num_gpus 0
+
 if command -v mpirun >/dev/null 2>&1; then
   export ASAN_OPTIONS=detect_leaks=0 # Open MPI's own allocations are not dsc's leaks
   make_corpus "$TMP/corpus.txt"
@@ -136,6 +168,17 @@ assert len(a) == len(b) == 6
 for x, y in zip(a, b):
     assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"], (x, y)
 PY
+  # DeepSpeed's habits run the same job: --num_gpus 2, and a hostfile of this
+  # node; the command is printed first
+  expect_exit 0 "$DSC" launch --num_gpus 2 -- train "$MODEL" "${RUN[@]}" --log "$TMP/gpus.jsonl" &&
+    expect_grep "^dsc launch: running: .*mpirun -np 2 $dsc_abs train " "$TMP/err"
+  cmp -s <(grep -o '"loss":[^,]*' "$TMP/gpus.jsonl") <(grep -o '"loss":[^,]*' "$TMP/launch.jsonl") &&
+    pass || fail "dsc launch --num_gpus 2 differs from -n 2"
+  echo "localhost slots=2" >"$TMP/hf-local"
+  expect_exit 0 "$DSC" launch --hostfile "$TMP/hf-local" -- train "$MODEL" "${RUN[@]}" --log "$TMP/hf.jsonl" &&
+    expect_grep "^dsc launch: running: .*mpirun -np 2 --host localhost:2 $dsc_abs train " "$TMP/err"
+  cmp -s <(grep -o '"loss":[^,]*' "$TMP/hf.jsonl") <(grep -o '"loss":[^,]*' "$TMP/launch.jsonl") &&
+    pass || fail "dsc launch --hostfile differs from -n 2"
   # a failing job's status comes back (every rank: a usage error, exit 1)
   expect_exit 1 "$DSC" launch -n 2 -- train "$MODEL" "${RUN[@]}" --zero-stage 7 &&
     expect_grep 'zero-stage needs 0, 1, 2 or 3' "$TMP/err"
