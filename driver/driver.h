@@ -90,6 +90,14 @@ typedef struct {
   drv_ds_setting src[3]; /* optimizer, lr, weight_decay (key NULL: "auto") */
 } drv_ds_opt;
 
+typedef struct {
+  bool given;
+  dsc_schedule_kind kind; /* DSC_SCHED_WARMUP_LR, _WARMUP_DECAY_LR, _WARMUP_COSINE_LR */
+  drv_ds_opt_field min_lr, max_lr, warmup, total, min_ratio, cos_min_ratio;
+  bool linear; /* warmup_type "linear" (DeepSpeed's default: log) */
+  dsc_loc loc;
+} drv_ds_sched;
+
 #define DRV_DS_AUTO_MAX 32
 typedef struct {
   const char *path;
@@ -101,6 +109,8 @@ typedef struct {
   dsc_loc batch_loc[3];
   const char *offload_dir; /* offload_*.nvme_path */
   drv_ds_opt opt;           /* "optimizer", made a setting when applied */
+  drv_ds_sched sched;       /* "scheduler", likewise */
+  drv_ds_setting sched_src, sched_lr_src; /* --print-config's sources (key NULL: none) */
   /* "auto" values: left to the model and the flags, reported */
   struct {
     const char *path, *what;

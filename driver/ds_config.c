@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -421,6 +422,106 @@ static void read_optimizer(ds_reader *r, const cJSON *o) {
     op->src[2] = (drv_ds_setting){"weight_decay", NULL, "optimizer.params.weight_decay", op->loc};
 }
 
+/* "scheduler": DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR with
+ * their params (made the train setting when applied: "auto" values are the
+ * model's). */
+static void read_scheduler(ds_reader *r, const cJSON *o) {
+  static const known_key keys[] = {{"type", K_MAPPED, NULL}, {"params", K_MAPPED, NULL}};
+  if (!want_object(r, "scheduler", o)) return;
+  check_keys(r, o, "scheduler", keys, 2);
+  const cJSON *type = member(o, "type"), *params = member(o, "params");
+  if (!cJSON_IsString(type)) {
+    if (type) bad_type(r, "scheduler.type", type, "a string (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+    else err(r, "scheduler", "ds_config 'scheduler' needs a \"type\" (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+    return;
+  }
+  drv_ds_sched *sc = &r->out->sched;
+  memset(sc, 0, sizeof *sc);
+  const char *t = type->valuestring;
+  if (strcmp(t, "WarmupLR") == 0) {
+    sc->kind = DSC_SCHED_WARMUP_LR;
+  } else if (strcmp(t, "WarmupDecayLR") == 0) {
+    sc->kind = DSC_SCHED_WARMUP_DECAY_LR;
+  } else if (strcmp(t, "WarmupCosineLR") == 0) {
+    sc->kind = DSC_SCHED_WARMUP_COSINE_LR;
+  } else if (strcmp(t, "OneCycle") == 0 || strcmp(t, "LRRangeTest") == 0) {
+    warn(r, "scheduler.type",
+         "ds_config scheduler %s is not implemented in dsc yet: the model's train.schedule "
+         "applies (a constant lr when it has none)",
+         t);
+    return;
+  } else {
+    err(r, "scheduler.type",
+        "ds_config scheduler type '%s' is not one dsc implements (WarmupLR, WarmupDecayLR, "
+        "WarmupCosineLR)",
+        t);
+    return;
+  }
+  sc->loc = key_loc(r, "scheduler.type");
+  bool cosine = sc->kind == DSC_SCHED_WARMUP_COSINE_LR, decay = sc->kind == DSC_SCHED_WARMUP_DECAY_LR;
+  known_key pkeys[8];
+  int np = 0;
+  pkeys[np++] = (known_key){"warmup_num_steps", K_MAPPED, NULL};
+  pkeys[np++] = (known_key){"warmup_type", K_MAPPED, NULL};
+  pkeys[np++] = (known_key){"last_batch_iteration", K_MAPPED, NULL};
+  if (!cosine) {
+    pkeys[np++] = (known_key){"warmup_min_lr", K_MAPPED, NULL};
+    pkeys[np++] = (known_key){"warmup_max_lr", K_MAPPED, NULL};
+  } else {
+    pkeys[np++] = (known_key){"warmup_min_ratio", K_MAPPED, NULL};
+    pkeys[np++] = (known_key){"cos_min_ratio", K_MAPPED, NULL};
+  }
+  if (decay || cosine) pkeys[np++] = (known_key){"total_num_steps", K_MAPPED, NULL};
+  if (params && want_object(r, "scheduler.params", params)) {
+    check_keys(r, params, "scheduler.params", pkeys, np);
+    static const struct {
+      const char *name;
+      size_t off;
+      bool integer;
+    } fields[] = {{"warmup_min_lr", offsetof(drv_ds_sched, min_lr), false},
+                  {"warmup_max_lr", offsetof(drv_ds_sched, max_lr), false},
+                  {"warmup_num_steps", offsetof(drv_ds_sched, warmup), true},
+                  {"total_num_steps", offsetof(drv_ds_sched, total), true},
+                  {"warmup_min_ratio", offsetof(drv_ds_sched, min_ratio), false},
+                  {"cos_min_ratio", offsetof(drv_ds_sched, cos_min_ratio), false}};
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+      const cJSON *v = member(params, fields[f].name);
+      if (!v) continue;
+      drv_ds_opt_field *dst = (drv_ds_opt_field *)((char *)sc + fields[f].off);
+      const char *path = ir_arena_printf(r->arena, "scheduler.params.%s", fields[f].name);
+      if (is_auto(v)) {
+        dst->state = DRV_DS_AUTO;
+        note_auto(r, path, "the model's value");
+        continue;
+      }
+      int64_t i;
+      double x;
+      if (fields[f].integer ? get_int(r, path, v, 1, &i, NULL) : get_num(r, path, v, &x, NULL))
+        dst->state = DRV_DS_GIVEN, dst->v = fields[f].integer ? (double)i : x;
+    }
+    const cJSON *v = member(params, "warmup_type");
+    if (v) {
+      if (!cJSON_IsString(v) || (strcmp(v->valuestring, "log") != 0 && strcmp(v->valuestring, "linear") != 0))
+        bad_type(r, "scheduler.params.warmup_type", v, "\"log\" or \"linear\"");
+      else
+        sc->linear = strcmp(v->valuestring, "linear") == 0;
+    }
+    if ((v = member(params, "last_batch_iteration")) && !is_auto(v) &&
+        (!cJSON_IsNumber(v) || v->valuedouble != -1))
+      err(r, "scheduler.params.last_batch_iteration",
+          "ds_config scheduler last_batch_iteration other than -1 is not implemented in dsc (a "
+          "resumed run keeps its step from the checkpoint)");
+  }
+  if (decay && sc->total.state == DRV_DS_ABSENT)
+    err(r, "scheduler", "ds_config scheduler WarmupDecayLR needs params.total_num_steps (or \"auto\": the run's steps)");
+  if (cosine && sc->total.state == DRV_DS_ABSENT)
+    err(r, "scheduler", "ds_config scheduler WarmupCosineLR needs params.total_num_steps (or \"auto\": the run's steps)");
+  sc->given = true;
+  r->out->sched_src = (drv_ds_setting){"schedule", NULL, "scheduler", sc->loc};
+  if (!cosine && sc->max_lr.state != DRV_DS_AUTO)
+    r->out->sched_lr_src = (drv_ds_setting){"lr", NULL, "scheduler.params.warmup_max_lr", sc->loc};
+}
+
 static void read_precision(ds_reader *r, const cJSON *root) {
   static const known_key bkeys[] = {{"enabled", K_MAPPED, NULL},
                                     {"immediate_grad_update", K_UNUSED, "gradients go to the update as they are reduced"},
@@ -702,10 +803,7 @@ dsc_status drv_ds_config_read(dsc_context *ctx, const char *path, ir_arena *aren
   read_batch(&r, root);
   const cJSON *v;
   if ((v = member(root, "optimizer"))) read_optimizer(&r, v);
-  if ((v = member(root, "scheduler")))
-    warn(&r, "scheduler",
-         "ds_config 'scheduler' is not implemented in dsc yet: the model's train.schedule "
-         "applies (a constant lr when it has none)");
+  if ((v = member(root, "scheduler"))) read_scheduler(&r, v);
   double clip;
   if ((v = member(root, "gradient_clipping")) && get_num(&r, "gradient_clipping", v, &clip, "the model's clip"))
     put(&r, "gradient_clipping", "clip", "%s", fmt_num(&r, clip));
@@ -800,9 +898,53 @@ static dsc_status apply_optimizer(dsc_context *ctx, const drv_ds_config *c, dsc_
   return DSC_OK;
 }
 
+/* The scheduler as a train setting, DeepSpeed's defaults for what the file
+ * leaves out (warmup_min_lr 0, warmup_max_lr 1e-3, warmup_num_steps 1000,
+ * warmup_min_ratio 0, cos_min_ratio 1e-4), the model's values for "auto";
+ * WarmupLR's and WarmupDecayLR's warmup_max_lr is the lr. */
+static dsc_status apply_scheduler(dsc_context *ctx, const drv_ds_config *c, dsc_module *m) {
+  const drv_ds_sched *s = &c->sched;
+  dsc_train_config base; /* the train section and the file's optimizer */
+  dsc_status st = dsc_train_config_from_module(m, &base);
+  if (st != DSC_OK) return st;
+  char x[4][40], val[400], lr[40];
+  int64_t warmup = (int64_t)field(&s->warmup, (double)base.sched.warmup, 1000);
+  int64_t total = (int64_t)field(&s->total, (double)base.sched.decay_steps, 0);
+  const char *type = s->linear ? "linear" : "log";
+  if (s->kind == DSC_SCHED_WARMUP_COSINE_LR) {
+    ir_format_double(field(&s->min_ratio, base.sched.min_ratio, 0), x[0], sizeof x[0]);
+    ir_format_double(field(&s->cos_min_ratio, base.sched.cos_min_ratio, 1e-4), x[1], sizeof x[1]);
+    snprintf(val, sizeof val,
+             "warmup_cosine_lr(warmup = %" PRId64 ", decay_steps = %" PRId64
+             ", warmup_type = %s, min_ratio = %s, cos_min_ratio = %s)",
+             warmup, total, type, x[0], x[1]);
+  } else {
+    ir_format_double(field(&s->min_lr, base.sched.min_lr, 0), x[0], sizeof x[0]);
+    if (s->kind == DSC_SCHED_WARMUP_LR)
+      snprintf(val, sizeof val, "warmup_lr(warmup = %" PRId64 ", min_lr = %s, warmup_type = %s)",
+               warmup, x[0], type);
+    else
+      snprintf(val, sizeof val,
+               "warmup_decay_lr(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64
+               ", warmup_type = %s)",
+               warmup, x[0], total, type);
+    ir_format_double(field(&s->max_lr, base.opt.lr, 1e-3), lr, sizeof lr);
+    if (dsc_module_set_meta(m, "train.lr", lr) != DSC_OK) return DSC_ERR_INTERNAL;
+  }
+  if (dsc_module_set_meta(m, "train.schedule", val) != DSC_OK) {
+    ir_error(ctx, s->loc, "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  return DSC_OK;
+}
+
 dsc_status drv_ds_config_apply(dsc_context *ctx, const drv_ds_config *c, dsc_module *m) {
   if (c->opt.given) {
     dsc_status st = apply_optimizer(ctx, c, m);
+    if (st != DSC_OK) return st;
+  }
+  if (c->sched.given) {
+    dsc_status st = apply_scheduler(ctx, c, m);
     if (st != DSC_OK) return st;
   }
   for (int i = 0; i < c->n; i++) {
@@ -819,6 +961,8 @@ dsc_status drv_ds_config_apply(dsc_context *ctx, const drv_ds_config *c, dsc_mod
 const drv_ds_setting *drv_ds_config_find(const drv_ds_config *c, const char *key) {
   for (int i = 0; c && i < c->n; i++)
     if (strcmp(c->set[i].key, key) == 0) return &c->set[i];
+  if (c && c->sched.given && c->sched_lr_src.key && strcmp(key, "lr") == 0) return &c->sched_lr_src;
+  if (c && c->sched.given && strcmp(key, "schedule") == 0) return &c->sched_src;
   for (int k = 0; c && c->opt.given && k < 3; k++)
     if (c->opt.src[k].key && strcmp(c->opt.src[k].key, key) == 0) return &c->opt.src[k];
   return NULL;

@@ -1701,12 +1701,28 @@ static void format_setting(const dsc_setting *s, const dsc_train_config *cfg, ch
                x[3], x[4], x[1]);
     }
   } else if (s->kind == DSC_SETTING_SCHEDULE) {
-    const char *k = cfg->sched.kind == DSC_SCHED_COSINE   ? "cosine"
-                    : cfg->sched.kind == DSC_SCHED_LINEAR ? "linear"
-                                                          : "constant";
+    const dsc_schedule_kind sk = cfg->sched.kind;
+    const char *k = sk == DSC_SCHED_COSINE             ? "cosine"
+                    : sk == DSC_SCHED_LINEAR           ? "linear"
+                    : sk == DSC_SCHED_WARMUP_LR        ? "warmup_lr"
+                    : sk == DSC_SCHED_WARMUP_DECAY_LR  ? "warmup_decay_lr"
+                    : sk == DSC_SCHED_WARMUP_COSINE_LR ? "warmup_cosine_lr"
+                                                       : "constant";
     ir_format_double(cfg->sched.min_lr, x[0], sizeof x[0]);
-    snprintf(buf, n, "%s(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64 ")", k,
-             cfg->sched.warmup, x[0], cfg->sched.decay_steps);
+    ir_format_double(cfg->sched.min_ratio, x[1], sizeof x[1]);
+    ir_format_double(cfg->sched.cos_min_ratio, x[2], sizeof x[2]);
+    const char *wt = cfg->sched.warmup_log ? "log" : "linear";
+    if (sk == DSC_SCHED_WARMUP_COSINE_LR)
+      snprintf(buf, n,
+               "%s(warmup = %" PRId64 ", decay_steps = %" PRId64
+               ", warmup_type = %s, min_ratio = %s, cos_min_ratio = %s)",
+               k, cfg->sched.warmup, cfg->sched.decay_steps, wt, x[1], x[2]);
+    else if (sk == DSC_SCHED_WARMUP_LR || sk == DSC_SCHED_WARMUP_DECAY_LR)
+      snprintf(buf, n, "%s(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64 ", warmup_type = %s)",
+               k, cfg->sched.warmup, x[0], cfg->sched.decay_steps, wt);
+    else
+      snprintf(buf, n, "%s(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64 ")", k,
+               cfg->sched.warmup, x[0], cfg->sched.decay_steps);
   } else if (strcmp(s->key, "train_batch_size") == 0) {
     snprintf(buf, n, "%" PRId64, cfg->batch * cfg->grad_accum * cfg->world);
   } else if (s->cfg_off < 0) {

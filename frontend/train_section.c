@@ -133,7 +133,7 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
     if (strcmp(names[i], name) == 0) which = i;
   if (which < 0) {
     const char *s = name ? fe_suggest(name, names, n_names) : NULL;
-    char list[200] = "";
+    char list[400] = "";
     for (int i = 0; i < n_names; i++) {
       size_t l = strlen(list);
       snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", names[i]);
@@ -170,12 +170,15 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
           a->kind == V_TUPLE && a->n == 2 && a->items[0].kind == V_NUM && a->items[1].kind == V_NUM;
     else if (strcmp(v->keys[i], "nesterov") == 0)
       ok = a->kind == V_BOOL;
+    else if (strcmp(v->keys[i], "warmup_type") == 0)
+      ok = a->kind == V_SYM && (strcmp(a->name, "log") == 0 || strcmp(a->name, "linear") == 0);
     else
       ok = a->kind == V_NUM && num(a) >= 0;
     if (!ok) {
       ERR(loc, "setting '%s' of '%s' must be %s", v->keys[i], name,
-          strcmp(v->keys[i], "betas") == 0      ? "a pair of numbers, as in (0.9, 0.95)"
-          : strcmp(v->keys[i], "nesterov") == 0 ? "true or false"
+          strcmp(v->keys[i], "betas") == 0         ? "a pair of numbers, as in (0.9, 0.95)"
+          : strcmp(v->keys[i], "nesterov") == 0    ? "true or false"
+          : strcmp(v->keys[i], "warmup_type") == 0 ? "log or linear"
                                                 : "a non-negative number");
       return false;
     }
@@ -194,18 +197,23 @@ static bool check_train_value(fe_state *st, const fe_setting *s, const dsc_setti
                                             {"lr", "betas", "eps", "weight_decay"},
                                             {"lr", "momentum", "weight_decay", "nesterov"},
                                             {"lr", "momentum", "weight_decay", "nesterov"}};
-  static const char *const scheds[] = {"constant", "cosine", "linear", "warmup_cosine",
-                                       "warmup_linear"};
-  static const char *const sched_keys[][6] = {{"warmup"},
-                                              {"warmup", "min_lr", "decay_steps"},
-                                              {"warmup", "min_lr", "decay_steps"},
-                                              {"warmup", "min_lr", "decay_steps"},
-                                              {"warmup", "min_lr", "decay_steps"}};
+  static const char *const scheds[] = {"constant",      "cosine",          "linear",
+                                       "warmup_cosine", "warmup_linear",   "warmup_lr",
+                                       "warmup_decay_lr", "warmup_cosine_lr"};
+  static const char *const sched_keys[][6] = {
+      {"warmup"},
+      {"warmup", "min_lr", "decay_steps"},
+      {"warmup", "min_lr", "decay_steps"},
+      {"warmup", "min_lr", "decay_steps"},
+      {"warmup", "min_lr", "decay_steps"},
+      {"warmup", "min_lr", "warmup_type"}, /* DeepSpeed's, docs/deepspeed.md */
+      {"warmup", "min_lr", "decay_steps", "warmup_type"},
+      {"warmup", "decay_steps", "warmup_type", "min_ratio", "cos_min_ratio"}};
   dsc_loc loc = s->value->loc;
   if (k->kind == DSC_SETTING_OPTIMIZER)
     return check_named_call(st, v, loc, "optimizer", opts, 4, opt_keys);
   if (k->kind == DSC_SETTING_SCHEDULE)
-    return check_named_call(st, v, loc, "schedule", scheds, 5, sched_keys);
+    return check_named_call(st, v, loc, "schedule", scheds, 8, sched_keys);
   if (dsc_setting_parse(k, text, false, NULL)) return true;
   ERR(loc, "'%s' must be %s", s->key, dsc_setting_want(k, false));
   return false;

@@ -41,7 +41,9 @@ static const dsc_setting table[] = {
     {"optimizer", NULL, NULL, "the optimizer", DSC_SETTING_OPTIMIZER, 0, 0,
      "one of adamw, adam, sgd, muon", NULL, -1, NOKNOB},
     {"schedule", NULL, NULL, "the schedule", DSC_SETTING_SCHEDULE, 0, 0,
-     "one of constant, cosine, linear, warmup_cosine, warmup_linear", NULL, -1, NOKNOB},
+     "one of constant, cosine, linear, warmup_cosine, warmup_linear, warmup_lr, warmup_decay_lr, "
+     "warmup_cosine_lr",
+     NULL, -1, NOKNOB},
     {"precision", NULL, NULL, "the precision", DSC_SETTING_PRECISION, 0, 0, "f32, bf16 or fp16",
      NULL, CFG(precision), NOKNOB},
     {"master_weights", NULL, "--master-weights", "master_weights", DSC_SETTING_BOOL, 0, 0,

@@ -103,21 +103,34 @@ static bool set_optimizer(dsc_context *ctx, const char *raw, const pass_tv *v,
   return true;
 }
 
-/* schedule = NAME or NAME(warmup = N, min_lr = X, decay_steps = N) */
+/* schedule = NAME or NAME(warmup = N, min_lr = X, decay_steps = N, ...):
+ * dsc's own (warmup from 0, then constant, cosine or linear to min_lr) and
+ * DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (warmup_type =
+ * log | linear; warmup_cosine_lr's min_ratio and cos_min_ratio). */
 static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
                          dsc_train_config *cfg) {
-  static const char *const names[] = {"constant", "cosine", "linear", "warmup_cosine",
-                                      "warmup_linear"};
-  static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
-                                            DSC_SCHED_COSINE, DSC_SCHED_LINEAR};
-  const char *want = "one of constant, cosine, linear, warmup_cosine, warmup_linear";
+  static const char *const names[] = {"constant",  "cosine",          "linear",
+                                      "warmup_cosine", "warmup_linear", "warmup_lr",
+                                      "warmup_decay_lr", "warmup_cosine_lr"};
+  static const dsc_schedule_kind kinds[] = {
+      DSC_SCHED_CONSTANT,  DSC_SCHED_COSINE,          DSC_SCHED_LINEAR,
+      DSC_SCHED_COSINE,    DSC_SCHED_LINEAR,          DSC_SCHED_WARMUP_LR,
+      DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR};
+  const char *want =
+      "one of constant, cosine, linear, warmup_cosine, warmup_linear, warmup_lr, "
+      "warmup_decay_lr, warmup_cosine_lr";
   if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL)
     return bad(ctx, "train.schedule", raw, want);
   int which = -1;
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < 8; i++)
     if (strcmp(v->name, names[i]) == 0) which = i;
   if (which < 0) return bad(ctx, "train.schedule", raw, want);
   cfg->sched.kind = kinds[which];
+  bool ds = which >= 5;
+  if (ds) { /* DeepSpeed's defaults */
+    cfg->sched.warmup = 1000, cfg->sched.min_lr = 0, cfg->sched.warmup_log = true;
+    cfg->sched.min_ratio = 0, cfg->sched.cos_min_ratio = 0.0001;
+  }
   for (int i = 0; i < v->n; i++) {
     const char *k = v->keys[i];
     const pass_tv *a = v->items[i];
@@ -131,11 +144,17 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
                v->name, v->name, raw);
       return false;
     } else if (strcmp(k, "warmup") == 0) {
-      ok = get_int(ctx, key, raw, a, 0, &cfg->sched.warmup);
-    } else if (strcmp(k, "min_lr") == 0 && which > 0) {
+      ok = get_int(ctx, key, raw, a, ds ? 1 : 0, &cfg->sched.warmup);
+    } else if (strcmp(k, "min_lr") == 0 && which > 0 && which != 7) {
       ok = get_num(ctx, key, raw, a, &cfg->sched.min_lr);
-    } else if (strcmp(k, "decay_steps") == 0 && which > 0) {
+    } else if (strcmp(k, "decay_steps") == 0 && which > 0 && which != 5) {
       ok = get_int(ctx, key, raw, a, 0, &cfg->sched.decay_steps);
+    } else if (strcmp(k, "warmup_type") == 0 && ds) {
+      ok = a->kind == PASS_TV_NAME && (strcmp(a->name, "log") == 0 || strcmp(a->name, "linear") == 0);
+      if (!ok) return bad(ctx, key, raw, "log or linear");
+      cfg->sched.warmup_log = strcmp(a->name, "log") == 0;
+    } else if ((strcmp(k, "min_ratio") == 0 || strcmp(k, "cos_min_ratio") == 0) && which == 7) {
+      ok = get_num(ctx, key, raw, a, k[0] == 'm' ? &cfg->sched.min_ratio : &cfg->sched.cos_min_ratio);
     } else {
       ir_error(ctx, ir_no_loc, "train setting 'train.schedule': '%s' has no setting '%s'", v->name,
                k);
@@ -144,6 +163,38 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
     if (!ok) return false;
   }
   return true;
+}
+
+/* DeepSpeed's schedulers: the lr of (0-based) step `step` as DeepSpeed
+ * 0.19's lr_schedules computes it. The scheduler sets the lr when it is
+ * made (iteration -1: warmup_min_lr; WarmupCosineLR 0) and steps after
+ * each optimizer step, so step s runs at iteration s - 1. */
+static double deepspeed_lr(const dsc_train_config *cfg, int64_t step) {
+  const double lr = cfg->opt.lr, min_lr = cfg->sched.min_lr;
+  int64_t W = cfg->sched.warmup < 2 ? 2 : cfg->sched.warmup; /* max(2, warmup_num_steps) */
+  int64_t T = cfg->sched.decay_steps > 0 ? cfg->sched.decay_steps : cfg->steps;
+  int64_t it = step - 1;
+  bool cosine = cfg->sched.kind == DSC_SCHED_WARMUP_COSINE_LR;
+  if (it < 0) return cosine ? 0.0 : min_lr;
+  double warm = cfg->sched.warmup_log ? log((double)(it + 1)) / log((double)W)
+                                      : (double)it / (double)W;
+  if (cosine) {
+    double ratio;
+    if (it < W) {
+      ratio = cfg->sched.min_ratio + warm * (1.0 - cfg->sched.min_ratio);
+    } else {
+      double p = (double)(it - W + 1) / (double)(T - W > 1 ? T - W : 1);
+      if (p > 1) p = 1;
+      double c = cfg->sched.cos_min_ratio;
+      ratio = fmax(0.0, c + (1.0 - c) * (1.0 + cos(3.14159265358979323846 * p)) / 2.0);
+    }
+    return lr * ratio;
+  }
+  double gamma = it < W ? warm
+                 : cfg->sched.kind == DSC_SCHED_WARMUP_LR
+                     ? 1.0
+                     : fmax(0.0, (double)(T - it) / fmax(1.0, (double)(T - W)));
+  return min_lr + (lr - min_lr) * gamma;
 }
 
 int dsc_offload_from_name(const char *name, dsc_offload_tier *out) {
@@ -308,6 +359,7 @@ dsc_status dsc_train_config_from_module(const dsc_module *m, dsc_train_config *c
 }
 
 double dsc_lr_at(const dsc_train_config *cfg, int64_t step) {
+  if (cfg->sched.kind >= DSC_SCHED_WARMUP_LR) return deepspeed_lr(cfg, step < 0 ? 0 : step);
   double lr = cfg->opt.lr, min_lr = cfg->sched.min_lr;
   int64_t warmup = cfg->sched.warmup;
   if (step < 0) step = 0;

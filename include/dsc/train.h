@@ -45,6 +45,12 @@ typedef enum {
   DSC_SCHED_CONSTANT, /* lr (after warmup, if any) */
   DSC_SCHED_COSINE,   /* warmup, then cosine from lr to min_lr at decay_steps */
   DSC_SCHED_LINEAR,   /* warmup, then linear from lr to min_lr at decay_steps */
+  /* DeepSpeed's schedulers, step for step as deepspeed.runtime.lr_schedules
+   * (docs/deepspeed.md): lr is warmup_max_lr, min_lr warmup_min_lr, warmup
+   * warmup_num_steps, decay_steps total_num_steps */
+  DSC_SCHED_WARMUP_LR,        /* WarmupLR: min_lr to lr over warmup, then lr */
+  DSC_SCHED_WARMUP_DECAY_LR,  /* WarmupDecayLR: then linear to 0 at decay_steps */
+  DSC_SCHED_WARMUP_COSINE_LR, /* WarmupCosineLR: ratios of lr, cosine to cos_min_ratio */
 } dsc_schedule_kind;
 typedef enum {
   DSC_PRECISION_F32,  /* everything in f32 (the pass does nothing) */
@@ -94,6 +100,10 @@ typedef struct {
     int64_t warmup;      /* linear warmup steps from 0 */
     double min_lr;
     int64_t decay_steps; /* 0: the run's steps */
+    /* DeepSpeed's schedulers: a log (DeepSpeed's default) or linear warmup,
+     * WarmupCosineLR's warmup_min_ratio and cos_min_ratio */
+    bool warmup_log;
+    double min_ratio, cos_min_ratio;
   } sched;
   dsc_precision precision; /* train.precision: f32 (default), bf16, fp16 */
   /* bf16/fp16 (train.master_weights, --master-weights; default true): the

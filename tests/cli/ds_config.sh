@@ -105,6 +105,36 @@ expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --ranks 2 --batch 2 --zero-stage
   --offload-param disk --offload-dir "$TMP/nvme" --log "$TMP/nvme-flags.jsonl"
 same_curve nvme
 
+# DeepSpeed's schedulers, step for step: the lr each step logs (f32) against
+# DeepSpeed's formulas computed on their own (lib/ds_lr.py), for each
+# scheduler, both warmup types, past the end of the decay
+sched_case() { # NAME SCHEDULER-JSON
+  printf '{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.004}},\n "scheduler": %s}\n' "$2" >"$TMP/$1.json"
+  expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --seq 16 --steps 14 --eval-every 0 --quiet \
+    --deepspeed "$TMP/$1.json" --log "$TMP/$1.jsonl" || return
+  python3 "$(dirname "$0")/lib/ds_lr.py" "$TMP/$1.json" 0.004 14 >"$TMP/$1.want"
+  python3 - "$TMP/$1.jsonl" "$TMP/$1.want" <<'PY' && pass || fail "$1: the lr differs from DeepSpeed's"
+import json, struct, sys
+got = [json.loads(l)["lr"] for l in open(sys.argv[1])]
+want = [float(l) for l in open(sys.argv[2])]
+f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]
+assert len(got) == len(want) == 14, (len(got), len(want))
+for k, (g, w) in enumerate(zip(got, want)):
+    assert abs(g - f32(w)) <= 1e-7 * abs(w) + 1e-12, ("step", k + 1, g, w)
+PY
+}
+sched_case warmup_log '{"type": "WarmupLR", "params": {"warmup_min_lr": 0.0005, "warmup_max_lr": 0.003, "warmup_num_steps": 5}}'
+sched_case warmup_lin '{"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_num_steps": 6, "warmup_type": "linear"}}'
+sched_case decay '{"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0001, "warmup_max_lr": 0.003, "warmup_num_steps": 4, "total_num_steps": 10, "warmup_type": "linear"}}'
+sched_case decay_log '{"type": "WarmupDecayLR", "params": {"warmup_num_steps": 1, "total_num_steps": 12}}'
+sched_case cosine '{"type": "WarmupCosineLR", "params": {"total_num_steps": 11, "warmup_num_steps": 3, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05}}'
+sched_case cosine_lin '{"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_num_steps": 4, "warmup_type": "linear"}}'
+# "auto" (Hugging Face): the max lr is the optimizer's, the total the run's steps
+sched_case decay_auto '{"type": "WarmupDecayLR", "params": {"warmup_max_lr": "auto", "warmup_num_steps": 3, "total_num_steps": "auto"}}'
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/decay.json" --print-config
+expect_grep '^  schedule +warmup_decay_lr\(warmup = 4, min_lr = 0.0001, decay_steps = 10, warmup_type = linear\) +# .*decay.json:2 \(scheduler\)' "$TMP/out"
+expect_grep '^  lr +0.003 +# .*decay.json:2 \(scheduler.params.warmup_max_lr\)' "$TMP/out"
+
 # dsc plan --deepspeed: DeepSpeed's estimators beside the exact plan, for
 # Psi = 120576 (gpt-tiny) and its largest layer wte (256 x 64) at 2 GPUs
 expect_exit 0 "$DSC" plan "$MODEL" --world 2 --deepspeed "$TMP/z3.json" --bytes
@@ -145,6 +175,9 @@ err_case static '{"fp16": {"enabled": true, "loss_scale": 128}}' "fp16 static lo
 err_case both '{"fp16": {"enabled": true}, "bf16": {"enabled": true}}' "ds_config enables both bf16 and fp16"
 err_case device '{"zero_optimization": {"offload_param": {"device": "gpu"}}}' "'zero_optimization.offload_param.device' must be one of \"none\", \"cpu\", \"nvme\", got \"gpu\""
 err_case array '[1, 2]' "a ds_config is a JSON object, got an array"
+err_case sched '{"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}}}' "scheduler WarmupDecayLR needs params.total_num_steps"
+err_case schedtype '{"scheduler": {"type": "StepLR"}}' "scheduler type 'StepLR' is not one dsc implements \\(WarmupLR, WarmupDecayLR, WarmupCosineLR\\)"
+err_case schedkey '{"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lrr": 1}}}' "unknown ds_config key 'scheduler.params.warmup_max_lrr'; did you mean 'warmup_max_lr'\\?"
 expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/none.json" &&
   expect_grep "cannot open .*none.json" "$TMP/err"
 expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed && expect_grep "deepspeed needs a ds_config.json file" "$TMP/err"
@@ -154,12 +187,12 @@ expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed && expect_grep "deep
 cat >"$TMP/warn.json" <<'EOF'
 {"wall_clock_breakdown": true, "tensorboard": {"enabled": false}, "prescale_gradients": false,
  "zero_optimization": {"stage": 2, "overlap_comm": true, "zero_quantized_gradients": true},
- "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}
+ "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001}}}
 EOF
 expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/warn.json" --print-config
 expect_grep "warn.json:1:2: warning: ds_config 'wall_clock_breakdown' is not implemented in dsc yet: --profile" "$TMP/err"
 expect_grep "warning: ds_config 'zero_optimization.overlap_comm' has no effect in dsc: the schedule pass always overlaps" "$TMP/err"
 expect_grep "warning: ds_config 'zero_optimization.zero_quantized_gradients' is not implemented in dsc yet: ZeRO\\+\\+" "$TMP/err"
-expect_grep "warning: ds_config 'scheduler' is not implemented in dsc yet: the model's train.schedule applies" "$TMP/err"
+expect_grep "warning: ds_config scheduler OneCycle is not implemented in dsc yet: the model's train.schedule applies" "$TMP/err"
 grep -q "'tensorboard'\|'prescale_gradients'" "$TMP/err" && fail "a key that is off warned" || pass
 finish
