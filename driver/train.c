@@ -575,6 +575,7 @@ typedef struct {
   const char *train_path, *val_path;
   bool has_val; /* this rank evaluates */
   dsc_backend backend;
+  bool settings_only; /* dsc_trainer_print_config: no data is opened, none is needed */
 } open_state;
 
 static dsc_status check_options(dsc_trainer *t, const dsc_trainer_options *o) {
@@ -671,7 +672,7 @@ static dsc_status open_resume(dsc_trainer *t, open_state *s) {
       return DSC_ERR_USER;
     }
   }
-  if (!s->model_path || !s->prefix) {
+  if (!s->model_path || (!s->prefix && !s->settings_only)) {
     ir_error(ctx, ir_no_loc, "trainer: %s is required",
              !s->model_path ? "a model file" : "a data prefix");
     return DSC_ERR_USER;
@@ -684,7 +685,7 @@ static dsc_status open_resume(dsc_trainer *t, open_state *s) {
 static dsc_status open_program(dsc_trainer *t, open_state *s) {
   dsc_context *ctx = t->ctx;
   t->info.model_path = absolute(&t->arena, s->model_path);
-  t->data_prefix = absolute(&t->arena, s->prefix);
+  t->data_prefix = s->prefix ? absolute(&t->arena, s->prefix) : "";
   if (!t->info.model_path || !t->data_prefix) return oom(ctx);
   dsc_status st;
   if (drv_is_program(s->model_path)) {
@@ -1815,7 +1816,8 @@ dsc_status dsc_trainer_print_config(dsc_context *ctx, const dsc_trainer_options 
                   .T = o->seq,
                   .K = o->grad_accum,
                   .model_path = o->model_path,
-                  .prefix = o->data_prefix};
+                  .prefix = o->data_prefix,
+                  .settings_only = true};
   dsc_status st;
   st = check_options(t, o);
   if (!o->comm && world > 1) t->world = t->info.world = world;

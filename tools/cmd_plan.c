@@ -44,7 +44,10 @@ static const char plan_help[] =
     "                    the ZeRO schedule, as dsc train (they change what is live)\n"
     "  --checkpoint-activations P  none, selective, block, blocks:K or offload, as dsc train\n"
     "  --deepspeed FILE  a DeepSpeed config, as dsc train (its batch triple, optimizer,\n"
-    "                    precision, ZeRO and offload keys; the flags above override it)\n"
+    "                    precision, ZeRO and offload keys; the flags above override it);\n"
+    "                    the table then shows DeepSpeed's memory estimators beside it\n"
+    "  --print-config    print every setting of the plan and where it came from\n"
+    "                    (as dsc train --print-config); no plan\n"
     "  --memory-budget B bytes one rank may use (e.g. 16GiB): says which stages fit;\n"
     "                    exit 1 when none of those planned does\n"
     "  --offload-optimizer T, --offload-param T  none, host or disk, as dsc train:\n"
@@ -424,7 +427,7 @@ int cli_plan(int argc, char **argv) {
   dsc_plan_options o;
   memset(&o, 0, sizeof o);
   o.world = 1;
-  bool json = false;
+  bool json = false, print_config = false;
   cli_auto au;
   memset(&au, 0, sizeof au);
   for (int i = 1; i < argc; i++) {
@@ -437,6 +440,8 @@ int cli_plan(int argc, char **argv) {
       return CLI_EXIT_OK;
     } else if (strcmp(a, "--json") == 0) {
       json = true;
+    } else if (strcmp(a, "--print-config") == 0) {
+      print_config = true;
     } else if (strcmp(a, "--deepspeed") == 0 || strcmp(a, "--config") == 0 ||
                strcmp(a, "--deepspeed_config") == 0) {
       if (!has_val || !argv[i + 1][0])
@@ -493,6 +498,19 @@ int cli_plan(int argc, char **argv) {
     }
   }
   if (!o.model_path) return cli_usage_error("plan", "missing model file"), CLI_EXIT_USER;
+  if (print_config) { /* the settings a plan is of: as dsc train resolves them */
+    dsc_trainer_options to;
+    memset(&to, 0, sizeof to);
+    to.model_path = o.model_path, to.batch = o.batch, to.seq = o.seq, to.grad_accum = o.grad_accum;
+    to.precision = o.precision, to.knobs = o.knobs, to.ds_config = o.ds_config;
+    to.offload_dir = o.offload_dir, to.save_every = to.eval_every = -1;
+    dsc_context *pctx = dsc_context_new(NULL, NULL);
+    if (!pctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
+    dsc_status st = dsc_trainer_print_config(pctx, &to, (int)(o.world > 1 ? o.world : 1), stdout);
+    dsc_diag_print(pctx, stderr);
+    dsc_context_free(pctx);
+    return cli_exit_code(st);
+  }
   o.memory_budget = budget; /* offload auto fits it */
   if (!o.offload_dir) o.offload_dir = au.offload_dir;
   if (au.on) return plan_auto(&o, &au, json);

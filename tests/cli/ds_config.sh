@@ -67,6 +67,14 @@ expect_grep '^  precision +bf16 +# .*z3.json:5 \(bf16.enabled\)' "$TMP/out"
 expect_grep '^  steps +3 +# flag --steps' "$TMP/out"
 expect_grep '^  schedule +cosine.* # the model.s train section' "$TMP/out"
 
+# --print-config needs no data, and dsc plan prints the same settings
+expect_exit 0 "$DSC" train "$MODEL" --ranks 2 --deepspeed "$TMP/z3.json" --print-config
+expect_grep '^  zero.stage +3 +# .*z3.json:6 \(zero_optimization.stage\)' "$TMP/out"
+expect_exit 0 "$DSC" plan "$MODEL" --world 2 --deepspeed "$TMP/z3.json" --print-config --batch 4
+expect_grep '^settings of .*gpt-tiny.dsm \(ds_config .*z3.json\), rank 0 of 2:' "$TMP/out"
+expect_grep '^  zero.stage +3 +# .*z3.json:6 \(zero_optimization.stage\)' "$TMP/out"
+expect_grep '^  batch +4 +# flag --batch' "$TMP/out"
+
 # 3. fp16 with dynamic loss scaling and ZeRO-2 (the fp16 keys are train settings too)
 cat >"$TMP/fp16.json" <<'EOF'
 {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
