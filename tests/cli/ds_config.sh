@@ -186,6 +186,26 @@ err_case array '[1, 2]' "a ds_config is a JSON object, got an array"
 err_case sched '{"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}}}' "scheduler WarmupDecayLR needs params.total_num_steps"
 err_case schedtype '{"scheduler": {"type": "StepLR"}}' "scheduler type 'StepLR' is not one dsc implements \\(WarmupLR, WarmupDecayLR, WarmupCosineLR\\)"
 err_case schedkey '{"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lrr": 1}}}' "unknown ds_config key 'scheduler.params.warmup_max_lrr'; did you mean 'warmup_max_lr'\\?"
+err_case optobj '{"optimizer": "AdamW"}' "ds_config 'optimizer' must be an object, got \"AdamW\" \\(a string\\)"
+err_case opttype '{"optimizer": {"params": {"lr": 0.1}}}' "ds_config 'optimizer' needs a \"type\" \\(Adam, AdamW, SGD or Muon\\)"
+err_case bias '{"optimizer": {"type": "Adam", "params": {"bias_correction": false}}}' "Adam without bias correction is not implemented in dsc"
+err_case sgdbetas '{"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}}' "ds_config optimizer SGD has no betas or eps"
+err_case adammom '{"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}}' "ds_config optimizer AdamW has no momentum \\(it has betas\\)"
+err_case adamnest '{"optimizer": {"type": "AdamW", "params": {"nesterov": true}}}' "ds_config optimizer AdamW has no nesterov"
+err_case betas '{"optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}}' "'optimizer.params.betas' must be an array of two numbers in \\[0, 1\\)"
+err_case schedtype2 '{"scheduler": {"params": {}}}' "ds_config 'scheduler' needs a \"type\""
+err_case lbi '{"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 5}}}' "last_batch_iteration other than -1 is not implemented"
+err_case wtype '{"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}}' "'scheduler.params.warmup_type' must be \"log\" or \"linear\""
+err_case costotal '{"scheduler": {"type": "WarmupCosineLR", "params": {}}}' "scheduler WarmupCosineLR needs params.total_num_steps"
+err_case nvme '{"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": ""}}}' "'zero_optimization.offload_param.nvme_path' must be a directory path"
+err_case steps '{"steps_per_print": 0}' "ds_config 'steps_per_print' must be an integer >= 1"
+# a .dsx holds its settings compiled in
+if "$DSC" compile "$MODEL" --batch 2 --seq 16 -o "$TMP/tiny.dsx" >/dev/null 2>&1; then
+  expect_exit 1 "$DSC" train "$TMP/tiny.dsx" "${RUN[@]}" --deepspeed "$TMP/batch.json" &&
+    expect_grep "a .dsx program holds its settings compiled in; --deepspeed applies to a model file" "$TMP/err"
+fi
+expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP" &&
+  expect_grep "is a directory|not a regular file" "$TMP/err"
 expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/none.json" &&
   expect_grep "cannot open .*none.json" "$TMP/err"
 expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed && expect_grep "deepspeed needs a ds_config.json file" "$TMP/err"
