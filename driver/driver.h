@@ -80,6 +80,7 @@ typedef struct {
   const char *value; /* in the train section's syntax: "3" */
   const char *from;  /* the ds_config key it came from: "zero_optimization.stage" */
   dsc_loc loc;       /* that key's place in the file */
+  bool elements;     /* value is DeepSpeed's element count: bytes when applied */
 } drv_ds_setting;
 typedef struct {
   bool given;

@@ -11,15 +11,16 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
 #include "driver/driver.h"
 #include "frontend/frontend.h"
+#include "passes/passes.h"
 
 /* ---------------------------------------------------- where keys are */
 
@@ -74,7 +75,7 @@ static void index_keys(ds_reader *r) {
       scan_string(&s, buf, sizeof buf, &col);
       const char *t = s;
       while (*t == ' ' || *t == '\t' || *t == '\r' || *t == '\n') t++;
-      if (expect_key && *t == ':' && depth > 0 && is_obj[depth - 1]) {
+      if (expect_key && *t == ':' && depth > 0 && depth <= 16 && is_obj[depth - 1]) {
         snprintf(last, sizeof last, "%s", buf);
         if (ir_grow(r->arena, (void **)&r->pos, &r->cap_pos, r->n_pos + 1, sizeof(key_pos))) {
           key_pos *p = &r->pos[r->n_pos++];
@@ -86,23 +87,27 @@ static void index_keys(ds_reader *r) {
       }
       continue;
     }
-    if ((c == '{' || c == '[') && depth < 15) {
-      /* an object value's path is its key's; array items keep the array's */
-      char here[160];
-      const char *parent = depth > 0 ? stack[depth - 1] : "";
-      if (depth > 0 && is_obj[depth - 1] && *last)
-        snprintf(here, sizeof here, "%s%s%s", parent, *parent ? "." : "", last);
-      else
-        snprintf(here, sizeof here, "%s", parent);
-      memcpy(stack[depth], here, sizeof here);
-      is_obj[depth++] = c == '{';
+    if (c == '{' || c == '[') {
+      /* an object value's path is its key's; array items keep the array's;
+       * past 16 levels keys get no place (depth still counts) */
+      if (depth < 16) {
+        char here[160];
+        const char *parent = depth > 0 ? stack[depth - 1] : "";
+        if (depth > 0 && is_obj[depth - 1] && *last)
+          snprintf(here, sizeof here, "%s%s%s", parent, *parent ? "." : "", last);
+        else
+          snprintf(here, sizeof here, "%s", parent);
+        memcpy(stack[depth], here, sizeof here);
+        is_obj[depth] = c == '{';
+      }
+      depth++;
       expect_key = c == '{';
       last[0] = 0;
     } else if ((c == '}' || c == ']') && depth > 0) {
       depth--;
       last[0] = 0;
     } else if (c == ',') {
-      expect_key = depth > 0 && is_obj[depth - 1];
+      expect_key = depth > 0 && depth <= 16 && is_obj[depth - 1];
       last[0] = 0;
     }
     s++, col++;
@@ -173,32 +178,41 @@ static const char *fmt_num(ds_reader *r, double x) {
   return ir_arena_strdup(r->arena, b);
 }
 
-/* A train setting from key `path`. */
-static void put(ds_reader *r, const char *path, const char *key, const char *fmt, ...)
+/* A train setting from key `path` (NULL, reported, when out of memory). */
+static drv_ds_setting *put(ds_reader *r, const char *path, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static void put(ds_reader *r, const char *path, const char *key, const char *fmt, ...) {
+static drv_ds_setting *put(ds_reader *r, const char *path, const char *key, const char *fmt, ...) {
   drv_ds_config *o = r->out;
   char value[512];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(value, sizeof value, fmt, ap);
   va_end(ap);
-  for (int i = 0; i < o->n; i++)
-    if (strcmp(o->set[i].key, key) == 0) { /* a later key of the same setting wins */
-      o->set[i].value = ir_arena_strdup(r->arena, value);
-      o->set[i].from = ir_arena_strdup(r->arena, path);
-      o->set[i].loc = key_loc(r, path);
-      return;
+  drv_ds_setting *s = NULL;
+  for (int i = 0; i < o->n && !s; i++)
+    if (strcmp(o->set[i].key, key) == 0) s = &o->set[i]; /* a later key of the same setting wins */
+  if (!s) {
+    if (!ir_grow(r->arena, (void **)&o->set, &o->cap, o->n + 1, sizeof(drv_ds_setting))) {
+      err(r, path, "out of memory reading the ds_config");
+      return NULL;
     }
-  if (!ir_grow(r->arena, (void **)&o->set, &o->cap, o->n + 1, sizeof(drv_ds_setting))) {
-    r->failed = true;
-    return;
+    s = &o->set[o->n++];
+    s->key = key;
   }
-  drv_ds_setting *s = &o->set[o->n++];
-  s->key = key;
   s->value = ir_arena_strdup(r->arena, value);
   s->from = ir_arena_strdup(r->arena, path);
   s->loc = key_loc(r, path);
+  s->elements = false;
+  if (!s->value || !s->from) err(r, path, "out of memory reading the ds_config");
+  return s;
+}
+
+/* A byte-count setting DeepSpeed gives in elements: scaled when applied by
+ * the bytes of the gradients (bucket) or params (prefetch) the module
+ * then holds, 2 with bf16/fp16 master weights, else 4. */
+static void put_elements(ds_reader *r, const char *path, const char *key, int64_t n) {
+  drv_ds_setting *s = put(r, path, key, "%" PRId64, n);
+  if (s) s->elements = true;
 }
 
 static void note_auto(ds_reader *r, const char *path, const char *what) {
@@ -210,7 +224,8 @@ static void note_auto(ds_reader *r, const char *path, const char *what) {
   }
 }
 
-/* An integer >= min; "auto" (*set false) leaves it to the model and flags. */
+/* An integer >= min into *out; false (nothing stored) for a bad value,
+ * reported, and for "auto" where auto_what says what decides instead. */
 static bool get_int(ds_reader *r, const char *path, const cJSON *v, int64_t min, int64_t *out,
                     const char *auto_what) {
   if (auto_what && is_auto(v)) return note_auto(r, path, auto_what), false;
@@ -272,7 +287,7 @@ static bool is_off(const cJSON *v) {
 }
 
 /* Warns about, or refuses, each key of object `obj` (at `parent`) that is
- * not a K_MAPPED one of keys[]; true when every key is known. */
+ * not a K_MAPPED one of keys[]. */
 static void check_keys(ds_reader *r, const cJSON *obj, const char *parent, const known_key *keys,
                        int n) {
   const char *names[96];
@@ -299,28 +314,31 @@ static void check_keys(ds_reader *r, const cJSON *obj, const char *parent, const
   }
 }
 
-
 static bool want_object(ds_reader *r, const char *path, const cJSON *v) {
   if (cJSON_IsObject(v)) return true;
   bad_type(r, path, v, "an object");
   return false;
 }
 
-/* One optimizer param: absent (DeepSpeed's default), "auto" (the model's
- * value) or given. */
-static void opt_field(ds_reader *r, const cJSON *params, const char *name, drv_ds_opt_field *f,
-                      bool fraction) {
+typedef enum { F_NUM, F_FRACTION, F_COUNT } field_kind; /* >= 0, in [0, 1), an integer >= 1 */
+
+/* One optimizer or scheduler param `name` of object `params` (at `parent`):
+ * absent (DeepSpeed's default), "auto" (the model's value) or given. */
+static void ds_field(ds_reader *r, const cJSON *params, const char *parent, const char *name,
+                     drv_ds_opt_field *f, field_kind kind) {
   const cJSON *v = member(params, name);
-  const char *path = ir_arena_printf(r->arena, "optimizer.params.%s", name);
   if (!v) return;
+  const char *path = ir_arena_printf(r->arena, "%s.%s", parent, name);
   if (is_auto(v)) {
     f->state = DRV_DS_AUTO;
     note_auto(r, path, "the model's value");
     return;
   }
   double x;
-  if (!get_num(r, path, v, &x, NULL)) return;
-  if (fraction && !(x < 1)) {
+  int64_t i;
+  if (kind == F_COUNT ? !get_int(r, path, v, 1, &i, NULL) : !get_num(r, path, v, &x, NULL)) return;
+  if (kind == F_COUNT) x = (double)i;
+  if (kind == F_FRACTION && !(x < 1)) {
     bad_type(r, path, v, "a number in [0, 1)");
     return;
   }
@@ -376,10 +394,10 @@ static void read_optimizer(ds_reader *r, const cJSON *o) {
   bool adam_w = true;
   if (params && want_object(r, "optimizer.params", params)) {
     check_keys(r, params, "optimizer.params", pkeys, (int)(sizeof pkeys / sizeof pkeys[0]));
-    opt_field(r, params, "lr", &op->lr, false);
-    opt_field(r, params, "weight_decay", &op->weight_decay, false);
-    opt_field(r, params, "eps", &op->eps, false);
-    opt_field(r, params, "momentum", &op->momentum, true);
+    ds_field(r, params, "optimizer.params", "lr", &op->lr, F_NUM);
+    ds_field(r, params, "optimizer.params", "weight_decay", &op->weight_decay, F_NUM);
+    ds_field(r, params, "optimizer.params", "eps", &op->eps, F_NUM);
+    ds_field(r, params, "optimizer.params", "momentum", &op->momentum, F_FRACTION);
     const cJSON *v = member(params, "betas");
     if (v && is_auto(v)) {
       op->beta1.state = op->beta2.state = DRV_DS_AUTO;
@@ -415,11 +433,11 @@ static void read_optimizer(ds_reader *r, const cJSON *o) {
         "implemented in dsc; use adam_w_mode true (decoupled weight decay, DeepSpeed's default)");
   op->given = true;
   /* where --print-config says the three settings come from ("auto": the model) */
-  op->src[0] = (drv_ds_setting){"optimizer", NULL, "optimizer", op->loc};
+  op->src[0] = (drv_ds_setting){.key = "optimizer", .from = "optimizer", .loc = op->loc};
   if (op->lr.state != DRV_DS_AUTO)
-    op->src[1] = (drv_ds_setting){"lr", NULL, "optimizer.params.lr", op->loc};
+    op->src[1] = (drv_ds_setting){.key = "lr", .from = "optimizer.params.lr", .loc = op->loc};
   if (op->weight_decay.state != DRV_DS_AUTO)
-    op->src[2] = (drv_ds_setting){"weight_decay", NULL, "optimizer.params.weight_decay", op->loc};
+    op->src[2] = (drv_ds_setting){.key = "weight_decay", .from = "optimizer.params.weight_decay", .loc = op->loc};
 }
 
 /* "scheduler": DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR with
@@ -474,31 +492,13 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
   if (decay || cosine) pkeys[np++] = (known_key){"total_num_steps", K_MAPPED, NULL};
   if (params && want_object(r, "scheduler.params", params)) {
     check_keys(r, params, "scheduler.params", pkeys, np);
-    static const struct {
-      const char *name;
-      size_t off;
-      bool integer;
-    } fields[] = {{"warmup_min_lr", offsetof(drv_ds_sched, min_lr), false},
-                  {"warmup_max_lr", offsetof(drv_ds_sched, max_lr), false},
-                  {"warmup_num_steps", offsetof(drv_ds_sched, warmup), true},
-                  {"total_num_steps", offsetof(drv_ds_sched, total), true},
-                  {"warmup_min_ratio", offsetof(drv_ds_sched, min_ratio), false},
-                  {"cos_min_ratio", offsetof(drv_ds_sched, cos_min_ratio), false}};
-    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
-      const cJSON *v = member(params, fields[f].name);
-      if (!v) continue;
-      drv_ds_opt_field *dst = (drv_ds_opt_field *)((char *)sc + fields[f].off);
-      const char *path = ir_arena_printf(r->arena, "scheduler.params.%s", fields[f].name);
-      if (is_auto(v)) {
-        dst->state = DRV_DS_AUTO;
-        note_auto(r, path, "the model's value");
-        continue;
-      }
-      int64_t i;
-      double x;
-      if (fields[f].integer ? get_int(r, path, v, 1, &i, NULL) : get_num(r, path, v, &x, NULL))
-        dst->state = DRV_DS_GIVEN, dst->v = fields[f].integer ? (double)i : x;
-    }
+    static const char *const P = "scheduler.params";
+    ds_field(r, params, P, "warmup_min_lr", &sc->min_lr, F_NUM);
+    ds_field(r, params, P, "warmup_max_lr", &sc->max_lr, F_NUM);
+    ds_field(r, params, P, "warmup_num_steps", &sc->warmup, F_COUNT);
+    ds_field(r, params, P, "total_num_steps", &sc->total, F_COUNT);
+    ds_field(r, params, P, "warmup_min_ratio", &sc->min_ratio, F_NUM);
+    ds_field(r, params, P, "cos_min_ratio", &sc->cos_min_ratio, F_NUM);
     const cJSON *v = member(params, "warmup_type");
     if (v) {
       if (!cJSON_IsString(v) || (strcmp(v->valuestring, "log") != 0 && strcmp(v->valuestring, "linear") != 0))
@@ -517,9 +517,9 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
   if (cosine && sc->total.state == DRV_DS_ABSENT)
     err(r, "scheduler", "ds_config scheduler WarmupCosineLR needs params.total_num_steps (or \"auto\": the run's steps)");
   sc->given = true;
-  r->out->sched_src = (drv_ds_setting){"schedule", NULL, "scheduler", sc->loc};
+  r->out->sched_src = (drv_ds_setting){.key = "schedule", .from = "scheduler", .loc = sc->loc};
   if (!cosine && sc->max_lr.state != DRV_DS_AUTO)
-    r->out->sched_lr_src = (drv_ds_setting){"lr", NULL, "scheduler.params.warmup_max_lr", sc->loc};
+    r->out->sched_lr_src = (drv_ds_setting){.key = "lr", .from = "scheduler.params.warmup_max_lr", .loc = sc->loc};
 }
 
 static void read_precision(ds_reader *r, const cJSON *root) {
@@ -562,22 +562,13 @@ static void read_precision(ds_reader *r, const cJSON *root) {
     for (int k = 0; k < 3; k++)
       if ((v = member(f, ints[k]))) {
         const char *path = ir_arena_printf(r->arena, "fp16.%s", ints[k]);
-        if (get_int(r, path, v, k ? 1 : 0, &i, "dsc's default"))
-          put(r, path, ir_arena_printf(r->arena, "fp16.%s", ints[k]), "%" PRId64, i);
+        if (get_int(r, path, v, k ? 1 : 0, &i, "dsc's default")) put(r, path, path, "%" PRId64, i);
       }
     double mls;
     if ((v = member(f, "min_loss_scale")) && get_num(r, "fp16.min_loss_scale", v, &mls, "dsc's default"))
       put(r, "fp16.min_loss_scale", "fp16.min_loss_scale", "%s", fmt_num(r, mls));
   }
   if (bf && fp) err(r, "fp16.enabled", "ds_config enables both bf16 and fp16; enable one");
-}
-
-/* DeepSpeed counts buckets in elements; dsc in bytes (the gradients' or
- * params' dtype: 2 with bf16/fp16 master weights, else 4). */
-static int elem_bytes(const cJSON *root) {
-  const cJSON *b = member(member(root, "bf16"), "enabled"), *b2 = member(member(root, "bfloat16"), "enabled"),
-              *f = member(member(root, "fp16"), "enabled");
-  return cJSON_IsTrue(b) || cJSON_IsTrue(b2) || cJSON_IsTrue(f) ? 2 : 4;
 }
 
 static void read_offload(ds_reader *r, const cJSON *o, const char *name, const char *key) {
@@ -611,7 +602,7 @@ static void read_offload(ds_reader *r, const cJSON *o, const char *name, const c
   }
 }
 
-static void read_zero(ds_reader *r, const cJSON *root, const cJSON *z) {
+static void read_zero(ds_reader *r, const cJSON *z) {
   static const known_key keys[] = {
       {"stage", K_MAPPED, NULL},
       {"reduce_bucket_size", K_MAPPED, NULL},
@@ -643,17 +634,16 @@ static void read_zero(ds_reader *r, const cJSON *root, const cJSON *z) {
   check_keys(r, z, "zero_optimization", keys, (int)(sizeof keys / sizeof keys[0]));
   const cJSON *v;
   int64_t i;
-  int eb = elem_bytes(root);
   if ((v = member(z, "stage")) && get_int(r, "zero_optimization.stage", v, 0, &i, "the model's stage")) {
     if (i > 3) err(r, "zero_optimization.stage", "ds_config zero_optimization.stage must be 0, 1, 2 or 3, got %" PRId64, i);
     else put(r, "zero_optimization.stage", "zero.stage", "%" PRId64, i);
   }
   if ((v = member(z, "reduce_bucket_size")) &&
       get_int(r, "zero_optimization.reduce_bucket_size", v, 0, &i, "dsc's bucket size"))
-    put(r, "zero_optimization.reduce_bucket_size", "zero.bucket_bytes", "%" PRId64, i * eb);
+    put_elements(r, "zero_optimization.reduce_bucket_size", "zero.bucket_bytes", i);
   if ((v = member(z, "stage3_prefetch_bucket_size")) &&
       get_int(r, "zero_optimization.stage3_prefetch_bucket_size", v, 0, &i, "dsc's prefetch size"))
-    put(r, "zero_optimization.stage3_prefetch_bucket_size", "zero.prefetch_bytes", "%" PRId64, i * eb);
+    put_elements(r, "zero_optimization.stage3_prefetch_bucket_size", "zero.prefetch_bytes", i);
   if ((v = member(z, "stage3_param_persistence_threshold")) &&
       get_int(r, "zero_optimization.stage3_param_persistence_threshold", v, 0, &i, "dsc's threshold"))
     put(r, "zero_optimization.stage3_param_persistence_threshold", "zero.persist_threshold", "%" PRId64, i);
@@ -696,25 +686,30 @@ static void read_batch(ds_reader *r, const cJSON *root) {
   }
 }
 
-/* The file's text (NUL-terminated, malloc'd), at most 16 MiB. */
+/* The file's text (NUL-terminated, malloc'd), a regular file of at most
+ * 16 MiB (opened as the frontend opens model files). */
 static dsc_status read_all(dsc_context *ctx, const char *path, char **text, size_t *len) {
   dsc_loc loc = {path, 0, 0};
   FILE *f = fe_open_regular(ctx, path, loc, "open");
   if (!f) return DSC_ERR_USER;
-  size_t cap = 1 << 24, n = 0;
-  char *buf = malloc(cap + 1);
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0 || sb.st_size > (1 << 24)) {
+    fclose(f);
+    ir_error(ctx, loc, "'%s' is too large for a ds_config (more than 16 MiB)", path);
+    return DSC_ERR_USER;
+  }
+  size_t n = (size_t)sb.st_size;
+  char *buf = malloc(n + 1);
   if (!buf) {
     fclose(f);
     ir_error(ctx, loc, "out of memory reading '%s'", path);
     return DSC_ERR_INTERNAL;
   }
-  n = fread(buf, 1, cap, f);
-  bool bad = ferror(f) != 0, big = n == cap && fgetc(f) != EOF;
+  bool ok = fread(buf, 1, n, f) == n && !ferror(f);
   fclose(f);
-  if (bad || big) {
+  if (!ok) {
     free(buf);
-    ir_error(ctx, loc, big ? "'%s' is too large for a ds_config (more than 16 MiB)" : "cannot read '%s'",
-             path);
+    ir_error(ctx, loc, "cannot read '%s'", path);
     return DSC_ERR_USER;
   }
   buf[n] = 0;
@@ -808,7 +803,7 @@ dsc_status drv_ds_config_read(dsc_context *ctx, const char *path, ir_arena *aren
   if ((v = member(root, "gradient_clipping")) && get_num(&r, "gradient_clipping", v, &clip, "the model's clip"))
     put(&r, "gradient_clipping", "clip", "%s", fmt_num(&r, clip));
   read_precision(&r, root);
-  if ((v = member(root, "zero_optimization"))) read_zero(&r, root, v);
+  if ((v = member(root, "zero_optimization"))) read_zero(&r, v);
   if ((v = member(root, "activation_checkpointing"))) read_remat(&r, v);
   int64_t i;
   if ((v = member(root, "steps_per_print")) && get_int(&r, "steps_per_print", v, 1, &i, "the model's log_every"))
@@ -832,18 +827,19 @@ dsc_status drv_ds_config_batch(dsc_context *ctx, const drv_ds_config *c, int64_t
     return DSC_OK;
   }
   if (m > 0 && a > 0) {
-    if (m * a * w != g) {
+    int64_t ma, maw;
+    if (__builtin_mul_overflow(m, a, &ma) || __builtin_mul_overflow(ma, w, &maw) || maw != g) {
       ir_error(ctx, at,
                "%s: train_batch_size %" PRId64 " is not train_micro_batch_size_per_gpu %" PRId64
-               " x gradient_accumulation_steps %" PRId64 " x world %" PRId64 " = %" PRId64
+               " x gradient_accumulation_steps %" PRId64 " x world %" PRId64 " = %.17g"
                " (DeepSpeed's rule)",
-               c->path, g, m, a, w, m * a * w);
+               c->path, g, m, a, w, (double)m * (double)a * (double)w);
       return DSC_ERR_USER;
     }
     return DSC_OK;
   }
-  int64_t known = m > 0 ? m : a > 0 ? a : 1, per = known * w;
-  if (g % per != 0) {
+  int64_t known = m > 0 ? m : a > 0 ? a : 1, per;
+  if (__builtin_mul_overflow(known, w, &per) || g % per != 0) {
     ir_error(ctx, at,
              "%s: train_batch_size %" PRId64 " is not divisible by %s %" PRId64 " x world %" PRId64
              " = %" PRId64,
@@ -863,39 +859,42 @@ static double field(const drv_ds_opt_field *f, double model, double deepspeed) {
   return f->state == DRV_DS_GIVEN ? f->v : f->state == DRV_DS_AUTO ? model : deepspeed;
 }
 
+static dsc_status set_meta(dsc_context *ctx, dsc_module *m, const char *key, const char *value,
+                           dsc_loc loc) {
+  if (dsc_module_set_meta(m, key, value) == DSC_OK) return DSC_OK;
+  ir_error(ctx, loc, "out of memory");
+  return DSC_ERR_INTERNAL;
+}
+
 /* The optimizer as a train setting: DeepSpeed's defaults for what the file
  * leaves out (FusedAdam's lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight
- * decay 0; torch SGD's momentum 0), the model's values for "auto". */
+ * decay 0; torch SGD's momentum 0; Muon's 0.95), the model's values for
+ * "auto". lr and weight_decay also at the top level: a train section's
+ * top-level lr would override the optimizer's. */
 static dsc_status apply_optimizer(dsc_context *ctx, const drv_ds_config *c, dsc_module *m) {
   const drv_ds_opt *o = &c->opt;
-  dsc_train_config base;
+  dsc_train_config base, cfg;
   dsc_status st = dsc_train_config_from_module(m, &base);
   if (st != DSC_OK) return st;
-  char lr[40], wd[40], x[3][40], val[400];
-  ir_format_double(field(&o->lr, base.opt.lr, 1e-3), lr, sizeof lr);
-  ir_format_double(field(&o->weight_decay, base.opt.weight_decay, 0), wd, sizeof wd);
-  if (o->kind == DSC_OPT_SGD || o->kind == DSC_OPT_MUON) {
-    bool same = o->kind == base.opt.kind; /* "auto" momentum: the model's, if it has one */
-    ir_format_double(field(&o->momentum, same ? base.opt.momentum : 0, o->kind == DSC_OPT_SGD ? 0 : 0.95),
-                     x[0], sizeof x[0]);
-    snprintf(val, sizeof val, "%s(lr = %s, momentum = %s, nesterov = %s, weight_decay = %s)",
-             o->kind == DSC_OPT_SGD ? "sgd" : "muon", lr, x[0], o->nesterov ? "true" : "false", wd);
-  } else {
-    ir_format_double(field(&o->beta1, base.opt.beta1, 0.9), x[0], sizeof x[0]);
-    ir_format_double(field(&o->beta2, base.opt.beta2, 0.999), x[1], sizeof x[1]);
-    ir_format_double(field(&o->eps, base.opt.eps, 1e-8), x[2], sizeof x[2]);
-    snprintf(val, sizeof val, "adamw(lr = %s, betas = (%s, %s), eps = %s, weight_decay = %s)", lr,
-             x[0], x[1], x[2], wd);
-  }
-  /* lr and weight_decay also at the top level: a train section's top-level
-   * lr would override the optimizer's */
-  if (dsc_module_set_meta(m, "train.optimizer", val) != DSC_OK ||
-      dsc_module_set_meta(m, "train.lr", lr) != DSC_OK ||
-      dsc_module_set_meta(m, "train.weight_decay", wd) != DSC_OK) {
-    ir_error(ctx, o->loc, "out of memory");
-    return DSC_ERR_INTERNAL;
-  }
-  return DSC_OK;
+  cfg = base;
+  cfg.opt.kind = o->kind;
+  cfg.opt.lr = field(&o->lr, base.opt.lr, 1e-3);
+  cfg.opt.weight_decay = field(&o->weight_decay, base.opt.weight_decay, 0);
+  cfg.opt.beta1 = field(&o->beta1, base.opt.beta1, 0.9);
+  cfg.opt.beta2 = field(&o->beta2, base.opt.beta2, 0.999);
+  cfg.opt.eps = field(&o->eps, base.opt.eps, 1e-8);
+  bool same = o->kind == base.opt.kind; /* "auto" momentum: the model's, if it has one */
+  cfg.opt.momentum = field(&o->momentum, same ? base.opt.momentum : 0, o->kind == DSC_OPT_MUON ? 0.95 : 0);
+  cfg.opt.nesterov = o->nesterov;
+  cfg.opt.decay_1d = false, cfg.opt.adam_lr = 0; /* not DeepSpeed's settings */
+  char val[400], lr[40], wd[40];
+  pass_format_optimizer(&cfg, val, sizeof val);
+  ir_format_double(cfg.opt.lr, lr, sizeof lr);
+  ir_format_double(cfg.opt.weight_decay, wd, sizeof wd);
+  if ((st = set_meta(ctx, m, "train.optimizer", val, o->loc)) != DSC_OK ||
+      (st = set_meta(ctx, m, "train.lr", lr, o->loc)) != DSC_OK)
+    return st;
+  return set_meta(ctx, m, "train.weight_decay", wd, o->loc);
 }
 
 /* The scheduler as a train setting, DeepSpeed's defaults for what the file
@@ -904,38 +903,24 @@ static dsc_status apply_optimizer(dsc_context *ctx, const drv_ds_config *c, dsc_
  * WarmupLR's and WarmupDecayLR's warmup_max_lr is the lr. */
 static dsc_status apply_scheduler(dsc_context *ctx, const drv_ds_config *c, dsc_module *m) {
   const drv_ds_sched *s = &c->sched;
-  dsc_train_config base; /* the train section and the file's optimizer */
+  dsc_train_config base, cfg; /* the train section and the file's optimizer */
   dsc_status st = dsc_train_config_from_module(m, &base);
   if (st != DSC_OK) return st;
-  char x[4][40], val[400], lr[40];
-  int64_t warmup = (int64_t)field(&s->warmup, (double)base.sched.warmup, 1000);
-  int64_t total = (int64_t)field(&s->total, (double)base.sched.decay_steps, 0);
-  const char *type = s->linear ? "linear" : "log";
-  if (s->kind == DSC_SCHED_WARMUP_COSINE_LR) {
-    ir_format_double(field(&s->min_ratio, base.sched.min_ratio, 0), x[0], sizeof x[0]);
-    ir_format_double(field(&s->cos_min_ratio, base.sched.cos_min_ratio, 1e-4), x[1], sizeof x[1]);
-    snprintf(val, sizeof val,
-             "warmup_cosine_lr(warmup = %" PRId64 ", decay_steps = %" PRId64
-             ", warmup_type = %s, min_ratio = %s, cos_min_ratio = %s)",
-             warmup, total, type, x[0], x[1]);
-  } else {
-    ir_format_double(field(&s->min_lr, base.sched.min_lr, 0), x[0], sizeof x[0]);
-    if (s->kind == DSC_SCHED_WARMUP_LR)
-      snprintf(val, sizeof val, "warmup_lr(warmup = %" PRId64 ", min_lr = %s, warmup_type = %s)",
-               warmup, x[0], type);
-    else
-      snprintf(val, sizeof val,
-               "warmup_decay_lr(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64
-               ", warmup_type = %s)",
-               warmup, x[0], total, type);
+  cfg = base;
+  cfg.sched.kind = s->kind;
+  cfg.sched.warmup = (int64_t)field(&s->warmup, (double)base.sched.warmup, 1000);
+  cfg.sched.decay_steps = (int64_t)field(&s->total, (double)base.sched.decay_steps, 0);
+  cfg.sched.warmup_log = !s->linear;
+  cfg.sched.min_lr = field(&s->min_lr, base.sched.min_lr, 0);
+  cfg.sched.min_ratio = field(&s->min_ratio, base.sched.min_ratio, 0);
+  cfg.sched.cos_min_ratio = field(&s->cos_min_ratio, base.sched.cos_min_ratio, 1e-4);
+  char val[400], lr[40];
+  pass_format_schedule(&cfg, val, sizeof val);
+  if (s->kind != DSC_SCHED_WARMUP_COSINE_LR) {
     ir_format_double(field(&s->max_lr, base.opt.lr, 1e-3), lr, sizeof lr);
-    if (dsc_module_set_meta(m, "train.lr", lr) != DSC_OK) return DSC_ERR_INTERNAL;
+    if ((st = set_meta(ctx, m, "train.lr", lr, s->loc)) != DSC_OK) return st;
   }
-  if (dsc_module_set_meta(m, "train.schedule", val) != DSC_OK) {
-    ir_error(ctx, s->loc, "out of memory");
-    return DSC_ERR_INTERNAL;
-  }
-  return DSC_OK;
+  return set_meta(ctx, m, "train.schedule", val, s->loc);
 }
 
 dsc_status drv_ds_config_apply(dsc_context *ctx, const drv_ds_config *c, dsc_module *m) {
@@ -947,12 +932,28 @@ dsc_status drv_ds_config_apply(dsc_context *ctx, const drv_ds_config *c, dsc_mod
     dsc_status st = apply_scheduler(ctx, c, m);
     if (st != DSC_OK) return st;
   }
-  for (int i = 0; i < c->n; i++) {
-    char key[96];
-    snprintf(key, sizeof key, "train.%s", c->set[i].key);
-    if (dsc_module_set_meta(m, key, c->set[i].value) != DSC_OK) {
-      ir_error(ctx, c->set[i].loc, "out of memory");
-      return DSC_ERR_INTERNAL;
+  /* the settings as given; then DeepSpeed's element counts in the bytes of
+   * the precision they set (with the train section's) */
+  int64_t elem_bytes = 4;
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1) {
+      dsc_train_config cfg;
+      dsc_status st = dsc_train_config_from_module(m, &cfg);
+      if (st != DSC_OK) return st;
+      if (cfg.precision != DSC_PRECISION_F32 && cfg.master_weights) elem_bytes = 2;
+    }
+    for (int i = 0; i < c->n; i++) {
+      const drv_ds_setting *d = &c->set[i];
+      if (d->elements != (pass == 1)) continue;
+      char key[96], bytes[32];
+      snprintf(key, sizeof key, "train.%s", d->key);
+      const char *value = d->value;
+      if (d->elements) {
+        snprintf(bytes, sizeof bytes, "%" PRId64, (int64_t)strtoll(d->value, NULL, 10) * elem_bytes);
+        value = bytes;
+      }
+      dsc_status st = set_meta(ctx, m, key, value, d->loc);
+      if (st != DSC_OK) return st;
     }
   }
   return DSC_OK;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "driver/driver.h"
+#include "passes/passes.h"
 
 dsc_status dsc_make_logits_graph(dsc_graph *g) {
   dsc_context *ctx = dsc_module_context(dsc_graph_module(g));
@@ -1167,33 +1168,55 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
   return DSC_OK;
 }
 
-static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *opts) {
-  dsc_trainer_options oc = *opts, *o = &oc; /* the ds_config may fill offload_dir */
+/* The steps up to the resolved settings: what dsc_trainer_print_config
+ * shows and every later step builds on. o may get the ds_config's
+ * offload_dir. */
+static open_state open_begin(dsc_trainer_options *o, bool settings_only) {
   open_state s = {.o = o,
                   .B = o->batch,
                   .T = o->seq,
                   .K = o->grad_accum,
                   .model_path = o->model_path,
-                  .prefix = o->data_prefix};
+                  .prefix = o->data_prefix,
+                  .settings_only = settings_only};
+  return s;
+}
+
+static dsc_status open_settings(dsc_trainer *t, open_state *s, dsc_trainer_options *o, int world) {
+  dsc_status st = check_options(t, o);
+  if (st == DSC_OK && !o->comm && world > 1) t->world = t->info.world = world;
+  if (st == DSC_OK && (st = open_ds_config(t, s, o)) == DSC_OK &&
+      (st = open_resume(t, s)) == DSC_OK && (st = open_program(t, s)) == DSC_OK)
+    st = resolve_settings(t, s);
+  return st;
+}
+
+static dsc_status open_inner(dsc_trainer *t, const dsc_trainer_options *opts) {
+  dsc_trainer_options oc = *opts; /* the ds_config may fill offload_dir */
+  open_state s = open_begin(&oc, false);
   dsc_status st;
-  if ((st = check_options(t, o)) == DSC_OK && (st = open_ds_config(t, &s, o)) == DSC_OK &&
-      (st = open_resume(t, &s)) == DSC_OK &&
-      (st = open_program(t, &s)) == DSC_OK && (st = resolve_settings(t, &s)) == DSC_OK &&
-      (st = open_data(t, &s)) == DSC_OK && (st = open_graphs(t, &s)) == DSC_OK &&
-      (st = restore_checkpoint(t, &s)) == DSC_OK && (st = open_loaders(t, &s)) == DSC_OK &&
-      (st = open_executor(t, &s)) == DSC_OK && (st = open_buffers(t, &s)) == DSC_OK)
+  if ((st = open_settings(t, &s, &oc, 0)) == DSC_OK && (st = open_data(t, &s)) == DSC_OK &&
+      (st = open_graphs(t, &s)) == DSC_OK && (st = restore_checkpoint(t, &s)) == DSC_OK &&
+      (st = open_loaders(t, &s)) == DSC_OK && (st = open_executor(t, &s)) == DSC_OK &&
+      (st = open_buffers(t, &s)) == DSC_OK)
     st = open_output(t, &s);
   dsc_checkpoint_free(t->ctx, s.ck);
   return st;
 }
 
-dsc_status dsc_trainer_open(dsc_context *ctx, const dsc_trainer_options *opts, dsc_trainer **out) {
-  *out = NULL;
+static dsc_trainer *trainer_new(dsc_context *ctx) {
   dsc_trainer *t = ir_alloc(ctx, sizeof *t);
-  if (!t) return oom(ctx);
+  if (!t) return oom(ctx), NULL;
   memset(t, 0, sizeof *t);
   t->ctx = ctx;
   ir_arena_init(&t->arena, ctx);
+  return t;
+}
+
+dsc_status dsc_trainer_open(dsc_context *ctx, const dsc_trainer_options *opts, dsc_trainer **out) {
+  *out = NULL;
+  dsc_trainer *t = trainer_new(ctx);
+  if (!t) return DSC_ERR_INTERNAL;
   dsc_status st = open_inner(t, opts);
   if (st != DSC_OK) {
     dsc_trainer_free(t);
@@ -1681,49 +1704,14 @@ static void format_setting(const dsc_setting *s, const dsc_train_config *cfg, ch
   double d;
   bool b;
   int e;
-  char x[5][40];
   if (strcmp(s->key, "lr") == 0) {
     ir_format_double(cfg->opt.lr, buf, n);
   } else if (strcmp(s->key, "weight_decay") == 0) {
     ir_format_double(cfg->opt.weight_decay, buf, n);
   } else if (s->kind == DSC_SETTING_OPTIMIZER) {
-    const char *k = cfg->opt.kind == DSC_OPT_SGD ? "sgd" : cfg->opt.kind == DSC_OPT_MUON ? "muon" : "adamw";
-    ir_format_double(cfg->opt.lr, x[0], sizeof x[0]);
-    ir_format_double(cfg->opt.weight_decay, x[1], sizeof x[1]);
-    if (cfg->opt.kind == DSC_OPT_SGD) {
-      ir_format_double(cfg->opt.momentum, x[2], sizeof x[2]);
-      snprintf(buf, n, "%s(lr = %s, momentum = %s, nesterov = %s, weight_decay = %s)", k, x[0],
-               x[2], cfg->opt.nesterov ? "true" : "false", x[1]);
-    } else {
-      ir_format_double(cfg->opt.beta1, x[2], sizeof x[2]);
-      ir_format_double(cfg->opt.beta2, x[3], sizeof x[3]);
-      ir_format_double(cfg->opt.eps, x[4], sizeof x[4]);
-      snprintf(buf, n, "%s(lr = %s, betas = (%s, %s), eps = %s, weight_decay = %s)", k, x[0], x[2],
-               x[3], x[4], x[1]);
-    }
+    pass_format_optimizer(cfg, buf, n);
   } else if (s->kind == DSC_SETTING_SCHEDULE) {
-    const dsc_schedule_kind sk = cfg->sched.kind;
-    const char *k = sk == DSC_SCHED_COSINE             ? "cosine"
-                    : sk == DSC_SCHED_LINEAR           ? "linear"
-                    : sk == DSC_SCHED_WARMUP_LR        ? "warmup_lr"
-                    : sk == DSC_SCHED_WARMUP_DECAY_LR  ? "warmup_decay_lr"
-                    : sk == DSC_SCHED_WARMUP_COSINE_LR ? "warmup_cosine_lr"
-                                                       : "constant";
-    ir_format_double(cfg->sched.min_lr, x[0], sizeof x[0]);
-    ir_format_double(cfg->sched.min_ratio, x[1], sizeof x[1]);
-    ir_format_double(cfg->sched.cos_min_ratio, x[2], sizeof x[2]);
-    const char *wt = cfg->sched.warmup_log ? "log" : "linear";
-    if (sk == DSC_SCHED_WARMUP_COSINE_LR)
-      snprintf(buf, n,
-               "%s(warmup = %" PRId64 ", decay_steps = %" PRId64
-               ", warmup_type = %s, min_ratio = %s, cos_min_ratio = %s)",
-               k, cfg->sched.warmup, cfg->sched.decay_steps, wt, x[1], x[2]);
-    else if (sk == DSC_SCHED_WARMUP_LR || sk == DSC_SCHED_WARMUP_DECAY_LR)
-      snprintf(buf, n, "%s(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64 ", warmup_type = %s)",
-               k, cfg->sched.warmup, x[0], cfg->sched.decay_steps, wt);
-    else
-      snprintf(buf, n, "%s(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64 ")", k,
-               cfg->sched.warmup, x[0], cfg->sched.decay_steps);
+    pass_format_schedule(cfg, buf, n);
   } else if (strcmp(s->key, "train_batch_size") == 0) {
     snprintf(buf, n, "%" PRId64, cfg->batch * cfg->grad_accum * cfg->world);
   } else if (s->cfg_off < 0) {
@@ -1805,25 +1793,11 @@ static void setting_source(const dsc_trainer *t, const dsc_trainer_options *o, b
 
 dsc_status dsc_trainer_print_config(dsc_context *ctx, const dsc_trainer_options *opts, int world,
                                     FILE *out) {
-  dsc_trainer *t = ir_alloc(ctx, sizeof *t);
-  if (!t) return oom(ctx);
-  memset(t, 0, sizeof *t);
-  t->ctx = ctx;
-  ir_arena_init(&t->arena, ctx);
+  dsc_trainer *t = trainer_new(ctx);
+  if (!t) return DSC_ERR_INTERNAL;
   dsc_trainer_options oc = *opts, *o = &oc;
-  open_state s = {.o = o,
-                  .B = o->batch,
-                  .T = o->seq,
-                  .K = o->grad_accum,
-                  .model_path = o->model_path,
-                  .prefix = o->data_prefix,
-                  .settings_only = true};
-  dsc_status st;
-  st = check_options(t, o);
-  if (!o->comm && world > 1) t->world = t->info.world = world;
-  if (st == DSC_OK && (st = open_ds_config(t, &s, o)) == DSC_OK &&
-      (st = open_resume(t, &s)) == DSC_OK && (st = open_program(t, &s)) == DSC_OK)
-    st = resolve_settings(t, &s);
+  open_state s = open_begin(o, true);
+  dsc_status st = open_settings(t, &s, o, world);
   if (st == DSC_OK) {
     fprintf(out, "settings of %s (%s%s%s), rank 0 of %d:\n", t->info.model_path,
             t->ds.path ? "ds_config " : "no ds_config", t->ds.path ? t->ds.path : "",

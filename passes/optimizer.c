@@ -254,17 +254,18 @@ static bool loss_scale_update(opt_state *o, ir_node *finite) {
          add_assign(o, "opt.good_steps", where(o, finite, good_good, f0));
 }
 
-/* The state opt.master.<p> of the j-th trainable param (1-based, as the
- * forward's outputs), -1 when it has none (precision pass, master weights). */
-static int master_of(const ir_module *m, int j) {
-  for (int p = 0, k = 0; p < m->n_params; p++) {
-    if (m->params[p].state || ++k != j) continue;
-    char name[512];
-    snprintf(name, sizeof name, "opt.master.%s", m->params[p].name);
-    int s = dsc_module_find_param(m, name);
-    return s >= 0 && m->params[s].state ? s : -1;
+/* Per trainable param j (1-based, as the forward's outputs): its state
+ * opt.master.<p>, -1 when it has none (precision pass, master weights). */
+static int *master_states(ir_module *m, int n_out) {
+  int *ms = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(n_out + 1));
+  if (!ms) return NULL;
+  for (int p = 0, j = 1; p < m->n_params && j < n_out; p++) {
+    if (m->params[p].state) continue;
+    const char *name = ir_arena_printf(&m->arena, "opt.master.%s", m->params[p].name);
+    int s = name ? dsc_module_find_param(m, name) : -1;
+    ms[j++] = s >= 0 && m->params[s].state ? s : -1;
   }
-  return -1;
+  return ms;
 }
 
 static dsc_status build_step(opt_state *o, ir_graph *f) {
@@ -304,9 +305,10 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
 
   /* master weights: the low-precision gradients (what the ranks reduce)
    * are read in f32 by everything below, as the master weights are */
+  int *masters = master_states(m, n_out);
+  if (!masters) return ir_error(m->ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
   for (int j = 1; j < n_out; j++)
-    if (acc[j]->type.dtype != DSC_F32 && dsc_dtype_is_float(acc[j]->type.dtype) &&
-        master_of(m, j) >= 0)
+    if (acc[j]->type.dtype != DSC_F32 && dsc_dtype_is_float(acc[j]->type.dtype) && masters[j] >= 0)
       acc[j] = as_dtype(o, acc[j], DSC_F32);
 
   bool fp16 = cfg->precision == DSC_PRECISION_FP16;
@@ -350,7 +352,7 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   for (int p = 0, j = 1; p < m->n_params; p++) {
     if (m->params[p].state) continue;
     const char *pname = m->params[p].name;
-    int master = master_of(m, j);
+    int master = masters[j];
     /* with master weights the update reads and writes the f32 copy, and
      * the param gets its rounding */
     const char *uname = master >= 0 ? m->params[master].name : pname;

@@ -46,6 +46,14 @@ pass_tv *pass_tv_parse(pass_tv_parser *p, pass_tv *pool, int cap, dsc_context *c
 bool pass_setting_store_config(dsc_train_config *cfg, const dsc_setting *s,
                                const dsc_setting_value *v);
 
+/* ======================= passes/train_config.c =======================
+ * The optimizer and schedule of cfg as the train section writes them
+ * ("adamw(lr = 0.001, betas = (0.9, 0.95), eps = 1e-08, weight_decay =
+ * 0.1)", "cosine(warmup = 50, min_lr = 0.0003, decay_steps = 0)"): text
+ * that dsc_train_config_from_module reads back to the same fields. */
+void pass_format_optimizer(const dsc_train_config *cfg, char *buf, size_t n);
+void pass_format_schedule(const dsc_train_config *cfg, char *buf, size_t n);
+
 /* ======================= passes/autodiff.c =======================
  * Reverse-mode differentiation of a graph whose single output is a rank-0
  * float loss. Appends the backward nodes to g and sets g's outputs to

@@ -4,7 +4,9 @@
  * documented in docs/training.md. */
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,6 +165,65 @@ static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
     if (!ok) return false;
   }
   return true;
+}
+
+void pass_format_optimizer(const dsc_train_config *cfg, char *buf, size_t n) {
+  char lr[40], wd[40], b1[40], b2[40], eps[40], mom[40], alr[40];
+  ir_format_double(cfg->opt.lr, lr, sizeof lr);
+  ir_format_double(cfg->opt.weight_decay, wd, sizeof wd);
+  ir_format_double(cfg->opt.beta1, b1, sizeof b1);
+  ir_format_double(cfg->opt.beta2, b2, sizeof b2);
+  ir_format_double(cfg->opt.eps, eps, sizeof eps);
+  ir_format_double(cfg->opt.momentum, mom, sizeof mom);
+  ir_format_double(cfg->opt.adam_lr, alr, sizeof alr);
+  const char *d1 = cfg->opt.decay_1d ? ", decay_1d = true" : "";
+  const char *nest = cfg->opt.nesterov ? "true" : "false";
+  if (cfg->opt.kind == DSC_OPT_SGD)
+    snprintf(buf, n, "sgd(lr = %s, momentum = %s, nesterov = %s, weight_decay = %s%s)", lr, mom,
+             nest, wd, d1);
+  else if (cfg->opt.kind == DSC_OPT_MUON) /* betas and eps: the AdamW that Muon leaves params to */
+    snprintf(buf, n,
+             "muon(lr = %s, momentum = %s, nesterov = %s, weight_decay = %s, betas = (%s, %s), "
+             "eps = %s%s%s%s)",
+             lr, mom, nest, wd, b1, b2, eps, d1, cfg->opt.adam_lr > 0 ? ", adam_lr = " : "",
+             cfg->opt.adam_lr > 0 ? alr : "");
+  else
+    snprintf(buf, n, "adamw(lr = %s, betas = (%s, %s), eps = %s, weight_decay = %s%s)", lr, b1, b2,
+             eps, wd, d1);
+}
+
+void pass_format_schedule(const dsc_train_config *cfg, char *buf, size_t n) {
+  char min_lr[40], ratio[40], cos_ratio[40];
+  ir_format_double(cfg->sched.min_lr, min_lr, sizeof min_lr);
+  ir_format_double(cfg->sched.min_ratio, ratio, sizeof ratio);
+  ir_format_double(cfg->sched.cos_min_ratio, cos_ratio, sizeof cos_ratio);
+  int64_t w = cfg->sched.warmup, d = cfg->sched.decay_steps;
+  const char *wt = cfg->sched.warmup_log ? "log" : "linear";
+  switch (cfg->sched.kind) {
+    case DSC_SCHED_COSINE:
+    case DSC_SCHED_LINEAR:
+      snprintf(buf, n, "%s(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64 ")",
+               cfg->sched.kind == DSC_SCHED_COSINE ? "cosine" : "linear", w, min_lr, d);
+      break;
+    case DSC_SCHED_WARMUP_LR:
+      snprintf(buf, n, "warmup_lr(warmup = %" PRId64 ", min_lr = %s, warmup_type = %s)", w, min_lr,
+               wt);
+      break;
+    case DSC_SCHED_WARMUP_DECAY_LR:
+      snprintf(buf, n,
+               "warmup_decay_lr(warmup = %" PRId64 ", min_lr = %s, decay_steps = %" PRId64
+               ", warmup_type = %s)",
+               w, min_lr, d, wt);
+      break;
+    case DSC_SCHED_WARMUP_COSINE_LR:
+      snprintf(buf, n,
+               "warmup_cosine_lr(warmup = %" PRId64 ", decay_steps = %" PRId64
+               ", warmup_type = %s, min_ratio = %s, cos_min_ratio = %s)",
+               w, d, wt, ratio, cos_ratio);
+      break;
+    default:
+      snprintf(buf, n, "constant(warmup = %" PRId64 ")", w);
+  }
 }
 
 /* DeepSpeed's schedulers: the lr of (0-based) step `step` as DeepSpeed

@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "driver/driver.h"
+#include "passes/passes.h"
 }
 #include "tests/unit/test_util.h"
 
@@ -110,7 +111,7 @@ TEST(DsConfig, KeysBecomeTrainSettingsWithTheirPlace) {
   } want[] = {
       {"precision", "bf16", "bf16.enabled", 2, 12},
       {"zero.stage", "2", "zero_optimization.stage", 4, 5},
-      {"zero.bucket_bytes", "2000", "zero_optimization.reduce_bucket_size", 5, 5},
+      {"zero.bucket_bytes", "1000", "zero_optimization.reduce_bucket_size", 5, 5},  // elements
       {"offload.optimizer", "disk", "zero_optimization.offload_optimizer.device", 6, 27},
       {"clip", "0.25", "gradient_clipping", 8, 3},
       {"log_every", "7", "steps_per_print", 8, 30},
@@ -128,6 +129,104 @@ TEST(DsConfig, KeysBecomeTrainSettingsWithTheirPlace) {
   EXPECT_STREQ(ds.offload_dir, "/x");
   EXPECT_EQ(drv_ds_config_find(&ds, "zero.prefetch_bytes"), nullptr);
   EXPECT_EQ(dsc_diag_count(c.ctx), 0) << diags(c.ctx);
+  // applied: DeepSpeed's bucket of 1000 elements is 2000 bytes of bf16 gradients
+  dsc_module *m = dsc_module_new(c.ctx, "m");
+  ASSERT_EQ(drv_ds_config_apply(c.ctx, &ds, m), DSC_OK) << diags(c.ctx);
+  dsc_train_config cfg;
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(c.ctx);
+  EXPECT_EQ(cfg.zero.bucket_bytes, 2000);
+  EXPECT_EQ(cfg.zero.stage, 2);
+  dsc_module_free(m);
+}
+
+// A bucket in elements counts the gradients' bytes of the precision the
+// module trains in, whether the file or the train section sets it: 2 with
+// bf16 master weights, 4 in f32 or with f32 gradients (autocast).
+TEST(DsConfig, BucketElementsFollowTheModulesPrecision) {
+  Ctx c;
+  std::string p = write_json("ds_bucket.json",
+                             "{\"zero_optimization\": {\"reduce_bucket_size\": 100, "
+                             "\"stage3_prefetch_bucket_size\": 10}}");
+  drv_ds_config ds;
+  ASSERT_EQ(drv_ds_config_read(c.ctx, p.c_str(), &c.arena, &ds), DSC_OK) << diags(c.ctx);
+  struct {
+    const char *precision, *master;
+    int64_t bytes;
+  } cases[] = {{"bf16", nullptr, 2}, {"f32", nullptr, 4}, {"bf16", "false", 4}, {"fp16", "true", 2}};
+  for (const auto &k : cases) {
+    dsc_module *m = dsc_module_new(c.ctx, "m");
+    ASSERT_EQ(dsc_module_set_meta(m, "train.precision", k.precision), DSC_OK);
+    if (k.master) {
+      ASSERT_EQ(dsc_module_set_meta(m, "train.master_weights", k.master), DSC_OK);
+    }
+    ASSERT_EQ(drv_ds_config_apply(c.ctx, &ds, m), DSC_OK) << diags(c.ctx);
+    dsc_train_config cfg;
+    ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(c.ctx);
+    EXPECT_EQ(cfg.zero.bucket_bytes, 100 * k.bytes) << k.precision;
+    EXPECT_EQ(cfg.zero.prefetch_bytes, 10 * k.bytes) << k.precision;
+    dsc_module_free(m);
+  }
+}
+
+// The optimizer and schedule texts the config applies and --print-config
+// shows read back to the same settings, for every kind.
+TEST(DsConfig, OptimizerAndScheduleTextsReadBack) {
+  Ctx c;
+  dsc_module *m0 = dsc_module_new(c.ctx, "m");
+  dsc_train_config cfg;
+  ASSERT_EQ(dsc_train_config_from_module(m0, &cfg), DSC_OK);
+  dsc_module_free(m0);
+  cfg.opt.lr = 0.003, cfg.opt.weight_decay = 0.1, cfg.opt.beta1 = 0.8, cfg.opt.beta2 = 0.95;
+  cfg.opt.eps = 1e-7, cfg.opt.momentum = 0.5, cfg.opt.nesterov = true, cfg.opt.decay_1d = true;
+  cfg.opt.adam_lr = 0.01;
+  cfg.sched.warmup = 7, cfg.sched.min_lr = 1e-5, cfg.sched.decay_steps = 40;
+  cfg.sched.warmup_log = false, cfg.sched.min_ratio = 0.2, cfg.sched.cos_min_ratio = 0.05;
+  for (dsc_optimizer_kind ok : {DSC_OPT_ADAMW, DSC_OPT_SGD, DSC_OPT_MUON})
+    for (dsc_schedule_kind sk : {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
+                                 DSC_SCHED_WARMUP_LR, DSC_SCHED_WARMUP_DECAY_LR,
+                                 DSC_SCHED_WARMUP_COSINE_LR}) {
+      dsc_train_config a = cfg, b;
+      a.opt.kind = ok, a.sched.kind = sk;
+      char opt[400], sched[400];
+      pass_format_optimizer(&a, opt, sizeof opt);
+      pass_format_schedule(&a, sched, sizeof sched);
+      dsc_module *m = dsc_module_new(c.ctx, "m");
+      ASSERT_EQ(dsc_module_set_meta(m, "train.optimizer", opt), DSC_OK);
+      ASSERT_EQ(dsc_module_set_meta(m, "train.schedule", sched), DSC_OK);
+      ASSERT_EQ(dsc_train_config_from_module(m, &b), DSC_OK) << opt << " " << sched << diags(c.ctx);
+      dsc_module_free(m);
+      EXPECT_EQ(b.opt.kind, ok) << opt;
+      EXPECT_EQ(b.opt.lr, a.opt.lr) << opt;
+      EXPECT_EQ(b.opt.weight_decay, a.opt.weight_decay) << opt;
+      EXPECT_EQ(b.opt.decay_1d, a.opt.decay_1d) << opt;
+      if (ok != DSC_OPT_SGD) {
+        EXPECT_EQ(b.opt.beta1, a.opt.beta1) << opt;
+        EXPECT_EQ(b.opt.beta2, a.opt.beta2) << opt;
+        EXPECT_EQ(b.opt.eps, a.opt.eps) << opt;
+      }
+      if (ok != DSC_OPT_ADAMW) {
+        EXPECT_EQ(b.opt.momentum, a.opt.momentum) << opt;
+        EXPECT_EQ(b.opt.nesterov, a.opt.nesterov) << opt;
+      }
+      if (ok == DSC_OPT_MUON) {
+        EXPECT_EQ(b.opt.adam_lr, a.opt.adam_lr) << opt;
+      }
+      EXPECT_EQ(b.sched.kind, sk) << sched;
+      EXPECT_EQ(b.sched.warmup, a.sched.warmup) << sched;
+      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_COSINE_LR) {
+        EXPECT_EQ(b.sched.min_lr, a.sched.min_lr) << sched;
+      }
+      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_LR) {
+        EXPECT_EQ(b.sched.decay_steps, a.sched.decay_steps) << sched;
+      }
+      if (sk >= DSC_SCHED_WARMUP_LR) {
+        EXPECT_EQ(b.sched.warmup_log, a.sched.warmup_log) << sched;
+      }
+      if (sk == DSC_SCHED_WARMUP_COSINE_LR) {
+        EXPECT_EQ(b.sched.min_ratio, a.sched.min_ratio) << sched;
+        EXPECT_EQ(b.sched.cos_min_ratio, a.sched.cos_min_ratio) << sched;
+      }
+    }
 }
 
 // Applied to a module, the settings are read by the one settings table; the
