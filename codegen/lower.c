@@ -83,6 +83,7 @@ typedef struct {
   int n_coll, cap_coll;
   struct coll_rec *coll;
   const ir_node **assign_src; /* per assign (node order): its value */
+  unsigned char *phase;       /* node -> ir_phase */
   const ir_node **instr_node; /* per instruction: the node it came from (NULL: none) */
   int cap_instr_node;
   dsc_status status;
@@ -145,6 +146,8 @@ static cg_instr *new_instr(L *l, cg_ins_kind kind, const ir_node *node) {
   memset(in, 0, sizeof *in);
   in->kind = kind;
   in->op = node ? dsc_op_name(node->op) : NULL;
+  /* an instruction of no node (a tier wait at the end) joins the one before */
+  in->phase = node ? l->phase[node->id] : p->n_instrs > 1 ? p->instrs[p->n_instrs - 2].phase : 0;
   in->ids = in->src = in->dst = -1;
   return in;
 }
@@ -1662,6 +1665,11 @@ static dsc_status lower_alloc(L *l, const ir_graph *g, ir_arena *a) {
   l->param_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(m->n_params + 1));
   l->input_buf = ir_arena_alloc(a, sizeof(int) * (size_t)(g->n_inputs + 1));
   l->coll_of = ir_arena_alloc(a, isz);
+  l->phase = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  if (!l->phase || !ir_graph_phases(g, l->phase)) {
+    ir_error(l->ctx, ir_no_loc, "codegen: out of memory");
+    return DSC_ERR_INTERNAL;
+  }
   if (!l->p || !l->buf || !l->pure || !l->users || !l->user_list || !l->is_output ||
       !l->store_instr || !l->alias || !l->slot || !l->memo_stamp || !l->memo_pt ||
       !l->memo_expr || !l->param_buf || !l->input_buf || !l->coll_of) {

@@ -762,7 +762,7 @@ dsc_status drv_ds_config_read(dsc_context *ctx, const char *path, ir_arena *aren
       {"activation_checkpointing", K_MAPPED, NULL},
       {"steps_per_print", K_MAPPED, NULL},
       {"seed", K_MAPPED, NULL},
-      {"wall_clock_breakdown", K_NOT_YET, "--profile times every instruction of the step, --trace writes a timeline"},
+      {"wall_clock_breakdown", K_MAPPED, NULL},
       {"prescale_gradients", K_UNUSED, "gradients are averaged once, after the reduction (x 1/N)"},
       {"gradient_predivide_factor", K_UNUSED, "gradients are averaged once, after the reduction (x 1/N)"},
       {"communication_data_type", K_NOT_YET, "gradients are reduced in their own dtype"},
@@ -808,6 +808,10 @@ dsc_status drv_ds_config_read(dsc_context *ctx, const char *path, ir_arena *aren
   int64_t i;
   if ((v = member(root, "steps_per_print")) && get_int(&r, "steps_per_print", v, 1, &i, "the model's log_every"))
     put(&r, "steps_per_print", "log_every", "%" PRId64, i);
+  bool on;
+  if ((v = member(root, "wall_clock_breakdown")) &&
+      get_bool(&r, "wall_clock_breakdown", v, &on, "the model's wall_clock_breakdown"))
+    put(&r, "wall_clock_breakdown", "wall_clock_breakdown", "%s", on ? "true" : "false");
   if ((v = member(root, "seed")) && get_int(&r, "seed", v, 0, &i, "the model's seed"))
     put(&r, "seed", "seed", "%" PRId64, i);
   cJSON_Delete(root);

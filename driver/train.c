@@ -220,6 +220,10 @@ struct dsc_trainer {
   int64_t rss_exec; /* RSS growth over creating the step executor; -1: unknown */
   int64_t heap_exec; /* malloc heap growth over the same; -1: unknown */
   bool rss_stepped; /* the first step's growth is in info.mem_rss_growth */
+  /* wall_clock_breakdown: the executor's phase totals after the last step
+   * (micro_step's, train_step's), to report each step's difference */
+  bool breakdown;
+  dsc_phase_times phases_seen[2];
 };
 
 /* The resident set of this process (bytes), -1 when /proc is not there. */
@@ -1079,7 +1083,13 @@ static dsc_status open_executor(dsc_trainer *t, open_state *s) {
   if ((st = open_offload_file(t, o)) != DSC_OK) return st;
   if ((st = dsc_exec_set_params(t->step_x, t->params)) != DSC_OK) return st;
   if (t->comm && (st = dsc_exec_set_comm(t->step_x, t->comm)) != DSC_OK) return st;
-  if (o->profile) dsc_exec_set_profiling(t->step_x, true);
+  if (t->cfg.wall_clock_breakdown && !dsc_exec_has_profile(t->step_x))
+    ir_diag(ctx, DSC_DIAG_WARNING, ir_no_loc,
+            "wall_clock_breakdown: the %s backend times no instructions, so no breakdown is "
+            "printed (the cpu and cuda backends do)",
+            dsc_backend_name(dsc_exec_backend(t->step_x)));
+  t->breakdown = t->cfg.wall_clock_breakdown && dsc_exec_has_profile(t->step_x);
+  if (o->profile || t->breakdown) dsc_exec_set_profiling(t->step_x, true);
   if (t->fwd) {
     if ((st = dsc_exec_new_with_program(t->fwd, &xo, t->prog, "forward", &t->fwd_x)) != DSC_OK)
       return st;
@@ -1230,6 +1240,29 @@ static void fill(dsc_tensor *dst, const int32_t *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst->data[i] = src[i];
 }
 
+/* This step's share of the executor's phase totals (micro_step's and
+ * train_step's summed): the totals now less those after the last step. */
+static dsc_status step_breakdown(dsc_trainer *t, dsc_train_progress *p) {
+  const char *graphs[2] = {"micro_step", "train_step"};
+  dsc_phase_times *d = &p->breakdown;
+  memset(d, 0, sizeof *d);
+  for (int g = 0; g < 2; g++) {
+    if (g == 0 && !t->micro_g) continue;
+    dsc_phase_times now, *was = &t->phases_seen[g];
+    dsc_status st = dsc_exec_phase_times(t->step_x, graphs[g], &now);
+    if (st != DSC_OK) return st;
+    d->fwd += now.fwd - was->fwd, d->bwd += now.bwd - was->bwd;
+    d->bwd_inner += now.bwd_inner - was->bwd_inner;
+    d->bwd_allreduce += now.bwd_allreduce - was->bwd_allreduce;
+    d->step += now.step - was->step;
+    /* micro-batches: micro_step's runs, or train_step's when it is the whole step */
+    if (g == 0 || !t->micro_g) d->runs = now.runs - was->runs;
+    *was = now;
+  }
+  p->has_breakdown = true;
+  return DSC_OK;
+}
+
 dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   memset(p, 0, sizeof *p);
   double t0 = now_s();
@@ -1289,6 +1322,7 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
                     t->step);
   p->tokens_per_s = p->ms > 0 ? (double)(n * t->world) / (p->ms * 1e-3) : 0;
   p->val_loss = NAN;
+  if (t->breakdown && (st = step_breakdown(t, p)) != DSC_OK) return st;
   if (!isfinite(p->loss)) {
     /* The params already hold the step's update: nothing may be saved. */
     ir_error(t->ctx, ir_no_loc,
@@ -1464,6 +1498,13 @@ static bool write_line(dsc_context *ctx, FILE *f, const char *path, const dsc_tr
   json_num(f, "ms", p->ms, "%.3f");
   if (p->has_val) json_num(f, "val_loss", p->val_loss, "%.9g");
   if (p->skipped) fputs(",\"skipped\":true", f); /* fp16: overflow, update skipped */
+  if (p->has_breakdown) { /* DeepSpeed's wall_clock_breakdown timers, ms */
+    json_num(f, "fwd_ms", p->breakdown.fwd, "%.3f");
+    json_num(f, "bwd_ms", p->breakdown.bwd, "%.3f");
+    json_num(f, "bwd_inner_ms", p->breakdown.bwd_inner, "%.3f");
+    json_num(f, "bwd_allreduce_ms", p->breakdown.bwd_allreduce, "%.3f");
+    json_num(f, "step_ms", p->breakdown.step, "%.3f");
+  }
   fputs("}\n", f);
   if (fflush(f) == 0 && !ferror(f)) return true;
   rt_io_error(ctx, path, "write failed");

@@ -252,6 +252,21 @@ bool ir_is_collective_wait(dsc_op op);
  * *reader = the start); false when there is none. */
 bool ir_find_in_flight_read(const ir_graph *g, const ir_node **reader, int *input, int *output);
 
+/* ======================= ir/phase.c =======================
+ * The part of a training step each node belongs to, as DeepSpeed's
+ * wall_clock_breakdown times them (the engine's forward, backward and
+ * step): in "train_step" and "micro_step" (passes optimizer and
+ * accumulate), IR_PHASE_FORWARD is what output 0 (the loss) depends on,
+ * IR_PHASE_BACKWARD what else output 1 (the gradient norm) depends on, and
+ * in micro_step everything else; the rest of train_step (the update, the
+ * assigns, stages 1-2's all-gather of the new params) is IR_PHASE_STEP.
+ * Read from the graph's shape alone, so a module read back from text or a
+ * .dsx gets the same phases. Every node of any other graph is FORWARD. */
+typedef enum { IR_PHASE_FORWARD = 0, IR_PHASE_BACKWARD = 1, IR_PHASE_STEP = 2 } ir_phase;
+#define IR_PHASE_COUNT 3
+/* phase[i] for node i of g (g->n_nodes bytes); false when out of memory. */
+bool ir_graph_phases(const ir_graph *g, unsigned char *phase);
+
 /* ======================= ir/domain.c =======================
  * A fusion group's iteration domain and the affine points its members are
  * read at: passes/fuse.c decides groups with these, codegen/lower.c turns

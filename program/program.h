@@ -146,6 +146,8 @@ typedef struct {
   /* TIER_START / TIER_WAIT (buffer: src; dst == src) */
   cg_tier_io tier;
   const char *op; /* the name of the IR op it came from, for errors and traces (may be NULL) */
+  int phase;      /* ir_phase of that node (ir/phase.c): wall_clock_breakdown's forward,
+                   * backward or step */
 } cg_instr;
 
 /* A graph output: the buffer (and element offset) holding it after a run. */

@@ -127,6 +127,7 @@ dsc_status rt_cuda_exec_run(rt_cuda_exec *e, int gi, const dsc_tensor *const *in
 dsc_status rt_cuda_exec_set_comm(rt_cuda_exec *e, dsc_comm *comm);
 void rt_cuda_exec_set_profiling(rt_cuda_exec *e, bool on);
 dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *out);
+dsc_status rt_cuda_exec_phase_times(rt_cuda_exec *e, int gi, dsc_phase_times *out);
 /* Bytes allocated on the device: the arenas, the cuBLASLt workspace and
  * the helper kernels' scratch (everything a run uses is allocated up front). */
 int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e);

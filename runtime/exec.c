@@ -440,6 +440,40 @@ void dsc_exec_set_profiling(dsc_exec *e, bool on) {
   if (e->be->set_profiling) e->be->set_profiling(e->impl, on);
 }
 
+void rt_phase_add(const cg_instr *in, double ms, dsc_phase_times *t) {
+  bool comm = in->kind == CG_INS_COLLECTIVE_START || in->kind == CG_INS_COLLECTIVE_WAIT;
+  if (in->phase == IR_PHASE_BACKWARD) {
+    t->bwd += ms;
+    if (comm && (in->coll.kind == CG_COLL_ALL_REDUCE || in->coll.kind == CG_COLL_REDUCE_SCATTER))
+      t->bwd_allreduce += ms;
+    else
+      t->bwd_inner += ms;
+  } else if (in->phase == IR_PHASE_STEP) {
+    t->step += ms;
+  } else {
+    t->fwd += ms;
+  }
+}
+
+bool dsc_exec_has_profile(const dsc_exec *e) { return e->be->phase_times != NULL; }
+
+dsc_status dsc_exec_phase_times(dsc_exec *e, const char *graph, dsc_phase_times *out) {
+  memset(out, 0, sizeof *out);
+  int gi = graph_index(e, graph);
+  if (!e->be->phase_times) {
+    ir_error(e->ctx, ir_no_loc,
+             "wall_clock_breakdown: graph '%s' is not compiled (%s backend): it times no "
+             "instructions",
+             graph, e->be->name);
+    return DSC_ERR_USER;
+  }
+  if (gi < 0) {
+    ir_error(e->ctx, ir_no_loc, "wall_clock_breakdown: no compiled graph '%s'", graph);
+    return DSC_ERR_USER;
+  }
+  return e->be->phase_times(e->impl, gi, out);
+}
+
 dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE *out) {
   int gi = graph_index(e, graph);
   if (!e->be->print_profile) {

@@ -254,6 +254,15 @@ static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
   return DSC_OK;
 }
 
+static dsc_status cpu_phase_times(void *impl, int gi, dsc_phase_times *out) {
+  cpu_exec *x = impl;
+  int n = 0;
+  const int64_t *ns = rt_cpu_exec_profile(x->cpu, gi, &n, &out->runs);
+  const cg_program *p = x->c->programs[gi];
+  for (int i = 0; ns && i < n; i++) rt_phase_add(&p->instrs[i], (double)ns[i] / 1e6, out);
+  return DSC_OK;
+}
+
 static void cpu_memory(const void *impl, int64_t *arenas, int64_t *resident, int64_t *scratch) {
   const cpu_exec *x = impl;
   rt_cpu_exec_memory(x->cpu, arenas, resident, scratch);
@@ -278,5 +287,6 @@ const rt_executor rt_exec_cpu = {
     .set_offload = cpu_set_offload,
     .set_profiling = cpu_set_profiling,
     .print_profile = cpu_print_profile,
+    .phase_times = cpu_phase_times,
     .memory = cpu_memory,
 };

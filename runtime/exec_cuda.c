@@ -71,6 +71,10 @@ dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *ou
   (void)e, (void)gi, (void)top, (void)out;
   return DSC_ERR_INTERNAL;
 }
+dsc_status rt_cuda_exec_phase_times(rt_cuda_exec *e, int gi, dsc_phase_times *out) {
+  (void)e, (void)gi, (void)out;
+  return DSC_ERR_INTERNAL;
+}
 int64_t rt_cuda_exec_device_bytes(const rt_cuda_exec *e) {
   (void)e;
   return 0;
@@ -1271,6 +1275,14 @@ static const char *kind_name(cg_ins_kind k) {
   }
 }
 
+dsc_status rt_cuda_exec_phase_times(rt_cuda_exec *e, int gi, dsc_phase_times *out) {
+  if (gi < 0 || gi >= e->n_progs) return DSC_ERR_INTERNAL;
+  const cu_prog *cp = &e->progs[gi];
+  out->runs = cp->runs;
+  for (int i = 0; i < cp->p->n_instrs; i++) rt_phase_add(&cp->p->instrs[i], cp->prof_ms[i], out);
+  return DSC_OK;
+}
+
 dsc_status rt_cuda_exec_print_profile(rt_cuda_exec *e, int gi, int top, FILE *out) {
   if (gi < 0 || gi >= e->n_progs) return DSC_ERR_INTERNAL;
   cu_prog *cp = &e->progs[gi];
@@ -1371,6 +1383,10 @@ static dsc_status cuda_set_comm(void *impl, dsc_comm *comm) {
   return rt_cuda_exec_set_comm(impl, comm) != DSC_OK ? DSC_ERR_USER : DSC_OK;
 }
 static void cuda_set_profiling(void *impl, bool on) { rt_cuda_exec_set_profiling(impl, on); }
+static dsc_status cuda_phase_times(void *impl, int gi, dsc_phase_times *out) {
+  return rt_cuda_exec_phase_times(impl, gi, out);
+}
+
 static dsc_status cuda_print_profile(void *impl, int gi, int top, FILE *out) {
   return rt_cuda_exec_print_profile(impl, gi, top, out);
 }
@@ -1394,5 +1410,6 @@ const rt_executor rt_exec_cuda = {
     .set_comm = cuda_set_comm,
     .set_profiling = cuda_set_profiling,
     .print_profile = cuda_print_profile,
+    .phase_times = cuda_phase_times,
     .device_bytes = cuda_device_bytes,
 };

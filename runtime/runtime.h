@@ -490,10 +490,15 @@ typedef struct {
   dsc_status (*set_offload)(void *impl, rt_offload *disk, const int *value_of_param, int n);
   void (*set_profiling)(void *impl, bool on);
   dsc_status (*print_profile)(void *impl, int graph, int top, FILE *out);
+  /* graph's profile summed by phase (rt_phase_add per instruction) */
+  dsc_status (*phase_times)(void *impl, int graph, dsc_phase_times *out);
   int64_t (*device_bytes)(const void *impl);
   /* host memory it can name (dsc_exec_memory_report); NULL: none */
   void (*memory)(const void *impl, int64_t *arenas, int64_t *resident, int64_t *scratch);
 } rt_executor;
+
+/* Adds instruction in's ms to its phase's total (dsc_exec_phase_times). */
+void rt_phase_add(const cg_instr *in, double ms, dsc_phase_times *t);
 
 extern const rt_executor rt_exec_interp; /* runtime/exec_interp.c */
 extern const rt_executor rt_exec_cpu;    /* runtime/exec_cpu_backend.c */

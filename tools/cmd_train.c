@@ -79,6 +79,8 @@ static const char train_help[] =
     "                    oneDNN GEMMs; the default where built) or cuda\n"
     "  --threads N       cpu backend threads (default: one per core)\n"
     "  --profile         time every instruction of the step; print the slowest at the end\n"
+    "  --wall-clock-breakdown true|false  DeepSpeed's per-step timer lines (fwd, bwd,\n"
+    "                    bwd_inner, bwd_allreduce, step; train.wall_clock_breakdown)\n"
     "  --deepspeed FILE  a DeepSpeed config (ds_config.json; also --config,\n"
     "                    --deepspeed_config): its keys with DeepSpeed's meaning over\n"
     "                    the model's train section, under these flags (docs/deepspeed.md)\n"
@@ -183,11 +185,26 @@ static void fmt_duration(char *buf, size_t n, double s) {
     snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
 }
 
+/* DeepSpeed's wall_clock_breakdown lines, as its engine prints them on rank
+ * 0 after each step: the micro-step timers (one line here, the means over
+ * the step's micro-batches, where DeepSpeed prints a line per micro-batch)
+ * and the step's totals. */
+static void print_breakdown(const dsc_phase_times *b) {
+  double k = b->runs > 0 ? (double)b->runs : 1;
+  printf("[Rank 0] time (ms) | fwd_microstep: %.2f | bwd_microstep: %.2f | "
+         "bwd_inner_microstep: %.2f | bwd_allreduce_microstep: %.2f | step_microstep: %.2f\n",
+         b->fwd / k, b->bwd / k, b->bwd_inner / k, b->bwd_allreduce / k, b->step);
+  printf("[Rank 0] time (ms) | fwd: %.2f | bwd: %.2f | bwd_inner: %.2f | bwd_allreduce: %.2f | "
+         "step: %.2f\n",
+         b->fwd, b->bwd, b->bwd_inner, b->bwd_allreduce, b->step);
+}
+
 static bool on_step(void *ud, const dsc_train_progress *p) {
   progress *pr = ud;
   pr->ms_sum += p->ms;
   pr->n++;
   if (pr->quiet) return true;
+  if (p->has_breakdown) print_breakdown(&p->breakdown);
   bool show =
       pr->tty || p->step % pr->log_every == 0 || p->step == p->steps || p->has_val || pr->n == 1;
   if (!show) return true;

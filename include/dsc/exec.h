@@ -167,6 +167,22 @@ void dsc_exec_memory_report(const dsc_exec *e, dsc_exec_memory *out);
  * total per instruction kind. */
 void dsc_exec_set_profiling(dsc_exec *e, bool on);
 dsc_status dsc_exec_print_profile(dsc_exec *e, const char *graph, int top, FILE *out);
+/* Where graph's timed runs went, in the terms of DeepSpeed's
+ * wall_clock_breakdown (ms summed over the runs since profiling was
+ * switched on): fwd, the forward (with stage 3's all-gathers for it); bwd,
+ * the backward, split into bwd_allreduce, its gradient all-reduces and
+ * reduce-scatters (the start and the wait: what the overlap leaves
+ * exposed), and bwd_inner, the rest (recomputation and stage 3's
+ * all-gathers included); step, the optimizer step (the gradient norm's
+ * reduction excepted, and stages 1-2's all-gather of the updated params
+ * included). Phases are read from the step graph (ir/phase.c). */
+typedef struct {
+  double fwd, bwd, bwd_inner, bwd_allreduce, step;
+  int64_t runs;
+} dsc_phase_times;
+dsc_status dsc_exec_phase_times(dsc_exec *e, const char *graph, dsc_phase_times *out);
+/* Whether the backend times instructions (profile, phase times). */
+bool dsc_exec_has_profile(const dsc_exec *e);
 
 /* ---- program files (.dsx) ----
  * A checksummed container (program/dsx.c) of named sections: "meta" (text

@@ -63,6 +63,8 @@ typedef struct {
   bool has_reduce_each_micro_batch, reduce_each_micro_batch;
   /* bf16/fp16: low-precision params and gradients with f32 master weights (true) */
   bool has_master_weights, master_weights;
+  /* each step's time by phase (DeepSpeed's wall_clock_breakdown) */
+  bool has_wall_clock_breakdown, wall_clock_breakdown;
 } dsc_run_knobs;
 
 typedef enum {

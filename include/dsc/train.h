@@ -113,6 +113,10 @@ typedef struct {
    * the ZeRO paper's mixed-precision model states; false: f32 params and
    * gradients, the forward casts (PyTorch's autocast). */
   bool master_weights;
+  /* DeepSpeed's wall_clock_breakdown (train.wall_clock_breakdown,
+   * --wall-clock-breakdown): each step's time by phase, printed as
+   * DeepSpeed's engine prints it (dsc_train_progress.breakdown) */
+  bool wall_clock_breakdown;
   /* fp16 dynamic loss scaling (DeepSpeed's "fp16" settings) */
   struct {
     int64_t initial_scale_power; /* the scale starts at 2^this (16) */

@@ -19,6 +19,7 @@
 #include <signal.h>
 
 #include "dsc/core.h"
+#include "dsc/exec.h"
 #include "dsc/interp.h"
 #include "dsc/ir.h"
 #include "dsc/train.h"
@@ -144,6 +145,11 @@ typedef struct {
   double val_loss;
   bool saved; /* a checkpoint of this step was written */
   bool skipped; /* precision fp16: the step overflowed and changed nothing */
+  /* train.wall_clock_breakdown on a compiled backend: the step's time by
+   * phase (include/dsc/exec.h), summed over its micro-batches (runs: how
+   * many); the first step's includes the executor's warm-up */
+  bool has_breakdown;
+  dsc_phase_times breakdown;
 } dsc_train_progress;
 
 typedef struct {

@@ -213,14 +213,76 @@ expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed && expect_grep "deep
 # 7. warnings: DeepSpeed keys dsc does not use or has not implemented yet,
 # each with what dsc does instead; keys that are off stay silent
 cat >"$TMP/warn.json" <<'EOF'
-{"wall_clock_breakdown": true, "tensorboard": {"enabled": false}, "prescale_gradients": false,
+{"comms_logger": {"enabled": true}, "tensorboard": {"enabled": false}, "prescale_gradients": false,
  "zero_optimization": {"stage": 2, "overlap_comm": true, "zero_quantized_gradients": true},
  "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001}}}
 EOF
 expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/warn.json" --print-config
-expect_grep "warn.json:1:2: warning: ds_config 'wall_clock_breakdown' is not implemented in dsc yet: --profile" "$TMP/err"
+expect_grep "warn.json:1:2: warning: ds_config 'comms_logger' is not implemented in dsc yet: --trace records every collective" "$TMP/err"
 expect_grep "warning: ds_config 'zero_optimization.overlap_comm' has no effect in dsc: the schedule pass always overlaps" "$TMP/err"
 expect_grep "warning: ds_config 'zero_optimization.zero_quantized_gradients' is not implemented in dsc yet: ZeRO\\+\\+" "$TMP/err"
 expect_grep "warning: ds_config scheduler OneCycle is not implemented in dsc yet: the model's train.schedule applies" "$TMP/err"
 grep -q "'tensorboard'\|'prescale_gradients'" "$TMP/err" && fail "a key that is off warned" || pass
+# 8. wall_clock_breakdown: DeepSpeed's two timer lines after every step (rank
+# 0), the same figures in the log; at 2 ranks the gradients' reduce-scatters
+# are bwd_allreduce; with grad_accum the microstep line is the mean
+cat >"$TMP/wcb.json" <<'EOF'
+{"wall_clock_breakdown": true, "zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2}
+EOF
+expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --seq 16 --steps 3 --eval-every 0 --ranks 2 \
+  --deepspeed "$TMP/wcb.json" --log "$TMP/wcb.jsonl"
+num='[0-9]+\.[0-9]{2}'
+[ "$(grep -cE "^\[Rank 0\] time \(ms\) \| fwd_microstep: $num \| bwd_microstep: $num \| bwd_inner_microstep: $num \| bwd_allreduce_microstep: $num \| step_microstep: $num$" "$TMP/out")" = 3 ] &&
+  [ "$(grep -cE "^\[Rank 0\] time \(ms\) \| fwd: $num \| bwd: $num \| bwd_inner: $num \| bwd_allreduce: $num \| step: $num$" "$TMP/out")" = 3 ] &&
+  pass || fail "wall_clock_breakdown: not two timer lines per step: $(cat "$TMP/out")"
+# the log's figures: every phase timed, bwd = bwd_inner + bwd_allreduce, the
+# phases within the step's time; the printed line is the log's
+python3 - "$TMP/wcb.jsonl" "$TMP/out" <<'PY' && pass || fail "wall_clock_breakdown figures"
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+lines = [l for l in open(sys.argv[2]) if l.startswith("[Rank 0] time (ms) | fwd: ")]
+assert len(rows) == 3 and len(lines) == 3, (rows, lines)
+for r, l in zip(rows, lines):
+    for k in ("fwd_ms", "bwd_ms", "bwd_inner_ms", "bwd_allreduce_ms", "step_ms"):
+        assert r[k] > 0, (k, r)
+    assert abs(r["bwd_ms"] - r["bwd_inner_ms"] - r["bwd_allreduce_ms"]) < 0.01, r
+    total = r["fwd_ms"] + r["bwd_ms"] + r["step_ms"]
+    assert total <= r["ms"] * 1.01 + 0.1, (total, r)
+    got = [float(x) for x in re.findall(r": ([0-9.]+)", l)]
+    want = [r["fwd_ms"], r["bwd_ms"], r["bwd_inner_ms"], r["bwd_allreduce_ms"], r["step_ms"]]
+    assert all(abs(a - b) <= 0.006 for a, b in zip(got, want)), (got, want)
+PY
+# the microstep line: the step's figures over its 2 micro-batches (step's whole)
+python3 - "$TMP/out" <<'PY' && pass || fail "wall_clock_breakdown microstep means"
+import re, sys
+ls = [l for l in open(sys.argv[1]) if l.startswith("[Rank 0] time (ms)")]
+assert len(ls) == 6, ls
+for micro, whole in zip(ls[0::2], ls[1::2]):
+    m = [float(x) for x in re.findall(r": ([0-9.]+)", micro)]
+    w = [float(x) for x in re.findall(r": ([0-9.]+)", whole)]
+    assert all(abs(a - b / 2) <= 0.011 for a, b in zip(m[:4], w[:4])) and abs(m[4] - w[4]) <= 0.011, (m, w)
+PY
+# one rank: no reduction, so no bwd_allreduce; the train section's key
+expect_exit 0 "$DSC" train "$(variant wcb "batch = 2" "wall_clock_breakdown = true")" --data "$TMP/c" --seq 16 --steps 2 --eval-every 0 --log "$TMP/wcb1.jsonl"
+grep -q '"bwd_allreduce_ms":0.000' "$TMP/wcb1.jsonl" && grep -q '"step_ms":' "$TMP/wcb1.jsonl" &&
+  pass || fail "wall_clock_breakdown from the train section at one rank: $(cat "$TMP/wcb1.jsonl")"
+# the flag; --quiet prints no timer lines
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --wall-clock-breakdown true --log "$TMP/wcb2.jsonl"
+grep -q '"fwd_ms":' "$TMP/wcb2.jsonl" && pass || fail "--wall-clock-breakdown true logs no phases"
+grep -q 'time (ms)' "$TMP/out" && fail "--quiet printed the timer lines" || pass
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --wall-clock-breakdown false --deepspeed "$TMP/wcb.json" --print-config
+expect_grep '^  wall_clock_breakdown +false +# flag --wall-clock-breakdown' "$TMP/out"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/wcb.json" --print-config
+expect_grep '^  wall_clock_breakdown +true +# .*wcb.json:1' "$TMP/out"
+# a compiled program: the phases come from the graph's shape, so a .dsx has them
+if "$DSC" compile "$MODEL" --batch 2 --seq 16 -o "$TMP/wcb.dsx" >/dev/null 2>&1; then
+  expect_exit 0 "$DSC" train "$TMP/wcb.dsx" --data "$TMP/c" --steps 2 --eval-every 0 --quiet \
+    --wall-clock-breakdown true --log "$TMP/wcb3.jsonl"
+  python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; assert r and all(x["fwd_ms"]>0 and x["bwd_ms"]>0 and x["step_ms"]>0 for x in r)' "$TMP/wcb3.jsonl" &&
+    pass || fail "wall_clock_breakdown of a .dsx: $(cat "$TMP/wcb3.jsonl")"
+fi
+# the interpreter times nothing: a warning, and training goes on
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --backend interp --steps 1 --wall-clock-breakdown true
+expect_grep "warning: wall_clock_breakdown: the interp backend times no instructions, so no breakdown is printed" "$TMP/err"
+err_case wcbtype '{"wall_clock_breakdown": "yes"}' "'wall_clock_breakdown' must be true, false or \"auto\""
 finish

@@ -901,4 +901,76 @@ TEST(Schedule, LinearEdges) {
   EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 100), 0.2);
 }
 
+// ir_graph_phases (wall_clock_breakdown): the loss's ancestors are the
+// forward, the rest of the gradient norm's the backward, the update the step;
+// micro_step has no step; the phases read back from the module's text.
+std::vector<unsigned char> phases(dsc_graph *g) {
+  std::vector<unsigned char> ph((size_t)dsc_graph_node_count(g) + 1, 255);
+  EXPECT_TRUE(ir_graph_phases(g, ph.data()));
+  ph.pop_back();
+  return ph;
+}
+// how many nodes of each op each phase has (the text form may renumber them)
+std::map<std::pair<int, int>, int> phase_histogram(dsc_graph *g) {
+  std::vector<unsigned char> ph = phases(g);
+  std::map<std::pair<int, int>, int> h;
+  for (int i = 0; i < dsc_graph_node_count(g); i++) h[{(int)dsc_node_op(dsc_graph_node(g, i)), ph[i]}]++;
+  return h;
+}
+
+TEST(Optimizer, PhasesOfTheStep) {
+  Ctx c;
+  for (int64_t K : {1, 2}) {
+    dsc_train_config cfg = adamw_config(c.c);
+    cfg.grad_accum = K;
+    cfg.clip = 1.0;
+    dsc_module *m = compile(c.c, 4);
+    ASSERT_NE(m, nullptr);
+    dsc_pipeline_options po = {&cfg, nullptr, false, nullptr, true};
+    ASSERT_EQ(dsc_run_pipeline(m, &po), DSC_OK) << diags(c.c);
+    dsc_graph *g = dsc_module_find_graph(m, K == 1 ? "train_step" : "micro_step");
+    ASSERT_NE(g, nullptr);
+    std::vector<unsigned char> ph = phases(g);
+    int matmuls[IR_PHASE_COUNT] = {0}, assigns[IR_PHASE_COUNT] = {0};
+    for (int i = 0; i < dsc_graph_node_count(g); i++) {
+      ASSERT_LT(ph[i], IR_PHASE_COUNT);
+      dsc_op op = dsc_node_op(dsc_graph_node(g, i));
+      matmuls[ph[i]] += op == DSC_OP_MATMUL;
+      assigns[ph[i]] += op == DSC_OP_ASSIGN;
+    }
+    EXPECT_EQ(ph[dsc_graph_output_at(g, 0)->id], IR_PHASE_FORWARD);
+    // the two forward matmuls; three in the backward (w2's input gradient,
+    // both weights' gradients: x needs none)
+    EXPECT_EQ(matmuls[IR_PHASE_FORWARD], 2) << "K " << K;
+    EXPECT_EQ(matmuls[IR_PHASE_BACKWARD], 3) << "K " << K;
+    EXPECT_EQ(matmuls[IR_PHASE_STEP], 0) << "K " << K;
+    EXPECT_EQ(assigns[IR_PHASE_FORWARD], 0) << "K " << K;
+    if (K == 1) {
+      EXPECT_EQ(ph[dsc_graph_output_at(g, 1)->id], IR_PHASE_BACKWARD);
+      EXPECT_EQ(assigns[IR_PHASE_BACKWARD], 0);
+      EXPECT_EQ(assigns[IR_PHASE_STEP], 4 * 3 + 1);  // each param, its m and v; the step count
+    } else {
+      EXPECT_EQ(assigns[IR_PHASE_BACKWARD], 1 + 4);  // the loss's and each gradient's sum
+      EXPECT_EQ(assigns[IR_PHASE_STEP], 0);
+      // train_step: the update is the step, nothing is the forward but the loss's read
+      std::vector<unsigned char> tp = phases(dsc_module_find_graph(m, "train_step"));
+      EXPECT_EQ(std::count(tp.begin(), tp.end(), IR_PHASE_STEP) > 0, true);
+    }
+    // from the text form, the same phases
+    char *text = dsc_module_print_string(m);
+    ASSERT_NE(text, nullptr);
+    dsc_module *back = nullptr;
+    ASSERT_EQ(dsc_module_parse(c.c, text, strlen(text), "step.dsir", &back), DSC_OK) << diags(c.c);
+    dsc_string_free(c.c, text);
+    EXPECT_EQ(phase_histogram(dsc_module_find_graph(back, dsc_graph_name(g))), phase_histogram(g));
+    dsc_module_free(back);
+    dsc_module_free(m);
+  }
+  // any other graph is all forward
+  dsc_module *f = compile(c.c, 4);
+  std::vector<unsigned char> fp = phases(dsc_module_find_graph(f, "forward"));
+  EXPECT_EQ(std::count(fp.begin(), fp.end(), IR_PHASE_FORWARD), (long)fp.size());
+  dsc_module_free(f);
+}
+
 }  // namespace
