@@ -194,6 +194,10 @@ struct dsc_trainer {
   int32_t *buf_in, *buf_tgt; /* B*K*world*T each (the global batch), context-allocated */
   size_t buf_bytes;
   int64_t B, T, K, step, end, last_saved;
+  /* fp16: the steps skipped for an overflow (DeepSpeed's skipped_steps),
+   * which the schedule does not count, as DeepSpeed's engine does not step
+   * its lr scheduler on them; saved with checkpoints */
+  int64_t skipped;
   dsc_comm *comm; /* NULL: one rank */
   int rank, world;
   dsc_trace *trace; /* NULL: off (options.trace) */
@@ -1004,6 +1008,14 @@ static dsc_status restore_checkpoint(dsc_trainer *t, open_state *s) {
     return DSC_ERR_USER;
   }
   memcpy(t->rng.s, ck->state.rng, sizeof t->rng.s);
+  /* absent in checkpoints from before it was saved: none skipped */
+  const char *sk = ck_extra(ck, "skipped_steps");
+  if (sk && (!parse_i64(sk, &t->skipped) || t->skipped < 0 || t->skipped > t->step)) {
+    ir_error(ctx, rt_loc(ck->dir),
+             "malformed checkpoint state: \"skipped_steps\" is '%s' (0 to the step, %" PRId64 ")",
+             sk, t->step);
+    return DSC_ERR_USER;
+  }
   t->last_saved = t->step;
   return DSC_OK;
 }
@@ -1281,7 +1293,7 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
     if (t->micro_g) dsc_graph_set_collective_tags(t->micro_g, t->step + 1);
     dsc_exec_set_collective_tag(t->step_x, t->step + 1);
   }
-  double lr = dsc_lr_at(&t->cfg, t->step);
+  double lr = dsc_lr_at(&t->cfg, t->step - t->skipped);
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
   const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
   dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
@@ -1311,6 +1323,7 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   p->loss = outs[0]->data[0];
   p->grad_norm = outs[1]->data[0];
   p->skipped = outs[2] && outs[2]->data[0] != 0;
+  t->skipped += p->skipped;
   for (int i = 0; i < 3; i++) dsc_tensor_free(t->ctx, outs[i]);
   t->step++;
   p->step = t->step;
@@ -1433,7 +1446,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;
   }
-  char num[11][32];
+  char num[12][32];
   snprintf(num[0], sizeof num[0], "%" PRId64, t->B);
   snprintf(num[1], sizeof num[1], "%" PRId64, t->T);
   snprintf(num[2], sizeof num[2], "%" PRId64, t->K);
@@ -1445,6 +1458,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   snprintf(num[8], sizeof num[8], "%" PRId64, t->cfg.eval_every);
   snprintf(num[9], sizeof num[9], "%d", t->world);
   snprintf(num[10], sizeof num[10], "%" PRId64, t->cfg.zero.stage);
+  snprintf(num[11], sizeof num[11], "%" PRId64, t->skipped);
   const dsc_kv extra[] = {
       {"model", t->info.model_path},
       {"model_name", t->info.model_name},
@@ -1462,6 +1476,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"eval_every", num[8]},
       {"world", num[9]},
       {"zero_stage", num[10]},
+      {"skipped_steps", num[11]},
   };
   dsc_checkpoint_state s;
   memset(&s, 0, sizeof s);

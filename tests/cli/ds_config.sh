@@ -285,4 +285,35 @@ fi
 expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --backend interp --steps 1 --wall-clock-breakdown true
 expect_grep "warning: wall_clock_breakdown: the interp backend times no instructions, so no breakdown is printed" "$TMP/err"
 err_case wcbtype '{"wall_clock_breakdown": "yes"}' "'wall_clock_breakdown' must be true, false or \"auto\""
+# 9. fp16: a step skipped for an overflow does not step the schedule, as
+# DeepSpeed's engine does not step its lr scheduler then (a scale of 2^17
+# overflows the tiny GPT's first steps); a resumed run keeps the count
+cat >"$TMP/skip.json" <<'EOF'
+{"fp16": {"enabled": true, "initial_scale_power": 17, "hysteresis": 1},
+ "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 8, "warmup_type": "linear", "warmup_max_lr": 0.004}}}
+EOF
+SKIP=(--data "$TMP/c" --seq 16 --batch 2 --steps 10 --eval-every 0 --quiet --deepspeed "$TMP/skip.json")
+expect_exit 0 "$DSC" train "$MODEL" "${SKIP[@]}" --log "$TMP/skip.jsonl"
+python3 "$(dirname "$0")/lib/ds_lr.py" "$TMP/skip.json" 0.004 10 >"$TMP/skip.want"
+python3 - "$TMP/skip.jsonl" "$TMP/skip.want" <<'PY' && pass || fail "fp16 skipped steps and the schedule"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+want = [float(x) for x in open(sys.argv[2])]
+skipped = 0
+for r in rows:  # step k runs at the scheduler's iteration of step k - skipped so far
+    w = want[r["step"] - skipped - 1]
+    assert abs(r["lr"] - w) <= 1e-7 * max(w, 1e-3), (r, w, skipped)
+    skipped += bool(r.get("skipped"))
+assert 0 < skipped < len(rows) - 3, skipped  # some skipped, then steps that update
+PY
+expect_exit 0 "$DSC" train "$MODEL" "${SKIP[@]}" --out "$TMP/skip-out" --stop-at 4 --log "$TMP/skip-a.jsonl"
+grep -q '"skipped_steps":' "$TMP/skip-out/step-000004/state.json" && pass || fail "no skipped_steps in the checkpoint"
+expect_exit 0 "$DSC" train "$MODEL" --resume "$TMP/skip-out" --data "$TMP/c" --quiet --deepspeed "$TMP/skip.json" \
+  --log "$TMP/skip-b.jsonl"
+a=$(cat "$TMP/skip-a.jsonl" "$TMP/skip-b.jsonl" | grep -o '"lr":[^,]*' | tr '\n' ' ')
+b=$(grep -o '"lr":[^,]*' "$TMP/skip.jsonl" | tr '\n' ' ')
+[ -n "$a" ] && [ "$a" = "$b" ] && pass || fail "resumed lrs [$a], uninterrupted [$b]"
+sed -i 's/"skipped_steps":[^,}]*/"skipped_steps":\t"99"/' "$TMP/skip-out/step-000004/state.json"
+expect_exit 1 "$DSC" train "$MODEL" --resume "$TMP/skip-out/step-000004" --data "$TMP/c" --quiet &&
+  expect_grep "malformed checkpoint state: \"skipped_steps\" is '99' \(0 to the step, 4\)" "$TMP/err"
 finish
