@@ -181,10 +181,14 @@ TEST(DsConfig, OptimizerAndScheduleTextsReadBack) {
   cfg.opt.adam_lr = 0.01;
   cfg.sched.warmup = 7, cfg.sched.min_lr = 1e-5, cfg.sched.decay_steps = 40;
   cfg.sched.warmup_log = false, cfg.sched.min_ratio = 0.2, cfg.sched.cos_min_ratio = 0.05;
+  cfg.sched.first_steps = 9, cfg.sched.second_steps = 0, cfg.sched.first_stairs = 3;
+  cfg.sched.second_stairs = 1, cfg.sched.decay_step_size = 4, cfg.sched.decay_lr_rate = 0.125;
+  cfg.sched.step_size = 6, cfg.sched.step_rate = 0.3, cfg.sched.staircase = true;
   for (dsc_optimizer_kind ok : {DSC_OPT_ADAMW, DSC_OPT_SGD, DSC_OPT_MUON})
     for (dsc_schedule_kind sk : {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
                                  DSC_SCHED_WARMUP_LR, DSC_SCHED_WARMUP_DECAY_LR,
-                                 DSC_SCHED_WARMUP_COSINE_LR}) {
+                                 DSC_SCHED_WARMUP_COSINE_LR, DSC_SCHED_ONE_CYCLE,
+                                 DSC_SCHED_LR_RANGE_TEST}) {
       dsc_train_config a = cfg, b;
       a.opt.kind = ok, a.sched.kind = sk;
       char opt[400], sched[400];
@@ -212,15 +216,31 @@ TEST(DsConfig, OptimizerAndScheduleTextsReadBack) {
         EXPECT_EQ(b.opt.adam_lr, a.opt.adam_lr) << opt;
       }
       EXPECT_EQ(b.sched.kind, sk) << sched;
-      EXPECT_EQ(b.sched.warmup, a.sched.warmup) << sched;
-      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_COSINE_LR) {
+      bool cycle = sk == DSC_SCHED_ONE_CYCLE, range = sk == DSC_SCHED_LR_RANGE_TEST;
+      if (!cycle && !range) {
+        EXPECT_EQ(b.sched.warmup, a.sched.warmup) << sched;
+      }
+      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_COSINE_LR && !range) {
         EXPECT_EQ(b.sched.min_lr, a.sched.min_lr) << sched;
       }
-      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_LR) {
+      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_LR && !cycle && !range) {
         EXPECT_EQ(b.sched.decay_steps, a.sched.decay_steps) << sched;
       }
-      if (sk >= DSC_SCHED_WARMUP_LR) {
+      if (sk >= DSC_SCHED_WARMUP_LR && !cycle && !range) {
         EXPECT_EQ(b.sched.warmup_log, a.sched.warmup_log) << sched;
+      }
+      if (cycle) {
+        EXPECT_EQ(b.sched.first_steps, a.sched.first_steps) << sched;
+        EXPECT_EQ(b.sched.second_steps, a.sched.second_steps) << sched;
+        EXPECT_EQ(b.sched.first_stairs, a.sched.first_stairs) << sched;
+        EXPECT_EQ(b.sched.second_stairs, a.sched.second_stairs) << sched;
+        EXPECT_EQ(b.sched.decay_step_size, a.sched.decay_step_size) << sched;
+        EXPECT_EQ(b.sched.decay_lr_rate, a.sched.decay_lr_rate) << sched;
+      }
+      if (range) {
+        EXPECT_EQ(b.sched.step_size, a.sched.step_size) << sched;
+        EXPECT_EQ(b.sched.step_rate, a.sched.step_rate) << sched;
+        EXPECT_EQ(b.sched.staircase, a.sched.staircase) << sched;
       }
       if (sk == DSC_SCHED_WARMUP_COSINE_LR) {
         EXPECT_EQ(b.sched.min_ratio, a.sched.min_ratio) << sched;
