@@ -249,6 +249,59 @@ TEST(DsConfig, OptimizerAndScheduleTextsReadBack) {
     }
 }
 
+// OneCycle and LRRangeTest: DeepSpeed's defaults for what the file leaves
+// out (the second half and stairs the first's), "auto" the model's values
+// where it has the same schedule (else DeepSpeed's), cycle_max_lr and
+// lr_range_test_min_lr the lr.
+TEST(DsConfig, OneCycleAndLrRangeTestTakeDeepSpeedsDefaultsAndTheModelsAutoValues) {
+  Ctx c;
+  std::string p = write_json("ds_cycle.json",
+                             "{\"scheduler\": {\"type\": \"OneCycle\", \"params\": {"
+                             "\"cycle_min_lr\": \"auto\", \"cycle_max_lr\": \"auto\", "
+                             "\"cycle_first_step_size\": \"auto\", \"cycle_first_stair_count\": "
+                             "\"auto\", \"cycle_momentum\": false}}}");
+  drv_ds_config ds;
+  ASSERT_EQ(drv_ds_config_read(c.ctx, p.c_str(), &c.arena, &ds), DSC_OK) << diags(c.ctx);
+  for (bool has_cycle : {true, false}) {
+    dsc_module *m = dsc_module_new(c.ctx, "m");
+    ASSERT_EQ(dsc_module_set_meta(m, "train.lr", "0.02"), DSC_OK);
+    ASSERT_EQ(dsc_module_set_meta(m, "train.schedule",
+                                  has_cycle ? "one_cycle(min_lr = 1e-4, first_steps = 5, "
+                                              "second_steps = 2, first_stairs = 1)"
+                                            : "cosine(warmup = 3, min_lr = 2e-4)"),
+              DSC_OK);
+    ASSERT_EQ(drv_ds_config_apply(c.ctx, &ds, m), DSC_OK) << diags(c.ctx);
+    dsc_train_config cfg;
+    ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(c.ctx);
+    EXPECT_EQ(cfg.sched.kind, DSC_SCHED_ONE_CYCLE);
+    EXPECT_EQ(cfg.opt.lr, 0.02);                           // auto: the model's lr
+    EXPECT_EQ(cfg.sched.min_lr, has_cycle ? 1e-4 : 2e-4);  // auto: the model's min_lr
+    EXPECT_EQ(cfg.sched.first_steps, has_cycle ? 5 : 2000);
+    EXPECT_EQ(cfg.sched.second_steps, has_cycle ? 5 : 2000);  // absent: the first's
+    EXPECT_EQ(cfg.sched.first_stairs, has_cycle ? 1 : 0);
+    EXPECT_EQ(cfg.sched.second_stairs, has_cycle ? 1 : 0);
+    EXPECT_EQ(cfg.sched.decay_step_size, 0);
+    dsc_module_free(m);
+  }
+  EXPECT_EQ(dsc_diag_count(c.ctx), 0) << diags(c.ctx);  // cycle_momentum false: no warning
+  p = write_json("ds_range.json", "{\"scheduler\": {\"type\": \"LRRangeTest\", \"params\": {"
+                                  "\"lr_range_test_step_rate\": 0.5}}}");
+  ASSERT_EQ(drv_ds_config_read(c.ctx, p.c_str(), &c.arena, &ds), DSC_OK) << diags(c.ctx);
+  dsc_module *m = dsc_module_new(c.ctx, "m");
+  ASSERT_EQ(drv_ds_config_apply(c.ctx, &ds, m), DSC_OK) << diags(c.ctx);
+  dsc_train_config cfg;
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(c.ctx);
+  EXPECT_EQ(cfg.sched.kind, DSC_SCHED_LR_RANGE_TEST);
+  EXPECT_EQ(cfg.opt.lr, 1e-3);  // DeepSpeed's lr_range_test_min_lr
+  EXPECT_EQ(cfg.sched.step_size, 2000);
+  EXPECT_EQ(cfg.sched.step_rate, 0.5);
+  EXPECT_FALSE(cfg.sched.staircase);
+  const drv_ds_setting *src = drv_ds_config_find(&ds, "lr");
+  ASSERT_NE(src, nullptr);
+  EXPECT_STREQ(src->from, "scheduler.params.lr_range_test_min_lr");
+  dsc_module_free(m);
+}
+
 // Applied to a module, the settings are read by the one settings table; the
 // optimizer takes DeepSpeed's defaults for what the file leaves out and the
 // model's values for "auto".
