@@ -320,7 +320,8 @@ static bool want_object(ds_reader *r, const char *path, const cJSON *v) {
   return false;
 }
 
-typedef enum { F_NUM, F_FRACTION, F_COUNT, F_INT } field_kind; /* >= 0, in [0, 1), an integer >= 1, >= 0 */
+/* a number >= 0, in [0, 1), an integer >= 1, an integer >= 0 */
+typedef enum { F_NUM, F_FRACTION, F_COUNT, F_INT } field_kind;
 
 /* One optimizer or scheduler param `name` of object `params` (at `parent`):
  * absent (DeepSpeed's default), "auto" (the model's value) or given. A
@@ -338,7 +339,8 @@ static void ds_field_null(ds_reader *r, const cJSON *params, const char *parent,
   double x;
   int64_t i;
   bool integer = kind == F_COUNT || kind == F_INT;
-  if (integer ? !get_int(r, path, v, kind == F_COUNT ? 1 : 0, &i, NULL) : !get_num(r, path, v, &x, NULL))
+  if (integer ? !get_int(r, path, v, kind == F_COUNT ? 1 : 0, &i, NULL)
+              : !get_num(r, path, v, &x, NULL))
     return;
   if (integer) x = (double)i;
   if (kind == F_FRACTION && !(x < 1)) {
@@ -458,8 +460,10 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
   check_keys(r, o, "scheduler", keys, 2);
   const cJSON *type = member(o, "type"), *params = member(o, "params");
   if (!cJSON_IsString(type)) {
-    if (type) bad_type(r, "scheduler.type", type, ir_arena_printf(r->arena, "a string (%s)", types));
-    else err(r, "scheduler", "ds_config 'scheduler' needs a \"type\" (%s)", types);
+    if (type)
+      bad_type(r, "scheduler.type", type, ir_arena_printf(r->arena, "a string (%s)", types));
+    else
+      err(r, "scheduler", "ds_config 'scheduler' needs a \"type\" (%s)", types);
     return;
   }
   drv_ds_sched *sc = &r->out->sched;
@@ -477,7 +481,8 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
   for (int k = 0; k < 5; k++)
     if (strcmp(t, kinds[k].name) == 0) which = k;
   if (which < 0) {
-    err(r, "scheduler.type", "ds_config scheduler type '%s' is not one dsc implements (%s)", t, types);
+    err(r, "scheduler.type", "ds_config scheduler type '%s' is not one dsc implements (%s)", t,
+        types);
     return;
   }
   sc->kind = kinds[which].kind;
@@ -489,14 +494,24 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
                                             "warmup_max_lr", "total_num_steps"};
   static const char *const cosine_keys[] = {"warmup_num_steps", "warmup_type", "warmup_min_ratio",
                                             "cos_min_ratio", "total_num_steps"};
-  static const char *const cycle_keys[] = {
-      "cycle_min_lr",     "cycle_max_lr",          "decay_lr_rate",          "cycle_first_step_size",
-      "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
-      "decay_step_size",  "cycle_momentum",        "cycle_min_mom",          "cycle_max_mom",
-      "decay_mom_rate"};
+  static const char *const cycle_keys[] = {"cycle_min_lr",
+                                           "cycle_max_lr",
+                                           "decay_lr_rate",
+                                           "cycle_first_step_size",
+                                           "cycle_second_step_size",
+                                           "cycle_first_stair_count",
+                                           "cycle_second_stair_count",
+                                           "decay_step_size",
+                                           "cycle_momentum",
+                                           "cycle_min_mom",
+                                           "cycle_max_mom",
+                                           "decay_mom_rate"};
   static const char *const range_keys[] = {"lr_range_test_min_lr", "lr_range_test_step_size",
                                            "lr_range_test_step_rate", "lr_range_test_staircase"};
-  const char *const *names = cycle ? cycle_keys : range ? range_keys : cosine ? cosine_keys : warmup_keys;
+  const char *const *names = cycle    ? cycle_keys
+                             : range  ? range_keys
+                             : cosine ? cosine_keys
+                                      : warmup_keys;
   int n_names = cycle ? 12 : range ? 4 : decay || cosine ? 5 : 4;
   known_key pkeys[16];
   int np = 0;
@@ -538,7 +553,8 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
       ds_field(r, params, P, "cos_min_ratio", &sc->cos_min_ratio, F_NUM);
       v = member(params, "warmup_type");
       if (v) {
-        if (!cJSON_IsString(v) || (strcmp(v->valuestring, "log") != 0 && strcmp(v->valuestring, "linear") != 0))
+        if (!cJSON_IsString(v) ||
+            (strcmp(v->valuestring, "log") != 0 && strcmp(v->valuestring, "linear") != 0))
           bad_type(r, "scheduler.params.warmup_type", v, "\"log\" or \"linear\"");
         else
           sc->linear = strcmp(v->valuestring, "linear") == 0;
@@ -566,7 +582,7 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
         "default for it; \"auto\": the optimizer's lr)");
   sc->given = true;
   r->out->sched_src = (drv_ds_setting){.key = "schedule", .from = "scheduler", .loc = sc->loc};
-  const char *lr_key = cycle ? "scheduler.params.cycle_max_lr"
+  const char *lr_key = cycle   ? "scheduler.params.cycle_max_lr"
                        : range ? "scheduler.params.lr_range_test_min_lr"
                                : "scheduler.params.warmup_max_lr";
   if (!cosine && sc->max_lr.state != DRV_DS_AUTO)

@@ -176,11 +176,11 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
       ok = a->kind == V_NUM && num(a) >= 0;
     if (!ok) {
       ERR(loc, "setting '%s' of '%s' must be %s", v->keys[i], name,
-          strcmp(v->keys[i], "betas") == 0         ? "a pair of numbers, as in (0.9, 0.95)"
-          : strcmp(v->keys[i], "nesterov") == 0 ||
-                  strcmp(v->keys[i], "staircase") == 0 ? "true or false"
+          strcmp(v->keys[i], "betas") == 0 ? "a pair of numbers, as in (0.9, 0.95)"
+          : strcmp(v->keys[i], "nesterov") == 0 || strcmp(v->keys[i], "staircase") == 0
+              ? "true or false"
           : strcmp(v->keys[i], "warmup_type") == 0 ? "log or linear"
-                                                : "a non-negative number");
+                                                   : "a non-negative number");
       return false;
     }
   }
@@ -198,10 +198,9 @@ static bool check_train_value(fe_state *st, const fe_setting *s, const dsc_setti
                                             {"lr", "betas", "eps", "weight_decay"},
                                             {"lr", "momentum", "weight_decay", "nesterov"},
                                             {"lr", "momentum", "weight_decay", "nesterov"}};
-  static const char *const scheds[] = {"constant",        "cosine",           "linear",
-                                       "warmup_cosine",   "warmup_linear",    "warmup_lr",
-                                       "warmup_decay_lr", "warmup_cosine_lr", "one_cycle",
-                                       "lr_range_test"};
+  static const char *const scheds[] = {
+      "constant",  "cosine",          "linear",           "warmup_cosine", "warmup_linear",
+      "warmup_lr", "warmup_decay_lr", "warmup_cosine_lr", "one_cycle",     "lr_range_test"};
   static const char *const sched_keys[][8] = {
       {"warmup"},
       {"warmup", "min_lr", "decay_steps"},

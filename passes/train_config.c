@@ -175,15 +175,14 @@ static bool set_deepspeed_cycle(dsc_context *ctx, const char *raw, const pass_tv
  * and LRRangeTest (set_deepspeed_cycle). */
 static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
                          dsc_train_config *cfg) {
-  static const char *const names[] = {"constant",        "cosine",           "linear",
-                                      "warmup_cosine",   "warmup_linear",    "warmup_lr",
-                                      "warmup_decay_lr", "warmup_cosine_lr", "one_cycle",
-                                      "lr_range_test"};
-  static const dsc_schedule_kind kinds[] = {
-      DSC_SCHED_CONSTANT,        DSC_SCHED_COSINE,           DSC_SCHED_LINEAR,
-      DSC_SCHED_COSINE,          DSC_SCHED_LINEAR,           DSC_SCHED_WARMUP_LR,
-      DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR, DSC_SCHED_ONE_CYCLE,
-      DSC_SCHED_LR_RANGE_TEST};
+  static const char *const names[] = {
+      "constant",  "cosine",          "linear",           "warmup_cosine", "warmup_linear",
+      "warmup_lr", "warmup_decay_lr", "warmup_cosine_lr", "one_cycle",     "lr_range_test"};
+  static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT,        DSC_SCHED_COSINE,
+                                            DSC_SCHED_LINEAR,          DSC_SCHED_COSINE,
+                                            DSC_SCHED_LINEAR,          DSC_SCHED_WARMUP_LR,
+                                            DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR,
+                                            DSC_SCHED_ONE_CYCLE,       DSC_SCHED_LR_RANGE_TEST};
   const char *want =
       "one of constant, cosine, linear, warmup_cosine, warmup_linear, warmup_lr, "
       "warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test";
@@ -332,7 +331,8 @@ static double one_cycle_lr(const dsc_train_config *cfg, int64_t it) {
       scale = (x - 1) / (ratio - 1), stairs = cfg->sched.second_stairs;
     if (stairs > 0) {
       double ci = fmod(bi, total);
-      double pos = ci <= first ? ci * (double)stairs / first : (total - ci) * (double)stairs / second;
+      double pos =
+          ci <= first ? ci * (double)stairs / first : (total - ci) * (double)stairs / second;
       scale = floor(pos) / (double)stairs;
     }
     return lo + (hi - lo) * scale;

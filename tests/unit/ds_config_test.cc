@@ -185,10 +185,10 @@ TEST(DsConfig, OptimizerAndScheduleTextsReadBack) {
   cfg.sched.second_stairs = 1, cfg.sched.decay_step_size = 4, cfg.sched.decay_lr_rate = 0.125;
   cfg.sched.step_size = 6, cfg.sched.step_rate = 0.3, cfg.sched.staircase = true;
   for (dsc_optimizer_kind ok : {DSC_OPT_ADAMW, DSC_OPT_SGD, DSC_OPT_MUON})
-    for (dsc_schedule_kind sk : {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
-                                 DSC_SCHED_WARMUP_LR, DSC_SCHED_WARMUP_DECAY_LR,
-                                 DSC_SCHED_WARMUP_COSINE_LR, DSC_SCHED_ONE_CYCLE,
-                                 DSC_SCHED_LR_RANGE_TEST}) {
+    for (dsc_schedule_kind sk :
+         {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR, DSC_SCHED_WARMUP_LR,
+          DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR, DSC_SCHED_ONE_CYCLE,
+          DSC_SCHED_LR_RANGE_TEST}) {
       dsc_train_config a = cfg, b;
       a.opt.kind = ok, a.sched.kind = sk;
       char opt[400], sched[400];
@@ -284,8 +284,9 @@ TEST(DsConfig, OneCycleAndLrRangeTestTakeDeepSpeedsDefaultsAndTheModelsAutoValue
     dsc_module_free(m);
   }
   EXPECT_EQ(dsc_diag_count(c.ctx), 0) << diags(c.ctx);  // cycle_momentum false: no warning
-  p = write_json("ds_range.json", "{\"scheduler\": {\"type\": \"LRRangeTest\", \"params\": {"
-                                  "\"lr_range_test_step_rate\": 0.5}}}");
+  p = write_json("ds_range.json",
+                 "{\"scheduler\": {\"type\": \"LRRangeTest\", \"params\": {"
+                 "\"lr_range_test_step_rate\": 0.5}}}");
   ASSERT_EQ(drv_ds_config_read(c.ctx, p.c_str(), &c.arena, &ds), DSC_OK) << diags(c.ctx);
   dsc_module *m = dsc_module_new(c.ctx, "m");
   ASSERT_EQ(drv_ds_config_apply(c.ctx, &ds, m), DSC_OK) << diags(c.ctx);
