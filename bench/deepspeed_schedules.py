@@ -7,7 +7,8 @@ downloads the deepspeed source package from PyPI).
 Fetches the deepspeed sdist (pip download, cached under build/deepspeed-sdist),
 loads its deepspeed/runtime/lr_schedules.py with stand-ins for the three names
 it imports from torch and deepspeed.utils (Optimizer, is_tensor, logger: the
-schedulers only read and write param_groups[i]['lr']), and drives each
+schedulers only read and write param_groups[i]['lr'], and OneCycle
+param_groups[i]['betas'] where optimizer.defaults has betas), and drives each
 scheduler as DeepSpeed's engine does: made once, then step() after every
 optimizer step. dsc trains the tiny GPT with the same ds_config and logs the
 lr of each step; the script prints both and the largest difference (dsc logs
@@ -36,6 +37,12 @@ CASES = [
     ("WarmupDecayLR log", {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 1, "total_num_steps": 12}}),
     ("WarmupCosineLR log", {"type": "WarmupCosineLR", "params": {"total_num_steps": 11, "warmup_num_steps": 3, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05}}),
     ("WarmupCosineLR linear", {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_num_steps": 4, "warmup_type": "linear"}}),
+    ("OneCycle", {"type": "OneCycle", "params": {"cycle_min_lr": 0.0005, "cycle_max_lr": 0.003, "cycle_first_step_size": 4}}),
+    ("OneCycle stairs", {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001, "cycle_max_lr": 0.002, "cycle_first_step_size": 6, "cycle_second_step_size": 3, "cycle_first_stair_count": 3, "cycle_second_stair_count": 2}}),
+    ("OneCycle decay", {"type": "OneCycle", "params": {"cycle_min_lr": 0.0002, "cycle_max_lr": 0.004, "cycle_first_step_size": 2, "cycle_second_step_size": 5, "cycle_first_stair_count": 2, "decay_step_size": 3, "decay_lr_rate": 0.25}}),
+    ("OneCycle 7/4 stairs", {"type": "OneCycle", "params": {"cycle_min_lr": 0.0003, "cycle_max_lr": 0.0031, "cycle_first_step_size": 7, "cycle_second_step_size": 4, "cycle_first_stair_count": 3, "cycle_second_stair_count": 3, "decay_step_size": 1, "decay_lr_rate": 0.1}}),
+    ("LRRangeTest", {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.0002, "lr_range_test_step_size": 3, "lr_range_test_step_rate": 0.5}}),
+    ("LRRangeTest staircase", {"type": "LRRangeTest", "params": {"lr_range_test_step_size": 4, "lr_range_test_step_rate": 2, "lr_range_test_staircase": True}}),
 ]
 OPT_LR, STEPS = 0.004, 14
 
@@ -71,7 +78,10 @@ def deepspeed_module(version, cache):
 
 def deepspeed_lrs(mod, Optimizer, sched):
     opt = Optimizer()
-    opt.param_groups = [{"lr": OPT_LR}]
+    opt.param_groups = [{"lr": OPT_LR, "betas": (0.9, 0.999)}]
+    # an Adam's defaults: OneCycle cycles the betas too (which dsc does not:
+    # it warns), and the lr is the same either way
+    opt.defaults = {"lr": OPT_LR, "betas": (0.9, 0.999)}
     s = getattr(mod, sched["type"])(opt, **sched["params"])
     out = []
     for _ in range(STEPS):

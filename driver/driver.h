@@ -93,10 +93,19 @@ typedef struct {
 
 typedef struct {
   bool given;
-  dsc_schedule_kind kind; /* DSC_SCHED_WARMUP_LR, _WARMUP_DECAY_LR, _WARMUP_COSINE_LR */
+  dsc_schedule_kind kind; /* DSC_SCHED_WARMUP_LR ... _LR_RANGE_TEST */
+  /* max_lr is the lr the schedule drives: warmup_max_lr, cycle_max_lr or
+   * lr_range_test_min_lr; min_lr warmup_min_lr or cycle_min_lr */
   drv_ds_opt_field min_lr, max_lr, warmup, total, min_ratio, cos_min_ratio;
-  bool linear; /* warmup_type "linear" (DeepSpeed's default: log) */
-  dsc_loc loc;
+  /* OneCycle: cycle_{first,second}_step_size, _stair_count, decay_step_size,
+   * decay_lr_rate, cycle_{min,max}_mom (read, not applied: cycle_momentum);
+   * LRRangeTest: lr_range_test_step_size, _step_rate */
+  drv_ds_opt_field first, second, first_stairs, second_stairs, decay_size, decay_rate;
+  drv_ds_opt_field min_mom, max_mom, step_size, step_rate;
+  bool linear;         /* warmup_type "linear" (DeepSpeed's default: log) */
+  bool staircase;      /* lr_range_test_staircase */
+  bool cycle_momentum; /* OneCycle's (DeepSpeed's default: true): warned of with Adam */
+  dsc_loc loc, momentum_loc;
 } drv_ds_sched;
 
 #define DRV_DS_AUTO_MAX 32

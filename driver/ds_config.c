@@ -320,14 +320,16 @@ static bool want_object(ds_reader *r, const char *path, const cJSON *v) {
   return false;
 }
 
-typedef enum { F_NUM, F_FRACTION, F_COUNT } field_kind; /* >= 0, in [0, 1), an integer >= 1 */
+/* a number >= 0, in [0, 1), an integer >= 1, an integer >= 0 */
+typedef enum { F_NUM, F_FRACTION, F_COUNT, F_INT } field_kind;
 
 /* One optimizer or scheduler param `name` of object `params` (at `parent`):
- * absent (DeepSpeed's default), "auto" (the model's value) or given. */
-static void ds_field(ds_reader *r, const cJSON *params, const char *parent, const char *name,
-                     drv_ds_opt_field *f, field_kind kind) {
+ * absent (DeepSpeed's default), "auto" (the model's value) or given. A
+ * null is absent where DeepSpeed's default is None (null_absent). */
+static void ds_field_null(ds_reader *r, const cJSON *params, const char *parent, const char *name,
+                          drv_ds_opt_field *f, field_kind kind, bool null_absent) {
   const cJSON *v = member(params, name);
-  if (!v) return;
+  if (!v || (null_absent && cJSON_IsNull(v))) return;
   const char *path = ir_arena_printf(r->arena, "%s.%s", parent, name);
   if (is_auto(v)) {
     f->state = DRV_DS_AUTO;
@@ -336,13 +338,21 @@ static void ds_field(ds_reader *r, const cJSON *params, const char *parent, cons
   }
   double x;
   int64_t i;
-  if (kind == F_COUNT ? !get_int(r, path, v, 1, &i, NULL) : !get_num(r, path, v, &x, NULL)) return;
-  if (kind == F_COUNT) x = (double)i;
+  bool integer = kind == F_COUNT || kind == F_INT;
+  if (integer ? !get_int(r, path, v, kind == F_COUNT ? 1 : 0, &i, NULL)
+              : !get_num(r, path, v, &x, NULL))
+    return;
+  if (integer) x = (double)i;
   if (kind == F_FRACTION && !(x < 1)) {
     bad_type(r, path, v, "a number in [0, 1)");
     return;
   }
   f->state = DRV_DS_GIVEN, f->v = x;
+}
+
+static void ds_field(ds_reader *r, const cJSON *params, const char *parent, const char *name,
+                     drv_ds_opt_field *f, field_kind kind) {
+  ds_field_null(r, params, parent, name, f, kind, false);
 }
 
 /* "optimizer": {"type": ..., "params": {...}} with DeepSpeed's names; the
@@ -440,71 +450,115 @@ static void read_optimizer(ds_reader *r, const cJSON *o) {
     op->src[2] = (drv_ds_setting){.key = "weight_decay", .from = "optimizer.params.weight_decay", .loc = op->loc};
 }
 
-/* "scheduler": DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR with
- * their params (made the train setting when applied: "auto" values are the
- * model's). */
+/* "scheduler": DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR,
+ * OneCycle and LRRangeTest with their params (made the train setting when
+ * applied: "auto" values are the model's). */
 static void read_scheduler(ds_reader *r, const cJSON *o) {
   static const known_key keys[] = {{"type", K_MAPPED, NULL}, {"params", K_MAPPED, NULL}};
+  static const char *const types = "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest";
   if (!want_object(r, "scheduler", o)) return;
   check_keys(r, o, "scheduler", keys, 2);
   const cJSON *type = member(o, "type"), *params = member(o, "params");
   if (!cJSON_IsString(type)) {
-    if (type) bad_type(r, "scheduler.type", type, "a string (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
-    else err(r, "scheduler", "ds_config 'scheduler' needs a \"type\" (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+    if (type)
+      bad_type(r, "scheduler.type", type, ir_arena_printf(r->arena, "a string (%s)", types));
+    else
+      err(r, "scheduler", "ds_config 'scheduler' needs a \"type\" (%s)", types);
     return;
   }
   drv_ds_sched *sc = &r->out->sched;
   memset(sc, 0, sizeof *sc);
   const char *t = type->valuestring;
-  if (strcmp(t, "WarmupLR") == 0) {
-    sc->kind = DSC_SCHED_WARMUP_LR;
-  } else if (strcmp(t, "WarmupDecayLR") == 0) {
-    sc->kind = DSC_SCHED_WARMUP_DECAY_LR;
-  } else if (strcmp(t, "WarmupCosineLR") == 0) {
-    sc->kind = DSC_SCHED_WARMUP_COSINE_LR;
-  } else if (strcmp(t, "OneCycle") == 0 || strcmp(t, "LRRangeTest") == 0) {
-    warn(r, "scheduler.type",
-         "ds_config scheduler %s is not implemented in dsc yet: the model's train.schedule "
-         "applies (a constant lr when it has none)",
-         t);
-    return;
-  } else {
-    err(r, "scheduler.type",
-        "ds_config scheduler type '%s' is not one dsc implements (WarmupLR, WarmupDecayLR, "
-        "WarmupCosineLR)",
-        t);
+  static const struct {
+    const char *name;
+    dsc_schedule_kind kind;
+  } kinds[] = {{"WarmupLR", DSC_SCHED_WARMUP_LR},
+               {"WarmupDecayLR", DSC_SCHED_WARMUP_DECAY_LR},
+               {"WarmupCosineLR", DSC_SCHED_WARMUP_COSINE_LR},
+               {"OneCycle", DSC_SCHED_ONE_CYCLE},
+               {"LRRangeTest", DSC_SCHED_LR_RANGE_TEST}};
+  int which = -1;
+  for (int k = 0; k < 5; k++)
+    if (strcmp(t, kinds[k].name) == 0) which = k;
+  if (which < 0) {
+    err(r, "scheduler.type", "ds_config scheduler type '%s' is not one dsc implements (%s)", t,
+        types);
     return;
   }
-  sc->loc = key_loc(r, "scheduler.type");
+  sc->kind = kinds[which].kind;
+  sc->loc = sc->momentum_loc = key_loc(r, "scheduler.type");
+  sc->cycle_momentum = true; /* OneCycle's default */
   bool cosine = sc->kind == DSC_SCHED_WARMUP_COSINE_LR, decay = sc->kind == DSC_SCHED_WARMUP_DECAY_LR;
-  known_key pkeys[8];
+  bool cycle = sc->kind == DSC_SCHED_ONE_CYCLE, range = sc->kind == DSC_SCHED_LR_RANGE_TEST;
+  static const char *const warmup_keys[] = {"warmup_num_steps", "warmup_type", "warmup_min_lr",
+                                            "warmup_max_lr", "total_num_steps"};
+  static const char *const cosine_keys[] = {"warmup_num_steps", "warmup_type", "warmup_min_ratio",
+                                            "cos_min_ratio", "total_num_steps"};
+  static const char *const cycle_keys[] = {"cycle_min_lr",
+                                           "cycle_max_lr",
+                                           "decay_lr_rate",
+                                           "cycle_first_step_size",
+                                           "cycle_second_step_size",
+                                           "cycle_first_stair_count",
+                                           "cycle_second_stair_count",
+                                           "decay_step_size",
+                                           "cycle_momentum",
+                                           "cycle_min_mom",
+                                           "cycle_max_mom",
+                                           "decay_mom_rate"};
+  static const char *const range_keys[] = {"lr_range_test_min_lr", "lr_range_test_step_size",
+                                           "lr_range_test_step_rate", "lr_range_test_staircase"};
+  const char *const *names = cycle    ? cycle_keys
+                             : range  ? range_keys
+                             : cosine ? cosine_keys
+                                      : warmup_keys;
+  int n_names = cycle ? 12 : range ? 4 : decay || cosine ? 5 : 4;
+  known_key pkeys[16];
   int np = 0;
-  pkeys[np++] = (known_key){"warmup_num_steps", K_MAPPED, NULL};
-  pkeys[np++] = (known_key){"warmup_type", K_MAPPED, NULL};
   pkeys[np++] = (known_key){"last_batch_iteration", K_MAPPED, NULL};
-  if (!cosine) {
-    pkeys[np++] = (known_key){"warmup_min_lr", K_MAPPED, NULL};
-    pkeys[np++] = (known_key){"warmup_max_lr", K_MAPPED, NULL};
-  } else {
-    pkeys[np++] = (known_key){"warmup_min_ratio", K_MAPPED, NULL};
-    pkeys[np++] = (known_key){"cos_min_ratio", K_MAPPED, NULL};
-  }
-  if (decay || cosine) pkeys[np++] = (known_key){"total_num_steps", K_MAPPED, NULL};
+  for (int k = 0; k < n_names; k++) pkeys[np++] = (known_key){names[k], K_MAPPED, NULL};
   if (params && want_object(r, "scheduler.params", params)) {
     check_keys(r, params, "scheduler.params", pkeys, np);
     static const char *const P = "scheduler.params";
-    ds_field(r, params, P, "warmup_min_lr", &sc->min_lr, F_NUM);
-    ds_field(r, params, P, "warmup_max_lr", &sc->max_lr, F_NUM);
-    ds_field(r, params, P, "warmup_num_steps", &sc->warmup, F_COUNT);
-    ds_field(r, params, P, "total_num_steps", &sc->total, F_COUNT);
-    ds_field(r, params, P, "warmup_min_ratio", &sc->min_ratio, F_NUM);
-    ds_field(r, params, P, "cos_min_ratio", &sc->cos_min_ratio, F_NUM);
-    const cJSON *v = member(params, "warmup_type");
-    if (v) {
-      if (!cJSON_IsString(v) || (strcmp(v->valuestring, "log") != 0 && strcmp(v->valuestring, "linear") != 0))
-        bad_type(r, "scheduler.params.warmup_type", v, "\"log\" or \"linear\"");
-      else
-        sc->linear = strcmp(v->valuestring, "linear") == 0;
+    const cJSON *v;
+    if (cycle) {
+      ds_field(r, params, P, "cycle_min_lr", &sc->min_lr, F_NUM);
+      ds_field(r, params, P, "cycle_max_lr", &sc->max_lr, F_NUM);
+      ds_field(r, params, P, "decay_lr_rate", &sc->decay_rate, F_NUM);
+      ds_field(r, params, P, "cycle_first_step_size", &sc->first, F_COUNT);
+      ds_field_null(r, params, P, "cycle_second_step_size", &sc->second, F_INT, true);
+      ds_field(r, params, P, "cycle_first_stair_count", &sc->first_stairs, F_INT);
+      ds_field_null(r, params, P, "cycle_second_stair_count", &sc->second_stairs, F_INT, true);
+      ds_field(r, params, P, "decay_step_size", &sc->decay_size, F_INT);
+      ds_field(r, params, P, "cycle_min_mom", &sc->min_mom, F_NUM);
+      ds_field(r, params, P, "cycle_max_mom", &sc->max_mom, F_NUM);
+      drv_ds_opt_field mom_rate = {0, 0};
+      ds_field(r, params, P, "decay_mom_rate", &mom_rate, F_NUM);
+      if ((v = member(params, "cycle_momentum"))) {
+        get_bool(r, "scheduler.params.cycle_momentum", v, &sc->cycle_momentum, NULL);
+        sc->momentum_loc = key_loc(r, "scheduler.params.cycle_momentum");
+      }
+    } else if (range) {
+      ds_field(r, params, P, "lr_range_test_min_lr", &sc->max_lr, F_NUM);
+      ds_field(r, params, P, "lr_range_test_step_size", &sc->step_size, F_COUNT);
+      ds_field(r, params, P, "lr_range_test_step_rate", &sc->step_rate, F_NUM);
+      if ((v = member(params, "lr_range_test_staircase")))
+        get_bool(r, "scheduler.params.lr_range_test_staircase", v, &sc->staircase, NULL);
+    } else {
+      ds_field(r, params, P, "warmup_min_lr", &sc->min_lr, F_NUM);
+      ds_field(r, params, P, "warmup_max_lr", &sc->max_lr, F_NUM);
+      ds_field(r, params, P, "warmup_num_steps", &sc->warmup, F_COUNT);
+      ds_field(r, params, P, "total_num_steps", &sc->total, F_COUNT);
+      ds_field(r, params, P, "warmup_min_ratio", &sc->min_ratio, F_NUM);
+      ds_field(r, params, P, "cos_min_ratio", &sc->cos_min_ratio, F_NUM);
+      v = member(params, "warmup_type");
+      if (v) {
+        if (!cJSON_IsString(v) ||
+            (strcmp(v->valuestring, "log") != 0 && strcmp(v->valuestring, "linear") != 0))
+          bad_type(r, "scheduler.params.warmup_type", v, "\"log\" or \"linear\"");
+        else
+          sc->linear = strcmp(v->valuestring, "linear") == 0;
+      }
     }
     if ((v = member(params, "last_batch_iteration")) && !is_auto(v) &&
         (!cJSON_IsNumber(v) || v->valuedouble != -1))
@@ -516,10 +570,23 @@ static void read_scheduler(ds_reader *r, const cJSON *o) {
     err(r, "scheduler", "ds_config scheduler WarmupDecayLR needs params.total_num_steps (or \"auto\": the run's steps)");
   if (cosine && sc->total.state == DRV_DS_ABSENT)
     err(r, "scheduler", "ds_config scheduler WarmupCosineLR needs params.total_num_steps (or \"auto\": the run's steps)");
+  /* OneCycle(optimizer, cycle_min_lr, cycle_max_lr, ...): DeepSpeed's engine
+   * passes the params as keywords, and without these two it fails */
+  if (cycle && sc->min_lr.state == DRV_DS_ABSENT)
+    err(r, "scheduler",
+        "ds_config scheduler OneCycle needs params.cycle_min_lr (DeepSpeed's OneCycle has no "
+        "default for it; \"auto\": the model's min_lr)");
+  if (cycle && sc->max_lr.state == DRV_DS_ABSENT)
+    err(r, "scheduler",
+        "ds_config scheduler OneCycle needs params.cycle_max_lr (DeepSpeed's OneCycle has no "
+        "default for it; \"auto\": the optimizer's lr)");
   sc->given = true;
   r->out->sched_src = (drv_ds_setting){.key = "schedule", .from = "scheduler", .loc = sc->loc};
+  const char *lr_key = cycle   ? "scheduler.params.cycle_max_lr"
+                       : range ? "scheduler.params.lr_range_test_min_lr"
+                               : "scheduler.params.warmup_max_lr";
   if (!cosine && sc->max_lr.state != DRV_DS_AUTO)
-    r->out->sched_lr_src = (drv_ds_setting){.key = "lr", .from = "scheduler.params.warmup_max_lr", .loc = sc->loc};
+    r->out->sched_lr_src = (drv_ds_setting){.key = "lr", .from = lr_key, .loc = sc->loc};
 }
 
 static void read_precision(ds_reader *r, const cJSON *root) {
@@ -903,8 +970,13 @@ static dsc_status apply_optimizer(dsc_context *ctx, const drv_ds_config *c, dsc_
 
 /* The scheduler as a train setting, DeepSpeed's defaults for what the file
  * leaves out (warmup_min_lr 0, warmup_max_lr 1e-3, warmup_num_steps 1000,
- * warmup_min_ratio 0, cos_min_ratio 1e-4), the model's values for "auto";
- * WarmupLR's and WarmupDecayLR's warmup_max_lr is the lr. */
+ * warmup_min_ratio 0, cos_min_ratio 1e-4; OneCycle's step sizes 2000, the
+ * second the first's, no stairs, no decay; LRRangeTest's min lr 1e-3, step
+ * size 2000, rate 1, continuous), the model's values for "auto" (its
+ * OneCycle or LRRangeTest settings where it has that schedule, else
+ * DeepSpeed's defaults); warmup_max_lr, cycle_max_lr and
+ * lr_range_test_min_lr are the lr. OneCycle's momentum cycling is not done:
+ * a warning with an Adam optimizer (DeepSpeed's only cycles betas). */
 static dsc_status apply_scheduler(dsc_context *ctx, const drv_ds_config *c, dsc_module *m) {
   const drv_ds_sched *s = &c->sched;
   dsc_train_config base, cfg; /* the train section and the file's optimizer */
@@ -918,6 +990,34 @@ static dsc_status apply_scheduler(dsc_context *ctx, const drv_ds_config *c, dsc_
   cfg.sched.min_lr = field(&s->min_lr, base.sched.min_lr, 0);
   cfg.sched.min_ratio = field(&s->min_ratio, base.sched.min_ratio, 0);
   cfg.sched.cos_min_ratio = field(&s->cos_min_ratio, base.sched.cos_min_ratio, 1e-4);
+  bool same = base.sched.kind == s->kind; /* "auto": the model's, if it has this schedule */
+  const dsc_train_config *mb = same ? &base : NULL;
+#define MODEL_OR(f, dflt) (mb ? (double)mb->sched.f : (dflt))
+  int64_t first = (int64_t)field(&s->first, MODEL_OR(first_steps, 2000), 2000);
+  int64_t stairs = (int64_t)field(&s->first_stairs, MODEL_OR(first_stairs, 0), 0);
+  cfg.sched.first_steps = first, cfg.sched.first_stairs = stairs;
+  cfg.sched.second_steps = (int64_t)field(&s->second, MODEL_OR(second_steps, first), (double)first);
+  cfg.sched.second_stairs =
+      (int64_t)field(&s->second_stairs, MODEL_OR(second_stairs, stairs), (double)stairs);
+  cfg.sched.decay_step_size = (int64_t)field(&s->decay_size, MODEL_OR(decay_step_size, 0), 0);
+  cfg.sched.decay_lr_rate = field(&s->decay_rate, MODEL_OR(decay_lr_rate, 0), 0);
+  cfg.sched.step_size = (int64_t)field(&s->step_size, MODEL_OR(step_size, 2000), 2000);
+  cfg.sched.step_rate = field(&s->step_rate, MODEL_OR(step_rate, 1.0), 1.0);
+  cfg.sched.staircase = s->staircase;
+#undef MODEL_OR
+  if (s->kind == DSC_SCHED_ONE_CYCLE && s->cycle_momentum && base.opt.kind == DSC_OPT_ADAMW) {
+    char lo[40], hi[40], b1[40], b2[40];
+    ir_format_double(field(&s->min_mom, 0.8, 0.8), lo, sizeof lo);
+    ir_format_double(field(&s->max_mom, 0.9, 0.9), hi, sizeof hi);
+    ir_format_double(base.opt.beta1, b1, sizeof b1);
+    ir_format_double(base.opt.beta2, b2, sizeof b2);
+    ir_diag(ctx, DSC_DIAG_WARNING, s->momentum_loc,
+            "ds_config 'scheduler.params.cycle_momentum' (DeepSpeed's default: true) is not "
+            "implemented in dsc: DeepSpeed's OneCycle would cycle Adam's beta1 between "
+            "cycle_max_mom %s and cycle_min_mom %s and set beta2 to 0.99; dsc keeps the "
+            "optimizer's betas (%s, %s) fixed (set \"cycle_momentum\": false to silence this)",
+            hi, lo, b1, b2);
+  }
   char val[400], lr[40];
   pass_format_schedule(&cfg, val, sizeof val);
   if (s->kind != DSC_SCHED_WARMUP_COSINE_LR) {

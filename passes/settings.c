@@ -42,7 +42,7 @@ static const dsc_setting table[] = {
      "one of adamw, adam, sgd, muon", NULL, -1, NOKNOB},
     {"schedule", NULL, NULL, "the schedule", DSC_SETTING_SCHEDULE, 0, 0,
      "one of constant, cosine, linear, warmup_cosine, warmup_linear, warmup_lr, warmup_decay_lr, "
-     "warmup_cosine_lr",
+     "warmup_cosine_lr, one_cycle, lr_range_test",
      NULL, -1, NOKNOB},
     {"precision", NULL, NULL, "the precision", DSC_SETTING_PRECISION, 0, 0, "f32, bf16 or fp16",
      NULL, CFG(precision), NOKNOB},

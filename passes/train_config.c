@@ -105,29 +105,95 @@ static bool set_optimizer(dsc_context *ctx, const char *raw, const pass_tv *v,
   return true;
 }
 
+/* one_cycle(min_lr = X, first_steps = N, ...) and lr_range_test(step_size
+ * = N, ...): DeepSpeed's OneCycle and LRRangeTest with its defaults, the
+ * train's lr their cycle_max_lr and lr_range_test_min_lr. OneCycle's
+ * cycle_min_lr has no default; its second half and stairs default to the
+ * first's. */
+static bool set_deepspeed_cycle(dsc_context *ctx, const char *raw, const pass_tv *v,
+                                dsc_train_config *cfg) {
+  bool cycle = cfg->sched.kind == DSC_SCHED_ONE_CYCLE;
+  cfg->sched.first_steps = 2000, cfg->sched.first_stairs = 0;
+  cfg->sched.decay_step_size = 0, cfg->sched.decay_lr_rate = 0, cfg->sched.min_lr = 0;
+  cfg->sched.step_size = 2000, cfg->sched.step_rate = 1.0, cfg->sched.staircase = false;
+  bool has_min = false, has_second = false, has_second_stairs = false;
+  for (int i = 0; i < v->n; i++) {
+    const char *k = v->keys[i];
+    const pass_tv *a = v->items[i];
+    char key[80];
+    snprintf(key, sizeof key, "train.schedule.%s", *k ? k : "?");
+    bool ok;
+    if (!*k) {
+      ir_error(ctx, ir_no_loc,
+               "train setting 'train.schedule': the settings of '%s' must be named, as in "
+               "%s(%s = ...), got '%s'",
+               v->name, v->name, cycle ? "min_lr" : "step_size", raw);
+      return false;
+    } else if (cycle && strcmp(k, "min_lr") == 0) {
+      ok = get_num(ctx, key, raw, a, &cfg->sched.min_lr), has_min = true;
+    } else if (cycle && strcmp(k, "first_steps") == 0) {
+      ok = get_int(ctx, key, raw, a, 1, &cfg->sched.first_steps);
+    } else if (cycle && strcmp(k, "second_steps") == 0) {
+      ok = get_int(ctx, key, raw, a, 0, &cfg->sched.second_steps), has_second = true;
+    } else if (cycle && strcmp(k, "first_stairs") == 0) {
+      ok = get_int(ctx, key, raw, a, 0, &cfg->sched.first_stairs);
+    } else if (cycle && strcmp(k, "second_stairs") == 0) {
+      ok = get_int(ctx, key, raw, a, 0, &cfg->sched.second_stairs), has_second_stairs = true;
+    } else if (cycle && strcmp(k, "decay_step_size") == 0) {
+      ok = get_int(ctx, key, raw, a, 0, &cfg->sched.decay_step_size);
+    } else if (cycle && strcmp(k, "decay_lr_rate") == 0) {
+      ok = get_num(ctx, key, raw, a, &cfg->sched.decay_lr_rate);
+    } else if (!cycle && strcmp(k, "step_size") == 0) {
+      ok = get_int(ctx, key, raw, a, 1, &cfg->sched.step_size);
+    } else if (!cycle && strcmp(k, "step_rate") == 0) {
+      ok = get_num(ctx, key, raw, a, &cfg->sched.step_rate);
+    } else if (!cycle && strcmp(k, "staircase") == 0) {
+      ok = get_bool(ctx, key, raw, a, &cfg->sched.staircase);
+    } else {
+      ir_error(ctx, ir_no_loc, "train setting 'train.schedule': '%s' has no setting '%s'", v->name,
+               k);
+      return false;
+    }
+    if (!ok) return false;
+  }
+  if (cycle && !has_min) {
+    ir_error(ctx, ir_no_loc,
+             "train setting 'train.schedule': one_cycle needs min_lr (DeepSpeed's cycle_min_lr, "
+             "which has no default), as in one_cycle(min_lr = 1e-4, first_steps = 100), got '%s'",
+             raw);
+    return false;
+  }
+  if (!has_second) cfg->sched.second_steps = cfg->sched.first_steps;
+  if (!has_second_stairs) cfg->sched.second_stairs = cfg->sched.first_stairs;
+  return true;
+}
+
 /* schedule = NAME or NAME(warmup = N, min_lr = X, decay_steps = N, ...):
  * dsc's own (warmup from 0, then constant, cosine or linear to min_lr) and
  * DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (warmup_type =
- * log | linear; warmup_cosine_lr's min_ratio and cos_min_ratio). */
+ * log | linear; warmup_cosine_lr's min_ratio and cos_min_ratio), OneCycle
+ * and LRRangeTest (set_deepspeed_cycle). */
 static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
                          dsc_train_config *cfg) {
-  static const char *const names[] = {"constant",  "cosine",          "linear",
-                                      "warmup_cosine", "warmup_linear", "warmup_lr",
-                                      "warmup_decay_lr", "warmup_cosine_lr"};
-  static const dsc_schedule_kind kinds[] = {
-      DSC_SCHED_CONSTANT,  DSC_SCHED_COSINE,          DSC_SCHED_LINEAR,
-      DSC_SCHED_COSINE,    DSC_SCHED_LINEAR,          DSC_SCHED_WARMUP_LR,
-      DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR};
+  static const char *const names[] = {
+      "constant",  "cosine",          "linear",           "warmup_cosine", "warmup_linear",
+      "warmup_lr", "warmup_decay_lr", "warmup_cosine_lr", "one_cycle",     "lr_range_test"};
+  static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT,        DSC_SCHED_COSINE,
+                                            DSC_SCHED_LINEAR,          DSC_SCHED_COSINE,
+                                            DSC_SCHED_LINEAR,          DSC_SCHED_WARMUP_LR,
+                                            DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR,
+                                            DSC_SCHED_ONE_CYCLE,       DSC_SCHED_LR_RANGE_TEST};
   const char *want =
       "one of constant, cosine, linear, warmup_cosine, warmup_linear, warmup_lr, "
-      "warmup_decay_lr, warmup_cosine_lr";
+      "warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test";
   if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL)
     return bad(ctx, "train.schedule", raw, want);
   int which = -1;
-  for (int i = 0; i < 8; i++)
+  for (int i = 0; i < 10; i++)
     if (strcmp(v->name, names[i]) == 0) which = i;
   if (which < 0) return bad(ctx, "train.schedule", raw, want);
   cfg->sched.kind = kinds[which];
+  if (which >= 8) return set_deepspeed_cycle(ctx, raw, v, cfg);
   bool ds = which >= 5;
   if (ds) { /* DeepSpeed's defaults */
     cfg->sched.warmup = 1000, cfg->sched.min_lr = 0, cfg->sched.warmup_log = true;
@@ -221,21 +287,82 @@ void pass_format_schedule(const dsc_train_config *cfg, char *buf, size_t n) {
                ", warmup_type = %s, min_ratio = %s, cos_min_ratio = %s)",
                w, d, wt, ratio, cos_ratio);
       break;
+    case DSC_SCHED_ONE_CYCLE: {
+      char rate[40];
+      ir_format_double(cfg->sched.decay_lr_rate, rate, sizeof rate);
+      snprintf(buf, n,
+               "one_cycle(min_lr = %s, first_steps = %" PRId64 ", second_steps = %" PRId64
+               ", first_stairs = %" PRId64 ", second_stairs = %" PRId64
+               ", decay_step_size = %" PRId64 ", decay_lr_rate = %s)",
+               min_lr, cfg->sched.first_steps, cfg->sched.second_steps, cfg->sched.first_stairs,
+               cfg->sched.second_stairs, cfg->sched.decay_step_size, rate);
+      break;
+    }
+    case DSC_SCHED_LR_RANGE_TEST: {
+      char rate[40];
+      ir_format_double(cfg->sched.step_rate, rate, sizeof rate);
+      snprintf(buf, n, "lr_range_test(step_size = %" PRId64 ", step_rate = %s, staircase = %s)",
+               cfg->sched.step_size, rate, cfg->sched.staircase ? "true" : "false");
+      break;
+    }
     default:
       snprintf(buf, n, "constant(warmup = %" PRId64 ")", w);
   }
 }
 
+/* DeepSpeed's OneCycle at iteration `it` (>= 0), its arithmetic in its
+ * order (lr_schedules.py: _get_scale_factor, _get_cycle_lr,
+ * _get_decay_lr), so that the doubles agree to the last bit: the cycle's
+ * scale rises over first_steps and falls over second_steps, in stairs
+ * counted from the integer step where stairs are asked for; after the
+ * cycle min_lr / (1 + rate x steps past it / decay_step_size). */
+static double one_cycle_lr(const dsc_train_config *cfg, int64_t it) {
+  const double lo = cfg->sched.min_lr, hi = cfg->opt.lr;
+  const double first = (double)cfg->sched.first_steps, second = (double)cfg->sched.second_steps;
+  const double total = first + second;
+  if ((double)it < total) {
+    double bi = (double)(it + 1), ratio = first / total;
+    double cycle = floor(1 + bi / total);
+    double x = 1.0 + bi / total - cycle, scale;
+    int64_t stairs;
+    if (x <= ratio)
+      scale = x / ratio, stairs = cfg->sched.first_stairs;
+    else
+      scale = (x - 1) / (ratio - 1), stairs = cfg->sched.second_stairs;
+    if (stairs > 0) {
+      double ci = fmod(bi, total);
+      double pos =
+          ci <= first ? ci * (double)stairs / first : (total - ci) * (double)stairs / second;
+      scale = floor(pos) / (double)stairs;
+    }
+    return lo + (hi - lo) * scale;
+  }
+  if (cfg->sched.decay_step_size == 0 || cfg->sched.decay_lr_rate == 0) return lo;
+  double past = (double)it - total + 1;
+  return lo / (1 + cfg->sched.decay_lr_rate * (past / (double)cfg->sched.decay_step_size));
+}
+
+/* DeepSpeed's LRRangeTest at iteration `it` (>= -1): lr x (1 + step_rate x
+ * (it + 1) / step_size), the quotient floored with staircase. */
+static double lr_range_test_lr(const dsc_train_config *cfg, int64_t it) {
+  double interval = (double)(it + 1) / (double)cfg->sched.step_size;
+  if (cfg->sched.staircase) interval = floor(interval);
+  return cfg->opt.lr * (1 + cfg->sched.step_rate * interval);
+}
+
 /* DeepSpeed's schedulers: the lr of (0-based) step `step` as DeepSpeed
  * 0.19's lr_schedules computes it. The scheduler sets the lr when it is
- * made (iteration -1: warmup_min_lr; WarmupCosineLR 0) and steps after
- * each optimizer step, so step s runs at iteration s - 1. */
+ * made (iteration -1: warmup_min_lr; WarmupCosineLR 0; OneCycle
+ * cycle_min_lr; LRRangeTest lr_range_test_min_lr) and steps after each
+ * optimizer step, so step s runs at iteration s - 1. */
 static double deepspeed_lr(const dsc_train_config *cfg, int64_t step) {
   const double lr = cfg->opt.lr, min_lr = cfg->sched.min_lr;
   int64_t W = cfg->sched.warmup < 2 ? 2 : cfg->sched.warmup; /* max(2, warmup_num_steps) */
   int64_t T = cfg->sched.decay_steps > 0 ? cfg->sched.decay_steps : cfg->steps;
   int64_t it = step - 1;
   bool cosine = cfg->sched.kind == DSC_SCHED_WARMUP_COSINE_LR;
+  if (cfg->sched.kind == DSC_SCHED_ONE_CYCLE) return it < 0 ? min_lr : one_cycle_lr(cfg, it);
+  if (cfg->sched.kind == DSC_SCHED_LR_RANGE_TEST) return it < 0 ? lr : lr_range_test_lr(cfg, it);
   if (it < 0) return cosine ? 0.0 : min_lr;
   double warm = cfg->sched.warmup_log ? log((double)(it + 1)) / log((double)W)
                                       : (double)it / (double)W;

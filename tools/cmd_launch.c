@@ -28,11 +28,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/cuda_api.h"
 #include "tools/cli.h"
 
 static const char launch_help[] =
     "usage: dsc launch -n N [--mpirun PATH] [--dry-run] [--] train ARGS...\n"
     "       dsc launch [--num_gpus G] [--num_nodes M] [--hostfile FILE] [--] train ARGS...\n"
+    "       dsc launch [--hostfile FILE] [-i SPEC | -e SPEC] [--] train ARGS...\n"
     "\n"
     "Runs 'mpirun -np N DSC train ARGS...' with DSC this dsc binary: N processes,\n"
     "one rank each (Open MPI; docs/training.md \"Data parallel\"). The exit status is\n"
@@ -53,6 +55,17 @@ static const char launch_help[] =
     "  --hostfile F   DeepSpeed's hostfile: one 'HOST slots=N' per line, '#'\n"
     "                 comments; the ranks are the hosts' slots (at most G each),\n"
     "                 run as 'mpirun -np TOTAL --host HOST:N,...'\n"
+    "  -i, --include SPEC  only these hosts and slots, DeepSpeed's form\n"
+    "                 NAME[:SLOT[,SLOT...]][@NAME...]; worker-0:0,1@worker-1 is\n"
+    "                 slots 0 and 1 of worker-0 and all of worker-1\n"
+    "  -e, --exclude SPEC  all but these hosts and slots (the same form)\n"
+    "                 Without --hostfile the one host is 'localhost' with its GPUs\n"
+    "                 (CUDA devices; without any, its online CPUs). --include and\n"
+    "                 --exclude exclude each other and --num_gpus/--num_nodes; a host\n"
+    "                 or slot not in the pool is an error. A host runs as many ranks\n"
+    "                 as it keeps slots; slots other than its first ones, the same\n"
+    "                 on every host, go to the ranks as CUDA_VISIBLE_DEVICES (mpirun\n"
+    "                 -x; a rank takes GPU rank mod their number)\n"
     "The command it runs is printed on stderr first.\n"
     "For Open MPI it sets, unless already set: OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1\n"
     "when run as root (containers), and OMPI_MCA_rmaps_base_oversubscribe=1 when\n"
@@ -370,12 +383,53 @@ static int supervise(char *const *args) {
   return code;
 }
 
+/* ---- the hosts and their slots (DeepSpeed's resource pool) ---- */
+
+#define MAX_SLOTS 1024
+
+typedef struct {
+  char name[256];
+  int slots;            /* slots=N of the hostfile */
+  bool keep[MAX_SLOTS]; /* the slots the job uses (--include, --exclude) */
+  bool named;           /* a filter named this host */
+} launch_host;
+
+typedef struct {
+  launch_host *hosts;
+  int n, cap;
+} launch_pool;
+
+static launch_host *pool_add(launch_pool *p, const char *name, int slots) {
+  if (p->n == p->cap) {
+    int cap = p->cap ? 2 * p->cap : 8;
+    launch_host *h = realloc(p->hosts, (size_t)cap * sizeof *h);
+    if (!h) return NULL;
+    p->hosts = h, p->cap = cap;
+  }
+  launch_host *h = &p->hosts[p->n++];
+  memset(h, 0, sizeof *h);
+  snprintf(h->name, sizeof h->name, "%s", name);
+  h->slots = slots;
+  for (int i = 0; i < slots; i++) h->keep[i] = true;
+  return h;
+}
+
+static launch_host *pool_find(launch_pool *p, const char *name) {
+  for (int i = 0; i < p->n; i++)
+    if (strcmp(p->hosts[i].name, name) == 0) return &p->hosts[i];
+  return NULL;
+}
+
+static int host_kept(const launch_host *h) {
+  int k = 0;
+  for (int i = 0; i < h->slots; i++) k += h->keep[i];
+  return k;
+}
+
 /* DeepSpeed's hostfile: "HOST slots=N" per line, '#' comments, blank
- * lines. The hosts (at most max_hosts) into *hosts as "HOST:N,..." with N
- * capped at per_host (> 0), their slots summed into *total; false after
- * printing what is wrong (file:line). */
-static bool read_hostfile(const char *path, int64_t max_hosts, int64_t per_host, char *hosts,
-                          size_t cap, int64_t *total) {
+ * lines, into *p in the file's order; false after printing what is wrong
+ * (file:line). */
+static bool read_hostfile(const char *path, launch_pool *p) {
   FILE *f = fopen(path, "r");
   if (!f) {
     fprintf(stderr, "dsc launch: error: cannot open hostfile %s: %s\n", path, strerror(errno));
@@ -383,10 +437,6 @@ static bool read_hostfile(const char *path, int64_t max_hosts, int64_t per_host,
   }
   char line[1024];
   int ln = 0;
-  int64_t n_hosts = 0;
-  size_t k = 0;
-  *total = 0;
-  hosts[0] = 0;
   bool ok = true;
   while (ok && fgets(line, sizeof line, f)) {
     ln++;
@@ -396,43 +446,236 @@ static bool read_hostfile(const char *path, int64_t max_hosts, int64_t per_host,
     long long slots;
     int got = sscanf(line, " %255s slots=%lld %7s", host, &slots, extra);
     if (got <= 0 || (got == EOF)) continue; /* blank or comment */
-    if (got != 2 || slots < 1 || slots > 1024) {
+    if (got != 2 || slots < 1 || slots > MAX_SLOTS) {
       fprintf(stderr,
               "dsc launch: error: %s:%d: expected 'HOST slots=N' (N from 1 to 1024), as in "
               "DeepSpeed's hostfile\n",
               path, ln);
       ok = false;
-      break;
-    }
-    char needle[260];
-    snprintf(needle, sizeof needle, "%s:", host);
-    for (char *p = strstr(hosts, needle); p; p = strstr(p + 1, needle))
-      if (p == hosts || p[-1] == ',') {
-        fprintf(stderr, "dsc launch: error: %s:%d: host '%s' is listed twice\n", path, ln, host);
-        ok = false;
-        break;
-      }
-    if (!ok) break;
-    if (max_hosts > 0 && n_hosts >= max_hosts) continue;
-    if (per_host > 0 && slots > per_host) slots = per_host;
-    int w = snprintf(hosts + k, cap - k, "%s%s:%lld", k ? "," : "", host, slots);
-    if (w < 0 || (size_t)w >= cap - k) {
-      fprintf(stderr, "dsc launch: error: %s: too many hosts\n", path);
+    } else if (pool_find(p, host)) {
+      fprintf(stderr, "dsc launch: error: %s:%d: host '%s' is listed twice\n", path, ln, host);
       ok = false;
-      break;
+    } else if (!pool_add(p, host, (int)slots)) {
+      fputs("dsc: out of memory\n", stderr);
+      ok = false;
     }
-    k += (size_t)w, n_hosts++, *total += slots;
   }
   fclose(f);
-  if (ok && n_hosts == 0) {
+  if (ok && p->n == 0) {
     fprintf(stderr, "dsc launch: error: hostfile %s lists no host ('HOST slots=N' lines)\n", path);
     ok = false;
   }
-  if (ok && max_hosts > n_hosts) {
-    fprintf(stderr, "dsc launch: error: --num_nodes %" PRId64 ", but hostfile %s lists %" PRId64
-            " host%s\n", max_hosts, path, n_hosts, n_hosts == 1 ? "" : "s");
+  return ok;
+}
+
+/* Without a hostfile DeepSpeed's pool is "localhost" with its GPUs: the
+ * CUDA devices the driver reports, or with none the online CPUs (on the CPU
+ * a rank stands in for a GPU). */
+static int local_slots(void) {
+#ifdef DSC_HAVE_CUDA
+  char why[256];
+  const rt_cuda_api *a = rt_cuda_api_get(why, sizeof why);
+  int count = 0;
+  if (a && a->Init(0) == CUDA_SUCCESS && a->DeviceGetCount(&count) == CUDA_SUCCESS && count > 0)
+    return count < MAX_SLOTS ? count : MAX_SLOTS;
+#endif
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus < 1 ? 1 : cpus < MAX_SLOTS ? (int)cpus : MAX_SLOTS;
+}
+
+/* --include / --exclude SPEC, DeepSpeed's NAME[:SLOT[,SLOT...]][@NAME...]
+ * (launcher/runner.py parse_resource_filter): include keeps the hosts named
+ * (a bare name all its slots, else the slots listed: a host both bare and
+ * with slots keeps the slots, as DeepSpeed merges them), exclude removes
+ * the slots listed or the whole host. Hosts and slots must be in the pool.
+ * false after printing what is wrong. */
+static bool apply_filter(launch_pool *p, const char *spec, bool include, const char *hostfile) {
+  const char *flag = include ? "--include" : "--exclude";
+  /* the slots each host's specs name, merged as DeepSpeed does */
+  bool *listed = calloc((size_t)p->n * MAX_SLOTS, sizeof *listed);
+  bool *any = calloc((size_t)p->n, sizeof *any);
+  if (!listed || !any) {
+    free(listed), free(any);
+    fputs("dsc: out of memory\n", stderr);
+    return false;
+  }
+  bool ok = true;
+  for (const char *s = spec; ok;) {
+    const char *end = strchr(s, '@');
+    size_t len = end ? (size_t)(end - s) : strlen(s);
+    char node[512];
+    if (len >= sizeof node) len = sizeof node - 1;
+    memcpy(node, s, len);
+    node[len] = 0;
+    char *colon = strchr(node, ':');
+    if (colon) *colon = 0;
+    launch_host *h = NULL;
+    if (!node[0]) {
+      fprintf(stderr,
+              "dsc launch: error: %s '%s': an empty host name (the form is "
+              "NAME[:SLOT[,SLOT...]][@NAME...], as in worker-0:0,1@worker-1)\n",
+              flag, spec);
+      ok = false;
+    } else if (colon && strchr(colon + 1, ':')) {
+      fprintf(stderr, "dsc launch: error: %s '%s': '%s:%s' has more than one ':'\n", flag, spec,
+              node, colon + 1);
+      ok = false;
+    } else if (!(h = pool_find(p, node))) {
+      if (hostfile)
+        fprintf(stderr, "dsc launch: error: %s: host '%s' is not in hostfile %s\n", flag, node,
+                hostfile);
+      else
+        fprintf(stderr,
+                "dsc launch: error: %s: host '%s' is not this one: without --hostfile "
+                "the only host is 'localhost'\n",
+                flag, node);
+      ok = false;
+    }
+    int hi = h ? (int)(h - p->hosts) : 0;
+    if (ok) h->named = true;
+    for (char *t = colon ? colon + 1 : NULL; ok && t;) {
+      char *comma = strchr(t, ',');
+      if (comma) *comma = 0;
+      char *e;
+      long slot = strtol(t, &e, 10);
+      if (!isdigit((unsigned char)*t) || *e) {
+        fprintf(stderr,
+                "dsc launch: error: %s '%s': bad slot '%s' for host '%s' (slots are "
+                "indices from 0, as in worker-0:0,1)\n",
+                flag, spec, t, node);
+        ok = false;
+      } else if (slot >= h->slots) {
+        fprintf(stderr, "dsc launch: error: %s: host '%s' has no slot %ld: it has %d (0 to %d%s)\n",
+                flag, node, slot, h->slots, h->slots - 1,
+                hostfile ? "" : "; without --hostfile: its CUDA devices, or with none its CPUs");
+        ok = false;
+      } else {
+        listed[(size_t)hi * MAX_SLOTS + (size_t)slot] = any[hi] = true;
+      }
+      t = comma ? comma + 1 : NULL;
+    }
+    if (!end) break;
+    s = end + 1;
+  }
+  for (int i = 0; ok && i < p->n; i++) {
+    launch_host *h = &p->hosts[i];
+    for (int k = 0; k < h->slots; k++) {
+      bool l = listed[(size_t)i * MAX_SLOTS + (size_t)k];
+      if (include)
+        h->keep[k] = h->named && (!any[i] || l);
+      else
+        h->keep[k] = h->named ? any[i] && !l : true;
+    }
+  }
+  free(listed), free(any);
+  /* hosts left without a slot leave the pool, the others keep their order */
+  int n = 0;
+  for (int i = 0; ok && i < p->n; i++)
+    if (host_kept(&p->hosts[i]) > 0) p->hosts[n++] = p->hosts[i];
+  if (ok) p->n = n;
+  if (ok && n == 0) {
+    fprintf(stderr, "dsc launch: error: --exclude '%s' leaves no slot to run on\n", spec);
     ok = false;
   }
+  return ok;
+}
+
+/* The pool's hosts as mpirun's "--host HOST:N,..." (N its kept slots),
+ * their sum in *total; false when it does not fit. */
+static bool format_hosts(const launch_pool *p, char *buf, size_t cap, int64_t *total) {
+  size_t k = 0;
+  buf[0] = 0;
+  *total = 0;
+  for (int i = 0; i < p->n; i++) {
+    int n = host_kept(&p->hosts[i]);
+    int w = snprintf(buf + k, cap - k, "%s%s:%d", k ? "," : "", p->hosts[i].name, n);
+    if (w < 0 || (size_t)w >= cap - k) return false;
+    k += (size_t)w, *total += n;
+  }
+  return true;
+}
+
+/* The slot indices the pool keeps, "1,3", when every host keeps the same
+ * ones (into buf); false when hosts keep different ones. */
+static bool same_slots(const launch_pool *p, char *buf, size_t cap) {
+  const launch_host *a = &p->hosts[0];
+  for (int i = 1; i < p->n; i++) {
+    const launch_host *b = &p->hosts[i];
+    for (int k = 0; k < MAX_SLOTS; k++)
+      if ((k < a->slots && a->keep[k]) != (k < b->slots && b->keep[k])) return false;
+  }
+  size_t used = 0;
+  buf[0] = 0;
+  for (int k = 0; k < a->slots; k++)
+    if (a->keep[k]) {
+      int w = snprintf(buf + used, cap - used, "%s%d", used ? "," : "", k);
+      if (w < 0 || (size_t)w >= cap - used) return false;
+      used += (size_t)w;
+    }
+  return true;
+}
+
+/* DeepSpeed's launcher flags: the hosts and their slots (hostfile, then
+ * --include/--exclude, or --num_nodes/--num_gpus: DeepSpeed refuses both
+ * kinds together) as mpirun's --host list (hosts[0] = 0: this node alone),
+ * the ranks they give (*total; 0: none said, -n or --num_gpus decide) and
+ * the GPU indices to expose where a filter keeps slots other than each
+ * host's first ones (visible[0] = 0: none). false after printing what is wrong. */
+static bool resolve_hosts(const char *hostfile, int64_t num_nodes, int64_t num_gpus,
+                          const char *include, const char *exclude, char *hosts, size_t cap,
+                          char *visible, size_t vcap, int64_t *total) {
+  hosts[0] = visible[0] = 0;
+  *total = 0;
+  const char *spec = include ? include : exclude;
+  if (include && exclude) {
+    cli_usage_error("launch",
+                    "--include and --exclude are mutually exclusive (as in DeepSpeed's "
+                    "launcher)");
+    return false;
+  }
+  if (spec && (num_nodes > 0 || num_gpus > 0)) {
+    cli_usage_error("launch",
+                    "%s cannot be combined with --num_nodes or --num_gpus (as in "
+                    "DeepSpeed's launcher: it names the hosts and slots itself)",
+                    include ? "--include" : "--exclude");
+    return false;
+  }
+  if (!hostfile && !spec) return true;
+  launch_pool p = {0};
+  bool ok = true;
+  if (hostfile) {
+    ok = read_hostfile(hostfile, &p);
+  } else {
+    if (!pool_add(&p, "localhost", local_slots()))
+      ok = false, fputs("dsc: out of memory\n", stderr);
+  }
+  if (ok && num_nodes > p.n) {
+    fprintf(stderr, "dsc launch: error: --num_nodes %" PRId64 ", but hostfile %s lists %d host%s\n",
+            num_nodes, hostfile, p.n, p.n == 1 ? "" : "s");
+    ok = false;
+  }
+  if (ok && num_nodes > 0) p.n = (int)num_nodes; /* the first M hosts */
+  for (int i = 0; ok && num_gpus > 0 && i < p.n; i++)
+    for (int k = 0; k < p.hosts[i].slots; k++) p.hosts[i].keep[k] = k < num_gpus;
+  if (ok && spec) ok = apply_filter(&p, spec, include != NULL, hostfile);
+  if (ok && !format_hosts(&p, hosts, cap, total)) {
+    fprintf(stderr, "dsc launch: error: %s: too many hosts\n", hostfile ? hostfile : "--include");
+    ok = false;
+  }
+  if (ok && !hostfile) hosts[0] = 0; /* localhost: mpirun's own node */
+  /* slots named that are not each host's first ones: the GPUs to expose */
+  bool prefix = true;
+  for (int i = 0; ok && i < p.n; i++)
+    for (int k = 0, kept = host_kept(&p.hosts[i]); k < kept; k++) prefix &= p.hosts[i].keep[k];
+  if (ok && !prefix && !same_slots(&p, visible, vcap)) {
+    visible[0] = 0;
+    fprintf(stderr,
+            "dsc launch: note: %s keeps different slots on different hosts: each host runs as "
+            "many ranks as it keeps slots, but mpirun gives every rank one environment, so the "
+            "slot indices are not pinned (a rank takes GPU rank mod the node's GPUs)\n",
+            include ? "--include" : "--exclude");
+  }
+  free(p.hosts);
   return ok;
 }
 
@@ -447,7 +690,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
 
 int cli_launch(int argc, char **argv) {
   int64_t n = 0, num_gpus = 0, num_nodes = 0;
-  const char *mpirun = NULL, *hostfile = NULL;
+  const char *mpirun = NULL, *hostfile = NULL, *include = NULL, *exclude = NULL;
   bool dry = false;
   int i = 1;
   for (; i < argc; i++) {
@@ -462,6 +705,17 @@ int cli_launch(int argc, char **argv) {
       if (!(v = flag_value(argc, argv, &i, flag)) || !cli_parse_i64(v, &x) || x < 1 || x > 1024)
         return cli_usage_error("launch", "%s needs an integer in [1, 1024]", flag), CLI_EXIT_USER;
       *(gpus ? &num_gpus : &num_nodes) = x;
+    } else if (strncmp(a, "--include", 9) == 0 || strncmp(a, "--exclude", 9) == 0 ||
+               strcmp(a, "-i") == 0 || strcmp(a, "-e") == 0) {
+      bool inc = a[1] == 'i' || a[2] == 'i';
+      const char *flag = inc ? "--include" : "--exclude";
+      if (!(v = flag_value(argc, argv, &i, a[1] == '-' ? flag : inc ? "-i" : "-e")) || *v == '-')
+        return cli_usage_error("launch",
+                               "%s needs NAME[:SLOT[,SLOT...]][@NAME...], as in "
+                               "worker-0:0,1@worker-1",
+                               flag),
+               CLI_EXIT_USER;
+      if (*v) *(inc ? &include : &exclude) = v; /* "" is not given, as DeepSpeed's default */
     } else if (strncmp(a, "--hostfile", 10) == 0) {
       if (!(v = flag_value(argc, argv, &i, "--hostfile")) || !*v)
         return cli_usage_error("launch", "--hostfile needs a file ('HOST slots=N' lines)"),
@@ -488,14 +742,18 @@ int cli_launch(int argc, char **argv) {
     }
   }
   /* DeepSpeed's flags: the hosts and their slots */
-  char hosts[4096] = "";
-  if (hostfile) {
-    int64_t total = 0;
-    if (!read_hostfile(hostfile, num_nodes, num_gpus, hosts, sizeof hosts, &total))
-      return CLI_EXIT_USER;
+  char hosts[4096], visible[4096];
+  int64_t total = 0;
+  if (!resolve_hosts(hostfile, num_nodes, num_gpus, include, exclude, hosts, sizeof hosts, visible,
+                     sizeof visible, &total))
+    return CLI_EXIT_USER;
+  if (total > 0) {
     if (n > total)
-      return cli_usage_error("launch", "-n %" PRId64 " ranks, but the hostfile gives %" PRId64
-                             " slots", n, total),
+      return cli_usage_error("launch", "-n %" PRId64 " ranks, but %s %" PRId64 " slot%s", n,
+                             include   ? "--include keeps"
+                             : exclude ? "--exclude leaves"
+                                       : "the hostfile gives",
+                             total, total == 1 ? "" : "s"),
              CLI_EXIT_USER;
     if (n == 0) n = total;
   } else if (num_nodes > 1) {
@@ -560,8 +818,8 @@ int cli_launch(int argc, char **argv) {
 
   /* mpirun -np N SELF train ARGS... */
   int n_rest = argc - i;
-  char **args = calloc((size_t)n_rest + 7, sizeof *args);
-  char np[24];
+  char **args = calloc((size_t)n_rest + 9, sizeof *args);
+  char np[24], env[4200];
   if (!args) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   snprintf(np, sizeof np, "%" PRId64, n);
   int k = 0;
@@ -569,6 +827,10 @@ int cli_launch(int argc, char **argv) {
   args[k++] = "-np";
   args[k++] = np;
   if (hosts[0]) args[k++] = "--host", args[k++] = hosts;
+  if (visible[0]) { /* the slots named: the GPUs each node's ranks take (rank % their count) */
+    snprintf(env, sizeof env, "CUDA_VISIBLE_DEVICES=%s", visible);
+    args[k++] = "-x", args[k++] = env;
+  }
   args[k++] = self;
   for (int j = i; j < argc; j++) args[k++] = argv[j];
   args[k] = NULL;

@@ -51,6 +51,8 @@ typedef enum {
   DSC_SCHED_WARMUP_LR,        /* WarmupLR: min_lr to lr over warmup, then lr */
   DSC_SCHED_WARMUP_DECAY_LR,  /* WarmupDecayLR: then linear to 0 at decay_steps */
   DSC_SCHED_WARMUP_COSINE_LR, /* WarmupCosineLR: ratios of lr, cosine to cos_min_ratio */
+  DSC_SCHED_ONE_CYCLE,        /* OneCycle: min_lr up to lr and back, then a decay */
+  DSC_SCHED_LR_RANGE_TEST,    /* LRRangeTest: lr x (1 + step_rate x steps / step_size) */
 } dsc_schedule_kind;
 typedef enum {
   DSC_PRECISION_F32,  /* everything in f32 (the pass does nothing) */
@@ -104,6 +106,17 @@ typedef struct {
      * WarmupCosineLR's warmup_min_ratio and cos_min_ratio */
     bool warmup_log;
     double min_ratio, cos_min_ratio;
+    /* OneCycle (lr is cycle_max_lr, min_lr cycle_min_lr): the steps of
+     * the cycle's rising and falling halves, the stairs of each (0: no
+     * stairs), then min_lr / (1 + decay_lr_rate x steps / decay_step_size)
+     * (either 0: min_lr) */
+    int64_t first_steps, second_steps, first_stairs, second_stairs, decay_step_size;
+    double decay_lr_rate;
+    /* LRRangeTest (lr is lr_range_test_min_lr): lr_range_test_step_size,
+     * _step_rate, _staircase */
+    int64_t step_size;
+    double step_rate;
+    bool staircase;
   } sched;
   dsc_precision precision; /* train.precision: f32 (default), bf16, fp16 */
   /* bf16/fp16 (train.master_weights, --master-weights; default true): the

@@ -142,6 +142,36 @@ sched_case decay_auto '{"type": "WarmupDecayLR", "params": {"warmup_max_lr": "au
 expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/decay.json" --print-config
 expect_grep '^  schedule +warmup_decay_lr\(warmup = 4, min_lr = 0.0001, decay_steps = 10, warmup_type = linear\) +# .*decay.json:2 \(scheduler\)' "$TMP/out"
 expect_grep '^  lr +0.003 +# .*decay.json:2 \(scheduler.params.warmup_max_lr\)' "$TMP/out"
+# OneCycle: symmetric halves (the second None: the first's), stairs,
+# asymmetric halves with the decay after the cycle, "auto" max lr; the
+# second stair count null is the first's
+sched_case cycle '{"type": "OneCycle", "params": {"cycle_min_lr": 0.0005, "cycle_max_lr": 0.003, "cycle_first_step_size": 4, "cycle_momentum": false}}'
+sched_case cycle_stairs '{"type": "OneCycle", "params": {"cycle_min_lr": 0.0001, "cycle_max_lr": 0.002, "cycle_first_step_size": 6, "cycle_second_step_size": 3, "cycle_first_stair_count": 3, "cycle_second_stair_count": 2, "cycle_momentum": false}}'
+sched_case cycle_decay '{"type": "OneCycle", "params": {"cycle_min_lr": 0.0002, "cycle_max_lr": "auto", "cycle_first_step_size": 2, "cycle_second_step_size": 5, "cycle_first_stair_count": 2, "cycle_second_stair_count": null, "decay_step_size": 3, "decay_lr_rate": 0.25}}'
+sched_case cycle_nodecay '{"type": "OneCycle", "params": {"cycle_min_lr": 0.0002, "cycle_max_lr": 0.001, "cycle_first_step_size": 3, "cycle_second_step_size": 1, "decay_step_size": 2, "decay_lr_rate": 0}}'
+# LRRangeTest: continuous, and staircase from DeepSpeed's default min lr
+sched_case range '{"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.0002, "lr_range_test_step_size": 3, "lr_range_test_step_rate": 0.5}}'
+sched_case range_stairs '{"type": "LRRangeTest", "params": {"lr_range_test_step_size": 4, "lr_range_test_step_rate": 2, "lr_range_test_staircase": true}}'
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/cycle_stairs.json" --print-config
+expect_grep '^  schedule +one_cycle\(min_lr = 0.0001, first_steps = 6, second_steps = 3, first_stairs = 3, second_stairs = 2, decay_step_size = 0, decay_lr_rate = 0.0\) +# .*cycle_stairs.json:2 \(scheduler\)' "$TMP/out"
+expect_grep '^  lr +0.002 +# .*cycle_stairs.json:2 \(scheduler.params.cycle_max_lr\)' "$TMP/out"
+expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/range_stairs.json" --print-config
+expect_grep '^  schedule +lr_range_test\(step_size = 4, step_rate = 2.0, staircase = true\) +# .*range_stairs.json:2 \(scheduler\)' "$TMP/out"
+expect_grep '^  lr +0.001 +# .*range_stairs.json:2 \(scheduler.params.lr_range_test_min_lr\)' "$TMP/out"
+# the train section's one_cycle(...) and lr_range_test(...) give the same lr
+# curve as the ds_config's OneCycle and LRRangeTest
+section_lr() { # NAME SCHEDULE LR: gpt-tiny with that schedule trains the lr of $NAME.json
+  local out="$TMP/$1-section.dsm"
+  sed '/^train {/,$d' "$MODEL" >"$out"
+  printf 'train {\n  optimizer = adamw(lr = %s)\n  schedule = %s\n}\n' "$3" "$2" >>"$out"
+  expect_exit 0 "$DSC" train "$out" --data "$TMP/c" --batch 2 --seq 16 --steps 14 --eval-every 0 \
+    --quiet --log "$TMP/$1-section.jsonl" || return
+  local a b
+  a=$(grep -o '"lr":[^,}]*' "$TMP/$1.jsonl" | tr '\n' ' ') b=$(grep -o '"lr":[^,}]*' "$TMP/$1-section.jsonl" | tr '\n' ' ')
+  [ -n "$a" ] && [ "$a" = "$b" ] && pass || fail "$1: ds_config lr [$a], train section lr [$b]"
+}
+section_lr cycle_decay "one_cycle(min_lr = 2e-4, first_steps = 2, second_steps = 5, first_stairs = 2, decay_step_size = 3, decay_lr_rate = 0.25)" 0.004
+section_lr range_stairs "lr_range_test(step_size = 4, step_rate = 2, staircase = true)" 1e-3
 
 # dsc plan --deepspeed: DeepSpeed's estimators beside the exact plan, for
 # Psi = 120576 (gpt-tiny) and its largest layer wte (256 x 64) at 2 GPUs
@@ -184,7 +214,7 @@ err_case both '{"fp16": {"enabled": true}, "bf16": {"enabled": true}}' "ds_confi
 err_case device '{"zero_optimization": {"offload_param": {"device": "gpu"}}}' "'zero_optimization.offload_param.device' must be one of \"none\", \"cpu\", \"nvme\", got \"gpu\""
 err_case array '[1, 2]' "a ds_config is a JSON object, got an array"
 err_case sched '{"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}}}' "scheduler WarmupDecayLR needs params.total_num_steps"
-err_case schedtype '{"scheduler": {"type": "StepLR"}}' "scheduler type 'StepLR' is not one dsc implements \\(WarmupLR, WarmupDecayLR, WarmupCosineLR\\)"
+err_case schedtype '{"scheduler": {"type": "StepLR"}}' "scheduler type 'StepLR' is not one dsc implements \\(WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest\\)"
 err_case schedkey '{"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lrr": 1}}}' "unknown ds_config key 'scheduler.params.warmup_max_lrr'; did you mean 'warmup_max_lr'\\?"
 err_case optobj '{"optimizer": "AdamW"}' "ds_config 'optimizer' must be an object, got \"AdamW\" \\(a string\\)"
 err_case opttype '{"optimizer": {"params": {"lr": 0.1}}}' "ds_config 'optimizer' needs a \"type\" \\(Adam, AdamW, SGD or Muon\\)"
@@ -197,6 +227,34 @@ err_case schedtype2 '{"scheduler": {"params": {}}}' "ds_config 'scheduler' needs
 err_case lbi '{"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 5}}}' "last_batch_iteration other than -1 is not implemented"
 err_case wtype '{"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}}' "'scheduler.params.warmup_type' must be \"log\" or \"linear\""
 err_case costotal '{"scheduler": {"type": "WarmupCosineLR", "params": {}}}' "scheduler WarmupCosineLR needs params.total_num_steps"
+err_case cycmin '{"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.01}}}' "cycmin.json:1:2: error: ds_config scheduler OneCycle needs params.cycle_min_lr \\(DeepSpeed's OneCycle has no default for it; \"auto\": the model's min_lr\\)"
+err_case cycmax '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.01}}}' "ds_config scheduler OneCycle needs params.cycle_max_lr \\(DeepSpeed's OneCycle has no default for it; \"auto\": the optimizer's lr\\)"
+err_case cycnone '{"scheduler": {"type": "OneCycle"}}' "OneCycle needs params.cycle_min_lr"
+err_case cycfirst '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_first_step_size": 0}}}' "'scheduler.params.cycle_first_step_size' must be an integer >= 1, got 0 \\(a number\\)"
+err_case cycsecond '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_second_step_size": -1}}}' "'scheduler.params.cycle_second_step_size' must be an integer >= 0, got -1"
+err_case cycstairs '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_first_stair_count": 1.5}}}' "'scheduler.params.cycle_first_stair_count' must be an integer >= 0, got 1.5"
+err_case cycdecay '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "decay_step_size": "2"}}}' "'scheduler.params.decay_step_size' must be an integer >= 0, got \"2\" \\(a string\\)"
+err_case cycrate '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "decay_lr_rate": -0.5}}}' "'scheduler.params.decay_lr_rate' must be a non-negative number, got -0.5"
+err_case cyclr '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": [0.1], "cycle_max_lr": 1}}}' "'scheduler.params.cycle_min_lr' must be a non-negative number, got \\[0.1\\] \\(an array\\)"
+err_case cycmom '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_momentum": "yes"}}}' "'scheduler.params.cycle_momentum' must be true or false, got \"yes\""
+err_case cycmommin '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_min_mom": "low"}}}' "'scheduler.params.cycle_min_mom' must be a non-negative number"
+err_case cyckey '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_first_stair_cont": 2}}}' "unknown ds_config key 'scheduler.params.cycle_first_stair_cont'; did you mean 'cycle_first_stair_count'\\?"
+err_case cycwarm '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "warmup_num_steps": 2}}}' "unknown ds_config key 'scheduler.params.warmup_num_steps'"
+err_case cyclbi '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "last_batch_iteration": 3}}}' "last_batch_iteration other than -1 is not implemented"
+err_case rangesize '{"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_step_size": 0}}}' "'scheduler.params.lr_range_test_step_size' must be an integer >= 1, got 0"
+err_case rangerate '{"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_step_rate": "fast"}}}' "'scheduler.params.lr_range_test_step_rate' must be a non-negative number, got \"fast\""
+err_case rangemin '{"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": -1}}}' "'scheduler.params.lr_range_test_min_lr' must be a non-negative number, got -1"
+err_case rangestair '{"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_staircase": 1}}}' "'scheduler.params.lr_range_test_staircase' must be true or false, got 1 \\(a number\\)"
+err_case rangekey '{"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_step_sise": 2}}}' "unknown ds_config key 'scheduler.params.lr_range_test_step_sise'; did you mean 'lr_range_test_step_size'\\?"
+# the train section's one_cycle needs min_lr too
+printf 'train {\n  schedule = one_cycle(first_steps = 4)\n}\n' >"$TMP/nomin-section.dsm"
+sed '/^train {/,$d' "$MODEL" >"$TMP/nomin.dsm" && cat "$TMP/nomin-section.dsm" >>"$TMP/nomin.dsm"
+expect_exit 1 "$DSC" train "$TMP/nomin.dsm" "${RUN[@]}" --batch 2 &&
+  expect_grep "one_cycle needs min_lr \\(DeepSpeed's cycle_min_lr, which has no default\\)" "$TMP/err"
+printf 'train {\n  schedule = lr_range_test(staircase = 1)\n}\n' >"$TMP/stair-section.dsm"
+sed '/^train {/,$d' "$MODEL" >"$TMP/stair.dsm" && cat "$TMP/stair-section.dsm" >>"$TMP/stair.dsm"
+expect_exit 1 "$DSC" train "$TMP/stair.dsm" "${RUN[@]}" --batch 2 &&
+  expect_grep "setting 'staircase' of 'lr_range_test' must be true or false" "$TMP/err"
 err_case nvme '{"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": ""}}}' "'zero_optimization.offload_param.nvme_path' must be a directory path"
 err_case steps '{"steps_per_print": 0}' "ds_config 'steps_per_print' must be an integer >= 1"
 # a .dsx holds its settings compiled in
@@ -215,13 +273,13 @@ expect_exit 1 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed && expect_grep "deep
 cat >"$TMP/warn.json" <<'EOF'
 {"comms_logger": {"enabled": true}, "tensorboard": {"enabled": false}, "prescale_gradients": false,
  "zero_optimization": {"stage": 2, "overlap_comm": true, "zero_quantized_gradients": true},
- "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001}}}
+ "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001, "cycle_max_lr": 0.001}}}
 EOF
 expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/warn.json" --print-config
 expect_grep "warn.json:1:2: warning: ds_config 'comms_logger' is not implemented in dsc yet: --trace records every collective" "$TMP/err"
 expect_grep "warning: ds_config 'zero_optimization.overlap_comm' has no effect in dsc: the schedule pass always overlaps" "$TMP/err"
 expect_grep "warning: ds_config 'zero_optimization.zero_quantized_gradients' is not implemented in dsc yet: ZeRO\\+\\+" "$TMP/err"
-expect_grep "warning: ds_config scheduler OneCycle is not implemented in dsc yet: the model's train.schedule applies" "$TMP/err"
+expect_grep "warn.json:3:16: warning: ds_config 'scheduler.params.cycle_momentum' \\(DeepSpeed's default: true\\) is not implemented in dsc: DeepSpeed's OneCycle would cycle Adam's beta1 between cycle_max_mom 0.9 and cycle_min_mom 0.8 and set beta2 to 0.99; dsc keeps the optimizer's betas \\(0.9, 0.95\\) fixed \\(set \"cycle_momentum\": false to silence this\\)" "$TMP/err"
 grep -q "'tensorboard'\|'prescale_gradients'" "$TMP/err" && fail "a key that is off warned" || pass
 # 8. wall_clock_breakdown: DeepSpeed's two timer lines after every step (rank
 # 0), the same figures in the log; at 2 ranks the gradients' reduce-scatters
@@ -316,4 +374,17 @@ b=$(grep -o '"lr":[^,]*' "$TMP/skip.jsonl" | tr '\n' ' ')
 sed -i 's/"skipped_steps":[^,}]*/"skipped_steps":\t"99"/' "$TMP/skip-out/step-000004/state.json"
 expect_exit 1 "$DSC" train "$MODEL" --resume "$TMP/skip-out/step-000004" --data "$TMP/c" --quiet &&
   expect_grep "malformed checkpoint state: \"skipped_steps\" is '99' \(0 to the step, 4\)" "$TMP/err"
+# cycle_momentum given true: the warning points at it, with the file's momenta
+# and the optimizer's betas; false, or SGD (DeepSpeed cycles only betas), is silent
+mom_case() { # NAME OPTIMIZER-JSON CYCLE-PARAMS
+  printf '{"optimizer": %s,\n "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001, "cycle_max_lr": 0.001%s}}}\n' "$2" "$3" >"$TMP/$1.json"
+  expect_exit 0 "$DSC" train "$MODEL" "${RUN[@]}" --deepspeed "$TMP/$1.json" --print-config
+}
+mom_case mom_on '{"type": "Adam", "params": {"betas": [0.8, 0.9]}}' ',
+   "cycle_momentum": true, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95'
+expect_grep "mom_on.json:3:4: warning: ds_config 'scheduler.params.cycle_momentum' .*between cycle_max_mom 0.95 and cycle_min_mom 0.85 .*betas \\(0.8, 0.9\\) fixed" "$TMP/err"
+mom_case mom_off '{"type": "AdamW"}' ', "cycle_momentum": false'
+grep -q "cycle_momentum" "$TMP/err" && fail "cycle_momentum false warned" || pass
+mom_case mom_sgd '{"type": "SGD", "params": {"momentum": 0.9}}' ''
+grep -q "cycle_momentum" "$TMP/err" && fail "OneCycle with SGD warned of cycle_momentum" || pass
 finish

@@ -151,6 +151,42 @@ launch_err "--num_nodes 2 needs a --hostfile naming the nodes" --num_nodes 2
 launch_err "-n 2 and --num_gpus 3 disagree" -n 2 --num_gpus 3
 launch_err "--num_gpus needs an integer in \[1, 1024\]" --num_gpus 0
 
+# --include / --exclude, DeepSpeed's NAME[:SLOT[,SLOT...]][@NAME...]: the
+# hosts' kept slots are their ranks; kept slots other than each host's first
+# ones, the same on every host, become CUDA_VISIBLE_DEVICES (a rank takes
+# GPU rank mod their number); different ones cannot be pinned (a note)
+launch_dry "-np 6 --host worker-1:2,worker-2:4" --hostfile "$TMP/hostfile" --include="worker-1:0,1@worker-2"
+grep -q "note:" "$TMP/err" && fail "slots 0..k-1 of each host gave a note" || pass
+launch_dry "-np 4 --host worker-1:2,worker-2:2 -x CUDA_VISIBLE_DEVICES=1,3" --hostfile "$TMP/hostfile" -i "worker-1:1,3@worker-2:3,1"
+launch_dry "-np 7 --host worker-1:4,worker-2:3" --hostfile "$TMP/hostfile" --exclude=worker-2:0
+expect_grep "^dsc launch: note: --exclude keeps different slots on different hosts: each host runs as many ranks as it keeps slots, .* the slot indices are not pinned" "$TMP/err"
+launch_dry "-np 4 --host worker-2:4" --hostfile "$TMP/hostfile" -e worker-1
+launch_dry "-np 4 --host worker-1:4" --hostfile "$TMP/hostfile" --exclude worker-2:0,1,2,3
+grep -q "note:" "$TMP/err" && fail "a whole host excluded by its slots gave a note" || pass
+# a host named bare and with slots keeps the slots (DeepSpeed merges them)
+launch_dry "-np 1 --host worker-1:1 -x CUDA_VISIBLE_DEVICES=2" --hostfile "$TMP/hostfile" --include "worker-1@worker-1:2"
+launch_dry "-np 2 --host worker-2:4" --hostfile "$TMP/hostfile" --include worker-2 -n 2
+launch_dry "-np 8 --host worker-1:4,worker-2:4" --hostfile "$TMP/hostfile" --include= # "": not given
+# without a hostfile the one host is localhost (its GPUs, or its CPUs)
+launch_dry "-np 1" --include localhost:0
+launch_err "--include and --exclude are mutually exclusive \(as in DeepSpeed's launcher\)" --hostfile "$TMP/hostfile" --include worker-1 --exclude worker-2
+launch_err "--include cannot be combined with --num_nodes or --num_gpus" --hostfile "$TMP/hostfile" --include worker-1 --num_gpus 2
+launch_err "--exclude cannot be combined with --num_nodes or --num_gpus" --hostfile "$TMP/hostfile" --exclude worker-1 --num_nodes 1
+launch_err "--include: host 'worker-3' is not in hostfile .*hostfile" --hostfile "$TMP/hostfile" --include worker-1@worker-3
+launch_err "--exclude: host 'worker-2' has no slot 4: it has 4 \(0 to 3\)" --hostfile "$TMP/hostfile" --exclude worker-2:4
+launch_err "--include 'worker-1:0,x': bad slot 'x' for host 'worker-1' \(slots are indices from 0" --hostfile "$TMP/hostfile" --include worker-1:0,x
+launch_err "bad slot '' for host 'worker-1'" --hostfile "$TMP/hostfile" --include worker-1:
+launch_err "bad slot '-1' for host 'worker-1'" --hostfile "$TMP/hostfile" --include=worker-1:-1
+launch_err "'worker-1:0:1' has more than one ':'" --hostfile "$TMP/hostfile" --include worker-1:0:1
+launch_err "--include 'worker-1@': an empty host name \(the form is NAME\[:SLOT\[,SLOT...\]\]\[@NAME...\]" --hostfile "$TMP/hostfile" --include "worker-1@"
+launch_err "--exclude 'worker-1@worker-2' leaves no slot to run on" --hostfile "$TMP/hostfile" --exclude worker-1@worker-2
+launch_err "-n 3 ranks, but --include keeps 2 slots" --hostfile "$TMP/hostfile" --include worker-1:0,1 -n 3
+launch_err "--include: host 'worker-1' is not this one: without --hostfile the only host is 'localhost'" --include worker-1
+launch_err "--exclude: host 'localhost' has no slot 4096: it has [0-9]+ \(0 to [0-9]+; without --hostfile: its CUDA devices, or with none its CPUs\)" --exclude localhost:4096
+launch_err "--exclude 'localhost' leaves no slot to run on" --exclude localhost
+launch_err "--include needs NAME\[:SLOT\[,SLOT...\]\]\[@NAME...\], as in worker-0:0,1@worker-1" --include
+launch_err "--exclude needs NAME" -e
+
 if command -v mpirun >/dev/null 2>&1; then
   export ASAN_OPTIONS=detect_leaks=0 # Open MPI's own allocations are not dsc's leaks
   make_corpus "$TMP/corpus.txt"
@@ -179,6 +215,13 @@ PY
     expect_grep "^dsc launch: running: .*mpirun -np 2 --host localhost:2 $dsc_abs train " "$TMP/err"
   cmp -s <(grep -o '"loss":[^,]*' "$TMP/hf.jsonl") <(grep -o '"loss":[^,]*' "$TMP/launch.jsonl") &&
     pass || fail "dsc launch --hostfile differs from -n 2"
+  # --include with slots: the hosts' kept slots, CUDA_VISIBLE_DEVICES through mpirun's -x
+  echo "localhost slots=3" >"$TMP/hf-local3"
+  expect_exit 0 "$DSC" launch --hostfile "$TMP/hf-local3" --include localhost:0,2 -- train "$MODEL" "${RUN[@]}" \
+    --log "$TMP/inc.jsonl" &&
+    expect_grep "^dsc launch: running: .*mpirun -np 2 --host localhost:2 -x CUDA_VISIBLE_DEVICES=0,2 $dsc_abs train " "$TMP/err"
+  cmp -s <(grep -o '"loss":[^,]*' "$TMP/inc.jsonl") <(grep -o '"loss":[^,]*' "$TMP/launch.jsonl") &&
+    pass || fail "dsc launch --include localhost:0,2 differs from -n 2"
   # a failing job's status comes back (every rank: a usage error, exit 1)
   expect_exit 1 "$DSC" launch -n 2 -- train "$MODEL" "${RUN[@]}" --zero-stage 7 &&
     expect_grep 'zero-stage needs 0, 1, 2 or 3' "$TMP/err"

@@ -181,10 +181,14 @@ TEST(DsConfig, OptimizerAndScheduleTextsReadBack) {
   cfg.opt.adam_lr = 0.01;
   cfg.sched.warmup = 7, cfg.sched.min_lr = 1e-5, cfg.sched.decay_steps = 40;
   cfg.sched.warmup_log = false, cfg.sched.min_ratio = 0.2, cfg.sched.cos_min_ratio = 0.05;
+  cfg.sched.first_steps = 9, cfg.sched.second_steps = 0, cfg.sched.first_stairs = 3;
+  cfg.sched.second_stairs = 1, cfg.sched.decay_step_size = 4, cfg.sched.decay_lr_rate = 0.125;
+  cfg.sched.step_size = 6, cfg.sched.step_rate = 0.3, cfg.sched.staircase = true;
   for (dsc_optimizer_kind ok : {DSC_OPT_ADAMW, DSC_OPT_SGD, DSC_OPT_MUON})
-    for (dsc_schedule_kind sk : {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR,
-                                 DSC_SCHED_WARMUP_LR, DSC_SCHED_WARMUP_DECAY_LR,
-                                 DSC_SCHED_WARMUP_COSINE_LR}) {
+    for (dsc_schedule_kind sk :
+         {DSC_SCHED_CONSTANT, DSC_SCHED_COSINE, DSC_SCHED_LINEAR, DSC_SCHED_WARMUP_LR,
+          DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR, DSC_SCHED_ONE_CYCLE,
+          DSC_SCHED_LR_RANGE_TEST}) {
       dsc_train_config a = cfg, b;
       a.opt.kind = ok, a.sched.kind = sk;
       char opt[400], sched[400];
@@ -212,21 +216,91 @@ TEST(DsConfig, OptimizerAndScheduleTextsReadBack) {
         EXPECT_EQ(b.opt.adam_lr, a.opt.adam_lr) << opt;
       }
       EXPECT_EQ(b.sched.kind, sk) << sched;
-      EXPECT_EQ(b.sched.warmup, a.sched.warmup) << sched;
-      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_COSINE_LR) {
+      bool cycle = sk == DSC_SCHED_ONE_CYCLE, range = sk == DSC_SCHED_LR_RANGE_TEST;
+      if (!cycle && !range) {
+        EXPECT_EQ(b.sched.warmup, a.sched.warmup) << sched;
+      }
+      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_COSINE_LR && !range) {
         EXPECT_EQ(b.sched.min_lr, a.sched.min_lr) << sched;
       }
-      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_LR) {
+      if (sk != DSC_SCHED_CONSTANT && sk != DSC_SCHED_WARMUP_LR && !cycle && !range) {
         EXPECT_EQ(b.sched.decay_steps, a.sched.decay_steps) << sched;
       }
-      if (sk >= DSC_SCHED_WARMUP_LR) {
+      if (sk >= DSC_SCHED_WARMUP_LR && !cycle && !range) {
         EXPECT_EQ(b.sched.warmup_log, a.sched.warmup_log) << sched;
+      }
+      if (cycle) {
+        EXPECT_EQ(b.sched.first_steps, a.sched.first_steps) << sched;
+        EXPECT_EQ(b.sched.second_steps, a.sched.second_steps) << sched;
+        EXPECT_EQ(b.sched.first_stairs, a.sched.first_stairs) << sched;
+        EXPECT_EQ(b.sched.second_stairs, a.sched.second_stairs) << sched;
+        EXPECT_EQ(b.sched.decay_step_size, a.sched.decay_step_size) << sched;
+        EXPECT_EQ(b.sched.decay_lr_rate, a.sched.decay_lr_rate) << sched;
+      }
+      if (range) {
+        EXPECT_EQ(b.sched.step_size, a.sched.step_size) << sched;
+        EXPECT_EQ(b.sched.step_rate, a.sched.step_rate) << sched;
+        EXPECT_EQ(b.sched.staircase, a.sched.staircase) << sched;
       }
       if (sk == DSC_SCHED_WARMUP_COSINE_LR) {
         EXPECT_EQ(b.sched.min_ratio, a.sched.min_ratio) << sched;
         EXPECT_EQ(b.sched.cos_min_ratio, a.sched.cos_min_ratio) << sched;
       }
     }
+}
+
+// OneCycle and LRRangeTest: DeepSpeed's defaults for what the file leaves
+// out (the second half and stairs the first's), "auto" the model's values
+// where it has the same schedule (else DeepSpeed's), cycle_max_lr and
+// lr_range_test_min_lr the lr.
+TEST(DsConfig, OneCycleAndLrRangeTestTakeDeepSpeedsDefaultsAndTheModelsAutoValues) {
+  Ctx c;
+  std::string p = write_json("ds_cycle.json",
+                             "{\"scheduler\": {\"type\": \"OneCycle\", \"params\": {"
+                             "\"cycle_min_lr\": \"auto\", \"cycle_max_lr\": \"auto\", "
+                             "\"cycle_first_step_size\": \"auto\", \"cycle_first_stair_count\": "
+                             "\"auto\", \"cycle_momentum\": false}}}");
+  drv_ds_config ds;
+  ASSERT_EQ(drv_ds_config_read(c.ctx, p.c_str(), &c.arena, &ds), DSC_OK) << diags(c.ctx);
+  for (bool has_cycle : {true, false}) {
+    dsc_module *m = dsc_module_new(c.ctx, "m");
+    ASSERT_EQ(dsc_module_set_meta(m, "train.lr", "0.02"), DSC_OK);
+    ASSERT_EQ(dsc_module_set_meta(m, "train.schedule",
+                                  has_cycle ? "one_cycle(min_lr = 1e-4, first_steps = 5, "
+                                              "second_steps = 2, first_stairs = 1)"
+                                            : "cosine(warmup = 3, min_lr = 2e-4)"),
+              DSC_OK);
+    ASSERT_EQ(drv_ds_config_apply(c.ctx, &ds, m), DSC_OK) << diags(c.ctx);
+    dsc_train_config cfg;
+    ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(c.ctx);
+    EXPECT_EQ(cfg.sched.kind, DSC_SCHED_ONE_CYCLE);
+    EXPECT_EQ(cfg.opt.lr, 0.02);                           // auto: the model's lr
+    EXPECT_EQ(cfg.sched.min_lr, has_cycle ? 1e-4 : 2e-4);  // auto: the model's min_lr
+    EXPECT_EQ(cfg.sched.first_steps, has_cycle ? 5 : 2000);
+    EXPECT_EQ(cfg.sched.second_steps, has_cycle ? 5 : 2000);  // absent: the first's
+    EXPECT_EQ(cfg.sched.first_stairs, has_cycle ? 1 : 0);
+    EXPECT_EQ(cfg.sched.second_stairs, has_cycle ? 1 : 0);
+    EXPECT_EQ(cfg.sched.decay_step_size, 0);
+    dsc_module_free(m);
+  }
+  EXPECT_EQ(dsc_diag_count(c.ctx), 0) << diags(c.ctx);  // cycle_momentum false: no warning
+  p = write_json("ds_range.json",
+                 "{\"scheduler\": {\"type\": \"LRRangeTest\", \"params\": {"
+                 "\"lr_range_test_step_rate\": 0.5}}}");
+  ASSERT_EQ(drv_ds_config_read(c.ctx, p.c_str(), &c.arena, &ds), DSC_OK) << diags(c.ctx);
+  dsc_module *m = dsc_module_new(c.ctx, "m");
+  ASSERT_EQ(drv_ds_config_apply(c.ctx, &ds, m), DSC_OK) << diags(c.ctx);
+  dsc_train_config cfg;
+  ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(c.ctx);
+  EXPECT_EQ(cfg.sched.kind, DSC_SCHED_LR_RANGE_TEST);
+  EXPECT_EQ(cfg.opt.lr, 1e-3);  // DeepSpeed's lr_range_test_min_lr
+  EXPECT_EQ(cfg.sched.step_size, 2000);
+  EXPECT_EQ(cfg.sched.step_rate, 0.5);
+  EXPECT_FALSE(cfg.sched.staircase);
+  const drv_ds_setting *src = drv_ds_config_find(&ds, "lr");
+  ASSERT_NE(src, nullptr);
+  EXPECT_STREQ(src->from, "scheduler.params.lr_range_test_min_lr");
+  dsc_module_free(m);
 }
 
 // Applied to a module, the settings are read by the one settings table; the

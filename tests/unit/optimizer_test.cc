@@ -770,6 +770,78 @@ TEST(TrainConfig, OptimizersAndSchedules) {
   }
 }
 
+// DeepSpeed's OneCycle and LRRangeTest: DeepSpeed's defaults, the second
+// half and its stairs the first's unless given.
+TEST(TrainConfig, OneCycleAndLrRangeTest) {
+  {
+    Meta t;
+    t.set("train.schedule", "one_cycle(min_lr = 1e-4, first_steps = 10, first_stairs = 2)");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.sched.kind, DSC_SCHED_ONE_CYCLE);
+    EXPECT_EQ(t.cfg.sched.min_lr, 1e-4);
+    EXPECT_EQ(t.cfg.sched.first_steps, 10);
+    EXPECT_EQ(t.cfg.sched.second_steps, 10);
+    EXPECT_EQ(t.cfg.sched.first_stairs, 2);
+    EXPECT_EQ(t.cfg.sched.second_stairs, 2);
+    EXPECT_EQ(t.cfg.sched.decay_step_size, 0);
+    EXPECT_EQ(t.cfg.sched.decay_lr_rate, 0);
+  }
+  {
+    Meta t;
+    t.set("train.schedule",
+          "one_cycle(min_lr = 0, second_steps = 0, second_stairs = 0, first_stairs = 3, "
+          "decay_step_size = 5, decay_lr_rate = 0.5)");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.sched.first_steps, 2000);  // DeepSpeed's cycle_first_step_size
+    EXPECT_EQ(t.cfg.sched.second_steps, 0);
+    EXPECT_EQ(t.cfg.sched.first_stairs, 3);
+    EXPECT_EQ(t.cfg.sched.second_stairs, 0);
+    EXPECT_EQ(t.cfg.sched.decay_step_size, 5);
+    EXPECT_EQ(t.cfg.sched.decay_lr_rate, 0.5);
+  }
+  {
+    Meta t;
+    t.set("train.schedule", "lr_range_test");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.sched.kind, DSC_SCHED_LR_RANGE_TEST);
+    EXPECT_EQ(t.cfg.sched.step_size, 2000);
+    EXPECT_EQ(t.cfg.sched.step_rate, 1.0);
+    EXPECT_FALSE(t.cfg.sched.staircase);
+  }
+  {
+    Meta t;
+    t.set("train.schedule", "lr_range_test(step_size = 7, step_rate = 0.25, staircase = true)");
+    ASSERT_EQ(t.parse(), DSC_OK) << t.err();
+    EXPECT_EQ(t.cfg.sched.step_size, 7);
+    EXPECT_EQ(t.cfg.sched.step_rate, 0.25);
+    EXPECT_TRUE(t.cfg.sched.staircase);
+  }
+  struct Case {
+    const char *value, *want;
+  } bad[] = {
+      {"one_cycle", "one_cycle needs min_lr (DeepSpeed's cycle_min_lr, which has no default)"},
+      {"one_cycle(first_steps = 4)", "one_cycle needs min_lr"},
+      {"one_cycle(min_lr = 0.1, first_steps = 0)",
+       "'train.schedule.first_steps' must be a positive"},
+      {"one_cycle(min_lr = 0.1, second_steps = -1)",
+       "'train.schedule.second_steps' must be a non-negative"},
+      {"one_cycle(min_lr = 0.1, first_stairs = 1.5)",
+       "'train.schedule.first_stairs' must be a non-negative"},
+      {"one_cycle(min_lr = 0.1, warmup = 3)", "'one_cycle' has no setting 'warmup'"},
+      {"one_cycle(0.1)",
+       "the settings of 'one_cycle' must be named, as in one_cycle(min_lr = ...)"},
+      {"lr_range_test(step_size = 0)", "'train.schedule.step_size' must be a positive integer"},
+      {"lr_range_test(staircase = 1)", "'train.schedule.staircase' must be true or false"},
+      {"lr_range_test(min_lr = 0.1)", "'lr_range_test' has no setting 'min_lr'"},
+  };
+  for (const Case &k : bad) {
+    Meta t;
+    t.set("train.schedule", k.value);
+    EXPECT_EQ(t.parse(), DSC_ERR_USER) << k.value;
+    EXPECT_NE(t.err().find(k.want), std::string::npos) << k.value << ": " << t.err();
+  }
+}
+
 TEST(TrainConfig, TopLevelLrAndWeightDecayOverrideTheOptimizers) {
   for (bool lr_first : {true, false}) {
     Meta t;
@@ -971,6 +1043,54 @@ TEST(Optimizer, PhasesOfTheStep) {
   std::vector<unsigned char> fp = phases(dsc_module_find_graph(f, "forward"));
   EXPECT_EQ(std::count(fp.begin(), fp.end(), IR_PHASE_FORWARD), (long)fp.size());
   dsc_module_free(f);
+}
+
+// OneCycle (DeepSpeed's lr_schedules.py): the lr of step s is the
+// scheduler's at iteration s - 1, cycle_min_lr at step 0; the cycle rises
+// over first_steps iterations, falls over second_steps, then decays.
+TEST(Schedule, OneCycle) {
+  Ctx c;
+  dsc_train_config cfg = default_config(c.c);
+  cfg.opt.lr = 1.0;  // cycle_max_lr
+  cfg.sched.kind = DSC_SCHED_ONE_CYCLE;
+  cfg.sched.min_lr = 0.2;
+  cfg.sched.first_steps = cfg.sched.second_steps = 4;
+  const double sym[] = {0.2, 0.4, 0.6, 0.8, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2};
+  for (int s = 0; s < 11; s++) EXPECT_NEAR(dsc_lr_at(&cfg, s), sym[s], 1e-15) << "step " << s;
+  // after the cycle: cycle_min_lr / (1 + rate x iterations past it / decay_step_size)
+  cfg.sched.decay_step_size = 2, cfg.sched.decay_lr_rate = 0.5;
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 8), 0.2);  // the cycle's last iteration
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 9), 0.2 / 1.25);
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 12), 0.2 / 2.0);
+  cfg.sched.decay_lr_rate = 0;  // a rate of 0 is no decay
+  EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, 12), 0.2);
+  // stairs: 2 per half, counted from the integer step
+  cfg.sched.first_stairs = cfg.sched.second_stairs = 2;
+  const double stairs[] = {0.2, 0.2, 0.6, 0.6, 1.0, 0.6, 0.6, 0.2, 0.2};
+  for (int s = 0; s < 9; s++) EXPECT_NEAR(dsc_lr_at(&cfg, s), stairs[s], 1e-15) << "step " << s;
+  // asymmetric halves: up in 2, down in 6
+  cfg.sched.first_stairs = cfg.sched.second_stairs = 0;
+  cfg.sched.first_steps = 2, cfg.sched.second_steps = 6;
+  EXPECT_NEAR(dsc_lr_at(&cfg, 1), 0.6, 1e-15);
+  EXPECT_NEAR(dsc_lr_at(&cfg, 2), 1.0, 1e-15);
+  EXPECT_NEAR(dsc_lr_at(&cfg, 5), 0.2 + 0.8 * 0.5, 1e-15);
+  EXPECT_NEAR(dsc_lr_at(&cfg, 8), 0.2, 1e-15);
+}
+
+// LRRangeTest: lr x (1 + step_rate x (s / step_size)), floored with staircase.
+TEST(Schedule, LrRangeTest) {
+  Ctx c;
+  dsc_train_config cfg = default_config(c.c);
+  cfg.opt.lr = 0.01;  // lr_range_test_min_lr
+  cfg.sched.kind = DSC_SCHED_LR_RANGE_TEST;
+  cfg.sched.step_size = 3, cfg.sched.step_rate = 2.0;
+  for (int s = 0; s < 10; s++) {
+    EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, s), 0.01 * (1 + 2.0 * (s / 3.0))) << "step " << s;
+  }
+  cfg.sched.staircase = true;
+  for (int s = 0; s < 10; s++) {
+    EXPECT_DOUBLE_EQ(dsc_lr_at(&cfg, s), 0.01 * (1 + 2.0 * (s / 3))) << "step " << s;
+  }
 }
 
 }  // namespace
