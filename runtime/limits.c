@@ -3,6 +3,7 @@
  * so that an impossible request is a user error with the numbers, not an
  * allocation failure (exit 2) minutes later. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,11 +113,31 @@ int64_t rt_rss_bytes(void) {
   return resident < 0 ? -1 : resident * (int64_t)sysconf(_SC_PAGESIZE);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define DSC_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSC_ASAN 1
+#endif
+#endif
+
+#if defined(DSC_ASAN)
+/* AddressSanitizer's allocator serves every malloc: glibc's heap stays
+ * empty, and its first mallinfo2 initialises the arena without a lock
+ * (two rank threads asking at once read half-built bins). Ask ASan. */
+size_t __sanitizer_get_heap_size(void);
+int64_t rt_heap_bytes(void) { return (int64_t)__sanitizer_get_heap_size(); }
+#elif defined(__GLIBC__)
+static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
+/* glibc initialises its arena on the first malloc or mallinfo2 call without
+ * a lock; under another allocator (LD_PRELOAD) that first call can be ours,
+ * from two threads: make it once. */
+static void heap_init(void) { (void)mallinfo2(); }
 int64_t rt_heap_bytes(void) {
-#ifdef __GLIBC__
+  pthread_once(&heap_once, heap_init);
   struct mallinfo2 mi = mallinfo2();
   return (int64_t)(mi.arena + mi.hblkhd);
-#else
-  return -1;
-#endif
 }
+#else
+int64_t rt_heap_bytes(void) { return -1; }
+#endif
