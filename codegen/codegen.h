@@ -134,6 +134,12 @@ struct kir_kernel { /* program/program.h holds it opaque */
   dsc_dtype *slot_types;
   int n_stages;
   kir_stage *stages;
+  /* Every launch passes pairwise distinct buffers: buffers live at one
+   * instruction never share bytes (the lowering's placement), so each
+   * argument's memory is reached through that argument alone and the CPU
+   * backend marks the pointers noalias (vectorised without runtime overlap
+   * checks). The lowering sets it; the CPU executor checks each launch. */
+  bool distinct_args;
 };
 
 /* Construction helpers: every object lives in arena `a` (NULL on failure,

@@ -575,6 +575,7 @@ static uint64_t hash_kernel(const kir_kernel *k, const char *name) {
     h = mix(h, (uint64_t)(k->args[i].read | (k->args[i].written << 1)));
   }
   for (int i = 0; i < k->n_slots; i++) h = mix(h, (uint64_t)k->slot_types[i]);
+  h = mix(h, (uint64_t)k->distinct_args);
   for (int s = 0; s < k->n_stages; s++) {
     const kir_stage *st = &k->stages[s];
     h = mix(h, (uint64_t)st->kind);

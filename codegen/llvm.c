@@ -49,7 +49,7 @@
 #include <unistd.h>
 
 /* Bump when the generated code changes meaning: invalidates disk caches. */
-#define CG_LLVM_CACHE_VERSION 4u
+#define CG_LLVM_CACHE_VERSION 5u
 #define CG_CACHE_MAGIC "DSCLLVMO"
 
 /* ---- helpers in textual IR (see the file comment) ---- */
@@ -920,6 +920,21 @@ static bool kernel_has_gather_expr(const kir_expr *x, int depth) {
          kernel_has_gather_expr(x->c, depth + 1);
 }
 
+/* nounwind, and the host's CPU and features when given. */
+static void function_attributes(emitter *e, LLVMValueRef fn, const char *cpu,
+                                const char *features) {
+  unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateEnumAttribute(e->c, nounwind, 0));
+  if (!cpu) return;
+  static const char *keys[] = {"target-cpu", "target-features", "prefer-vector-width"};
+  const char *vals[] = {cpu, features, "512"};
+  for (int i = 0; i < 3; i++)
+    LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                            LLVMCreateStringAttribute(e->c, keys[i], (unsigned)strlen(keys[i]),
+                                                      vals[i], (unsigned)strlen(vals[i])));
+}
+
 /* Adds function `sym` for kernel k to e->m. */
 static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const char *cpu,
                         const char *features) {
@@ -941,34 +956,72 @@ static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const 
     emit_fail(e, "llvm: kernel %s: %s", "duplicate kernel name in one module");
     return false;
   }
-  e->fn = LLVMAddFunction(e->m, sym, fty);
-  LLVMSetLinkage(e->fn, LLVMExternalLinkage);
-  unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
-  LLVMAddAttributeAtIndex(e->fn, LLVMAttributeFunctionIndex,
-                          LLVMCreateEnumAttribute(e->c, nounwind, 0));
-  if (cpu) {
-    static const char *keys[] = {"target-cpu", "target-features", "prefer-vector-width"};
-    const char *vals[] = {cpu, features, "512"};
-    for (int i = 0; i < 3; i++)
-      LLVMAddAttributeAtIndex(e->fn, LLVMAttributeFunctionIndex,
-                              LLVMCreateStringAttribute(e->c, keys[i], (unsigned)strlen(keys[i]),
-                                                        vals[i], (unsigned)strlen(vals[i])));
-  }
-  LLVMValueRef p_args = LLVMGetParam(e->fn, 0), p_begin = LLVMGetParam(e->fn, 1),
-               p_end = LLVMGetParam(e->fn, 2), p_status = LLVMGetParam(e->fn, 3);
+  LLVMValueRef abi = LLVMAddFunction(e->m, sym, fty);
+  LLVMSetLinkage(abi, LLVMExternalLinkage);
+  function_attributes(e, abi, cpu, features);
+  LLVMValueRef p_args = LLVMGetParam(abi, 0), p_begin = LLVMGetParam(abi, 1),
+               p_end = LLVMGetParam(abi, 2), p_status = LLVMGetParam(abi, 3);
   LLVMSetValueName2(p_args, "args", 4);
   LLVMSetValueName2(p_begin, "outer_begin", 11);
   LLVMSetValueName2(p_end, "outer_end", 9);
   LLVMSetValueName2(p_status, "status", 6);
 
-  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(e->c, e->fn, "entry");
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(e->c, abi, "entry");
   LLVMPositionBuilderAtEnd(e->b, entry);
   size_t na = (size_t)(k->n_args > 0 ? k->n_args : 1), ns = (size_t)(k->n_slots > 0 ? k->n_slots : 1);
   e->argp = ir_alloc(e->ctx, sizeof(LLVMValueRef) * na);
   e->slots = ir_alloc(e->ctx, sizeof(LLVMValueRef) * ns);
-  if (!e->argp || !e->slots) {
+  LLVMValueRef *body_args = ir_alloc(e->ctx, sizeof(LLVMValueRef) * (na + 3));
+  if (!e->argp || !e->slots || !body_args) {
     emit_fail(e, "llvm: kernel %s: %s", "out of memory");
     goto done;
+  }
+  for (int i = 0; i < k->n_args; i++) {
+    LLVMValueRef ix = LLVMConstInt(e->i64, (unsigned long long)i, 0);
+    LLVMValueRef pp = LLVMBuildInBoundsGEP2(e->b, e->i8p, p_args, &ix, 1, "");
+    body_args[i] = LLVMBuildLoad2(e->b, e->i8p, pp, "");
+  }
+  e->fn = abi;
+  if (k->distinct_args) {
+    /* The ABI entry loads the pointers and calls an always-inlined body
+     * that takes them as noalias parameters: no two arguments overlap
+     * (kir_kernel.distinct_args), and saying so lets the vectoriser skip
+     * the runtime overlap checks it gives up on past a handful of pointers
+     * (an optimizer update reads and writes six or more). */
+    int nb = k->n_args + 3;
+    LLVMTypeRef *bt = ir_alloc(e->ctx, sizeof(LLVMTypeRef) * (size_t)nb);
+    char *bname = ir_alloc(e->ctx, strlen(sym) + 6);
+    if (!bt || !bname) {
+      if (bt) ir_free(e->ctx, bt, sizeof(LLVMTypeRef) * (size_t)nb);
+      emit_fail(e, "llvm: kernel %s: %s", "out of memory");
+      goto done;
+    }
+    for (int i = 0; i < k->n_args; i++) bt[i] = e->i8p;
+    bt[k->n_args] = e->i64, bt[k->n_args + 1] = e->i64, bt[k->n_args + 2] = params[3];
+    sprintf(bname, "%s.body", sym);
+    LLVMValueRef body = LLVMAddFunction(
+        e->m, bname, LLVMFunctionType(LLVMVoidTypeInContext(e->c), bt, (unsigned)nb, 0));
+    ir_free(e->ctx, bt, sizeof(LLVMTypeRef) * (size_t)nb);
+    ir_free(e->ctx, bname, strlen(sym) + 6);
+    LLVMSetLinkage(body, LLVMInternalLinkage);
+    function_attributes(e, body, cpu, features);
+    unsigned inl = LLVMGetEnumAttributeKindForName("alwaysinline", 12);
+    unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+    LLVMAddAttributeAtIndex(body, LLVMAttributeFunctionIndex,
+                            LLVMCreateEnumAttribute(e->c, inl, 0));
+    for (int i = 0; i < k->n_args; i++)
+      LLVMAddAttributeAtIndex(body, (unsigned)i + 1, LLVMCreateEnumAttribute(e->c, noalias, 0));
+    body_args[k->n_args] = p_begin, body_args[k->n_args + 1] = p_end;
+    body_args[k->n_args + 2] = p_status;
+    LLVMBuildCall2(e->b, LLVMGlobalGetValueType(body), body, body_args, (unsigned)nb, "");
+    LLVMBuildRetVoid(e->b);
+    e->fn = body;
+    for (int i = 0; i < k->n_args; i++) body_args[i] = LLVMGetParam(body, (unsigned)i);
+    p_begin = LLVMGetParam(body, (unsigned)k->n_args);
+    p_end = LLVMGetParam(body, (unsigned)k->n_args + 1);
+    p_status = LLVMGetParam(body, (unsigned)k->n_args + 2);
+    entry = LLVMAppendBasicBlockInContext(e->c, body, "entry");
+    LLVMPositionBuilderAtEnd(e->b, entry);
   }
   for (int s = 0; s < k->n_slots; s++) {
     LLVMTypeRef t = compute_type(e, k->slot_types[s]);
@@ -992,13 +1045,9 @@ static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const 
     e->bad = LLVMBuildAlloca(e->b, e->i8, "bad");
     LLVMBuildStore(e->b, LLVMConstInt(e->i8, 0, 0), e->bad);
   }
-  for (int i = 0; i < k->n_args; i++) {
-    LLVMValueRef ix = LLVMConstInt(e->i64, (unsigned long long)i, 0);
-    LLVMValueRef pp = LLVMBuildInBoundsGEP2(e->b, e->i8p, p_args, &ix, 1, "");
-    LLVMValueRef p = LLVMBuildLoad2(e->b, e->i8p, pp, "");
-    e->argp[i] =
-        LLVMBuildBitCast(e->b, p, LLVMPointerType(storage_type(e, k->args[i].dtype), 0), "arg");
-  }
+  for (int i = 0; i < k->n_args; i++)
+    e->argp[i] = LLVMBuildBitCast(e->b, body_args[i],
+                                  LLVMPointerType(storage_type(e, k->args[i].dtype), 0), "arg");
   bool outer_empty = false;
   for (int d = 0; d < k->n_outer; d++) outer_empty |= k->dims[d] == 0;
 
@@ -1102,6 +1151,7 @@ static bool emit_kernel(emitter *e, const kir_kernel *k, const char *sym, const 
   }
   LLVMBuildRetVoid(e->b);
 done:
+  if (body_args) ir_free(e->ctx, body_args, sizeof(LLVMValueRef) * (na + 3));
   if (e->argp) ir_free(e->ctx, e->argp, sizeof(LLVMValueRef) * na);
   if (e->slots) ir_free(e->ctx, e->slots, sizeof(LLVMValueRef) * ns);
   e->argp = e->slots = NULL;

@@ -1916,6 +1916,24 @@ static dsc_status lower_assigns(L *l) {
   return l->status;
 }
 
+/* kir_kernel.distinct_args: true for a kernel whose every launch passes
+ * pairwise distinct buffers (placement keeps buffers live at one
+ * instruction apart, so no two of its pointers reach the same bytes). */
+static void mark_distinct_args(L *l) {
+  cg_program *p = l->p;
+  bool *mixed = ir_arena_alloc(l->a, (size_t)(p->n_kernels + 1));
+  if (!mixed) return (void)oom(l);
+  memset(mixed, 0, (size_t)(p->n_kernels + 1));
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    if (in->kind != CG_INS_LAUNCH) continue;
+    for (int a = 0; a < in->n_args && !mixed[in->kernel]; a++)
+      for (int b = 0; b < a; b++)
+        if (in->args[a] == in->args[b]) mixed[in->kernel] = true;
+  }
+  for (int k = 0; k < p->n_kernels; k++) p->kernels[k]->distinct_args = !mixed[k];
+}
+
 dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   *out = NULL;
   L l;
@@ -1932,6 +1950,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   for (int i = 0; i < p->n_instrs && l.status == DSC_OK; i++)
     if (p->instrs[i].kind == CG_INS_LAUNCH && !split_scalar_reduction(&l, i)) break;
   if (l.status == DSC_OK) place_work(&l);
+  if (l.status == DSC_OK) mark_distinct_args(&l);
   if (l.status == DSC_OK && cg_program_kernel_table(a, p) != DSC_OK) oom(&l);
   if (l.status != DSC_OK) return l.status;
   p->n_nodes = l.n, p->node_buffer = l.buf; /* for the memory plan (memplan.c) */

@@ -143,7 +143,8 @@ dsc_status cg_program_kernel_table(ir_arena *a, cg_program *p) {
         inner *= k->dims[d];
     }
     int64_t work = inner * (k->n_stages > 0 ? k->n_stages : 1);
-    *ki = (cg_kernel_info){k->name, kir_hash(k), k->n_args, args, outer, work > 0 ? work : 1};
+    *ki = (cg_kernel_info){k->name, kir_hash(k), k->n_args, args, outer, work > 0 ? work : 1,
+                            k->distinct_args};
   }
   return DSC_OK;
 }

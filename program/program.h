@@ -180,6 +180,7 @@ typedef struct {
   const cg_kernel_arg *args;
   int64_t outer;      /* outer indices (the kernel ABI's outer_begin/outer_end range) */
   int64_t inner_work; /* inner points times stages per outer index (>= 1) */
+  bool distinct_args; /* compiled as if no two arguments overlap (verified per launch) */
 } cg_kernel_info;
 
 typedef struct {

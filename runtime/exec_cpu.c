@@ -135,6 +135,18 @@ static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
     void **args = ir_arena_alloc(&e->arena, sizeof *args * (size_t)(k->n_args + 1));
     if (!args) return false;
     for (int a = 0; a < k->n_args; a++) args[a] = buf_ptr(e, rp, in->args[a]);
+    /* a kernel compiled with noalias pointers: its arguments' bytes must be
+     * apart, or its vectorised loops would read stale values */
+    for (int a = 0; k->distinct_args && a < k->n_args; a++)
+      for (int b = 0; b < a; b++) {
+        const char *pa = args[a], *pb = args[b];
+        size_t na = (size_t)k->args[a].numel * dsc_dtype_size(k->args[a].dtype),
+               nb = (size_t)k->args[b].numel * dsc_dtype_size(k->args[b].dtype);
+        if (pa && pb && na > 0 && nb > 0 && pa < pb + nb && pb < pa + na)
+          return bad(e, p, i,
+                     "kernel '%s' takes distinct arguments, but arguments %d and %d overlap",
+                     k->name, b, a);
+      }
     rp->args[i] = args;
   } else if (in->kind == CG_INS_GEMM) {
     const cg_gemm *g = &in->gemm;
