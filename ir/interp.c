@@ -139,6 +139,11 @@ struct dsc_params {
 
 /* Elements [first, first + cnt) of param pa's initial value (its stream of
  * docs/ir.md) into d; false (reported) for an unknown kind. */
+/* Every 2^20 draws a pending Ctrl-C or SIGTERM stops the stream: one of GPT-2's
+ * params (wte, 38.6M values) takes seconds alone, under a sanitizer several. */
+#define INIT_GOES_ON(ctx, k) \
+  (((k) & 0xFFFFF) != 0 || ir_check_interrupt((ctx), "initialising the params") == DSC_OK)
+
 static bool init_values(dsc_context *ctx, const ir_param *pa, uint64_t seed, double *d,
                         int64_t first, int64_t cnt) {
   ir_rng rng;
@@ -155,12 +160,24 @@ static bool init_values(dsc_context *ctx, const ir_param *pa, uint64_t seed, dou
       for (int64_t k = 0; k < cnt; k++) d[k] = a;
       return true;
     case DSC_INIT_NORMAL:
-      for (int64_t k = 0; k < 2 * first; k++) ir_rng_uniform(&rng); /* a normal takes two */
-      for (int64_t k = 0; k < cnt; k++) d[k] = b + a * ir_rng_normal(&rng);
+      for (int64_t k = 0; k < 2 * first; k++) { /* a normal takes two */
+        if (!INIT_GOES_ON(ctx, k)) return false;
+        ir_rng_uniform(&rng);
+      }
+      for (int64_t k = 0; k < cnt; k++) {
+        if (!INIT_GOES_ON(ctx, k)) return false;
+        d[k] = b + a * ir_rng_normal(&rng);
+      }
       return true;
     case DSC_INIT_UNIFORM:
-      for (int64_t k = 0; k < first; k++) ir_rng_uniform(&rng);
-      for (int64_t k = 0; k < cnt; k++) d[k] = a + (b - a) * ir_rng_uniform(&rng);
+      for (int64_t k = 0; k < first; k++) {
+        if (!INIT_GOES_ON(ctx, k)) return false;
+        ir_rng_uniform(&rng);
+      }
+      for (int64_t k = 0; k < cnt; k++) {
+        if (!INIT_GOES_ON(ctx, k)) return false;
+        d[k] = a + (b - a) * ir_rng_uniform(&rng);
+      }
       return true;
     default:
       ir_error(ctx, ir_no_loc, "parameter '%s' has an unknown initializer kind %d", pa->name,
