@@ -142,7 +142,7 @@ struct dsc_params {
 /* Every 2^20 draws a pending Ctrl-C or SIGTERM stops the stream: one of GPT-2's
  * params (wte, 38.6M values) takes seconds alone, under a sanitizer several. */
 #define INIT_GOES_ON(ctx, k) \
-  (((k) & 0xFFFFF) != 0 || ir_check_interrupt((ctx), "initialising the params") == DSC_OK)
+  (((k)&0xFFFFF) != 0 || ir_check_interrupt((ctx), "initialising the params") == DSC_OK)
 
 static bool init_values(dsc_context *ctx, const ir_param *pa, uint64_t seed, double *d,
                         int64_t first, int64_t cnt) {
