@@ -49,7 +49,7 @@
 #include <unistd.h>
 
 /* Bump when the generated code changes meaning: invalidates disk caches. */
-#define CG_LLVM_CACHE_VERSION 5u
+#define CG_LLVM_CACHE_VERSION 6u
 #define CG_CACHE_MAGIC "DSCLLVMO"
 
 /* ---- helpers in textual IR (see the file comment) ---- */
@@ -1301,10 +1301,15 @@ static bool host_target_init(dsc_context *ctx, host_target *h) {
     host_target_dispose(h);
     return false;
   }
-  /* PIC + small code model: objects are linked by the JIT anywhere in the
-   * address space, calls into libm go through stubs/GOT. */
+  /* The large code model: every reference from a kernel's code to its
+   * constants and to libm is a 64-bit absolute address. The JIT's memory
+   * manager maps a kernel's .text and .rodata separately, and with GBs of
+   * arenas mapped between them they can end up more than 2 GiB apart: the
+   * small model's 32-bit PC-relative references were then silently
+   * truncated (RuntimeDyld checks them only in assert builds), and GPT-2
+   * trained to other losses, NaNs or a SIGSEGV from run to run. */
   h->tm = LLVMCreateTargetMachine(target, h->triple, h->cpu, h->features,
-                                  LLVMCodeGenLevelAggressive, LLVMRelocPIC, LLVMCodeModelSmall);
+                                  LLVMCodeGenLevelAggressive, LLVMRelocStatic, LLVMCodeModelLarge);
   if (!h->tm) {
     ir_error(ctx, ir_no_loc, "llvm: cannot create a target machine for %s", h->triple);
     host_target_dispose(h);

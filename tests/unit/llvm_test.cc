@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <dirent.h>
+#include <elf.h>
 #include <random>
 #include <string>
 #include <vector>
@@ -320,6 +321,64 @@ TEST_F(LlvmTest, SoftmaxInnerLoopsVectoriseAtTheHostsWidth) {
   EXPECT_NE(std::string(raw).find("define void @softmax_vec(i8** %args"), std::string::npos) << raw;
   EXPECT_EQ(std::string(raw).find("<16 x float>"), std::string::npos);
   free(raw);
+}
+
+// The types of every relocation in an ELF64 object (empty when it is not one).
+static std::vector<uint32_t> elf64_relocation_types(const unsigned char *o, size_t n) {
+  std::vector<uint32_t> types;
+  Elf64_Ehdr eh;
+  if (n < sizeof eh || memcmp(o, ELFMAG, SELFMAG) != 0 || o[EI_CLASS] != ELFCLASS64) return types;
+  memcpy(&eh, o, sizeof eh);
+  for (int i = 0; i < eh.e_shnum; i++) {
+    Elf64_Shdr sh;
+    size_t at = eh.e_shoff + (size_t)i * eh.e_shentsize;
+    if (at + sizeof sh > n) break;
+    memcpy(&sh, o + at, sizeof sh);
+    if (sh.sh_type != SHT_RELA && sh.sh_type != SHT_REL) continue;
+    size_t ent = sh.sh_type == SHT_RELA ? sizeof(Elf64_Rela) : sizeof(Elf64_Rel);
+    for (size_t r = 0; r + ent <= sh.sh_size && sh.sh_offset + r + ent <= n; r += ent) {
+      Elf64_Rel rel;
+      memcpy(&rel, o + sh.sh_offset + r, sizeof rel);
+      types.push_back((uint32_t)ELF64_R_TYPE(rel.r_info));
+    }
+  }
+  return types;
+}
+
+// The JIT maps a kernel's code and its constants (.rodata) separately, and
+// in a GPT-2 run GBs of arenas lie between its mappings: a 32-bit
+// PC-relative reference from one to the other could not reach and was
+// silently truncated (a load from an arena: wrong losses, NaNs, SIGSEGV
+// from run to run). Every reference must be a 64-bit address.
+TEST_F(LlvmTest, KernelObjectsReachTheirConstantsAndLibmFromAnyDistance) {
+#ifndef __x86_64__
+  GTEST_SKIP() << "the relocation types checked are x86-64's";
+#endif
+  KB sm("softmax_reloc", {8, 1000}, 1);
+  KB ln("log_reloc", {4, 300}, 1); // logf and broadcast constants
+  int X = ln.arg(DSC_F32, 1200, true, false), Y = ln.arg(DSC_F32, 1200, false, true);
+  ln.store(acc(Y, 0, {300, 1}),
+           bin(KIR_MUL, un(KIR_LOG, bin(KIR_ADD, ld(DSC_F32, acc(X, 0, {300, 1})), c(DSC_F32, 1.5))),
+               c(DSC_F32, 0.3125)));
+  kir_kernel *ks[2] = {softmax_kernel(&arena, sm, 1000), ln.done()};
+  void *objs[2] = {nullptr, nullptr};
+  size_t lens[2] = {0, 0};
+  ASSERT_EQ(cg_llvm_kernel_objects(jit, ks, 2, objs, lens), DSC_OK) << diags();
+  size_t n_relocs = 0;
+  for (int i = 0; i < 2; i++) {
+    std::vector<uint32_t> types = elf64_relocation_types((const unsigned char *)objs[i], lens[i]);
+    EXPECT_FALSE(types.empty()) << ks[i]->name << ": no relocations (constants folded away?)";
+    for (uint32_t t : types)
+      EXPECT_TRUE(t == R_X86_64_64 || t == R_X86_64_PC64 || t == R_X86_64_GOTOFF64 ||
+                  t == R_X86_64_GOTPC64)
+          << ks[i]->name << ": relocation type " << t << " is 32 bits wide";
+    n_relocs += types.size();
+    free(objs[i]);
+  }
+  std::printf("[llvm] %zu relocations checked\n", n_relocs);
+  // and the kernels still compute what kir_eval does
+  check(ks[0], -20, 20, Tol{0.0});
+  check(ks[1], 0, 3);
 }
 
 TEST_F(LlvmTest, LayernormMatchesEval) {
