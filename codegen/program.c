@@ -134,7 +134,9 @@ dsc_status cg_program_kernel_table(ir_arena *a, cg_program *p) {
     cg_kernel_info *ki = &p->kernel_info[i];
     cg_kernel_arg *args = ir_arena_alloc(a, sizeof *args * (size_t)(k->n_args + 1));
     if (!args) return DSC_ERR_INTERNAL;
-    for (int j = 0; j < k->n_args; j++) args[j] = (cg_kernel_arg){k->args[j].dtype, k->args[j].numel};
+    for (int j = 0; j < k->n_args; j++)
+      args[j] =
+          (cg_kernel_arg){k->args[j].dtype, k->args[j].numel, k->args[j].read, k->args[j].written};
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < k->rank; d++) {
       if (d < k->n_outer)

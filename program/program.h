@@ -171,6 +171,7 @@ typedef struct {
 typedef struct {
   dsc_dtype dtype; /* storage dtype */
   int64_t numel;   /* elements the kernel may reach through it */
+  bool read, written;
 } cg_kernel_arg;
 
 typedef struct {

@@ -209,6 +209,28 @@ static void instr_what(const cg_program *p, const cg_instr *in, char *what, size
   }
 }
 
+/* The bytes a kernel launch moves: each argument's extent (what it may
+ * reach) once per direction, read and written: the DRAM traffic of a
+ * streaming kernel such as AdamW, a bound for one that re-reads. */
+static double launch_bytes(const cg_program *p, const cg_instr *in) {
+  const cg_kernel_info *k = &p->kernel_info[in->kernel];
+  double bytes = 0;
+  for (int a = 0; a < k->n_args; a++)
+    bytes += (double)k->args[a].numel * (double)dsc_dtype_size(k->args[a].dtype) *
+             (double)(k->args[a].read + k->args[a].written);
+  return bytes;
+}
+
+/* A launch placed on the host (passes/offload_host.c): it touches a host
+ * work buffer or a host-tier param. */
+static bool launch_on_host(const cg_program *p, const cg_instr *in) {
+  for (int a = 0; a < in->n_args; a++) {
+    const cg_buffer *b = &p->buffers[in->args[a]];
+    if (b->tier == CG_TIER_HOST) return true;
+  }
+  return false;
+}
+
 static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
   cpu_exec *x = impl;
   const char *graph = dsc_graph_name(dsc_module_graph(x->m, gi));
@@ -234,6 +256,16 @@ static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
       fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%\n", instr_kind_name((cg_ins_kind)k),
               count_kind[k], by_kind[k] / 1e6 / (double)runs,
               100 * by_kind[k] / (total > 0 ? total : 1));
+  /* the host-placed kernels (the offloaded optimizer step) as a stream */
+  double host_ns = 0, host_bytes = 0;
+  int host_n = 0;
+  for (int i = 0; i < n; i++)
+    if (p->instrs[i].kind == CG_INS_LAUNCH && launch_on_host(p, &p->instrs[i]))
+      host_n++, host_ns += (double)ns[i], host_bytes += launch_bytes(p, &p->instrs[i]);
+  if (host_n)
+    fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%  %.3f MB per run, %.2f GB/s\n", "(host kernels)",
+            host_n, host_ns / 1e6 / (double)runs, 100 * host_ns / (total > 0 ? total : 1),
+            host_bytes / 1e6, host_ns > 0 ? host_bytes * (double)runs / host_ns : 0);
   /* The top instructions: repeated selection (n is a few thousand). */
   bool *shown = ir_alloc(x->ctx, (size_t)n + 1);
   if (!shown) return DSC_ERR_INTERNAL;
@@ -246,9 +278,14 @@ static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
     const cg_instr *in = &p->instrs[best];
     char what[160];
     instr_what(p, in, what, sizeof what);
-    fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s\n", best, instr_kind_name(in->kind),
+    char rate[48] = "";
+    if (in->kind == CG_INS_LAUNCH && ns[best] > 0)
+      snprintf(rate, sizeof rate, "  %.2f GB/s%s",
+               launch_bytes(p, in) * (double)runs / (double)ns[best],
+               launch_on_host(p, in) ? " host" : "");
+    fprintf(out, "  #%-5d %-14s %9.3f ms  %5.1f%%  %s%s%s%s\n", best, instr_kind_name(in->kind),
             (double)ns[best] / 1e6 / (double)runs, 100 * (double)ns[best] / (total > 0 ? total : 1),
-            what, in->op ? "  from " : "", in->op ? in->op : "");
+            what, in->op ? "  from " : "", in->op ? in->op : "", rate);
   }
   ir_free(x->ctx, shown, (size_t)n + 1);
   return DSC_OK;

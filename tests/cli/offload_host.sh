@@ -113,6 +113,21 @@ echo "activation offload (batch 8 x 64): device peak $peak0 -> $peaka, activatio
 [ "$hw" -gt $((act0 / 2)) ] && [ "$(jnum host "$TMP/a-off.json")" -eq "$hw" ] && pass ||
   fail "activation offload: host work $hw"
 
+# ---- --profile: the host-placed kernels (the offloaded AdamW) as a stream
+expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --batch 8 --threads 2 --steps 2 --eval-every 0 \
+  --offload-optimizer host --profile
+n_params=$(sed -n 's/^model .*: \([0-9]*\) parameters.*/\1/p' "$TMP/out")
+line=$(grep '^  (host kernels)' "$TMP/out")
+echo "profile: $line"
+# "(host kernels)  N  X ms  P%  M MB per run, G GB/s": G = M / X, and M is
+# at least AdamW's 28 bytes (p g m v in, p m v out) per f32 param
+awk -v n="$n_params" '{ms = $4; mb = $7; gb = $11
+  exit !($3 > 0 && ms > 0 && mb >= 28 * n / 1e6 && (gb - mb / ms) ^ 2 <= (0.02 * gb + 0.01) ^ 2)}' \
+  <<<"$line" && pass || fail "--profile's host kernel line: '$line' (params $n_params)"
+expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --batch 8 --threads 2 --steps 2 --eval-every 0 \
+  --profile --quiet
+grep -q '(host kernels)' "$TMP/out" && fail "--profile without offload shows host kernels" || pass
+
 # ---- measured against planned (cpu backend), as tests/cli/plan.sh
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 for v in "--offload-optimizer host" "--checkpoint-activations offload"; do

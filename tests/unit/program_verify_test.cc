@@ -268,7 +268,7 @@ TEST(ProgramVerify, StreamedDiskValuesAreNeverAddressed) {
   std::vector<cg_kernel_arg> kargs(
       kinfo[o.ins[launch].kernel].args,
       kinfo[o.ins[launch].kernel].args + kinfo[o.ins[launch].kernel].n_args);
-  kargs[0] = {o.bufs[disk].dtype, o.bufs[disk].numel};
+  kargs[0] = {o.bufs[disk].dtype, o.bufs[disk].numel, kargs[0].read, kargs[0].written};
   kinfo[o.ins[launch].kernel].args = kargs.data();
   o.copy.kernel_info = kinfo.data();
   o.ins[launch].args[0] = disk;

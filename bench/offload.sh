@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The cost of offloading the optimizer step, side by side in one run: GPT-2
+# (124M, f32, B=4, T=64, grad_accum 1) trained with no offload and with
+# ZeRO-Offload's host step (--offload-optimizer host: the states on the host,
+# the gradients copied out during the backward, AdamW on the host, the params
+# copied back). For each: the median step time over steps 2..N, from --profile
+# the time in copies (on the CPU backend every copy runs on the executor's
+# thread, so all of it is waited for) and the host kernels' time and GB/s;
+# and bench/mem_bw's copy / triad / AdamW-stream bandwidth on the same
+# threads, the bound for the host step.
+#
+#   bench/offload.sh [--dsc PATH] [--mem-bw PATH] [--model FILE] [--steps N]
+#                    [--threads N] [--ranks N] [--batch B] [--seq T] [--out DIR]
+#
+# --mem-bw defaults to bench/mem_bw beside dsc's build (DSC_DIR/bench/mem_bw).
+# --ranks N trains N in-process ranks at ZeRO stage 2 (--threads each).
+# Prints the CPU and load, a table, the ratios to no offload, and one JSON
+# line ("impl":"offload_bench"). Exit 1 when a run fails.
+set -uo pipefail
+
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DSC=$SRC/build/dsc
+MEM_BW=
+MODEL=$SRC/examples/gpt2.dsm
+STEPS=5
+THREADS=$(nproc)
+RANKS=1
+B=4
+T=64
+OUT=$SRC/build/bench/offload
+
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dsc) DSC=$(realpath -m "${2:?}"); shift ;;
+    --mem-bw) MEM_BW=$(realpath -m "${2:?}"); shift ;;
+    --model) MODEL=$(realpath -m "${2:?}"); shift ;;
+    --steps) STEPS=${2:?}; shift ;;
+    --threads) THREADS=${2:?}; shift ;;
+    --ranks) RANKS=${2:?}; shift ;;
+    --batch) B=${2:?}; shift ;;
+    --seq) T=${2:?}; shift ;;
+    --out) OUT=$(realpath -m "${2:?}"); shift ;;
+    -h|--help) usage 0 ;;
+    *) echo "bench/offload.sh: unknown option '$1'" >&2; usage ;;
+  esac
+  shift
+done
+[ -x "$DSC" ] || { echo "bench/offload.sh: no dsc at $DSC (build first)" >&2; exit 1; }
+MEM_BW=${MEM_BW:-$(dirname "$DSC")/bench/mem_bw}
+[ "$STEPS" -ge 2 ] || { echo "bench/offload.sh: --steps must be at least 2 (step 1 is warm-up)" >&2; exit 2; }
+mkdir -p "$OUT"
+export DSC_CACHE_DIR=${DSC_CACHE_DIR:-$OUT/cache}
+
+# shellcheck source=../tests/cli/lib/corpus.bash
+source "$SRC/tests/cli/lib/corpus.bash"
+if [ ! -f "$OUT/data_train.bin" ]; then
+  make_corpus "$OUT/corpus.txt" 200000
+  "$DSC" data "$OUT/corpus.txt" -o "$OUT/data" >/dev/null || exit 1
+fi
+
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg) before"
+echo "$(basename "$MODEL"), f32, B=$B T=$T grad_accum 1, $STEPS steps (median of 2..$STEPS), $THREADS threads x $RANKS ranks"
+
+# The bandwidth bound, on the threads one rank uses.
+bw_json=""
+if [ -x "$MEM_BW" ]; then
+  bw_json=$("$MEM_BW" --threads "$THREADS" --mib 1024 --trials 5) || bw_json=""
+fi
+bw() { sed -n "s/.*\"kernel\":\"$1\".*\"gbps\":\([0-9.]*\).*/\1/p" <<<"$bw_json"; }
+
+status=0
+declare -A step_ms copy_ms host_ms host_gbps
+modes=(none host)
+for mode in "${modes[@]}"; do
+  flags=(--batch "$B" --seq "$T" --grad-accum 1 --steps "$STEPS" --threads "$THREADS"
+         --precision f32 --save-every 0 --profile)
+  [ "$mode" = host ] && flags+=(--offload-optimizer host)
+  [ "$RANKS" -gt 1 ] && flags+=(--ranks "$RANKS" --zero-stage 2)
+  rm -rf "$OUT/run-$mode"
+  if ! "$DSC" train "$MODEL" --data "$OUT/data" --out "$OUT/run-$mode" "${flags[@]}" \
+      >"$OUT/$mode.log" 2>&1; then
+    echo "bench/offload.sh: the '$mode' run failed ($OUT/$mode.log):" >&2
+    tail -3 "$OUT/$mode.log" >&2
+    status=1
+    continue
+  fi
+  step_ms[$mode]=$(awk -F'|' '/^step /{split($1, s, "[ /]"); if (s[2] >= 2) {sub(/ ms.*/, "", $6); print $6 + 0}}' \
+                   "$OUT/$mode.log" | sort -n | awk '{v[NR] = $1} END {print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : ""}')
+  copy_ms[$mode]=$(awk '/^  copy /{print $3; exit}' "$OUT/$mode.log")
+  host_ms[$mode]=$(awk '/^  \(host kernels\)/{print $4; exit}' "$OUT/$mode.log")
+  host_gbps[$mode]=$(sed -n 's/^  (host kernels).*, \([0-9.]*\) GB\/s$/\1/p' "$OUT/$mode.log" | head -1)
+done
+
+printf '%-34s %10s %10s %12s %12s\n' "mode" "step ms" "x none" "copies ms" "host ms"
+for mode in "${modes[@]}"; do
+  [ -n "${step_ms[$mode]:-}" ] || continue
+  ratio=$(awk -v a="${step_ms[$mode]}" -v b="${step_ms[none]:-0}" 'BEGIN {printf (b > 0 ? "%.3f" : "-"), a / b}')
+  case $mode in
+    none) what="no offload" ;;
+    host) what="--offload-optimizer host (sync)" ;;
+  esac
+  printf '%-34s %10s %10s %12s %12s\n' "$what" "${step_ms[$mode]}" "$ratio" \
+    "${copy_ms[$mode]:--}" "${host_ms[$mode]:--}"
+done
+[ -n "${host_gbps[host]:-}" ] &&
+  echo "host kernels of the offloaded step: ${host_gbps[host]} GB/s; this machine's streams on $THREADS threads: copy $(bw copy), triad $(bw triad), AdamW $(bw adamw) GB/s (bench/mem_bw)"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '{"impl":"offload_bench","threads":%s,"ranks":%s,"step_ms_none":%s,"step_ms_host":%s,"copy_ms_host":%s,"host_kernel_ms":%s,"host_kernel_gbps":%s,"mem_bw_adamw_gbps":%s}\n' \
+  "$THREADS" "$RANKS" "${step_ms[none]:-null}" "${step_ms[host]:-null}" "${copy_ms[host]:-null}" \
+  "${host_ms[host]:-null}" "${host_gbps[host]:-null}" "$(bw adamw | grep . || echo null)"
+exit $status
