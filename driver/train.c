@@ -803,6 +803,37 @@ static dsc_status resolve_master_weights(dsc_trainer *t, open_state *s) {
   return DSC_OK;
 }
 
+/* A resumed run keeps the delayed parameter update or its absence (its
+ * states hold the gradient not applied yet): from the state's
+ * "delayed_update", or from whether the optimizer set holds
+ * opt.delayed_primed. */
+static dsc_status resolve_delayed_update(dsc_trainer *t, open_state *s) {
+  if (!s->ck) return DSC_OK;
+  const char *v = ck_extra(s->ck, "delayed_update");
+  bool ck_du = false;
+  if (v && strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
+    ir_error(t->ctx, rt_loc(s->ck->dir),
+             "malformed checkpoint state: \"delayed_update\" is '%s' (true or false)", v);
+    return DSC_ERR_USER;
+  }
+  if (v) {
+    ck_du = strcmp(v, "true") == 0;
+  } else {
+    const dsc_tensor_set *o = s->ck->optimizer;
+    for (int i = 0; o && i < o->n && !ck_du; i++)
+      ck_du = strcmp(o->names[i], "opt.delayed_primed") == 0;
+  }
+  if (s->o->knobs.has_delayed_update && s->o->knobs.delayed_update != ck_du) {
+    ir_error(t->ctx, rt_loc(s->ck->dir),
+             "the checkpoint was trained with delayed_update %s, not %s (a resumed run keeps it: "
+             "the checkpoint %s a gradient not applied yet)",
+             ck_du ? "true" : "false", ck_du ? "false" : "true", ck_du ? "holds" : "has no");
+    return DSC_ERR_USER;
+  }
+  t->cfg.offload.delayed_update = ck_du;
+  return DSC_OK;
+}
+
 /* A resumed run keeps its precision (its optimizer states depend on it); a
  * program file's graphs fix it (agreed with the flag in program_modules)
  * and, with muon's separate adam_lr, the ratio of the two rates. */
@@ -876,6 +907,7 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
       .who = "trainer", .B = s->B, .world = t->world, .grad_accum = s->K, .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
   if ((st = resolve_master_weights(t, s)) != DSC_OK) return st;
+  if ((st = resolve_delayed_update(t, s)) != DSC_OK) return st;
   if (s->ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
     const char *w = ck_extra(s->ck, "world");
@@ -1472,6 +1504,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"lr", num[6]},
       {"precision", dsc_precision_name(t->cfg.precision)},
       {"master_weights", t->cfg.master_weights ? "true" : "false"},
+      {"delayed_update", t->cfg.offload.delayed_update ? "true" : "false"},
       {"save_every", num[7]},
       {"eval_every", num[8]},
       {"world", num[9]},
@@ -1818,7 +1851,7 @@ static void setting_source(const dsc_trainer *t, const dsc_trainer_options *o, b
   }
   static const char *const ck_keys[] = {"batch", "seq", "grad_accum", "steps", "lr", "precision",
                                         "master_weights", "seed", "save_every", "eval_every",
-                                        "zero.stage"};
+                                        "zero.stage", "offload.delayed_update"};
   for (size_t j = 0; resumed && j < sizeof ck_keys / sizeof ck_keys[0]; j++)
     if (strcmp(k, ck_keys[j]) == 0) {
       snprintf(buf, n, "the checkpoint resumed");

@@ -18,7 +18,14 @@
  * pass): the averaged loss and gradients are divided by the scale before
  * 4., every assign keeps the old value when a gradient is not finite (the
  * step is skipped), the scale states are updated (DeepSpeed's dynamic loss
- * scaler) and a third output `skipped` is added. */
+ * scaler) and a third output `skipped` is added.
+ * With offload.delayed_update (ZeRO-Offload's delayed parameter update)
+ * steps 4 and 5 read the previous step's gradients, states
+ * "opt.delayed.<param>", and this step's are assigned to them: the update
+ * depends on no gradient of this step, so it may run beside the backward.
+ * State "opt.delayed_primed" is 0 until the first step has stored its
+ * gradients; that step assigns every other value its old one (the update
+ * and opt.step are skipped). The grad_norm output is this step's. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -73,6 +80,16 @@ static ir_node *sum_all(opt_state *o, ir_node *x) {
   int64_t axes[DSC_MAX_RANK];
   for (int i = 0; i < x->type.rank; i++) axes[i] = i;
   return dsc_reduce(o->g, DSC_OP_SUM, x, axes, x->type.rank, 0);
+}
+
+/* sqrt(sum over the gradients acc[1..n) of sum(g*g)), f32[] (0 without any) */
+static ir_node *global_norm(opt_state *o, ir_node *const *acc, int n) {
+  ir_node *sumsq = NULL;
+  for (int j = 1; j < n; j++) {
+    ir_node *s = as_dtype(o, sum_all(o, mul(o, acc[j], acc[j])), DSC_F32);
+    sumsq = sumsq ? add(o, sumsq, s) : s;
+  }
+  return sumsq ? dsc_unary(o->g, DSC_OP_SQRT, sumsq) : scalar(o, 0, DSC_F32);
 }
 
 static ir_node *lr_of(opt_state *o, dsc_dtype dt) {
@@ -325,13 +342,25 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
     if (!finite) return DSC_ERR_USER;
   }
 
-  /* 4. global norm and clipping */
-  ir_node *sumsq = NULL;
-  for (int j = 1; j < n_out; j++) {
-    ir_node *s = as_dtype(o, sum_all(o, mul(o, acc[j], acc[j])), DSC_F32);
-    sumsq = sumsq ? add(o, sumsq, s) : s;
+  /* delayed update: this step's gradients are stored, the previous ones applied */
+  ir_node *shown_norm = NULL, *primed = NULL;
+  opt_assign *delayed = NULL;
+  if (cfg->offload.delayed_update && n_out > 1) {
+    shown_norm = global_norm(o, acc, n_out);
+    delayed = ir_arena_alloc(&m->arena, sizeof(opt_assign) * (size_t)n_out);
+    if (!delayed) return ir_error(m->ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
+    for (int p = 0, j = 1; p < m->n_params; p++) {
+      if (m->params[p].state) continue;
+      const char *dn = new_state(o, "delayed", m->params[p].name, acc[j]->type);
+      if (!dn) return DSC_ERR_USER;
+      delayed[j] = (opt_assign){dn, acc[j]};
+      acc[j++] = dsc_param_ref(g, dn);
+    }
+    primed = dsc_param_ref(g, "opt.delayed_primed");
   }
-  ir_node *grad_norm = sumsq ? dsc_unary(g, DSC_OP_SQRT, sumsq) : scalar(o, 0, DSC_F32);
+
+  /* 4. global norm and clipping */
+  ir_node *grad_norm = global_norm(o, acc, n_out);
   if (cfg->clip > 0 && n_out > 1) {
     ir_node *clip = scalar(o, cfg->clip, DSC_F32);
     ir_node *factor = divide(o, clip, dsc_binary(g, DSC_OP_MAXIMUM, grad_norm, clip));
@@ -371,6 +400,20 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
     if (master >= 0 && !add_assign(o, uname, np)) return DSC_ERR_USER;
     if (master >= 0) np = as_dtype(o, np, m->params[p].type.dtype);
     if (!add_assign(o, pname, np)) return DSC_ERR_USER;
+  }
+
+  /* delayed update: the first step keeps every old value, then the
+   * gradients are stored and the flag set */
+  if (primed) {
+    ir_node *on = dsc_binary(g, DSC_OP_GREATER, primed, scalar(o, 0.5, DSC_F32));
+    for (int i = 0; i < o->n_assigns; i++) {
+      ir_node *in[3] = {on, o->assigns[i].value, dsc_param_ref(g, o->assigns[i].name)};
+      if (!(o->assigns[i].value = dsc_build(g, DSC_OP_WHERE, in, 3, NULL, 0))) return DSC_ERR_USER;
+    }
+    for (int j = 1; j < n_out; j++)
+      if (!add_assign(o, delayed[j].name, delayed[j].value)) return DSC_ERR_USER;
+    if (!add_assign(o, "opt.delayed_primed", scalar(o, 1, DSC_F32))) return DSC_ERR_USER;
+    grad_norm = shown_norm;
   }
 
   /* fp16: a skipped step writes back the old values; then the scale */
@@ -421,6 +464,19 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
   if (dsc_module_find_param(m, "opt.step") < 0) {
     dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
     dsc_status st = dsc_module_add_state(m, "opt.step", dsc_type_make(DSC_F32, 0, NULL), zeros);
+    if (st != DSC_OK) return st;
+  }
+  if (cfg->offload.delayed_update && cfg->precision == DSC_PRECISION_FP16) {
+    ir_error(m->ctx, ir_no_loc,
+             "optimizer: offload.delayed_update (--delayed-param-update) with precision fp16 is "
+             "not supported: a step the loss scaler skips would still store its gradients (use "
+             "bf16 or f32)");
+    return DSC_ERR_USER;
+  }
+  if (cfg->offload.delayed_update && dsc_module_find_param(m, "opt.delayed_primed") < 0) {
+    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
+    dsc_status st =
+        dsc_module_add_state(m, "opt.delayed_primed", dsc_type_make(DSC_F32, 0, NULL), zeros);
     if (st != DSC_OK) return st;
   }
   if (cfg->precision == DSC_PRECISION_FP16) {

@@ -108,6 +108,9 @@ static const dsc_setting table[] = {
      CFG(offload.prefetch_bytes), KNOB(offload_prefetch_bytes)},
     {"offload.io_threads", NULL, "--offload-io-threads", "offload io_threads", DSC_SETTING_INT, 1,
      64, "1 to 64", NULL, CFG(offload.io_threads), KNOB(offload_io_threads)},
+    {"offload.delayed_update", NULL, "--delayed-param-update", "offload delayed_update",
+     DSC_SETTING_BOOL, 0, 0, "true or false", NULL, CFG(offload.delayed_update),
+     KNOB(delayed_update)},
 };
 #define N_SETTINGS ((int)(sizeof table / sizeof table[0]))
 

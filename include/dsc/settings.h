@@ -65,6 +65,8 @@ typedef struct {
   bool has_master_weights, master_weights;
   /* each step's time by phase (DeepSpeed's wall_clock_breakdown) */
   bool has_wall_clock_breakdown, wall_clock_breakdown;
+  /* the optimizer applies the previous step's gradient (delayed parameter update) */
+  bool has_delayed_update, delayed_update;
 } dsc_run_knobs;
 
 typedef enum {

@@ -202,6 +202,12 @@ typedef struct {
      * and IO threads per rank (--offload-io-threads, default 4) */
     int64_t prefetch_bytes;
     int64_t io_threads;
+    /* ZeRO-Offload's delayed parameter update (train.offload.delayed_update,
+     * --delayed-param-update; default false): each step applies the
+     * previous step's gradient, kept in state "opt.delayed.<param>", so the
+     * update does not wait for this step's backward; the first step updates
+     * nothing (passes/optimizer.c, docs/memory.md) */
+    bool delayed_update;
   } offload;
 } dsc_train_config;
 

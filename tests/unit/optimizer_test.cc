@@ -170,6 +170,7 @@ struct Harness {
   std::vector<dsc_type> types;
   std::mt19937_64 rng{42};
   std::vector<double> losses, norms, ref_losses, ref_norms;
+  std::vector<Vec> delayed;  // delayed update: the gradients not applied yet
 
   Harness(dsc_train_config c, int64_t batch) : cfg(c), B(batch), K(c.grad_accum) {
     step_m = compile(ctx, B);
@@ -242,12 +243,17 @@ struct Harness {
       dsc_tensor_free(ctx, mx);
       dsc_tensor_free(ctx, ml);
     }
-    double sq = 0;
-    for (auto &g : grads)
-      for (double e : g) sq += e * e;
-    double norm = std::sqrt(sq);
+    double norm = global_norm(grads);
     ref_losses.push_back(loss);
     ref_norms.push_back(norm);
+    // the delayed parameter update: this step's gradients are kept, the
+    // previous step's applied (none on the first step), clipped by their norm
+    if (cfg.offload.delayed_update) {
+      bool first = delayed.empty();
+      std::swap(grads, delayed);
+      if (first) return free_step(x, lab, lrt);
+      norm = global_norm(grads);
+    }
     if (cfg.clip > 0) {
       double f = cfg.clip / std::max(norm, cfg.clip);
       for (auto &g : grads)
@@ -269,6 +275,15 @@ struct Harness {
                       : lr,
                   decay);
     }
+    free_step(x, lab, lrt);
+  }
+  static double global_norm(const std::vector<Vec> &grads) {
+    double sq = 0;
+    for (auto &g : grads)
+      for (double e : g) sq += e * e;
+    return std::sqrt(sq);
+  }
+  void free_step(dsc_tensor *x, dsc_tensor *lab, dsc_tensor *lrt) {
     dsc_tensor_free(ctx, x);
     dsc_tensor_free(ctx, lab);
     dsc_tensor_free(ctx, lrt);
@@ -296,7 +311,10 @@ struct Harness {
       if (ref.v.count(n)) expect_close(("opt.v." + n).c_str(), ref.v[n]);
       if (ref.buf.count(n)) expect_close(("opt.momentum." + n).c_str(), ref.buf[n]);
     }
-    EXPECT_EQ(dsc_params_find(P, "opt.step")->data[0], (double)steps);
+    for (size_t i = 0; i < delayed.size(); i++)
+      expect_close(("opt.delayed." + names[i]).c_str(), delayed[i]);
+    EXPECT_EQ(dsc_params_find(P, "opt.step")->data[0], ref.step);
+    EXPECT_EQ(ref.step, (double)(cfg.offload.delayed_update ? steps - 1 : steps));
   }
 };
 
@@ -321,6 +339,40 @@ TEST(Optimizer, AdamWMatchesReferenceWithDecayOn2DOnly) {
   h.run_and_compare();
   // the 1-D biases were not decayed: a reference that decays them differs
   EXPECT_GT(std::fabs(h.rp["b1"][0]), 0.0);
+}
+
+// ZeRO-Offload's delayed parameter update against its definition: step t
+// computes its gradient at the params of before step t's update and applies
+// step t-1's gradient (clipped by that gradient's norm, AdamW's step count
+// and bias corrections advancing per applied update); step 1 applies
+// nothing. The loss and norm outputs are each step's own.
+TEST(Optimizer, DelayedParamUpdateAppliesThePreviousStepsGradient) {
+  Ctx c;
+  dsc_train_config cfg = adamw_config(c.c);
+  cfg.offload.delayed_update = true;
+  cfg.clip = 0.5;  // active: the norms here are about 1-3
+  Harness h(cfg, 4);
+  h.run_and_compare(6);
+  // step 2 ran at the initial params too (step 1 updated nothing)
+  dsc_train_config plain = adamw_config(c.c);
+  plain.clip = 0.5;
+  Harness p(plain, 4);
+  p.run_and_compare(2);
+  EXPECT_DOUBLE_EQ(h.losses[0], p.losses[0]);
+  EXPECT_NE(h.losses[1], p.losses[1]); // the plain run's step 2 saw updated params
+}
+
+TEST(Optimizer, DelayedParamUpdateWithSgdMomentumAndGradAccum) {
+  Ctx c;
+  dsc_train_config cfg = default_config(c.c);
+  cfg.opt.kind = DSC_OPT_SGD;
+  cfg.opt.lr = 0.05;
+  cfg.opt.momentum = 0.9;
+  cfg.opt.weight_decay = 0.01;
+  cfg.grad_accum = 2;
+  cfg.offload.delayed_update = true;
+  Harness h(cfg, 3);
+  h.run_and_compare(5);
 }
 
 TEST(Optimizer, AdamWDecay1DWhenAsked) {
