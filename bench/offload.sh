@@ -89,8 +89,7 @@ for mode in "${modes[@]}"; do
 done
 
 # The bandwidth bound, on the threads one rank uses, over as many bytes as
-# the host kernels move per step (this VM streams 111 GB/s over 512 MiB and
-# 50 over 4 GiB: the bound depends on the working set).
+# the host kernels move per step (the host step's working set).
 bw_json=""
 mb=$(sed -n 's/^  (host kernels).*  \([0-9.]*\) MB per run.*/\1/p' "$OUT/host.log" 2>/dev/null | head -1)
 mib=$(awk -v mb="${mb:-1024}" 'BEGIN {m = int(mb * 1e6 / 1048576); print m < 64 ? 64 : m}')
