@@ -26,6 +26,7 @@ dsc_status rt_comm_init(dsc_comm *c, const rt_comm_backend *be, dsc_context *ctx
   c->ctx = ctx;
   c->rank = rank;
   c->world = world;
+  c->local_rank = rank, c->local_world = world; /* one node until the backend says more */
   c->timeout = DSC_COMM_DEFAULT_TIMEOUT;
   if (!rt_comm_env_timeout(&c->timeout)) {
     ir_error(ctx, ir_no_loc, "DSC_COMM_TIMEOUT: expected a positive number of seconds, got '%s'",
@@ -47,6 +48,8 @@ bool rt_comm_env_timeout(double *seconds) {
 
 int dsc_comm_rank(const dsc_comm *c) { return c->rank; }
 int dsc_comm_world(const dsc_comm *c) { return c->world; }
+int dsc_comm_local_rank(const dsc_comm *c) { return c->local_rank; }
+int dsc_comm_local_world(const dsc_comm *c) { return c->local_world; }
 const char *dsc_comm_backend(const dsc_comm *c) { return c->be->name; }
 dsc_context *dsc_comm_context(const dsc_comm *c) { return c->ctx; }
 double dsc_comm_timeout(const dsc_comm *c) { return c->timeout; }

@@ -353,6 +353,17 @@ dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out) {
     err = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
     watchdog_disarm(&w);
     if (err == MPI_SUCCESS) err = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    if (err == MPI_SUCCESS) { /* the ranks on this node: who shares its GPUs */
+      MPI_Comm node;
+      watchdog_arm(&w, "MPI_Comm_split_type", rk, c->timeout + RT_MPI_WATCHDOG_SLACK);
+      err = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+      watchdog_disarm(&w);
+      if (err == MPI_SUCCESS) {
+        MPI_Comm_rank(node, &c->local_rank);
+        MPI_Comm_size(node, &c->local_world);
+        MPI_Comm_free(&node);
+      }
+    }
     if (err != MPI_SUCCESS) st = mpi_fail(c, NULL, err);
   }
   if (st != DSC_OK) {

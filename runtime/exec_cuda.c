@@ -15,7 +15,7 @@
  * the message names the instruction and the kernel, as on the cpu backend.
  * Collectives run on NCCL (runtime/nccl_api.h, opened at run time): the
  * executor's communicator (rt_cuda_exec_set_comm) moves it to its rank's
- * GPU (rank % devices, or $DSC_CUDA_DEVICE) and, on the first run with
+ * GPU (the rank on its node % devices, or $DSC_CUDA_DEVICE) and, on the first run with
  * collectives, makes an NCCL communicator through it (rank 0's unique id
  * broadcast over the dsc_comm); each COLLECTIVE_START is enqueued on the
  * comm stream after an event of the compute stream, each WAIT makes the
@@ -732,7 +732,7 @@ dsc_status rt_cuda_exec_set_comm(rt_cuda_exec *e, dsc_comm *comm) {
   if (!comm) return DSC_OK;
   int want = env_device(), count = 0;
   if (want < 0 && e->api->DeviceGetCount(&count) == CUDA_SUCCESS && count > 0)
-    want = dsc_comm_rank(comm) % count;
+    want = dsc_comm_local_rank(comm) % count; /* global rank % count collides across nodes */
   if (want < 0 || want == e->ordinal) return DSC_OK;
   dsc_status st = move_to_device(e, want);
   e->comm = comm;

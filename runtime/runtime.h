@@ -169,6 +169,7 @@ struct dsc_comm {
   const rt_comm_backend *be;
   dsc_context *ctx;
   int rank, world;
+  int local_rank, local_world; /* within this rank's node (dsc_comm_local_rank) */
   double timeout; /* seconds */
   int64_t seq;    /* the number of the next collective */
   bool broken;

@@ -50,6 +50,11 @@ typedef enum { DSC_COMM_SUM, DSC_COMM_MEAN } dsc_comm_op;
 
 int dsc_comm_rank(const dsc_comm *c);
 int dsc_comm_world(const dsc_comm *c);
+/* The ranks that share this rank's node (MPI: its shared-memory group, from
+ * MPI_Comm_split_type; in-process: all of them): this rank's index among
+ * them and their count. A GPU rank takes device local_rank % devices. */
+int dsc_comm_local_rank(const dsc_comm *c);
+int dsc_comm_local_world(const dsc_comm *c);
 const char *dsc_comm_backend(const dsc_comm *c); /* "inproc" or "mpi" */
 /* The context this rank's diagnostics go to. */
 dsc_context *dsc_comm_context(const dsc_comm *c);

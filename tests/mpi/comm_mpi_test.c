@@ -183,6 +183,8 @@ int main(int argc, char **argv) {
   rank_ = dsc_comm_rank(c);
   world_ = dsc_comm_world(c);
   CHECK(strcmp(dsc_comm_backend(c), "mpi") == 0, "backend name");
+  /* mpirun on one machine: every rank on this node */
+  CHECK(dsc_comm_local_rank(c) == rank_ && dsc_comm_local_world(c) == world_, "local rank");
   if (strcmp(mode, "init_stopped") == 0) {
     fprintf(stderr, "FAIL: rank %d: MPI started although rank 1 is stopped\n", rank_);
     return 1;

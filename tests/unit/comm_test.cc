@@ -72,6 +72,8 @@ TEST_P(CommWorld, EveryCollectiveMatchesTheReferenceBitwise) {
     int r = dsc_comm_rank(c);
     EXPECT_EQ(dsc_comm_world(c), world);
     EXPECT_STREQ(dsc_comm_backend(c), "inproc");
+    EXPECT_EQ(dsc_comm_local_rank(c), r);  // in-process ranks share one node
+    EXPECT_EQ(dsc_comm_local_world(c), world);
     // all_reduce sum, f64 and f32: exactly the rank-order sum.
     std::vector<double> x = data(1, r, n), y(n);
     if (dsc_comm_all_reduce(c, x.data(), y.data(), n, DSC_F64, DSC_COMM_SUM, 1))
