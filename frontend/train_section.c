@@ -125,8 +125,15 @@ static void print_value(const fe_value *v, char *buf, size_t n) {
 }
 
 /* Checks an optimizer or schedule: a known name, alone or called with keyword settings. */
+static bool is_bool_key(const char *k) {
+  return strcmp(k, "nesterov") == 0 || strcmp(k, "staircase") == 0 || strcmp(k, "decay_1d") == 0;
+}
+
 static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const char *what,
-                             const char *const *names, int n_names, const char *const (*keys)[8]) {
+                             const dsc_setting_form *forms, int n_names) {
+  const char *names[16];
+  if (n_names > 16) n_names = 16;
+  for (int i = 0; i < n_names; i++) names[i] = forms[i].name;
   const char *name = v->kind == V_SYM || v->kind == V_CALL ? v->name : NULL;
   int which = -1;
   for (int i = 0; name && i < n_names; i++)
@@ -148,15 +155,16 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
   for (int i = 0; i < v->n; i++) {
     if (!v->keys[i]) {
       ERR(loc, "the settings of '%s' must be named, as in %s(%s = ...)", name, name,
-          keys[which][0]);
+          forms[which].keys[0]);
       return false;
     }
+    const char *const *keys = forms[which].keys;
     int k = -1, nk = 0;
-    while (nk < 8 && keys[which][nk]) nk++;
+    while (keys[nk]) nk++;
     for (int j = 0; j < nk; j++)
-      if (strcmp(keys[which][j], v->keys[i]) == 0) k = j;
+      if (strcmp(keys[j], v->keys[i]) == 0) k = j;
     if (k < 0) {
-      const char *s = fe_suggest(v->keys[i], keys[which], nk);
+      const char *s = fe_suggest(v->keys[i], keys, nk);
       if (s)
         ERR(loc, "'%s' has no setting '%s'; did you mean '%s'?", name, v->keys[i], s);
       else
@@ -168,7 +176,7 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
     if (strcmp(v->keys[i], "betas") == 0)
       ok =
           a->kind == V_TUPLE && a->n == 2 && a->items[0].kind == V_NUM && a->items[1].kind == V_NUM;
-    else if (strcmp(v->keys[i], "nesterov") == 0 || strcmp(v->keys[i], "staircase") == 0)
+    else if (is_bool_key(v->keys[i]))
       ok = a->kind == V_BOOL;
     else if (strcmp(v->keys[i], "warmup_type") == 0)
       ok = a->kind == V_SYM && (strcmp(a->name, "log") == 0 || strcmp(a->name, "linear") == 0);
@@ -176,9 +184,8 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
       ok = a->kind == V_NUM && num(a) >= 0;
     if (!ok) {
       ERR(loc, "setting '%s' of '%s' must be %s", v->keys[i], name,
-          strcmp(v->keys[i], "betas") == 0 ? "a pair of numbers, as in (0.9, 0.95)"
-          : strcmp(v->keys[i], "nesterov") == 0 || strcmp(v->keys[i], "staircase") == 0
-              ? "true or false"
+          strcmp(v->keys[i], "betas") == 0         ? "a pair of numbers, as in (0.9, 0.95)"
+          : is_bool_key(v->keys[i])                ? "true or false"
           : strcmp(v->keys[i], "warmup_type") == 0 ? "log or linear"
                                                    : "a non-negative number");
       return false;
@@ -193,31 +200,12 @@ static bool check_named_call(fe_state *st, const fe_value *v, dsc_loc loc, const
  * the module metadata applies again. */
 static bool check_train_value(fe_state *st, const fe_setting *s, const dsc_setting *k,
                               const fe_value *v, const char *text) {
-  static const char *const opts[] = {"adamw", "adam", "sgd", "muon"};
-  static const char *const opt_keys[][8] = {{"lr", "betas", "eps", "weight_decay"},
-                                            {"lr", "betas", "eps", "weight_decay"},
-                                            {"lr", "momentum", "weight_decay", "nesterov"},
-                                            {"lr", "momentum", "weight_decay", "nesterov"}};
-  static const char *const scheds[] = {
-      "constant",  "cosine",          "linear",           "warmup_cosine", "warmup_linear",
-      "warmup_lr", "warmup_decay_lr", "warmup_cosine_lr", "one_cycle",     "lr_range_test"};
-  static const char *const sched_keys[][8] = {
-      {"warmup"},
-      {"warmup", "min_lr", "decay_steps"},
-      {"warmup", "min_lr", "decay_steps"},
-      {"warmup", "min_lr", "decay_steps"},
-      {"warmup", "min_lr", "decay_steps"},
-      {"warmup", "min_lr", "warmup_type"}, /* DeepSpeed's, docs/deepspeed.md */
-      {"warmup", "min_lr", "decay_steps", "warmup_type"},
-      {"warmup", "decay_steps", "warmup_type", "min_ratio", "cos_min_ratio"},
-      {"min_lr", "first_steps", "second_steps", "first_stairs", "second_stairs", "decay_step_size",
-       "decay_lr_rate"},
-      {"step_size", "step_rate", "staircase"}};
   dsc_loc loc = s->value->loc;
-  if (k->kind == DSC_SETTING_OPTIMIZER)
-    return check_named_call(st, v, loc, "optimizer", opts, 4, opt_keys);
-  if (k->kind == DSC_SETTING_SCHEDULE)
-    return check_named_call(st, v, loc, "schedule", scheds, 10, sched_keys);
+  int n_forms = 0;
+  const dsc_setting_form *forms = dsc_setting_forms(k, &n_forms);
+  if (forms)
+    return check_named_call(st, v, loc, k->kind == DSC_SETTING_OPTIMIZER ? "optimizer" : "schedule",
+                            forms, n_forms);
   if (dsc_setting_parse(k, text, false, NULL)) return true;
   ERR(loc, "'%s' must be %s", s->key, dsc_setting_want(k, false));
   return false;

@@ -114,6 +114,43 @@ static const dsc_setting table[] = {
 };
 #define N_SETTINGS ((int)(sizeof table / sizeof table[0]))
 
+/* The optimizers' and schedules' named forms: what the frontend checks in a
+ * train section and passes/train_config.c reads (by index). */
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+static const dsc_setting_form optimizer_forms[] = {
+    {"adamw", KEYS("lr", "betas", "eps", "weight_decay", "decay_1d")},
+    {"adam", KEYS("lr", "betas", "eps", "weight_decay", "decay_1d")},
+    {"sgd", KEYS("lr", "momentum", "weight_decay", "nesterov", "decay_1d")},
+    {"muon", /* betas and eps, adam_lr: its AdamW part (embeddings, 1-D params) */
+     KEYS("lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "adam_lr", "decay_1d")},
+};
+static const dsc_setting_form schedule_forms[] = {
+    {"constant", KEYS("warmup")},
+    {"cosine", KEYS("warmup", "min_lr", "decay_steps")},
+    {"linear", KEYS("warmup", "min_lr", "decay_steps")},
+    {"warmup_cosine", KEYS("warmup", "min_lr", "decay_steps")},
+    {"warmup_linear", KEYS("warmup", "min_lr", "decay_steps")},
+    /* DeepSpeed's (docs/deepspeed.md) */
+    {"warmup_lr", KEYS("warmup", "min_lr", "warmup_type")},
+    {"warmup_decay_lr", KEYS("warmup", "min_lr", "decay_steps", "warmup_type")},
+    {"warmup_cosine_lr",
+     KEYS("warmup", "decay_steps", "warmup_type", "min_ratio", "cos_min_ratio")},
+    {"one_cycle", KEYS("min_lr", "first_steps", "second_steps", "first_stairs", "second_stairs",
+                       "decay_step_size", "decay_lr_rate")},
+    {"lr_range_test", KEYS("step_size", "step_rate", "staircase")},
+};
+#undef KEYS
+
+const dsc_setting_form *dsc_setting_forms(const dsc_setting *s, int *n) {
+  *n = 0;
+  if (!s) return NULL;
+  if (s->kind == DSC_SETTING_OPTIMIZER)
+    return *n = (int)(sizeof optimizer_forms / sizeof optimizer_forms[0]), optimizer_forms;
+  if (s->kind == DSC_SETTING_SCHEDULE)
+    return *n = (int)(sizeof schedule_forms / sizeof schedule_forms[0]), schedule_forms;
+  return NULL;
+}
+
 int dsc_setting_count(void) { return N_SETTINGS; }
 const dsc_setting *dsc_setting_at(int i) { return i >= 0 && i < N_SETTINGS ? &table[i] : NULL; }
 

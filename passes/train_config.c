@@ -52,16 +52,26 @@ static bool get_bool(dsc_context *ctx, const char *key, const char *raw, const p
   return true;
 }
 
-/* optimizer = NAME or NAME(key = value, ...) */
+/* The index of v's name among setting `key`'s forms (passes/settings.c),
+ * or -1 (a diagnostic with the setting's want). */
+static int form_index(dsc_context *ctx, const char *key, const char *raw, const pass_tv *v) {
+  const dsc_setting *s = dsc_setting_find(key);
+  int n = 0;
+  const dsc_setting_form *f = dsc_setting_forms(s, &n);
+  for (int i = 0; (v->kind == PASS_TV_NAME || v->kind == PASS_TV_CALL) && i < n; i++)
+    if (strcmp(v->name, f[i].name) == 0) return i;
+  char k[64];
+  snprintf(k, sizeof k, "train.%s", key);
+  bad(ctx, k, raw, s ? s->want : "?");
+  return -1;
+}
+
+/* optimizer = NAME or NAME(key = value, ...); NAME's index in the forms:
+ * adamw, adam, sgd, muon */
 static bool set_optimizer(dsc_context *ctx, const char *raw, const pass_tv *v,
                           dsc_train_config *cfg) {
-  static const char *const names[] = {"adamw", "adam", "sgd", "muon"};
-  if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL)
-    return bad(ctx, "train.optimizer", raw, "one of adamw, adam, sgd, muon");
-  int which = -1;
-  for (int i = 0; i < 4; i++)
-    if (strcmp(v->name, names[i]) == 0) which = i;
-  if (which < 0) return bad(ctx, "train.optimizer", raw, "one of adamw, adam, sgd, muon");
+  int which = form_index(ctx, "optimizer", raw, v);
+  if (which < 0) return false;
   cfg->opt.kind = which <= 1 ? DSC_OPT_ADAMW : which == 2 ? DSC_OPT_SGD : DSC_OPT_MUON;
   for (int i = 0; i < v->n; i++) {
     const char *k = v->keys[i];
@@ -175,23 +185,16 @@ static bool set_deepspeed_cycle(dsc_context *ctx, const char *raw, const pass_tv
  * and LRRangeTest (set_deepspeed_cycle). */
 static bool set_schedule(dsc_context *ctx, const char *raw, const pass_tv *v,
                          dsc_train_config *cfg) {
-  static const char *const names[] = {
-      "constant",  "cosine",          "linear",           "warmup_cosine", "warmup_linear",
-      "warmup_lr", "warmup_decay_lr", "warmup_cosine_lr", "one_cycle",     "lr_range_test"};
+  /* by the index of its form: constant, cosine, linear, warmup_cosine,
+   * warmup_linear, warmup_lr, warmup_decay_lr, warmup_cosine_lr,
+   * one_cycle, lr_range_test */
   static const dsc_schedule_kind kinds[] = {DSC_SCHED_CONSTANT,        DSC_SCHED_COSINE,
                                             DSC_SCHED_LINEAR,          DSC_SCHED_COSINE,
                                             DSC_SCHED_LINEAR,          DSC_SCHED_WARMUP_LR,
                                             DSC_SCHED_WARMUP_DECAY_LR, DSC_SCHED_WARMUP_COSINE_LR,
                                             DSC_SCHED_ONE_CYCLE,       DSC_SCHED_LR_RANGE_TEST};
-  const char *want =
-      "one of constant, cosine, linear, warmup_cosine, warmup_linear, warmup_lr, "
-      "warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test";
-  if (v->kind != PASS_TV_NAME && v->kind != PASS_TV_CALL)
-    return bad(ctx, "train.schedule", raw, want);
-  int which = -1;
-  for (int i = 0; i < 10; i++)
-    if (strcmp(v->name, names[i]) == 0) which = i;
-  if (which < 0) return bad(ctx, "train.schedule", raw, want);
+  int which = form_index(ctx, "schedule", raw, v);
+  if (which < 0) return false;
   cfg->sched.kind = kinds[which];
   if (which >= 8) return set_deepspeed_cycle(ctx, raw, v, cfg);
   bool ds = which >= 5;

@@ -118,6 +118,17 @@ bool dsc_setting_parse(const dsc_setting *s, const char *text, bool flag, dsc_se
 /* The message part for a bad value: s->flag_want when flag and set, else
  * s->want. */
 const char *dsc_setting_want(const dsc_setting *s, bool flag);
+
+/* A named form of an optimizer or schedule value, as in "adamw(lr = 3e-4,
+ * betas = (0.9, 0.95))": its name and the keyword settings it takes. */
+typedef struct {
+  const char *name;
+  const char *const *keys; /* NULL-terminated */
+} dsc_setting_form;
+/* The forms of a DSC_SETTING_OPTIMIZER or DSC_SETTING_SCHEDULE setting in
+ * their one order (passes/train_config.c reads a value's form by its index),
+ * their count in *n; NULL and 0 for the other kinds. */
+const dsc_setting_form *dsc_setting_forms(const dsc_setting *s, int *n);
 /* Stores v into the run knob of s (setting its has_ flag); false when s is
  * not a run knob. */
 bool dsc_run_knobs_store(dsc_run_knobs *k, const dsc_setting *s, const dsc_setting_value *v);

@@ -129,6 +129,64 @@ TEST(Settings, LibraryKnobsAreRangeCheckedByTheTable) {
   EXPECT_NE(all_diags(c.ctx).find("plan: bucket_bytes (--bucket-bytes"), std::string::npos);
 }
 
+// The optimizers' and schedules' forms are one table: the settings' "want"
+// text names exactly them, the frontend takes every key the metadata reader
+// reads (muon's adam_lr and decay_1d were refused by a copy that missed
+// them), and the two refuse the same unknown names and keys.
+TEST(Settings, OptimizerAndScheduleFormsAreOneTable) {
+  for (const char *key : {"optimizer", "schedule"}) {
+    const dsc_setting *s = dsc_setting_find(key);
+    ASSERT_NE(s, nullptr);
+    int n = 0;
+    const dsc_setting_form *f = dsc_setting_forms(s, &n);
+    ASSERT_NE(f, nullptr);
+    std::string want = "one of ";
+    for (int i = 0; i < n; i++) want += std::string(i ? ", " : "") + f[i].name;
+    EXPECT_EQ(want, s->want) << key;
+  }
+  int n = 0;
+  EXPECT_EQ(dsc_setting_forms(dsc_setting_find("batch"), &n), nullptr);
+  EXPECT_EQ(n, 0);
+  struct Case {
+    const char *train;
+    bool ok;
+    const char *message;
+  };
+  const Case cases[] = {
+      {"optimizer = muon(lr = 0.02, momentum = 0.95, adam_lr = 3e-4, decay_1d = true)", true, ""},
+      {"optimizer = adamw(lr = 1e-3, betas = (0.9, 0.95), decay_1d = false)", true, ""},
+      {"schedule = warmup_cosine_lr(warmup = 10, decay_steps = 100, cos_min_ratio = 0.1)", true,
+       ""},
+      {"optimizer = sgd(adam_lr = 1e-3)", false, "'sgd' has no setting 'adam_lr'"},
+      {"optimizer = adamw(decay_1d = 1)", false,
+       "setting 'decay_1d' of 'adamw' must be true or false"},
+      {"schedule = cosin", false, "unknown schedule 'cosin'; did you mean 'cosine'?"},
+  };
+  for (const Case &k : cases) {
+    std::string src = std::string("model m {\n  fn forward(x: f32[4]) { return sum(x) }\n}\n") +
+                      "train {\n  " + k.train + "\n}\n";
+    Ctx c;
+    dsc_module *m = nullptr;
+    dsc_status st = dsc_compile_string(c.ctx, src.c_str(), src.size(), "f.dsm", nullptr, &m);
+    if (k.ok) {
+      EXPECT_EQ(st, DSC_OK) << k.train << ": " << all_diags(c.ctx);
+      dsc_train_config cfg;
+      if (m) {
+        EXPECT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << all_diags(c.ctx);
+      }
+      if (m && strstr(k.train, "adam_lr")) {
+        EXPECT_EQ(cfg.opt.kind, DSC_OPT_MUON);
+        EXPECT_DOUBLE_EQ(cfg.opt.adam_lr, 3e-4);
+        EXPECT_TRUE(cfg.opt.decay_1d);
+      }
+    } else {
+      EXPECT_EQ(st, DSC_ERR_USER) << k.train;
+      EXPECT_NE(all_diags(c.ctx).find(k.message), std::string::npos) << all_diags(c.ctx);
+    }
+    dsc_module_free(m);
+  }
+}
+
 // The frontend checks a train section with the same table: its keys (the
 // offload streaming ones too), and the table's refusal at the value's line.
 TEST(Settings, TheFrontendUsesTheTable) {
