@@ -669,6 +669,70 @@ static void read_offload(ds_reader *r, const cJSON *o, const char *name, const c
   }
 }
 
+/* zero_optimization.zenflow: its presence turns ZenFlow on (DeepSpeed's
+ * rule); the intervals are steps ("step" strategy). */
+static void read_zenflow(ds_reader *r, const cJSON *z) {
+  static const known_key keys[] = {
+      {"topk_ratio", K_MAPPED, NULL},
+      {"select_strategy", K_MAPPED, NULL},
+      {"select_interval", K_MAPPED, NULL},
+      {"update_interval", K_MAPPED, NULL},
+      {"full_warm_up_rounds", K_MAPPED, NULL},
+      {"overlap_step", K_MAPPED, NULL},
+      {"offload", K_NOT_YET, "the selective moments stay on the device"},
+      {"auto_ratio", K_UNUSED, "update_interval is fixed (\"auto\" is not implemented)"},
+      {"pt_reserved_cores_perc", K_UNUSED, "the host step runs on the executor's threads"},
+      {"steps_per_epoch", K_UNUSED, "select_interval counts steps"},
+  };
+  const char *path = "zero_optimization.zenflow";
+  if (!want_object(r, path, z)) return;
+  check_keys(r, z, path, keys, (int)(sizeof keys / sizeof keys[0]));
+  put(r, path, "zenflow.enabled", "true");
+  const cJSON *v;
+  double ratio;
+  if ((v = member(z, "topk_ratio")) &&
+      get_num(r, "zero_optimization.zenflow.topk_ratio", v, &ratio, NULL)) {
+    if (!(ratio > 0 && ratio < 1))
+      err(r, "zero_optimization.zenflow.topk_ratio",
+          "ds_config zero_optimization.zenflow.topk_ratio must be in (0, 1), got %g", ratio);
+    else
+      put(r, "zero_optimization.zenflow.topk_ratio", "zenflow.topk_ratio", "%s", fmt_num(r, ratio));
+  }
+  if ((v = member(z, "select_strategy"))) {
+    const char *sp = "zero_optimization.zenflow.select_strategy";
+    if (!cJSON_IsString(v) ||
+        (strcmp(v->valuestring, "auto") != 0 && strcmp(v->valuestring, "step") != 0 &&
+         strcmp(v->valuestring, "epoch") != 0))
+      bad_type(r, sp, v, "one of \"auto\", \"step\", \"epoch\"");
+    else if (strcmp(v->valuestring, "step") != 0)
+      err(r, sp,
+          "ds_config %s \"%s\" (a selection once per epoch) is not implemented in dsc; use "
+          "\"step\" with select_interval in steps",
+          sp, v->valuestring);
+  }
+  static const char *const ints[] = {"select_interval", "update_interval", "full_warm_up_rounds"};
+  static const char *const to[] = {"zenflow.select_interval", "zenflow.update_interval",
+                                   "zenflow.full_warm_up_rounds"};
+  for (int k = 0; k < 3; k++) {
+    int64_t i;
+    const char *ip = ir_arena_printf(r->arena, "%s.%s", path, ints[k]);
+    if (!(v = member(z, ints[k]))) continue;
+    if (k < 2 && is_auto(v)) {
+      err(r, ip,
+          "ds_config %s \"auto\" (DeepSpeed's %s) is not implemented in dsc; give a number of "
+          "steps",
+          ip, k == 0 ? "once per epoch" : "adaptive interval from auto_ratio");
+      continue;
+    }
+    if (get_int(r, ip, v, k < 2 ? 1 : 0, &i, NULL)) put(r, ip, to[k], "%" PRId64, i);
+  }
+  bool b;
+  if ((v = member(z, "overlap_step")) &&
+      get_bool(r, "zero_optimization.zenflow.overlap_step", v, &b, NULL))
+    put(r, "zero_optimization.zenflow.overlap_step", "zenflow.overlap_step", "%s",
+        b ? "true" : "false");
+}
+
 static void read_zero(ds_reader *r, const cJSON *z) {
   static const known_key keys[] = {
       {"stage", K_MAPPED, NULL},
@@ -677,6 +741,7 @@ static void read_zero(ds_reader *r, const cJSON *z) {
       {"stage3_param_persistence_threshold", K_MAPPED, NULL},
       {"offload_optimizer", K_MAPPED, NULL},
       {"offload_param", K_MAPPED, NULL},
+      {"zenflow", K_MAPPED, NULL},
       {"overlap_comm", K_UNUSED, "the schedule pass always overlaps collectives with compute"},
       {"contiguous_gradients", K_UNUSED, "gradients are reduced from planned buffers (no fragmentation)"},
       {"reduce_scatter", K_UNUSED, "stages 2-3 always reduce-scatter; stages 0-1 all-reduce"},
@@ -716,6 +781,7 @@ static void read_zero(ds_reader *r, const cJSON *z) {
     put(r, "zero_optimization.stage3_param_persistence_threshold", "zero.persist_threshold", "%" PRId64, i);
   if ((v = member(z, "offload_optimizer"))) read_offload(r, v, "offload_optimizer", "offload.optimizer");
   if ((v = member(z, "offload_param"))) read_offload(r, v, "offload_param", "offload.param");
+  if ((v = member(z, "zenflow")) && !is_off(v)) read_zenflow(r, v);
 }
 
 static void read_remat(ds_reader *r, const cJSON *a) {

@@ -94,6 +94,8 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   if (out->k_bytes >= 0 && out->master_weights) out->k_bytes += 4; /* the f32 master */
   if (out->k_bytes >= 0 && cfg.offload.delayed_update) /* the f32 gradient kept */
     out->k_bytes += 4;
+  if (out->k_bytes >= 0 && cfg.zenflow.enabled) /* the host's f32 gradient sums */
+    out->k_bytes += 4;
   out->batch = cfg.batch, out->seq = cfg.seq, out->grad_accum = cfg.grad_accum;
   out->state_arena = p.state_arena, out->work_arena = p.work_arena;
   out->gemm_scratch = p.gemm_scratch, out->padding = p.padding;

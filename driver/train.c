@@ -803,35 +803,52 @@ static dsc_status resolve_master_weights(dsc_trainer *t, open_state *s) {
   return DSC_OK;
 }
 
-/* A resumed run keeps the delayed parameter update or its absence (its
- * states hold the gradient not applied yet): from the state's
- * "delayed_update", or from whether the optimizer set holds
- * opt.delayed_primed. */
-static dsc_status resolve_delayed_update(dsc_trainer *t, open_state *s) {
+/* A resumed run keeps a setting whose states only it has, or its absence:
+ * the delayed parameter update (opt.delayed.*: the gradient not applied
+ * yet) and ZenFlow (opt.zf.*: the host's sums, the selection). From the
+ * state's `key` ("delayed_update", "zenflow"), or from whether the
+ * optimizer set holds `marker`. A flag that contradicts it is an error. */
+static dsc_status resolve_kept_setting(dsc_trainer *t, open_state *s, const char *key,
+                                       const char *marker, bool has_flag, bool flag, bool *field,
+                                       const char *holds) {
   if (!s->ck) return DSC_OK;
-  const char *v = ck_extra(s->ck, "delayed_update");
-  bool ck_du = false;
+  const char *v = ck_extra(s->ck, key);
+  bool ck_on = false;
   if (v && strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
     ir_error(t->ctx, rt_loc(s->ck->dir),
-             "malformed checkpoint state: \"delayed_update\" is '%s' (true or false)", v);
+             "malformed checkpoint state: \"%s\" is '%s' (true or false)", key, v);
     return DSC_ERR_USER;
   }
   if (v) {
-    ck_du = strcmp(v, "true") == 0;
+    ck_on = strcmp(v, "true") == 0;
   } else {
     const dsc_tensor_set *o = s->ck->optimizer;
-    for (int i = 0; o && i < o->n && !ck_du; i++)
-      ck_du = strcmp(o->names[i], "opt.delayed_primed") == 0;
+    for (int i = 0; o && i < o->n && !ck_on; i++) ck_on = strcmp(o->names[i], marker) == 0;
   }
-  if (s->o->knobs.has_delayed_update && s->o->knobs.delayed_update != ck_du) {
+  if (has_flag && flag != ck_on) {
     ir_error(t->ctx, rt_loc(s->ck->dir),
-             "the checkpoint was trained with delayed_update %s, not %s (a resumed run keeps it: "
-             "the checkpoint %s a gradient not applied yet)",
-             ck_du ? "true" : "false", ck_du ? "false" : "true", ck_du ? "holds" : "has no");
+             "the checkpoint was trained with %s %s, not %s (a resumed run keeps it: the "
+             "checkpoint %s %s)",
+             key, ck_on ? "true" : "false", ck_on ? "false" : "true", ck_on ? "holds" : "has no",
+             holds);
     return DSC_ERR_USER;
   }
-  t->cfg.offload.delayed_update = ck_du;
+  *field = ck_on;
   return DSC_OK;
+}
+
+static dsc_status resolve_delayed_update(dsc_trainer *t, open_state *s) {
+  const dsc_run_knobs *k = &s->o->knobs;
+  return resolve_kept_setting(t, s, "delayed_update", "opt.delayed_primed", k->has_delayed_update,
+                              k->delayed_update, &t->cfg.offload.delayed_update,
+                              "a gradient not applied yet");
+}
+
+static dsc_status resolve_zenflow(dsc_trainer *t, open_state *s) {
+  const dsc_run_knobs *k = &s->o->knobs;
+  return resolve_kept_setting(t, s, "zenflow", "opt.zf.step", k->has_zenflow, k->zenflow,
+                              &t->cfg.zenflow.enabled,
+                              "ZenFlow's states: the host's gradient sums and the selection");
 }
 
 /* A resumed run keeps its precision (its optimizer states depend on it); a
@@ -908,6 +925,7 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
   if ((st = resolve_master_weights(t, s)) != DSC_OK) return st;
   if ((st = resolve_delayed_update(t, s)) != DSC_OK) return st;
+  if ((st = resolve_zenflow(t, s)) != DSC_OK) return st;
   if (s->ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
     const char *w = ck_extra(s->ck, "world");
@@ -1505,6 +1523,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"precision", dsc_precision_name(t->cfg.precision)},
       {"master_weights", t->cfg.master_weights ? "true" : "false"},
       {"delayed_update", t->cfg.offload.delayed_update ? "true" : "false"},
+      {"zenflow", t->cfg.zenflow.enabled ? "true" : "false"},
       {"save_every", num[7]},
       {"eval_every", num[8]},
       {"world", num[9]},
@@ -1849,9 +1868,10 @@ static void setting_source(const dsc_trainer *t, const dsc_trainer_options *o, b
     snprintf(buf, n, "flag %s", flag);
     return;
   }
-  static const char *const ck_keys[] = {"batch", "seq", "grad_accum", "steps", "lr", "precision",
-                                        "master_weights", "seed", "save_every", "eval_every",
-                                        "zero.stage", "offload.delayed_update"};
+  static const char *const ck_keys[] = {
+      "batch",          "seq",  "grad_accum", "steps",      "lr",         "precision",
+      "master_weights", "seed", "save_every", "eval_every", "zero.stage", "offload.delayed_update",
+      "zenflow.enabled"};
   for (size_t j = 0; resumed && j < sizeof ck_keys / sizeof ck_keys[0]; j++)
     if (strcmp(k, ck_keys[j]) == 0) {
       snprintf(buf, n, "the checkpoint resumed");

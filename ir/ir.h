@@ -181,7 +181,10 @@ typedef enum {
   IR_ROLE_NONE = 0,
   IR_ROLE_GRAD = 1,
   IR_ROLE_RECOMPUTED = 2,
-  IR_ROLE_LOSS = 3
+  IR_ROLE_LOSS = 3,
+  /* a node of an update that stays on the device (ZenFlow's selective
+   * update, passes/optimizer.c): pass offload_host never moves it */
+  IR_ROLE_DEVICE_STEP = 4
 } ir_role;
 
 struct dsc_graph {

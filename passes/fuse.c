@@ -23,6 +23,9 @@
  *       with a view that is alone in its group: such a view stays a free
  *       view (the lowering folds it into strides, e.g. matmul operands);
  *     - an embedding merges only through its ids (the table is a buffer);
+ *       a gather of a gradient's rows (ZenFlow's selected rows) stays
+ *       alone: in the update's group it would keep the whole gradient
+ *       alive until the update;
  *     - a reduction whose axes do not include the last axis (bias
  *       gradients: sum over [0,1] of [B,T,C]) stays alone: outer = kept
  *       dims, inner = reduced dims;
@@ -331,6 +334,8 @@ static bool partition(fuse_state *s) {
       s->kind[i] = K_INLINE;
     else if (ir_reduction_mask(x, &mask) && !(mask & (1u << (x->in[0]->type.rank - 1))))
       s->kind[i] = K_ALONE;
+    else if (x->op == DSC_OP_EMBEDDING && x->in[0]->role == IR_ROLE_GRAD)
+      s->kind[i] = K_ALONE; /* rows of a gradient (ZenFlow): gathered right after it */
     else if (groupable(x))
       s->kind[i] = K_GROUP;
     else

@@ -11,6 +11,8 @@
  * (runtime/exec.c) read disk values before a run and write them after.
  *
  *   optimizer host|disk  every module state (opt.m.*, opt.v.*, momentum,
+ *                        ZenFlow's host sums; host is implied by ZenFlow,
+ *                        whose device states carry meta "place.<name>"),
  *                        the step count, fp16's loss-scale scalars). dsc's
  *                        f32 master weights are the params themselves (the
  *                        bf16 copies are transient), so they move with
@@ -72,6 +74,8 @@ static dsc_status offload_values(ir_module *m, const dsc_train_config *cfg) {
 dsc_status pass_offload_run(ir_module *m, const dsc_train_config *cfg) {
   if (!cfg) return DSC_OK;
   dsc_offload_tier opt = cfg->offload.optimizer, par = cfg->offload.param;
+  if (cfg->zenflow.enabled && opt == DSC_OFFLOAD_NONE) /* ZenFlow's host part */
+    opt = DSC_OFFLOAD_HOST;
   if (opt == DSC_OFFLOAD_NONE && par == DSC_OFFLOAD_NONE) return DSC_OK;
   if (!dsc_module_find_graph(m, "train_step")) {
     ir_error(m->ctx, ir_no_loc, "offload: the module has no graph 'train_step' (run pass "
@@ -97,6 +101,10 @@ dsc_status pass_offload_run(ir_module *m, const dsc_train_config *cfg) {
   for (int i = 0; i < m->n_params; i++) {
     const ir_param *p = &m->params[i];
     dsc_offload_tier t = DSC_OFFLOAD_NONE;
+    char pinned[600];
+    snprintf(pinned, sizeof pinned, "place.%s", p->name);
+    if (p->state && dsc_module_get_meta(m, pinned)) /* kept on the device (ZenFlow) */
+      continue;
     if (p->state)
       t = opt;
     else {

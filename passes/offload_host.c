@@ -87,7 +87,7 @@ dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
   ir_node **stack = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n + 1));
   ir_node **th = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n + 1)); /* to_host per value */
   ir_node **td = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n + 1)); /* to_device per value */
-  pass_fixed_key *keys = ir_arena_alloc(a, sizeof(pass_fixed_key) * (size_t)(n + 1));
+  pass_fixed_key *keys = ir_arena_alloc(a, sizeof(pass_fixed_key) * (size_t)(2 * n + 1));
   if (!dev || !need || !host || !elig || !stack || !th || !td || !keys) goto oom;
   memset(dev, 0, nb), memset(need, 0, nb), memset(host, 0, nb), memset(elig, 0, nb);
   memset(th, 0, sizeof(ir_node *) * (size_t)(n + 1));
@@ -103,7 +103,8 @@ dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
   int n_host = 0;
   for (int i = 0; i < n; i++) {
     ir_node *x = g->nodes[i];
-    elig[i] = need[i] && !dev[i] && !is_source(x) && !device_only(x);
+    elig[i] =
+        need[i] && !dev[i] && !is_source(x) && !device_only(x) && x->role != IR_ROLE_DEVICE_STEP;
   }
   /* forward: readers of gradients and of host values; backward: values
    * only host nodes (or off-device assigns) read. Until nothing changes. */
@@ -165,6 +166,26 @@ dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
   }
   for (int i = 0; i < n; i++)
     if (host[i]) g->nodes[i]->place = IR_PLACE_HOST;
+  /* the device's part of the update (ZenFlow) as early as its inputs allow:
+   * the selected rows of each gradient are gathered right after it, so that
+   * the whole gradient dies with its to_host, as without it */
+  double *asap = ir_arena_alloc(a, sizeof(double) * (size_t)(n + 1));
+  if (!asap) goto oom;
+  for (int i = 0; i < n; i++) {
+    ir_node *x = g->nodes[i];
+    if (x->role != IR_ROLE_DEVICE_STEP) continue;
+    double at = -1;
+    for (int q = 0; q < x->n_in; q++) {
+      const ir_node *y = x->in[q];
+      double ky = y->id >= n                       ? (double)n /* a copy made here */
+                  : y->role == IR_ROLE_DEVICE_STEP ? asap[y->id]
+                  : is_source(y)                   ? -1
+                                                   : (double)y->id;
+      if (ky > at) at = ky;
+    }
+    asap[i] = at;
+    keys[n_keys++] = (pass_fixed_key){x, at + 0.5};
+  }
   return pass_reorder(g, n, keys, n_keys);
 oom:
   ir_error(m->ctx, ir_no_loc, "offload: out of memory");

@@ -118,14 +118,31 @@ static const char *new_state(opt_state *o, const char *what, const char *param, 
 
 /* 1 - beta^t as 1 - exp(t * ln(beta)), so the graph needs no pow with a
  * tensor exponent; ln(0) = -inf gives exp(-inf) = 0, i.e. no correction. */
-static ir_node *bias_correction(opt_state *o, double beta, dsc_dtype dt) {
-  ir_node *t = as_dtype(o, o->t, dt);
+static ir_node *bias_correction_at(opt_state *o, ir_node *count, double beta, dsc_dtype dt) {
+  ir_node *t = as_dtype(o, count, dt);
   return sub(o, scalar(o, 1, dt), dsc_unary(o->g, DSC_OP_EXP, scale(o, t, log(beta))));
 }
 
-/* AdamW (PyTorch semantics, decoupled weight decay):
+/* AdamW (PyTorch semantics, decoupled weight decay) from moments m0, v0:
  *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
  *   p = p (1 - lr wd) - lr (m / bc1) / (sqrt(v / bc2) + eps) */
+static ir_node *adamw_math(opt_state *o, ir_node *p, ir_node *g, ir_node *m0, ir_node *v0,
+                           ir_node *bc1, ir_node *bc2, ir_node *lr, bool decay, ir_node **m1,
+                           ir_node **v1) {
+  const dsc_train_config *c = o->cfg;
+  dsc_dtype dt = p->type.dtype;
+  *m1 = add(o, scale(o, m0, c->opt.beta1), scale(o, g, 1 - c->opt.beta1));
+  *v1 = add(o, scale(o, v0, c->opt.beta2), scale(o, mul(o, g, g), 1 - c->opt.beta2));
+  ir_node *mhat = divide(o, *m1, bc1);
+  ir_node *denom =
+      add(o, dsc_unary(o->g, DSC_OP_SQRT, divide(o, *v1, bc2)), scalar(o, c->opt.eps, dt));
+  ir_node *step = mul(o, lr, divide(o, mhat, denom));
+  if (decay) /* p * (1 - lr wd), as torch.optim.AdamW */
+    p = mul(o, p, sub(o, scalar(o, 1, dt), scale(o, lr, c->opt.weight_decay)));
+  return sub(o, p, step);
+}
+
+/* AdamW with states opt.m.<p>, opt.v.<p> and the step count opt.step. */
 static ir_node *adamw_update(opt_state *o, const char *pname, ir_node *p, ir_node *g, ir_node *lr,
                              bool decay) {
   const dsc_train_config *c = o->cfg;
@@ -134,21 +151,14 @@ static ir_node *adamw_update(opt_state *o, const char *pname, ir_node *p, ir_nod
   const char *mn = new_state(o, "m", pname, pt), *vn = new_state(o, "v", pname, pt);
   if (!mn || !vn) return NULL;
   if (!o->bc1[dt]) {
-    o->bc1[dt] = bias_correction(o, c->opt.beta1, dt);
-    o->bc2[dt] = bias_correction(o, c->opt.beta2, dt);
+    o->bc1[dt] = bias_correction_at(o, o->t, c->opt.beta1, dt);
+    o->bc2[dt] = bias_correction_at(o, o->t, c->opt.beta2, dt);
   }
-  ir_node *m1 =
-      add(o, scale(o, dsc_param_ref(o->g, mn), c->opt.beta1), scale(o, g, 1 - c->opt.beta1));
-  ir_node *v1 = add(o, scale(o, dsc_param_ref(o->g, vn), c->opt.beta2),
-                    scale(o, mul(o, g, g), 1 - c->opt.beta2));
+  ir_node *m1, *v1;
+  ir_node *np = adamw_math(o, p, g, dsc_param_ref(o->g, mn), dsc_param_ref(o->g, vn), o->bc1[dt],
+                           o->bc2[dt], lr, decay, &m1, &v1);
   if (!add_assign(o, mn, m1) || !add_assign(o, vn, v1)) return NULL;
-  ir_node *mhat = divide(o, m1, o->bc1[dt]);
-  ir_node *denom =
-      add(o, dsc_unary(o->g, DSC_OP_SQRT, divide(o, v1, o->bc2[dt])), scalar(o, c->opt.eps, dt));
-  ir_node *step = mul(o, lr, divide(o, mhat, denom));
-  if (decay) /* p * (1 - lr wd), as torch.optim.AdamW */
-    p = mul(o, p, sub(o, scalar(o, 1, dt), scale(o, lr, c->opt.weight_decay)));
-  return sub(o, p, step);
+  return np;
 }
 
 /* SGD with momentum (PyTorch semantics, dampening 0):
@@ -271,6 +281,161 @@ static bool loss_scale_update(opt_state *o, ir_node *finite) {
          add_assign(o, "opt.good_steps", where(o, finite, good_good, f0));
 }
 
+/* ---------------------------------------------------------------- ZenFlow */
+
+/* ZenFlow (docs/memory.md "ZenFlow"): the step's schedule from the scalar
+ * states opt.zf.step (steps taken), opt.zf.pending (gradients in the host's
+ * sums) and opt.zf.sel_age (steps since the last selection). */
+typedef struct {
+  ir_node *apply;    /* bool: past the warm-up, the selective update runs */
+  ir_node *select;   /* bool: a new selection (and fresh selective moments) */
+  ir_node *boundary; /* bool: the host update runs (and its sums restart) */
+  ir_node *pend1;    /* f32: gradients in the host's sums, this one included */
+  ir_node *count;    /* f32: the selective update's step count (past the warm-up) */
+} zf_sched;
+
+static ir_node *gt_const(opt_state *o, ir_node *x, double c) {
+  return dsc_binary(o->g, DSC_OP_GREATER, x, scalar(o, c, x->type.dtype));
+}
+static ir_node *as_flag(opt_state *o, ir_node *b) { return dsc_cast(o->g, b, DSC_F32); }
+static ir_node *maximum(opt_state *o, ir_node *a, ir_node *b) {
+  return dsc_binary(o->g, DSC_OP_MAXIMUM, a, b);
+}
+static ir_node *reshape2(opt_state *o, ir_node *x, int64_t d0, int64_t d1) {
+  const int64_t shape[2] = {d0, d1};
+  return dsc_reshape(o->g, x, shape, 2);
+}
+static ir_node *iota2(opt_state *o, int64_t d0, int64_t d1, int axis) {
+  const int64_t shape[2] = {d0, d1};
+  dsc_attr a[3] = {dsc_attr_int("axis", axis), dsc_attr_dtype("dtype", DSC_F32),
+                   dsc_attr_ints("shape", shape, 2)};
+  return dsc_build(o->g, DSC_OP_IOTA, NULL, 0, a, 3);
+}
+static ir_node *sum_axis1(opt_state *o, ir_node *x) {
+  const int64_t axis = 1;
+  return dsc_reduce(o->g, DSC_OP_SUM, x, &axis, 1, 0);
+}
+
+/* A state kept on the device by pass offload (meta place.<name>). */
+static const char *device_state(opt_state *o, const char *what, const char *param, dsc_type t) {
+  const char *name = new_state(o, what, param, t);
+  const char *key = name ? ir_arena_printf(&o->m->arena, "place.%s", name) : NULL;
+  if (!key || dsc_module_set_meta(o->m, key, "device") != DSC_OK) return NULL;
+  return name;
+}
+
+/* With W warm-up steps, S = update_interval, R = select_interval, at step
+ * t (1-based) and u = t - W:
+ *   apply    u >= 1
+ *   select   apply and (u == 1 or the selection is R steps old)
+ *   boundary t <= W, or S gradients are summed, or the next step selects
+ *            (DeepSpeed's flush before a new selection) */
+static bool zf_schedule(opt_state *o, zf_sched *z) {
+  const dsc_train_config *c = o->cfg;
+  ir_graph *g = o->g;
+  double W = (double)c->zenflow.warm_up, S = (double)c->zenflow.update_interval,
+         R = (double)c->zenflow.select_interval;
+  int first_node = g->n_nodes;
+  ir_node *one = scalar(o, 1, DSC_F32), *zero = scalar(o, 0, DSC_F32);
+  ir_node *t = add(o, dsc_param_ref(g, "opt.zf.step"), one);
+  ir_node *u = sub(o, t, scalar(o, W, DSC_F32));
+  z->apply = gt_const(o, u, 0.5);
+  ir_node *apply = as_flag(o, z->apply);
+  ir_node *age = dsc_param_ref(g, "opt.zf.sel_age");
+  ir_node *first = as_flag(o, dsc_binary(g, DSC_OP_LESS, u, scalar(o, 1.5, DSC_F32)));
+  ir_node *due = as_flag(o, gt_const(o, age, R - 0.5));
+  z->select = gt_const(o, mul(o, apply, maximum(o, first, due)), 0.5);
+  ir_node *age1 = where(o, z->select, one, mul(o, apply, add(o, age, one)));
+  z->pend1 = add(o, dsc_param_ref(g, "opt.zf.pending"), one);
+  ir_node *warm = sub(o, one, apply);
+  ir_node *full = as_flag(o, gt_const(o, z->pend1, S - 0.5));
+  ir_node *next_select = mul(o, apply, as_flag(o, gt_const(o, age1, R - 0.5)));
+  z->boundary = gt_const(o, maximum(o, warm, maximum(o, full, next_select)), 0.5);
+  z->count = maximum(o, u, one); /* >= 1, so the corrections stay finite in the warm-up */
+  /* device scalars: the selective update reads them as soon as a gradient is final */
+  for (int i = first_node; i < g->n_nodes; i++) g->nodes[i]->role = IR_ROLE_DEVICE_STEP;
+  return z->boundary && add_assign(o, "opt.zf.step", t) && add_assign(o, "opt.zf.sel_age", age1) &&
+         add_assign(o, "opt.zf.pending", where(o, z->boundary, zero, z->pend1));
+}
+
+/* rank[i] = #{j : imp[j] > imp[i]} + #{j < i : imp[j] == imp[i]}: each
+ * row's place by importance, ties to the lower index, f32 [N]. */
+static ir_node *importance_rank(opt_state *o, ir_node *imp, int64_t n) {
+  ir_graph *g = o->g;
+  ir_node *mine = reshape2(o, imp, n, 1), *other = reshape2(o, imp, 1, n);
+  ir_node *above = as_flag(o, dsc_binary(g, DSC_OP_GREATER, other, mine));
+  ir_node *tie = as_flag(o, dsc_binary(g, DSC_OP_EQUAL, other, mine));
+  ir_node *before = as_flag(o, dsc_binary(g, DSC_OP_LESS, iota2(o, 1, n, 1), iota2(o, n, 1, 0)));
+  return sum_axis1(o, add(o, above, mul(o, tie, before)));
+}
+
+/* ZenFlow's device part of one param: its AdamW over the selected rows
+ * (1-D params: over all of it) with the selective moments opt.zf.m/v.<p>,
+ * zeroed at each selection, counting the steps past the warm-up. Returns
+ * the param's new value: the selective result where it applies, host_new
+ * elsewhere. Every node made here is pinned to the device. The rows of a
+ * linear [in, out] are nn.Linear's input columns, which DeepSpeed selects;
+ * an embedding table [V, D] selects its D columns, as DeepSpeed does. */
+static ir_node *zf_selective(opt_state *o, const zf_sched *z, const char *pname, ir_node *pv,
+                             ir_node *graw, ir_node *factor, ir_node *lr, bool decay, bool table,
+                             ir_node *host_new) {
+  ir_graph *g = o->g;
+  int first_node = g->n_nodes;
+  dsc_type pt = pv->type;
+  dsc_dtype dt = pt.dtype;
+  ir_node *zero = scalar(o, 0, dt), *res = host_new;
+  ir_node *bc1 = bias_correction_at(o, z->count, o->cfg->opt.beta1, dt);
+  ir_node *bc2 = bias_correction_at(o, z->count, o->cfg->opt.beta2, dt);
+  ir_node *x = pv, *gr = as_dtype(o, graw, dt);
+  bool cols = pt.rank == 2 && table;
+  if (cols) x = transpose(o, x), gr = transpose(o, gr);
+  ir_node *idx = NULL, *pos = NULL, *keep = NULL;
+  if (pt.rank == 2) {
+    int64_t n = x->type.dims[0], k = (int64_t)floor(o->cfg->zenflow.topk_ratio * (double)n);
+    if (k < 1) return host_new; /* too few rows to select one */
+    ir_node *imp = as_dtype(o, sum_axis1(o, maximum(o, gr, dsc_unary(g, DSC_OP_NEG, gr))), DSC_F32);
+    const char *rn = device_state(o, "zf.rank", pname, dsc_type_make(DSC_F32, 1, &n));
+    if (!rn) return NULL;
+    ir_node *rank = where(o, z->select, importance_rank(o, imp, n), dsc_param_ref(g, rn));
+    if (!add_assign(o, rn, rank)) return NULL;
+    /* the selected rows in rank order, and each row's place among them */
+    ir_node *hit = dsc_binary(g, DSC_OP_EQUAL, reshape2(o, rank, 1, n), iota2(o, k, 1, 0));
+    /* before the first selection (warm-up) the ranks are all 0: kept in range */
+    ir_node *sum = sum_axis1(o, where(o, hit, iota2(o, 1, n, 1), scalar(o, 0, DSC_F32)));
+    idx = dsc_cast(
+        g, where(o, gt_const(o, sum, (double)n - 1.5), scalar(o, (double)(n - 1), DSC_F32), sum),
+        DSC_I32);
+    ir_node *mask = dsc_binary(g, DSC_OP_LESS, rank, scalar(o, (double)k - 0.5, DSC_F32));
+    pos = dsc_cast(g, where(o, mask, rank, scalar(o, (double)(k - 1), DSC_F32)), DSC_I32);
+    keep = gt_const(o, reshape2(o, mul(o, as_flag(o, mask), as_flag(o, z->apply)), n, 1), 0.5);
+    ir_node *in[2] = {x, idx};
+    x = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
+    in[0] = gr;
+    gr = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
+  }
+  if (!x || !gr) return NULL;
+  ir_node *gs = mul(o, gr, as_dtype(o, factor, dt));
+  const char *mn = device_state(o, "zf.m", pname, x->type);
+  const char *vn = device_state(o, "zf.v", pname, x->type);
+  if (!mn || !vn) return NULL;
+  ir_node *ms = dsc_param_ref(g, mn), *vs = dsc_param_ref(g, vn), *m1, *v1;
+  ir_node *xn = adamw_math(o, x, gs, where(o, z->select, zero, ms), where(o, z->select, zero, vs),
+                           bc1, bc2, lr, decay, &m1, &v1);
+  if (!add_assign(o, mn, where(o, z->apply, m1, ms)) ||
+      !add_assign(o, vn, where(o, z->apply, v1, vs)))
+    return NULL;
+  if (pt.rank != 2) {
+    res = where(o, z->apply, xn, host_new);
+  } else {
+    ir_node *in[2] = {xn, pos};
+    ir_node *back = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
+    res = where(o, keep, back, cols ? transpose(o, host_new) : host_new);
+    if (cols) res = transpose(o, res);
+  }
+  for (int i = first_node; res && i < g->n_nodes; i++) g->nodes[i]->role = IR_ROLE_DEVICE_STEP;
+  return res;
+}
+
 /* Per trainable param j (1-based, as the forward's outputs): its state
  * opt.master.<p>, -1 when it has none (precision pass, master weights). */
 static int *master_states(ir_module *m, int n_out) {
@@ -359,11 +524,18 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
     primed = dsc_param_ref(g, "opt.delayed_primed");
   }
 
+  /* ZenFlow's device part reads the gradients before clipping, and the factor */
+  bool zf = cfg->zenflow.enabled && n_out > 1;
+  ir_node **raw = zf ? ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)n_out) : NULL;
+  if (zf && !raw) return ir_error(m->ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
+  for (int j = 1; zf && j < n_out; j++) raw[j] = acc[j];
+  ir_node *factor = scalar(o, 1, DSC_F32);
+
   /* 4. global norm and clipping */
   ir_node *grad_norm = global_norm(o, acc, n_out);
   if (cfg->clip > 0 && n_out > 1) {
     ir_node *clip = scalar(o, cfg->clip, DSC_F32);
-    ir_node *factor = divide(o, clip, dsc_binary(g, DSC_OP_MAXIMUM, grad_norm, clip));
+    factor = divide(o, clip, dsc_binary(g, DSC_OP_MAXIMUM, grad_norm, clip));
     for (int j = 1; j < n_out; j++)
       acc[j] = mul(o, acc[j], as_dtype(o, factor, acc[j]->type.dtype));
   }
@@ -372,7 +544,10 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   /* 5. the update */
   ir_node *t0 = dsc_param_ref(g, "opt.step");
   o->t = add(o, t0, scalar(o, 1, DSC_F32));
-  if (!add_assign(o, "opt.step", o->t)) return DSC_ERR_USER;
+  zf_sched z = {0};
+  if (zf && !zf_schedule(o, &z)) return DSC_ERR_USER;
+  /* ZenFlow: opt.step counts the host's updates */
+  if (!add_assign(o, "opt.step", zf ? where(o, z.boundary, o->t, t0) : o->t)) return DSC_ERR_USER;
   bool *emb = embedding_tables(m, f);
   if (!emb) return ir_error(m->ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
   double adam_ratio = cfg->opt.kind == DSC_OPT_MUON && cfg->opt.adam_lr > 0 && cfg->opt.lr > 0
@@ -386,9 +561,19 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
      * the param gets its rounding */
     const char *uname = master >= 0 ? m->params[master].name : pname;
     dsc_type pt = m->params[master >= 0 ? master : p].type;
-    ir_node *pv = dsc_param_ref(g, uname), *grad = acc[j++];
-    ir_node *lr = lr_of(o, pt.dtype), *np;
+    ir_node *pv = dsc_param_ref(g, uname), *grad = acc[j], *np;
+    ir_node *lr = lr_of(o, pt.dtype);
     bool decay = cfg->opt.weight_decay > 0 && (pt.rank >= 2 || cfg->opt.decay_1d);
+    int host_assigns = o->n_assigns;
+    if (zf) { /* the host updates with the mean of the gradients summed since its last update */
+      const char *an = new_state(o, "zf.acc", pname, grad->type);
+      if (!an) return DSC_ERR_USER;
+      ir_node *sum = add(o, dsc_param_ref(g, an), grad);
+      if (!add_assign(o, an, where(o, z.boundary, scalar(o, 0, grad->type.dtype), sum)))
+        return DSC_ERR_USER;
+      grad = divide(o, sum, as_dtype(o, z.pend1, grad->type.dtype));
+      host_assigns = o->n_assigns;
+    }
     if (cfg->opt.kind == DSC_OPT_SGD) {
       np = sgd_update(o, pname, pv, grad, lr, decay);
     } else if (cfg->opt.kind == DSC_OPT_MUON && pt.rank == 2 && !emb[p]) {
@@ -397,6 +582,14 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
       if (adam_ratio != 1.0) lr = scale(o, lr, adam_ratio);
       np = adamw_update(o, pname, pv, grad, lr, decay);
     }
+    if (zf && np) { /* the host's update only at a boundary; the device's every step */
+      for (int i = host_assigns; i < o->n_assigns; i++)
+        o->assigns[i].value =
+            where(o, z.boundary, o->assigns[i].value, dsc_param_ref(g, o->assigns[i].name));
+      np = zf_selective(o, &z, pname, pv, raw[j], factor, lr, decay, emb[p],
+                        where(o, z.boundary, np, pv));
+    }
+    j++;
     if (master >= 0 && !add_assign(o, uname, np)) return DSC_ERR_USER;
     if (master >= 0) np = as_dtype(o, np, m->params[p].type.dtype);
     if (!add_assign(o, pname, np)) return DSC_ERR_USER;
@@ -437,6 +630,56 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   return dsc_graph_set_outputs(g, res, fp16 ? 3 : 2);
 }
 
+/* What ZenFlow needs (as DeepSpeed: AdamW and the optimizer offloaded to
+ * the host), what it is not built for yet, and its scalar states. */
+static dsc_status zenflow_check(ir_module *m, const dsc_train_config *cfg) {
+  const char *why = NULL;
+  char buf[200];
+  if (cfg->opt.kind != DSC_OPT_ADAMW)
+    why = "updates with AdamW (DeepSpeed's ZenFlowSelectiveAdamW); set optimizer = adamw(...)";
+  else if (cfg->offload.optimizer != DSC_OFFLOAD_HOST && cfg->offload.optimizer != DSC_OFFLOAD_NONE)
+    why =
+        "needs the optimizer on the host (--offload-optimizer host, train.offload.optimizer = "
+        "cpu, ds_config offload_optimizer {\"device\": \"cpu\"}; implied when not given)";
+  else if (cfg->precision == DSC_PRECISION_FP16)
+    why =
+        "with precision fp16 is not supported: a step the loss scaler skips would still sum "
+        "its gradients (use bf16 or f32)";
+  else if (cfg->offload.delayed_update)
+    why =
+        "and offload.delayed_update (--delayed-param-update) are two ways to delay the host's "
+        "update; choose one";
+  else if (cfg->zenflow.overlap_step)
+    why =
+        "overlap_step = true is not implemented yet: the host's update runs inside the step "
+        "that reaches the update interval (set overlap_step = false)";
+  else if (cfg->world > 1 && cfg->zero.stage >= 1)
+    why =
+        "at ZeRO stage 1-3 with world > 1 is not implemented yet (the selected columns of a "
+        "sharded param); use zero.stage 0 or one rank";
+  else if (!(cfg->zenflow.topk_ratio > 0 && cfg->zenflow.topk_ratio < 1))
+    snprintf(buf, sizeof buf, "topk_ratio must be in (0, 1), got %g", cfg->zenflow.topk_ratio),
+        why = buf;
+  else if (cfg->zenflow.update_interval < 1 ||
+           cfg->zenflow.select_interval < cfg->zenflow.update_interval)
+    snprintf(buf, sizeof buf,
+             "select_interval (%lld) must be at least update_interval (%lld), which must be >= 1",
+             (long long)cfg->zenflow.select_interval, (long long)cfg->zenflow.update_interval),
+        why = buf;
+  if (why) {
+    ir_error(m->ctx, ir_no_loc, "optimizer: zenflow %s", why);
+    return DSC_ERR_USER;
+  }
+  static const char *const scalars[] = {"opt.zf.step", "opt.zf.pending", "opt.zf.sel_age"};
+  for (int i = 0; i < 3; i++)
+    if (dsc_module_find_param(m, scalars[i]) < 0) {
+      dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
+      dsc_status st = dsc_module_add_state(m, scalars[i], dsc_type_make(DSC_F32, 0, NULL), zeros);
+      if (st != DSC_OK) return st;
+    }
+  return DSC_OK;
+}
+
 dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
   if (!cfg) {
     ir_error(m->ctx, ir_no_loc, "optimizer: no training settings given");
@@ -472,6 +715,10 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
              "not supported: a step the loss scaler skips would still store its gradients (use "
              "bf16 or f32)");
     return DSC_ERR_USER;
+  }
+  if (cfg->zenflow.enabled) {
+    dsc_status st = zenflow_check(m, cfg);
+    if (st != DSC_OK) return st;
   }
   if (cfg->offload.delayed_update && dsc_module_find_param(m, "opt.delayed_primed") < 0) {
     dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};

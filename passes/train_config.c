@@ -443,6 +443,9 @@ static void set_defaults(dsc_train_config *cfg) {
   cfg->master_weights = true;
   cfg->offload.prefetch_bytes = 64 << 20;
   cfg->offload.io_threads = 4;
+  cfg->zenflow.topk_ratio = 0.1;
+  cfg->zenflow.select_interval = 4;
+  cfg->zenflow.update_interval = 4;
   cfg->seed = 1337;
   cfg->log_every = 1;
   cfg->opt.kind = DSC_OPT_ADAMW;

@@ -59,6 +59,8 @@ static const char plan_help[] =
     "  --offload-io-threads N  disk tier: IO threads per rank (1-64, default 4)\n"
     "  --delayed-param-update true|false  as dsc train: one more gradient's bytes\n"
     "                    in the optimizer states\n"
+    "  --zenflow true|false  as dsc train: the host's gradient sums, and the\n"
+    "                    selected columns' moments on the device\n"
     "  --host-memory-budget B  host memory per rank for the offloaded values: a plan\n"
     "                    over it does not fit (exit 1), as with --memory-budget\n"
     "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"

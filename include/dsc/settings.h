@@ -67,6 +67,8 @@ typedef struct {
   bool has_wall_clock_breakdown, wall_clock_breakdown;
   /* the optimizer applies the previous step's gradient (delayed parameter update) */
   bool has_delayed_update, delayed_update;
+  /* ZenFlow's importance-aware split of the update (train.zenflow.enabled) */
+  bool has_zenflow, zenflow;
 } dsc_run_knobs;
 
 typedef enum {

@@ -209,6 +209,21 @@ typedef struct {
      * nothing (passes/optimizer.c, docs/memory.md) */
     bool delayed_update;
   } offload;
+  /* ZenFlow (train.zenflow.*, ds_config zero_optimization.zenflow;
+   * passes/optimizer.c, docs/memory.md "ZenFlow"): with AdamW and
+   * --offload-optimizer host, each 2-D param's most important columns (the
+   * share topk_ratio, by the sum of |gradient|; chosen every select_interval
+   * steps) are updated every step on the device; all gradients accumulate
+   * on the host, which updates the rest every update_interval steps. The
+   * first full_warm_up_rounds steps are plain steps. Default off. */
+  struct {
+    bool enabled;
+    double topk_ratio;       /* in (0, 1); default 0.1 */
+    int64_t select_interval; /* >= update_interval; default 4 */
+    int64_t update_interval; /* >= 1; default 4 */
+    int64_t warm_up;         /* full_warm_up_rounds; default 0 */
+    bool overlap_step;       /* the host step beside the next steps: refused (not built) */
+  } zenflow;
 } dsc_train_config;
 
 /* Defaults (documented in docs/training.md), then the module's train.*

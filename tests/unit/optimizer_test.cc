@@ -17,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -171,10 +172,112 @@ struct Harness {
   std::mt19937_64 rng{42};
   std::vector<double> losses, norms, ref_losses, ref_norms;
   std::vector<Vec> delayed;  // delayed update: the gradients not applied yet
+  struct ZenFlowRef;
+  struct ZenFlowRef {
+    // ZenFlow by its definition (docs/memory.md "ZenFlow"), with W warm-up
+    // steps, S = update_interval, R = select_interval, k = floor(ratio * n)
+    // of a 2-D param's n rows (an embedding table's n columns): every step
+    // past the warm-up updates the k rows of largest sum |g| (chosen at the
+    // first such step and every R steps, moments then zeroed) by AdamW with
+    // their own moments and count; the host sums all gradients and updates
+    // every param with their mean every S steps (and before a new
+    // selection); its result stands where the selective update does not.
+    double t = 0, pending = 0, age = 0;
+    std::map<std::string, Vec> acc, ms, vs;
+    std::map<std::string, std::vector<int64_t>> sel;  // rows in rank order
+    std::set<std::string> tables;                     // select columns
 
-  Harness(dsc_train_config c, int64_t batch) : cfg(c), B(batch), K(c.grad_accum) {
-    step_m = compile(ctx, B);
-    grad_m = compile(ctx, B);
+    void step(Harness &h, const std::vector<Vec> &grads, double lr) {
+      const dsc_train_config &c = h.cfg;
+      double W = (double)c.zenflow.warm_up, S = (double)c.zenflow.update_interval,
+             R = (double)c.zenflow.select_interval;
+      t += 1;
+      double u = t - W;
+      bool apply = u >= 1, select = apply && (u == 1 || age >= R);
+      age = select ? 1 : apply ? age + 1 : 0;
+      pending += 1;
+      bool boundary = !apply || pending >= S || (apply && age >= R);
+      std::map<std::string, Vec> before = h.rp, selective;
+      for (size_t i = 0; i < h.names.size(); i++) {
+        const std::string &n = h.names[i];
+        const dsc_type &ty = h.types[i];
+        Vec &a = acc[n];
+        a.resize(grads[i].size());
+        for (size_t e = 0; e < a.size(); e++) a[e] += grads[i][e];
+        if (!apply) continue;
+        bool decay = c.opt.weight_decay > 0 && (ty.rank >= 2 || c.opt.decay_1d);
+        // a view of the param as [n rows, d]: element (r, q) at r * rs + q * qs
+        int64_t rows = 1, d = (int64_t)grads[i].size(), rs = 0, qs = 1;
+        if (ty.rank == 2) {
+          bool cols = tables.count(n) > 0;
+          rows = ty.dims[cols ? 1 : 0], d = ty.dims[cols ? 0 : 1];
+          rs = cols ? 1 : ty.dims[1], qs = cols ? ty.dims[1] : 1;
+        }
+        int64_t k = ty.rank == 2 ? (int64_t)std::floor(c.zenflow.topk_ratio * (double)rows) : 1;
+        if (k < 1) continue;
+        if (select) {
+          std::vector<double> imp((size_t)rows, 0.0);
+          for (int64_t r = 0; r < rows; r++)
+            for (int64_t q = 0; q < d; q++)
+              imp[(size_t)r] += std::fabs(grads[i][(size_t)(r * rs + q * qs)]);
+          std::vector<int64_t> order((size_t)rows);
+          for (int64_t r = 0; r < rows; r++) order[(size_t)r] = r;
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int64_t x, int64_t y) { return imp[(size_t)x] > imp[(size_t)y]; });
+          order.resize((size_t)k);
+          sel[n] = order;
+          ms[n].assign((size_t)(k * d), 0.0);
+          vs[n].assign((size_t)(k * d), 0.0);
+        }
+        Vec p = before[n], &M = ms[n], &V = vs[n];
+        double b1 = c.opt.beta1, b2 = c.opt.beta2;
+        double bc1 = 1 - std::pow(b1, u), bc2 = 1 - std::pow(b2, u);
+        for (int64_t s = 0; s < k; s++)
+          for (int64_t q = 0; q < d; q++) {
+            size_t e = (size_t)(sel[n][(size_t)s] * rs + q * qs), mi = (size_t)(s * d + q);
+            double g = grads[i][e];
+            M[mi] = b1 * M[mi] + (1 - b1) * g;
+            V[mi] = b2 * V[mi] + (1 - b2) * g * g;
+            if (decay) p[e] *= 1 - lr * c.opt.weight_decay;
+            p[e] -= lr * (M[mi] / bc1) / (std::sqrt(V[mi] / bc2) + c.opt.eps);
+          }
+        selective[n] = p;
+      }
+      if (boundary) {
+        h.ref.step += 1;
+        for (size_t i = 0; i < h.names.size(); i++) {
+          const std::string &n = h.names[i];
+          const dsc_type &ty = h.types[i];
+          bool decay = c.opt.weight_decay > 0 && (ty.rank >= 2 || c.opt.decay_1d);
+          Vec mean = acc[n];
+          for (double &e : mean) e /= pending;
+          h.ref.adamw(n, h.rp[n], mean, lr, decay);
+          std::fill(acc[n].begin(), acc[n].end(), 0.0);
+        }
+        pending = 0;
+      }
+      // the selected rows (1-D params: all) are the device's
+      for (auto &kv : selective) {
+        const std::string &n = kv.first;
+        size_t i = (size_t)(std::find(h.names.begin(), h.names.end(), n) - h.names.begin());
+        const dsc_type &ty = h.types[i];
+        if (ty.rank != 2) {
+          h.rp[n] = kv.second;
+          continue;
+        }
+        bool cols = tables.count(n) > 0;
+        int64_t d = ty.dims[cols ? 0 : 1], rs = cols ? 1 : ty.dims[1], qs = cols ? ty.dims[1] : 1;
+        for (int64_t r : sel[n])
+          for (int64_t q = 0; q < d; q++)
+            h.rp[n][(size_t)(r * rs + q * qs)] = kv.second[(size_t)(r * rs + q * qs)];
+      }
+    }
+  } zenflow;
+
+  Harness(dsc_train_config c, int64_t batch, const char *src = kMlp)
+      : cfg(c), B(batch), K(c.grad_accum) {
+    step_m = compile(ctx, B, src);
+    grad_m = compile(ctx, B, src);
     dsc_pipeline_options po = {&cfg, nullptr, false, nullptr, true};
     EXPECT_EQ(dsc_run_pipeline(step_m, &po), DSC_OK) << diags(ctx);
     EXPECT_EQ(dsc_autodiff(grad_m, "forward"), DSC_OK) << diags(ctx);
@@ -259,6 +362,10 @@ struct Harness {
       for (auto &g : grads)
         for (double &e : g) e *= f;
     }
+    if (cfg.zenflow.enabled) {
+      zenflow.step(*this, grads, lr);
+      return free_step(x, lab, lrt);
+    }
     ref.step += 1;
     for (size_t i = 0; i < names.size(); i++) {
       Vec &p = rp[names[i]];
@@ -314,7 +421,13 @@ struct Harness {
     for (size_t i = 0; i < delayed.size(); i++)
       expect_close(("opt.delayed." + names[i]).c_str(), delayed[i]);
     EXPECT_EQ(dsc_params_find(P, "opt.step")->data[0], ref.step);
-    EXPECT_EQ(ref.step, (double)(cfg.offload.delayed_update ? steps - 1 : steps));
+    if (!cfg.zenflow.enabled) {
+      EXPECT_EQ(ref.step, (double)(cfg.offload.delayed_update ? steps - 1 : steps));
+    }
+    for (auto &kv : zenflow.ms) {
+      expect_close(("opt.zf.m." + kv.first).c_str(), kv.second);
+      expect_close(("opt.zf.v." + kv.first).c_str(), zenflow.vs[kv.first]);
+    }
   }
 };
 
@@ -373,6 +486,101 @@ TEST(Optimizer, DelayedParamUpdateWithSgdMomentumAndGradAccum) {
   cfg.offload.delayed_update = true;
   Harness h(cfg, 3);
   h.run_and_compare(5);
+}
+
+// ZenFlow against its definition (Harness::ZenFlowRef): a warm-up step,
+// host updates every 2 steps, a new selection every 4, half of each
+// weight's rows selected, clipping active, over 11 steps (3 selections).
+dsc_train_config zenflow_config(dsc_context *ctx) {
+  dsc_train_config cfg = adamw_config(ctx);
+  cfg.offload.optimizer = DSC_OFFLOAD_HOST;
+  cfg.zenflow.enabled = true;
+  cfg.zenflow.topk_ratio = 0.5;
+  cfg.zenflow.update_interval = 2;
+  cfg.zenflow.select_interval = 4;
+  cfg.zenflow.warm_up = 1;
+  cfg.clip = 0.5;
+  return cfg;
+}
+
+TEST(Optimizer, ZenFlowUpdatesTheSelectedRowsEveryStepAndTheRestFromTheHostsSums) {
+  Ctx c;
+  Harness h(zenflow_config(c.c), 4);
+  h.run_and_compare(11);
+  // host updates: the warm-up step, then after steps 3, 5 (the next selects), 7, 9, 11
+  EXPECT_EQ(h.ref.step, 6.0);
+  EXPECT_EQ(h.zenflow.sel["w1"].size(), 2u);  // of 4 rows
+  EXPECT_EQ(h.zenflow.sel["w2"].size(), 3u);  // of 6
+  // the gradients of the steps since the host's last update are still summed
+  EXPECT_EQ(h.zenflow.pending, 0.0);
+  // a selection that differs from plain AdamW: the device rows moved each step
+  dsc_train_config plain = adamw_config(c.c);
+  plain.clip = 0.5;
+  Harness p(plain, 4);
+  p.run_and_compare(3);
+  EXPECT_NE(h.losses[2], p.losses[2]);
+}
+
+// An embedding table selects columns; grad_accum 2 averages first; the
+// update interval 3 leaves 2 gradients summed at the end.
+TEST(Optimizer, ZenFlowSelectsAnEmbeddingTablesColumnsWithGradAccum) {
+  static const char kEmb[] = R"(
+model mlp {
+  param w1: f32[4, 6] = normal(0.5)
+  param e: f32[3, 6] = normal(0.5)
+  param w2: f32[6, 3] = normal(0.5)
+  param b2: f32[3] = normal(0.1)
+  fn forward(x: f32[B, 4], labels: i32[B]) -> f32 {
+    h = tanh(matmul(x, w1) + embedding(e, labels))
+    return cross_entropy(matmul(h, w2) + b2, labels)
+  }
+}
+)";
+  Ctx c;
+  dsc_train_config cfg = zenflow_config(c.c);
+  cfg.grad_accum = 2;
+  cfg.zenflow.topk_ratio = 0.34;  // w1: 1 of 4 rows, e: 2 of 6 columns, w2: 2 of 6 rows
+  cfg.zenflow.update_interval = 3;
+  cfg.zenflow.select_interval = 3;
+  cfg.zenflow.warm_up = 0;
+  Harness h(cfg, 3, kEmb);
+  h.zenflow.tables.insert("e");
+  h.run_and_compare(8);
+  EXPECT_EQ(h.zenflow.sel["e"].size(), 2u);
+  EXPECT_EQ(h.zenflow.pending, 2.0);
+  EXPECT_EQ(h.ref.step, 2.0);
+}
+
+TEST(Optimizer, ZenFlowRefusesWhatItIsNotBuiltFor) {
+  Ctx c;
+  struct {
+    void (*set)(dsc_train_config *);
+    const char *says;
+  } cases[] = {
+      {[](dsc_train_config *k) { k->opt.kind = DSC_OPT_SGD; }, "updates with AdamW"},
+      {[](dsc_train_config *k) { k->offload.optimizer = DSC_OFFLOAD_DISK; },
+       "--offload-optimizer host"},
+      {[](dsc_train_config *k) { k->zenflow.overlap_step = true; },
+       "overlap_step = true is not implemented"},
+      {[](dsc_train_config *k) { k->zenflow.topk_ratio = 1; },
+       "topk_ratio must be in (0, 1), got 1"},
+      {[](dsc_train_config *k) { k->zenflow.select_interval = 1; },
+       "select_interval (1) must be at least update_interval (2)"},
+      {[](dsc_train_config *k) { k->offload.delayed_update = true; }, "choose one"},
+      {[](dsc_train_config *k) { k->world = 2, k->zero.stage = 2; },
+       "ZeRO stage 1-3 with world > 1"},
+  };
+  for (auto &cs : cases) {
+    dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+    dsc_module *m = compile(ctx, 2);
+    dsc_train_config cfg = zenflow_config(ctx);
+    cs.set(&cfg);
+    dsc_pipeline_options po = {&cfg, nullptr, false, nullptr, true};
+    EXPECT_EQ(dsc_run_pipeline(m, &po), DSC_ERR_USER) << cs.says;
+    EXPECT_NE(diags(ctx).find(cs.says), std::string::npos) << diags(ctx);
+    dsc_module_free(m);
+    dsc_context_free(ctx);
+  }
 }
 
 TEST(Optimizer, AdamWDecay1DWhenAsked) {

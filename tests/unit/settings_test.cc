@@ -53,7 +53,7 @@ TEST(Settings, EveryFlagIsARunKnobAndEveryKeyIsFound) {
       knobs++;
     }
   }
-  EXPECT_EQ(knobs, 15);
+  EXPECT_EQ(knobs, 16);
   EXPECT_EQ(dsc_setting_find("zero.nonsense"), nullptr);
   EXPECT_EQ(dsc_setting_find_flag("--batch"), nullptr);
 }
