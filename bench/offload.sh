@@ -4,7 +4,11 @@
 # ZeRO-Offload's host step (--offload-optimizer host: the states on the host,
 # the gradients copied out during the backward, AdamW on the host, the params
 # copied back), and that with the delayed parameter update
-# (--delayed-param-update true: the step applies the previous gradient). For each: the median step time over steps 2..N, from --profile
+# (--delayed-param-update true: the step applies the previous gradient), and
+# ZenFlow (--zenflow true: the top 10% of each weight's columns updated on the
+# device every step, the host's update every 4 steps; one rank only, it is
+# not built for ZeRO stages 1-3 at world > 1). For each: the median step
+# time over steps 2..N, from --profile
 # the time in copies (on the CPU backend every copy runs on the executor's
 # thread, so all of it is waited for) and the host kernels' time and GB/s;
 # and bench/mem_bw's copy / triad / AdamW-stream bandwidth on the same
@@ -67,11 +71,13 @@ echo "$(basename "$MODEL"), f32, B=$B T=$T grad_accum 1, $STEPS steps (median of
 status=0
 declare -A step_ms copy_ms host_ms host_gbps
 modes=(none host delayed)
+[ "$RANKS" -eq 1 ] && modes+=(zenflow)
 for mode in "${modes[@]}"; do
   flags=(--batch "$B" --seq "$T" --grad-accum 1 --steps "$STEPS" --threads "$THREADS"
          --precision f32 --save-every 0 --profile)
   [ "$mode" != none ] && flags+=(--offload-optimizer host)
   [ "$mode" = delayed ] && flags+=(--delayed-param-update true)
+  [ "$mode" = zenflow ] && flags+=(--zenflow true)
   [ "$RANKS" -gt 1 ] && flags+=(--ranks "$RANKS" --zero-stage 2)
   rm -rf "$OUT/run-$mode"
   if ! "$DSC" train "$MODEL" --data "$OUT/data" --out "$OUT/run-$mode" "${flags[@]}" \
@@ -106,6 +112,7 @@ for mode in "${modes[@]}"; do
     none) what="no offload" ;;
     host) what="--offload-optimizer host (sync)" ;;
     delayed) what="  + --delayed-param-update" ;;
+    zenflow) what="  + --zenflow true" ;;
   esac
   printf '%-34s %10s %10s %12s %12s\n' "$what" "${step_ms[$mode]}" "$ratio" \
     "${copy_ms[$mode]:--}" "${host_ms[$mode]:--}"
@@ -113,7 +120,7 @@ done
 [ -n "${host_gbps[host]:-}" ] &&
   echo "host kernels of the offloaded step: ${host_gbps[host]} GB/s; this machine's streams over $mib MiB on $THREADS threads: copy $(bw copy), triad $(bw triad), AdamW $(bw adamw) GB/s (bench/mem_bw)"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '{"impl":"offload_bench","threads":%s,"ranks":%s,"step_ms_none":%s,"step_ms_host":%s,"step_ms_delayed":%s,"copy_ms_host":%s,"host_kernel_ms":%s,"host_kernel_gbps":%s,"mem_bw_adamw_gbps":%s}\n' \
-  "$THREADS" "$RANKS" "${step_ms[none]:-null}" "${step_ms[host]:-null}" "${step_ms[delayed]:-null}" "${copy_ms[host]:-null}" \
+printf '{"impl":"offload_bench","threads":%s,"ranks":%s,"step_ms_none":%s,"step_ms_host":%s,"step_ms_delayed":%s,"step_ms_zenflow":%s,"copy_ms_host":%s,"host_kernel_ms":%s,"host_kernel_gbps":%s,"mem_bw_adamw_gbps":%s}\n' \
+  "$THREADS" "$RANKS" "${step_ms[none]:-null}" "${step_ms[host]:-null}" "${step_ms[delayed]:-null}" "${step_ms[zenflow]:-null}" "${copy_ms[host]:-null}" \
   "${host_ms[host]:-null}" "${host_gbps[host]:-null}" "$(bw adamw | grep . || echo null)"
 exit $status

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/offload.sh on gpt-tiny: the three modes train, the table and the JSON
+# bench/offload.sh on gpt-tiny: the four modes train, the table and the JSON
 # line carry their step times, the host step's copies and host kernels
 # (with a GB/s figure) and bench/mem_bw's AdamW-stream bandwidth; a model
 # that does not parse makes the script exit 1.
@@ -17,13 +17,14 @@ have_bw=$([ -x "$(dirname "$DSC")/bench/mem_bw" ] && echo 1 || echo 0)
 python3 - "$json" "$have_bw" <<'PY' && pass || fail "offload bench JSON: $json"
 import json, sys
 j = json.loads(sys.argv[1])
-keys = ["step_ms_none", "step_ms_host", "step_ms_delayed", "copy_ms_host", "host_kernel_ms",
+keys = ["step_ms_none", "step_ms_host", "step_ms_delayed", "step_ms_zenflow", "copy_ms_host", "host_kernel_ms",
         "host_kernel_gbps"]
 for k in keys + (["mem_bw_adamw_gbps"] if sys.argv[2] == "1" else []):
     assert isinstance(j[k], (int, float)) and j[k] > 0, (k, j[k])
 assert j["threads"] == 2 and j["ranks"] == 1
 PY
 grep -q '^--offload-optimizer host (sync) ' "$TMP/out" && grep -q '^  + --delayed-param-update ' "$TMP/out" &&
+  grep -q '^  + --zenflow true ' "$TMP/out" &&
   grep -q '^no offload .* 1\.000 ' "$TMP/out" &&
   pass || fail "offload bench table"
 printf 'model broken {\n' >"$TMP/broken.dsm"
