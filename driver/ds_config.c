@@ -925,7 +925,7 @@ dsc_status drv_ds_config_read(dsc_context *ctx, const char *path, ir_arena *aren
       {"progressive_layer_drop", K_NOT_YET, "every layer runs"},
       {"disable_allgather", K_UNUSED, "stages 1-2 all-gather each updated param"},
       {"timers", K_UNUSED, "--trace records the step's timeline"},
-      {"zenflow", K_NOT_YET, "offloaded optimizer steps run in the step"},
+      {"zenflow", K_UNUSED, "ZenFlow is read from zero_optimization.zenflow, as DeepSpeed reads it"},
   };
   check_keys(&r, root, "", top, (int)(sizeof top / sizeof top[0]));
   read_batch(&r, root);
