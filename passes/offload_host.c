@@ -24,6 +24,10 @@
  * lowering writes straight into the param (codegen/lower.c
  * inplace_transfers). Host-tier and disk-tier values (tier.<name>: the
  * optimizer states, offloaded param shards) are read and assigned in place.
+ * Nodes of role IR_ROLE_DEVICE_STEP (ZenFlow's selective update, made by
+ * the optimizer pass) stay on the device whatever they read, and go as
+ * early as their inputs allow, so that each gradient's selected rows are
+ * gathered right after it.
  *
  * Activation offload (pass_act_offload_*, used by passes/remat.c's policy
  * "offload"): a forward value the backward reads goes to the host with

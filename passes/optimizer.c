@@ -25,7 +25,12 @@
  * depends on no gradient of this step, so it may run beside the backward.
  * State "opt.delayed_primed" is 0 until the first step has stored its
  * gradients; that step assigns every other value its old one (the update
- * and opt.step are skipped). The grad_norm output is this step's. */
+ * and opt.step are skipped). The grad_norm output is this step's.
+ * With zenflow (docs/memory.md "ZenFlow") each 2-D param's selected
+ * columns get AdamW every step with states opt.zf.m/v.<param> on the
+ * device; every gradient is summed into opt.zf.acc.<param> and the plain
+ * update runs on the mean of the sums every update_interval steps (its
+ * assigns and opt.step keep their old values on the other steps). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

@@ -40,23 +40,17 @@ if [ $have_cpu = 1 ]; then
   runs+=(z-cpu)
 fi
 
-python3 - "$TMP" "${runs[@]}" <<'PY' && pass || fail "zenflow curves"
-import json, sys
-root, runs = sys.argv[1], sys.argv[2:]
-def metrics(name):
-    return [json.loads(l) for l in open(f"{root}/{name}/metrics.jsonl")]
-plain, base = metrics("plain"), metrics(runs[0])
-assert len(plain) == len(base) == 8
+python3 - "$TMP" "$(dirname "$0")/lib" "${runs[@]}" <<'PY' && pass || fail "zenflow curves"
+import sys
+sys.path.insert(0, sys.argv[2])
+from curves import assert_same, metrics
+root, runs = sys.argv[1], sys.argv[3:]
+base = assert_same(root, runs[0], runs[1:], 8)
+plain = metrics(root, "plain")
 # step 1 is the warm-up's plain step, so step 2 starts from the same params;
 # from step 3 on the device's and the host's parts differ from plain AdamW
 assert base[1]["loss"] == plain[1]["loss"], (base[1], plain[1])
 assert base[3]["loss"] != plain[3]["loss"]
-for r in runs[1:]:
-    m = metrics(r)
-    assert len(m) == 8, (r, len(m))
-    for a, b in zip(m, base):
-        for k in ("loss", "grad_norm", "lr"):
-            assert abs(a[k] - b[k]) <= 1e-5 * abs(b[k]), (r, k, a, b)
 print("zenflow: step-8 loss %.4f (plain %.4f), %d runs agree" %
       (base[-1]["loss"], plain[-1]["loss"], len(runs)))
 PY
@@ -83,12 +77,13 @@ if [ $have_cpu = 1 ]; then
     expect_exit 0 "$DSC" train "$TMP/zf$s.dsm" "${LONG[@]}" --out "$TMP/long-zf$s"
   done
   expect_exit 0 "$DSC" train "$MODEL" "${LONG[@]}" --out "$TMP/long-plain"
-  python3 - "$TMP" <<'PY' && pass || fail "zenflow convergence"
-import json, sys
+  python3 - "$TMP" "$(dirname "$0")/lib" <<'PY' && pass || fail "zenflow convergence"
+import sys
+sys.path.insert(0, sys.argv[2])
+from curves import metrics
 root = sys.argv[1]
 def val(name):
-    m = [json.loads(l) for l in open(f"{root}/{name}/metrics.jsonl")]
-    return [r["val_loss"] for r in m if "val_loss" in r][-1]
+    return [r["val_loss"] for r in metrics(root, name) if "val_loss" in r][-1]
 plain, z1, z4 = val("long-plain"), val("long-zf1"), val("long-zf4")
 print("zenflow: val loss after 300 steps: plain offload %.4f, update_interval 1 %.4f (%.3fx), "
       "4 %.4f (%.3fx)" % (plain, z1, z1 / plain, z4, z4 / plain))
