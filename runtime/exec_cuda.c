@@ -1357,7 +1357,7 @@ static dsc_status cuda_check(const dsc_module *m) {
   /* host work (passes/offload_host.c): exec_cuda has no host work arena yet */
   ir_error(m->ctx, ir_no_loc,
            "backend cuda does not run host-placed nodes yet (--offload-optimizer host, "
-           "--checkpoint-activations offload): use the cpu backend");
+           "--zenflow true, --checkpoint-activations offload): use the cpu backend");
   return DSC_ERR_USER;
 }
 
