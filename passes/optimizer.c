@@ -398,7 +398,13 @@ static ir_node *zf_selective(opt_state *o, const zf_sched *z, const char *pname,
   if (pt.rank == 2) {
     int64_t n = x->type.dims[0], k = (int64_t)floor(o->cfg->zenflow.topk_ratio * (double)n);
     if (k < 1) return host_new; /* too few rows to select one */
-    ir_node *imp = as_dtype(o, sum_axis1(o, maximum(o, gr, dsc_unary(g, DSC_OP_NEG, gr))), DSC_F32);
+    /* a column's importance: the sum of |g| over it (a table's: over the
+     * untransposed gradient's rows, so that only the gathers transpose) */
+    ir_node *g0 = cols ? as_dtype(o, graw, dt) : gr;
+    const int64_t axis = cols ? 0 : 1;
+    ir_node *imp = as_dtype(
+        o, dsc_reduce(g, DSC_OP_SUM, maximum(o, g0, dsc_unary(g, DSC_OP_NEG, g0)), &axis, 1, 0),
+        DSC_F32);
     const char *rn = device_state(o, "zf.rank", pname, dsc_type_make(DSC_F32, 1, &n));
     if (!rn) return NULL;
     ir_node *rank = where(o, z->select, importance_rank(o, imp, n), dsc_param_ref(g, rn));
@@ -412,7 +418,8 @@ static ir_node *zf_selective(opt_state *o, const zf_sched *z, const char *pname,
         DSC_I32);
     ir_node *mask = dsc_binary(g, DSC_OP_LESS, rank, scalar(o, (double)k - 0.5, DSC_F32));
     pos = dsc_cast(g, where(o, mask, rank, scalar(o, (double)(k - 1), DSC_F32)), DSC_I32);
-    keep = gt_const(o, reshape2(o, mul(o, as_flag(o, mask), as_flag(o, z->apply)), n, 1), 0.5);
+    ir_node *keep_f = mul(o, as_flag(o, mask), as_flag(o, z->apply));
+    keep = gt_const(o, cols ? reshape2(o, keep_f, 1, n) : reshape2(o, keep_f, n, 1), 0.5);
     ir_node *in[2] = {x, idx};
     x = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
     in[0] = gr;
@@ -434,8 +441,8 @@ static ir_node *zf_selective(opt_state *o, const zf_sched *z, const char *pname,
   } else {
     ir_node *in[2] = {xn, pos};
     ir_node *back = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
-    res = where(o, keep, back, cols ? transpose(o, host_new) : host_new);
-    if (cols) res = transpose(o, res);
+    /* in the param's layout: a table reads the updated columns transposed */
+    res = where(o, keep, cols ? transpose(o, back) : back, host_new);
   }
   for (int i = first_node; res && i < g->n_nodes; i++) g->nodes[i]->role = IR_ROLE_DEVICE_STEP;
   return res;
