@@ -181,7 +181,10 @@ dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
     double at = -1;
     for (int q = 0; q < x->n_in; q++) {
       const ir_node *y = x->in[q];
-      double ky = y->id >= n                       ? (double)n /* a copy made here */
+      /* a copy made here follows its source (each param's host update
+       * comes back and is combined before the next one's: one at a time) */
+      if (y->id >= n && y->n_in == 1 && y->in[0]->id < n) y = y->in[0];
+      double ky = y->id >= n                       ? (double)n
                   : y->role == IR_ROLE_DEVICE_STEP ? asap[y->id]
                   : is_source(y)                   ? -1
                                                    : (double)y->id;
