@@ -93,6 +93,14 @@ static bool is_view(dsc_op op) {
          op == DSC_OP_RESHAPE;
 }
 
+/* An embedding whose table is a gradient, or a view of one (ZenFlow's
+ * selected rows or, of a transposed table, columns). */
+static bool gathers_a_gradient(const ir_node *x) {
+  const ir_node *t = x->in[0];
+  while (is_view(t->op) && t->n_in == 1) t = t->in[0];
+  return t->role == IR_ROLE_GRAD;
+}
+
 static int find(fuse_state *s, int x) {
   while (s->parent[x] != x) x = s->parent[x] = s->parent[s->parent[x]];
   return x;
@@ -334,7 +342,7 @@ static bool partition(fuse_state *s) {
       s->kind[i] = K_INLINE;
     else if (ir_reduction_mask(x, &mask) && !(mask & (1u << (x->in[0]->type.rank - 1))))
       s->kind[i] = K_ALONE;
-    else if (x->op == DSC_OP_EMBEDDING && x->in[0]->role == IR_ROLE_GRAD)
+    else if (x->op == DSC_OP_EMBEDDING && gathers_a_gradient(x))
       s->kind[i] = K_ALONE; /* rows of a gradient (ZenFlow): gathered right after it */
     else if (groupable(x))
       s->kind[i] = K_GROUP;
