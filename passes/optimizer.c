@@ -385,19 +385,20 @@ static ir_node *zf_selective(opt_state *o, const zf_sched *z, const char *pname,
                              ir_node *graw, ir_node *factor, ir_node *lr, bool decay, bool table,
                              ir_node *host_new) {
   ir_graph *g = o->g;
-  int first_node = g->n_nodes;
   dsc_type pt = pv->type;
   dsc_dtype dt = pt.dtype;
+  bool cols = pt.rank == 2 && table;
+  int64_t n = pt.rank == 2 ? pt.dims[cols ? 1 : 0] : 0;
+  int64_t k = (int64_t)floor(o->cfg->zenflow.topk_ratio * (double)n);
+  if (pt.rank == 2 && k < 1) return host_new; /* too few rows to select one */
+  int first_node = g->n_nodes;
   ir_node *zero = scalar(o, 0, dt), *res = host_new;
   ir_node *bc1 = bias_correction_at(o, z->count, o->cfg->opt.beta1, dt);
   ir_node *bc2 = bias_correction_at(o, z->count, o->cfg->opt.beta2, dt);
   ir_node *x = pv, *gr = as_dtype(o, graw, dt);
-  bool cols = pt.rank == 2 && table;
   if (cols) x = transpose(o, x), gr = transpose(o, gr);
   ir_node *idx = NULL, *pos = NULL, *keep = NULL;
   if (pt.rank == 2) {
-    int64_t n = x->type.dims[0], k = (int64_t)floor(o->cfg->zenflow.topk_ratio * (double)n);
-    if (k < 1) return host_new; /* too few rows to select one */
     /* a column's importance: the sum of |g| over it (a table's: over the
      * untransposed gradient's rows, so that only the gathers transpose) */
     ir_node *g0 = cols ? as_dtype(o, graw, dt) : gr;
@@ -642,8 +643,15 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   return dsc_graph_set_outputs(g, res, fp16 ? 3 : 2);
 }
 
+/* A scalar f32 state starting at zero, unless the module has it (a resume). */
+static dsc_status ensure_scalar_state(ir_module *m, const char *name) {
+  if (dsc_module_find_param(m, name) >= 0) return DSC_OK;
+  dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
+  return dsc_module_add_state(m, name, dsc_type_make(DSC_F32, 0, NULL), zeros);
+}
+
 /* What ZenFlow needs (as DeepSpeed: AdamW and the optimizer offloaded to
- * the host), what it is not built for yet, and its scalar states. */
+ * the host) and what it is not built for yet. */
 static dsc_status zenflow_check(ir_module *m, const dsc_train_config *cfg) {
   const char *why = NULL;
   char buf[200];
@@ -682,13 +690,6 @@ static dsc_status zenflow_check(ir_module *m, const dsc_train_config *cfg) {
     ir_error(m->ctx, ir_no_loc, "optimizer: zenflow %s", why);
     return DSC_ERR_USER;
   }
-  static const char *const scalars[] = {"opt.zf.step", "opt.zf.pending", "opt.zf.sel_age"};
-  for (int i = 0; i < 3; i++)
-    if (dsc_module_find_param(m, scalars[i]) < 0) {
-      dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
-      dsc_status st = dsc_module_add_state(m, scalars[i], dsc_type_make(DSC_F32, 0, NULL), zeros);
-      if (st != DSC_OK) return st;
-    }
   return DSC_OK;
 }
 
@@ -716,11 +717,8 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
     if (st != DSC_OK) return st;
   }
   if (!check_forward(m, f)) return DSC_ERR_USER;
-  if (dsc_module_find_param(m, "opt.step") < 0) {
-    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
-    dsc_status st = dsc_module_add_state(m, "opt.step", dsc_type_make(DSC_F32, 0, NULL), zeros);
-    if (st != DSC_OK) return st;
-  }
+  dsc_status st0 = ensure_scalar_state(m, "opt.step");
+  if (st0 != DSC_OK) return st0;
   if (cfg->offload.delayed_update && cfg->precision == DSC_PRECISION_FP16) {
     ir_error(m->ctx, ir_no_loc,
              "optimizer: offload.delayed_update (--delayed-param-update) with precision fp16 is "
@@ -728,16 +726,14 @@ dsc_status pass_optimizer_run(ir_module *m, const dsc_train_config *cfg) {
              "bf16 or f32)");
     return DSC_ERR_USER;
   }
-  if (cfg->zenflow.enabled) {
-    dsc_status st = zenflow_check(m, cfg);
-    if (st != DSC_OK) return st;
+  if (cfg->zenflow.enabled) { /* its schedule: docs/memory.md "ZenFlow" */
+    static const char *const zf_states[] = {"opt.zf.step", "opt.zf.pending", "opt.zf.sel_age"};
+    if ((st0 = zenflow_check(m, cfg)) != DSC_OK) return st0;
+    for (int i = 0; i < 3; i++)
+      if ((st0 = ensure_scalar_state(m, zf_states[i])) != DSC_OK) return st0;
   }
-  if (cfg->offload.delayed_update && dsc_module_find_param(m, "opt.delayed_primed") < 0) {
-    dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
-    dsc_status st =
-        dsc_module_add_state(m, "opt.delayed_primed", dsc_type_make(DSC_F32, 0, NULL), zeros);
-    if (st != DSC_OK) return st;
-  }
+  if (cfg->offload.delayed_update && (st0 = ensure_scalar_state(m, "opt.delayed_primed")) != DSC_OK)
+    return st0;
   if (cfg->precision == DSC_PRECISION_FP16) {
     if (!pass_precision_check_fp16(m, cfg)) return DSC_ERR_USER;
     int ls = dsc_module_find_param(m, "opt.loss_scale");

@@ -511,7 +511,7 @@ TEST(Optimizer, ZenFlowUpdatesTheSelectedRowsEveryStepAndTheRestFromTheHostsSums
   EXPECT_EQ(h.ref.step, 6.0);
   EXPECT_EQ(h.zenflow.sel["w1"].size(), 2u);  // of 4 rows
   EXPECT_EQ(h.zenflow.sel["w2"].size(), 3u);  // of 6
-  // the gradients of the steps since the host's last update are still summed
+  // step 11 is a host update: no gradient is left summed
   EXPECT_EQ(h.zenflow.pending, 0.0);
   // a selection that differs from plain AdamW: the device rows moved each step
   dsc_train_config plain = adamw_config(c.c);
