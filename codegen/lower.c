@@ -1396,6 +1396,29 @@ static void inplace_transfers(L *l, const ir_node *const *assign_src) {
 
 /* ------------------------------------------------------------ placement */
 
+/* With the host stream, placement may not reuse the bytes of a host
+ * buffer the stream touches before the end of the program: the stream
+ * gets to an instruction later than its place in the program, so a reuse
+ * (by the executor's thread, or by the stream's own earlier place) would
+ * make the executor wait for it. Host memory holds them all at once, as
+ * DeepSpeed's ZeRO-Offload holds the whole gradient partition on the host;
+ * dsc plan shows it in the host work arena. */
+static void hold_host_buffer(cg_program *p, int b) {
+  if (b >= 0 && p->buffers[b].kind == CG_BUF_TEMP && p->buffers[b].tier == CG_TIER_HOST)
+    p->buffers[b].last_use = p->n_instrs;
+}
+
+static void stream_lifetimes(cg_program *p) {
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    if (!in->host_stream) continue;
+    if (in->kind == CG_INS_LAUNCH)
+      for (int a = 0; a < in->n_args; a++) hold_host_buffer(p, in->args[a]);
+    else
+      hold_host_buffer(p, in->src), hold_host_buffer(p, in->dst);
+  }
+}
+
 static bool place_work(L *l) {
   cg_program *p = l->p;
   for (int i = 0; i < p->n_instrs; i++) {
@@ -1468,6 +1491,7 @@ static bool place_work(L *l) {
     const ir_node *w = l->instr_node[b->first_use];
     if (w && w->place == IR_PLACE_HOST && w->op != DSC_OP_TO_DEVICE) b->tier = CG_TIER_HOST;
   }
+  stream_lifetimes(p);
   int *order = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
   int *active = ir_arena_alloc(l->a, sizeof(int) * (size_t)(p->n_buffers + 1));
   int64_t *bytes = ir_arena_alloc(l->a, sizeof(int64_t) * (size_t)(p->n_buffers + 1));
@@ -1916,6 +1940,29 @@ static dsc_status lower_assigns(L *l) {
   return l->status;
 }
 
+/* With meta offload.overlap (passes/offload.c): the host's kernels and the
+ * copies between the tiers run on the executor's host stream. Only kernels
+ * and plain copies: GEMMs, collectives and disk transfers have resources
+ * of their own on the executor's thread. */
+static void mark_host_stream(L *l) {
+  cg_program *p = l->p;
+  const char *overlap = dsc_module_get_meta(l->g->module, "offload.overlap");
+  if (!overlap) return;
+  p->host_stream_own_thread = strcmp(overlap, "true") == 0;
+  for (int i = 0; i < p->n_instrs; i++) {
+    cg_instr *in = &p->instrs[i];
+    const ir_node *x = l->instr_node[i];
+    bool plain = in->kind == CG_INS_LAUNCH || (in->kind == CG_INS_COPY && !in->src_rank_chunk);
+    /* a copy out of a device temporary stays on the executor's thread, in
+     * its place: its source's bytes are free right after, as without the
+     * stream (the stream would reach it later, and the device would hold
+     * the gradient until then) */
+    bool from_device_temp = x && x->op == DSC_OP_TO_HOST && x->in[0]->op != DSC_OP_PARAM;
+    in->host_stream = plain && x && !from_device_temp &&
+                      (x->place == IR_PLACE_HOST || x->op == DSC_OP_TO_DEVICE);
+  }
+}
+
 /* kir_kernel.distinct_args: true for a kernel whose every launch passes
  * pairwise distinct buffers (placement keeps buffers live at one
  * instruction apart, so no two of its pointers reach the same bytes). */
@@ -1949,6 +1996,7 @@ dsc_status cg_lower_graph(const ir_graph *g, ir_arena *a, cg_program **out) {
   cg_program *p = l.p;
   for (int i = 0; i < p->n_instrs && l.status == DSC_OK; i++)
     if (p->instrs[i].kind == CG_INS_LAUNCH && !split_scalar_reduction(&l, i)) break;
+  if (l.status == DSC_OK) mark_host_stream(&l); /* before placement: stream_lifetimes */
   if (l.status == DSC_OK) place_work(&l);
   if (l.status == DSC_OK) mark_distinct_args(&l);
   if (l.status == DSC_OK && cg_program_kernel_table(a, p) != DSC_OK) oom(&l);

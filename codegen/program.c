@@ -63,7 +63,7 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
   }
   for (int i = 0; i < p->n_instrs; i++) {
     const cg_instr *in = &p->instrs[i];
-    sb_printf(&b, "  %d: ", i);
+    sb_printf(&b, "  %d: %s", i, in->host_stream ? "host " : "");
     switch (in->kind) {
       case CG_INS_LAUNCH:
         sb_printf(&b, "launch %s(", p->kernels[in->kernel]->name);

@@ -742,7 +742,7 @@ static void read_zero(ds_reader *r, const cJSON *z) {
       {"offload_optimizer", K_MAPPED, NULL},
       {"offload_param", K_MAPPED, NULL},
       {"zenflow", K_MAPPED, NULL},
-      {"overlap_comm", K_UNUSED, "the schedule pass always overlaps collectives with compute"},
+      {"overlap_comm", K_UNUSED, "the schedule pass always overlaps collectives with compute, and the host stream the offloaded step (--offload-overlap)"},
       {"contiguous_gradients", K_UNUSED, "gradients are reduced from planned buffers (no fragmentation)"},
       {"reduce_scatter", K_UNUSED, "stages 2-3 always reduce-scatter; stages 0-1 all-reduce"},
       {"allgather_partitions", K_UNUSED, "stages 1-2 all-gather each updated param"},

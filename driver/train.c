@@ -1837,6 +1837,7 @@ static void format_setting(const dsc_setting *s, const dsc_train_config *cfg, ch
     memcpy(&e, p, sizeof e);
     const char *name = s->kind == DSC_SETTING_PRECISION ? dsc_precision_name((dsc_precision)e)
                        : s->kind == DSC_SETTING_TIER    ? dsc_offload_name((dsc_offload_tier)e)
+                       : s->kind == DSC_SETTING_SWITCH  ? dsc_switch_name((dsc_switch)e)
                                                         : dsc_remat_name((dsc_remat_policy)e);
     if (s->kind == DSC_SETTING_REMAT && e == DSC_REMAT_BLOCKS && cfg->remat_every > 1)
       snprintf(buf, n, "blocks:%" PRId64, cfg->remat_every);

@@ -79,6 +79,58 @@ static void mark_ancestors(ir_node *x, bool *mark, ir_node **stack) {
   }
 }
 
+static bool is_view(const ir_node *x) {
+  return x->op == DSC_OP_RESHAPE || x->op == DSC_OP_PERMUTE || x->op == DSC_OP_SLICE ||
+         x->op == DSC_OP_BROADCAST;
+}
+
+/* With overlap: an updated param comes back (its to_device, which the
+ * lowering writes straight into the param) as soon as both its host update
+ * is placed and the device's last read of the param (through views) is
+ * done, so that the copies go beside the rest of the backward instead of
+ * all after it. Only for a to_device whose one reader is the param's
+ * assign; the others (ZenFlow's combine) stay before their reader. */
+static bool return_early(ir_graph *g, int n, const bool *host, const double *asap,
+                         ir_node *const *td, pass_fixed_key *keys, int *n_keys) {
+  ir_module *m = g->module;
+  int *last = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(n + 1));
+  int *readers = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(g->n_nodes + 1));
+  if (!last || !readers) return false;
+  memset(readers, 0, sizeof(int) * (size_t)(g->n_nodes + 1));
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int q = 0; q < g->nodes[i]->n_in; q++) readers[g->nodes[i]->in[q]->id]++;
+  /* last[i]: the last original node reading node i's bytes (views see
+   * through); consumers come later, so one pass from the end */
+  for (int i = 0; i < n; i++) last[i] = -1;
+  for (int i = n - 1; i >= 0; i--) {
+    const ir_node *c = g->nodes[i];
+    int at = is_view(c) && last[i] > i ? last[i] : i;
+    if (host[i]) at = n; /* moved: not a fixed place */
+    for (int q = 0; q < c->n_in; q++) {
+      int x = c->in[q]->id;
+      if (x < n && at > last[x]) last[x] = at;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    const ir_node *a = g->nodes[i];
+    if (a->op != DSC_OP_ASSIGN || a->in[0]->op != DSC_OP_TO_DEVICE) continue;
+    ir_node *d = a->in[0];
+    const ir_node *src = d->in[0];
+    if (d->id < n || readers[d->id] != 1 || src->id >= n || !host[src->id] || td[src->id] != d)
+      continue;
+    const char *name = ir_attr_str(a, "name");
+    double at = asap[src->id];
+    for (int j = 0; j < n && name; j++) {
+      const ir_node *r = g->nodes[j];
+      if (r->op == DSC_OP_PARAM && strcmp(ir_attr_str(r, "name"), name) == 0 && last[j] > at)
+        at = last[j];
+    }
+    if (at >= n) continue; /* read to the end: stays before the assign */
+    keys[(*n_keys)++] = (pass_fixed_key){d, at + 0.5};
+  }
+  return true;
+}
+
 dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
   IR_UNUSED(cfg);
   ir_graph *g = dsc_module_find_graph(m, "train_step");
@@ -91,7 +143,7 @@ dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
   ir_node **stack = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n + 1));
   ir_node **th = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n + 1)); /* to_host per value */
   ir_node **td = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n + 1)); /* to_device per value */
-  pass_fixed_key *keys = ir_arena_alloc(a, sizeof(pass_fixed_key) * (size_t)(2 * n + 1));
+  pass_fixed_key *keys = ir_arena_alloc(a, sizeof(pass_fixed_key) * (size_t)(4 * n + 1));
   if (!dev || !need || !host || !elig || !stack || !th || !td || !keys) goto oom;
   memset(dev, 0, nb), memset(need, 0, nb), memset(host, 0, nb), memset(elig, 0, nb);
   memset(th, 0, sizeof(ir_node *) * (size_t)(n + 1));
@@ -170,29 +222,49 @@ dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
   }
   for (int i = 0; i < n; i++)
     if (host[i]) g->nodes[i]->place = IR_PLACE_HOST;
-  /* the device's part of the update (ZenFlow) as early as its inputs allow:
-   * the selected rows of each gradient are gathered right after it, so that
-   * the whole gradient dies with its to_host, as without it */
+  /* As early as their inputs allow: the device's part of the update
+   * (ZenFlow), so that the selected rows of each gradient are gathered
+   * right after it and the whole gradient dies with its to_host, as
+   * without it; and, when the host's work overlaps the device's
+   * (meta offload.overlap), the host nodes, so that each param's host
+   * update starts as soon as its gradient is on the host, while the
+   * backward goes on. */
+  bool overlap = dsc_module_get_meta(m, "offload.overlap") != NULL;
   double *asap = ir_arena_alloc(a, sizeof(double) * (size_t)(n + 1));
-  if (!asap) goto oom;
+  bool *front = ir_arena_alloc(a, nb);
+  if (!asap || !front) goto oom;
+  memset(front, 0, nb);
   for (int i = 0; i < n; i++) {
     ir_node *x = g->nodes[i];
-    if (x->role != IR_ROLE_DEVICE_STEP) continue;
+    bool device_step = x->role == IR_ROLE_DEVICE_STEP;
+    if (!device_step && !(overlap && host[i])) continue;
     double at = -1;
     for (int q = 0; q < x->n_in; q++) {
       const ir_node *y = x->in[q];
-      /* a copy made here follows its source (each param's host update
-       * comes back and is combined before the next one's: one at a time) */
+      bool back = y->op == DSC_OP_TO_DEVICE;
+      /* a copy made here follows its source */
       if (y->id >= n && y->n_in == 1 && y->in[0]->id < n) y = y->in[0];
-      double ky = y->id >= n                       ? (double)n
-                  : y->role == IR_ROLE_DEVICE_STEP ? asap[y->id]
-                  : is_source(y)                   ? -1
-                                                   : (double)y->id;
+      bool moved = y->id < n && (y->role == IR_ROLE_DEVICE_STEP || (overlap && host[y->id]));
+      double ky = y->id >= n  ? (double)n
+                  : moved     ? asap[y->id]
+                  : is_source(y) ? -1
+                                 : (double)y->id;
+      /* a host update read back: without overlap each param's comes back
+       * and is combined before the next one's (one at a time); with it,
+       * after the backward, which the host stream's work goes beside */
+      if (back && overlap) ky = (double)n;
       if (ky > at) at = ky;
+      /* a source keeps its place unless moved too: to the front, where
+       * the reader may go (a param or constant costs nothing there) */
+      if (y->id < n && is_source(y) && !front[y->id]) {
+        front[y->id] = true;
+        keys[n_keys++] = (pass_fixed_key){(ir_node *)y, -1};
+      }
     }
     asap[i] = at;
     keys[n_keys++] = (pass_fixed_key){x, at + 0.5};
   }
+  if (overlap && !return_early(g, n, host, asap, td, keys, &n_keys)) goto oom;
   return pass_reorder(g, n, keys, n_keys);
 oom:
   ir_error(m->ctx, ir_no_loc, "offload: out of memory");

@@ -111,6 +111,8 @@ static const dsc_setting table[] = {
     {"offload.delayed_update", NULL, "--delayed-param-update", "offload delayed_update",
      DSC_SETTING_BOOL, 0, 0, "true or false", NULL, CFG(offload.delayed_update),
      KNOB(delayed_update)},
+    {"offload.overlap", NULL, "--offload-overlap", "offload overlap", DSC_SETTING_SWITCH, 0, 0,
+     "true, false or auto", NULL, CFG(offload.overlap), KNOB(offload_overlap)},
     {"zenflow", NULL, NULL, "zenflow", DSC_SETTING_SECTION, 0, 0, NULL, NULL, -1, NOKNOB},
     {"zenflow.enabled", NULL, "--zenflow", "zenflow enabled", DSC_SETTING_BOOL, 0, 0,
      "true or false", NULL, CFG(zenflow.enabled), KNOB(zenflow)},
@@ -331,6 +333,10 @@ static bool parse_name(const dsc_setting *s, const char *name, dsc_setting_value
       if (dsc_offload_from_name(name, &t) != 0) return false;
       return v->i = t, true;
     }
+    case DSC_SETTING_SWITCH:
+      for (int k = DSC_SWITCH_FALSE; k <= DSC_SWITCH_AUTO; k++)
+        if (strcmp(name, dsc_switch_name((dsc_switch)k)) == 0) return v->i = k, true;
+      return false;
     case DSC_SETTING_REMAT: {
       dsc_remat_policy r;
       if (dsc_remat_parse(name, &r, &v->every) != 0) return false;
@@ -378,6 +384,10 @@ bool dsc_setting_parse(const dsc_setting *s, const char *text, bool flag, dsc_se
         ok = t->kind == PASS_TV_BOOL;
         v.b = t->b;
         break;
+      case DSC_SETTING_SWITCH: /* true and false are booleans in a train section */
+        ok = t->kind == PASS_TV_BOOL || (t->kind == PASS_TV_NAME && parse_name(s, t->name, &v));
+        if (t->kind == PASS_TV_BOOL) v.i = t->b ? DSC_SWITCH_TRUE : DSC_SWITCH_FALSE;
+        break;
       case DSC_SETTING_PRECISION:
       case DSC_SETTING_TIER:
       case DSC_SETTING_REMAT:
@@ -413,6 +423,7 @@ static void store(void *base, ptrdiff_t off, const dsc_setting *s, const dsc_set
       break;
     case DSC_SETTING_PRECISION:
     case DSC_SETTING_TIER:
+    case DSC_SETTING_SWITCH:
     case DSC_SETTING_REMAT: {
       int e = (int)v->i; /* the enums are int-sized */
       memcpy(p, &e, sizeof e);
@@ -464,6 +475,8 @@ static bool in_range(const dsc_setting *s, const dsc_setting_value *v) {
       return dsc_precision_name((dsc_precision)v->i) != NULL;
     case DSC_SETTING_TIER:
       return v->i >= DSC_OFFLOAD_NONE && v->i <= DSC_OFFLOAD_AUTO;
+    case DSC_SETTING_SWITCH:
+      return dsc_switch_name((dsc_switch)v->i) != NULL;
     case DSC_SETTING_REMAT:
       return v->i >= DSC_REMAT_NONE && v->i <= DSC_REMAT_OFFLOAD && v->every >= 1 &&
              v->every <= 1000000;

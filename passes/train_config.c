@@ -403,6 +403,13 @@ const char *dsc_offload_name(dsc_offload_tier t) {
                                  : "none";
 }
 
+const char *dsc_switch_name(dsc_switch s) {
+  return s == DSC_SWITCH_FALSE  ? "false"
+         : s == DSC_SWITCH_TRUE ? "true"
+         : s == DSC_SWITCH_AUTO ? "auto"
+                                : NULL;
+}
+
 int dsc_remat_parse(const char *name, dsc_remat_policy *out, int64_t *every) {
   *every = 1;
   if (strcmp(name, "none") == 0) return *out = DSC_REMAT_NONE, 0;
@@ -443,6 +450,7 @@ static void set_defaults(dsc_train_config *cfg) {
   cfg->master_weights = true;
   cfg->offload.prefetch_bytes = 64 << 20;
   cfg->offload.io_threads = 4;
+  cfg->offload.overlap = DSC_SWITCH_AUTO;
   cfg->zenflow.topk_ratio = 0.1;
   cfg->zenflow.select_interval = 4;
   cfg->zenflow.update_interval = 4;

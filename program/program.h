@@ -148,6 +148,13 @@ typedef struct {
   const char *op; /* the name of the IR op it came from, for errors and traces (may be NULL) */
   int phase;      /* ir_phase of that node (ir/phase.c): wall_clock_breakdown's forward,
                    * backward or step */
+  /* Runs on the executor's host stream, beside the instructions that are
+   * not (codegen/lower.c mark_host_stream: a host-placed kernel or copy,
+   * or a to_device, when the module's meta offload.overlap is set; see
+   * cg_program.host_stream_own_thread for where it runs). An
+   * instruction off the stream that touches bytes one on it writes, or
+   * writes bytes it reads, waits for it first (runtime/exec_cpu.c). */
+  bool host_stream;
 } cg_instr;
 
 /* A graph output: the buffer (and element offset) holding it after a run. */
@@ -210,6 +217,11 @@ typedef struct {
   int n_collectives;      /* COLLECTIVE_START instructions (ids 0..n-1) */
   int n_tier_ios;         /* TIER_START instructions (ids 0..n-1) */
   bool needs_rank;        /* has rank-chunk copies (local_shard): needs a communicator */
+  /* The host stream's instructions (cg_instr.host_stream) run on a thread
+   * of their own whatever the machine (meta offload.overlap "true"); when
+   * false, only where the executor's threads leave a core free ("auto"),
+   * else in their place in the program. */
+  bool host_stream_own_thread;
   /* Per node id of the lowered graph: the buffer holding the node's value
    * contiguously (offset 0), -1 for none (recomputed, a view, fused away).
    * What the memory plan (memplan.c) classifies buffers by. */

@@ -35,7 +35,18 @@ typedef struct {
   dsc_comm_request **reqs;    /* per collective id: in flight (NULL once waited) */
   int64_t *coll_t0, *coll_t1; /* tracing: per collective id, its start and its wait's end */
   int *tier_reqs;             /* per disk transfer id: the offload file's transfer id */
+  /* the host stream (cg_instr.host_stream): its instructions, and per
+   * other instruction how many of them (in program order) must be done
+   * before it runs (plan_host_waits) */
+  int n_host;
+  int *host_need;
 } rt_prog;
+
+/* Where an instruction runs: a pool and its per-chunk status slots. */
+typedef struct {
+  rt_pool *pool;
+  int32_t *status;
+} rt_lane;
 
 struct rt_cpu_exec {
   dsc_context *ctx;
@@ -52,7 +63,15 @@ struct rt_cpu_exec {
   int64_t tier_bytes[CG_TIER_COUNT];
   int n_progs;
   rt_prog *progs;
-  int32_t *status; /* one per pool chunk */
+  rt_lane lane; /* the executor's thread and pool */
+  /* the host stream (runtime/host_stream.c) and its pool; the program it
+   * runs now (set before the run's first post) */
+  rt_host_stream *hs;
+  rt_lane hs_lane;
+  rt_prog *hs_prog;
+  /* whether the stream's thread runs them (host_stream_on): -1 until the
+   * first run that has any decides it, then 0 (in their place) or 1 */
+  int hs_on;
   bool profiling;
   dsc_comm *comm;   /* collectives (rt_cpu_exec_set_comm); not owned */
   int64_t tag;      /* >= 0: every collective's tag (rt_cpu_exec_set_tag), else its own */
@@ -157,6 +176,109 @@ static bool plan_instr(rt_cpu_exec *e, rt_prog *rp, int i) {
   return true;
 }
 
+/* ---- the host stream's waits ---- */
+
+/* Bytes an instruction reads or writes: a whole buffer (a view's access
+ * stays inside its buffer; a kernel argument may reach numel elements). */
+typedef struct {
+  const char *lo, *hi;
+  bool write;
+} rt_span;
+
+#define RT_MAX_SPANS 64
+
+static int add_span(const rt_cpu_exec *e, const rt_prog *rp, int b, int64_t numel, bool write,
+                    rt_span *out, int n) {
+  if (b < 0 || n >= RT_MAX_SPANS) return n;
+  const cg_buffer *cb = &rp->p->buffers[b];
+  const char *lo = buf_ptr(e, rp, b);
+  int64_t elems = cb->numel > numel ? cb->numel : numel;
+  if (!lo || elems <= 0) return n;
+  out[n] = (rt_span){lo, lo + elems * (int64_t)dsc_dtype_size(cb->dtype), write};
+  return n + 1;
+}
+
+/* The spans of instruction i, or -1 when it has more than RT_MAX_SPANS
+ * (then it conflicts with everything). */
+static int instr_spans(const rt_cpu_exec *e, const rt_prog *rp, int i, rt_span *out) {
+  const cg_program *p = rp->p;
+  const cg_instr *in = &p->instrs[i];
+  int n = 0;
+  switch (in->kind) {
+    case CG_INS_LAUNCH: {
+      const cg_kernel_info *k = &p->kernel_info[in->kernel];
+      if (k->n_args > RT_MAX_SPANS) return -1;
+      for (int a = 0; a < k->n_args; a++)
+        n = add_span(e, rp, in->args[a], k->args[a].numel, k->args[a].written, out, n);
+      return n;
+    }
+    case CG_INS_GEMM:
+      n = add_span(e, rp, in->gemm.a.buffer, 0, false, out, n);
+      n = add_span(e, rp, in->gemm.b.buffer, 0, false, out, n);
+      return add_span(e, rp, in->gemm.c.buffer, 0, true, out, n);
+    case CG_INS_COLLECTIVE_START:
+    case CG_INS_COLLECTIVE_WAIT: /* in flight in between: both written */
+      n = add_span(e, rp, in->src, 0, true, out, n);
+      return add_span(e, rp, in->dst, 0, true, out, n);
+    case CG_INS_TIER_START:
+    case CG_INS_TIER_WAIT:
+      return add_span(e, rp, in->src, 0, true, out, n);
+    case CG_INS_EMBEDDING_GRAD:
+    case CG_INS_COPY:
+      n = add_span(e, rp, in->ids, 0, false, out, n);
+      n = add_span(e, rp, in->src, 0, false, out, n);
+      return add_span(e, rp, in->dst, 0, true, out, n);
+  }
+  return -1;
+}
+
+static bool spans_conflict(const rt_span *a, int na, const rt_span *b, int nb) {
+  if (na < 0 || nb < 0) return true;
+  for (int i = 0; i < na; i++)
+    for (int j = 0; j < nb; j++)
+      if ((a[i].write || b[j].write) && a[i].lo < b[j].hi && b[j].lo < a[i].hi) return true;
+  return false;
+}
+
+/* host_need[i] for each instruction off the stream: the host-stream
+ * instructions before it in program order (the stream runs them in that
+ * order) up to the last one whose bytes meet its own with a write on
+ * either side. Placement reuses a buffer's bytes once its last reader is
+ * done in program order; on the stream "done" comes later, so reuse is
+ * a conflict like any other. */
+static bool plan_host_waits(rt_cpu_exec *e, rt_prog *rp) {
+  const cg_program *p = rp->p;
+  rp->n_host = 0;
+  for (int i = 0; i < p->n_instrs; i++) rp->n_host += p->instrs[i].host_stream;
+  if (rp->n_host == 0) return true;
+  rp->host_need = ir_arena_alloc(&e->arena, sizeof(int) * (size_t)p->n_instrs);
+  size_t spans_size = sizeof(rt_span) * RT_MAX_SPANS * (size_t)rp->n_host;
+  rt_span *spans = ir_alloc(e->ctx, spans_size); /* per host instruction, RT_MAX_SPANS apart */
+  int *n_spans = ir_alloc(e->ctx, sizeof(int) * (size_t)rp->n_host);
+  bool ok = rp->host_need && spans && n_spans;
+  int posted = 0, covered = 0; /* host instructions before i; of them, known done */
+  rt_span mine[RT_MAX_SPANS];
+  for (int i = 0; ok && i < p->n_instrs; i++) {
+    rp->host_need[i] = 0;
+    if (p->instrs[i].host_stream) {
+      n_spans[posted] = instr_spans(e, rp, i, spans + (size_t)posted * RT_MAX_SPANS);
+      posted++;
+      continue;
+    }
+    int nm = instr_spans(e, rp, i, mine);
+    for (int h = posted - 1; h >= covered; h--)
+      if (spans_conflict(mine, nm, spans + (size_t)h * RT_MAX_SPANS, n_spans[h])) {
+        covered = h + 1;
+        rp->host_need[i] = covered;
+        break;
+      }
+  }
+  if (spans) ir_free(e->ctx, spans, spans_size);
+  if (n_spans) ir_free(e->ctx, n_spans, sizeof(int) * (size_t)rp->n_host);
+  if (!ok) ir_error(e->ctx, ir_no_loc, "out of memory planning the host stream");
+  return ok;
+}
+
 static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   const cg_program *p = rp->p;
   cg_verify_limits lim = {{e->state_bytes, e->tier_bytes[CG_TIER_HOST], e->tier_bytes[CG_TIER_DISK]},
@@ -188,6 +310,7 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   memset(rp->reqs, 0, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
   for (int i = 0; i < p->n_instrs; i++)
     if (!plan_instr(e, rp, i)) return false;
+  if (!plan_host_waits(e, rp)) return false;
   for (int a = 0; a < p->n_assigns; a++) {
     const cg_assign *as = &p->assigns[a];
     if (as->in_place) continue;
@@ -198,6 +321,27 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
     c->bytes = (size_t)p->buffers[pb].numel * dsc_dtype_size(p->buffers[pb].dtype);
   }
   return true;
+}
+
+static bool host_item(void *arg, int item, bool poster, char *err, size_t errlen);
+
+/* The host stream, when a program has instructions for it: its own thread
+ * and no more (a pool of one), since on the CPU the "device" and the host
+ * are the same cores: beside the executor's threads it takes one core's
+ * share; what the executor waits for it runs on the executor's threads
+ * (rt_host_stream_wait helps). */
+static bool start_host_stream(rt_cpu_exec *e) {
+  int max_items = 0;
+  for (int i = 0; i < e->n_progs; i++)
+    if (e->progs[i].n_host > max_items) max_items = e->progs[i].n_host;
+  e->hs_on = -1;
+  if (max_items == 0) return true;
+  int threads = 1;
+  e->hs_lane.pool = rt_pool_new_pthreads(e->ctx, threads);
+  e->hs_lane.status = ir_arena_alloc(&e->arena, sizeof(int32_t) * (size_t)threads);
+  if (!e->hs_lane.pool || !e->hs_lane.status) return false;
+  e->hs = rt_host_stream_new(e->ctx, max_items, host_item, e);
+  return e->hs != NULL;
 }
 
 rt_cpu_exec *rt_cpu_exec_new(dsc_context *ctx, const cg_program *const *progs, int n_progs,
@@ -228,9 +372,9 @@ rt_cpu_exec *rt_cpu_exec_new_tiered(dsc_context *ctx, const cg_program *const *p
   /* Our own workers, not OpenMP's team: with kernels on the OpenMP pool a GPT-2
    * step under CPU load sometimes gave a different (once NaN) loss; the
    * pthread pool was right in every run (docs/performance.md). */
-  e->pool = rt_pool_new_pthreads(ctx, n_threads);
-  if (!e->pool) goto fail;
-  e->gemm = rt_gemm_engine_new(ctx, e->pool);
+  e->lane.pool = rt_pool_new_pthreads(ctx, n_threads);
+  if (!e->lane.pool) goto fail;
+  e->gemm = rt_gemm_engine_new(ctx, e->lane.pool);
   if (!e->gemm) goto fail;
   e->state = alloc_aligned(ctx, state_bytes, &e->state_raw);
   for (int t = 1; t < CG_TIER_COUNT; t++) {
@@ -252,8 +396,8 @@ rt_cpu_exec *rt_cpu_exec_new_tiered(dsc_context *ctx, const cg_program *const *p
     goto fail;
   }
   e->progs = ir_arena_alloc(&e->arena, sizeof *e->progs * (size_t)(n_progs + 1));
-  e->status = ir_arena_alloc(&e->arena, sizeof *e->status * (size_t)n_threads);
-  if (!e->state || !e->progs || !e->status) {
+  e->lane.status = ir_arena_alloc(&e->arena, sizeof(int32_t) * (size_t)n_threads);
+  if (!e->state || !e->progs || !e->lane.status) {
     ir_error(ctx, ir_no_loc,
              "out of memory creating the CPU executor (STATE arena %" PRId64 " bytes)",
              state_bytes);
@@ -268,6 +412,7 @@ rt_cpu_exec *rt_cpu_exec_new_tiered(dsc_context *ctx, const cg_program *const *p
     }
     if (!plan_prog(e, &e->progs[i])) goto fail;
   }
+  if (!start_host_stream(e)) goto fail;
   return e;
 fail:
   rt_cpu_exec_free(e);
@@ -293,7 +438,9 @@ void rt_cpu_exec_free(rt_cpu_exec *e) {
     if (e->tier_raw[t])
       ir_free(e->ctx, e->tier_raw[t], (size_t)(e->tier_bytes[t] + arena_slack(e->tier_bytes[t])));
   rt_gemm_engine_free(e->gemm);
-  rt_pool_free(e->pool);
+  rt_host_stream_free(e->hs); /* joins its thread before its pool goes */
+  rt_pool_free(e->hs_lane.pool);
+  rt_pool_free(e->lane.pool);
   ir_arena_release(&e->arena);
   ir_free(e->ctx, e, sizeof *e);
 }
@@ -505,9 +652,9 @@ static void copy_range(void *arg, int64_t begin, int64_t end, int chunk) {
   memcpy(j->dst + begin, j->src + begin, (size_t)(end - begin));
 }
 
-static bool any_status(rt_cpu_exec *e) {
+static bool any_status(const rt_lane *lane) {
   int32_t s = 0;
-  for (int t = 0; t < rt_pool_threads(e->pool); t++) s |= e->status[t];
+  for (int t = 0; t < rt_pool_threads(lane->pool); t++) s |= lane->status[t];
   return s != 0;
 }
 
@@ -650,19 +797,20 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errlen) {
+static bool run_instr(rt_cpu_exec *e, const rt_lane *lane, rt_prog *rp, int i, char *err,
+                      size_t errlen) {
   const cg_program *p = rp->p;
   const cg_instr *in = &p->instrs[i];
-  int nt = rt_pool_threads(e->pool);
+  int nt = rt_pool_threads(lane->pool);
   switch (in->kind) {
     case CG_INS_LAUNCH: {
       const cg_kernel_info *k = &p->kernel_info[in->kernel];
-      memset(e->status, 0, sizeof *e->status * (size_t)nt);
-      launch_job j = {rp->fns[in->kernel], rp->args[i], e->status};
+      memset(lane->status, 0, sizeof *lane->status * (size_t)nt);
+      launch_job j = {rp->fns[in->kernel], rp->args[i], lane->status};
       int64_t outer, min_chunk;
       launch_split(k, &outer, &min_chunk);
-      rt_pool_parallel_for(e->pool, outer, min_chunk, launch_range, &j);
-      if (any_status(e))
+      rt_pool_parallel_for(lane->pool, outer, min_chunk, launch_range, &j);
+      if (any_status(lane))
         return ir_fail(err, errlen, "%s: index out of range (instruction %d, kernel %s)",
                        instr_op(in), i, k->name);
       return true;
@@ -676,7 +824,7 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
       return true;
     }
     case CG_INS_EMBEDDING_GRAD: {
-      memset(e->status, 0, sizeof *e->status * (size_t)nt);
+      memset(lane->status, 0, sizeof *lane->status * (size_t)nt);
       embgrad_job j = {in,
                        buf_ptr(e, rp, in->ids),
                        p->buffers[in->ids].dtype == DSC_I64,
@@ -684,13 +832,13 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
                        buf_ptr(e, rp, in->dst),
                        p->buffers[in->src].dtype,
                        p->buffers[in->dst].dtype,
-                       e->status,
+                       lane->status,
                        0,
                        0};
       if (!in->accumulate)
-        rt_pool_parallel_for(e->pool, in->rows * in->cols, 1 << 16, embgrad_zero, &j);
-      rt_pool_parallel_for(e->pool, in->cols, 64, embgrad_cols, &j);
-      if (any_status(e))
+        rt_pool_parallel_for(lane->pool, in->rows * in->cols, 1 << 16, embgrad_zero, &j);
+      rt_pool_parallel_for(lane->pool, in->cols, 64, embgrad_cols, &j);
+      if (any_status(lane))
         return ir_fail(err, errlen,
                        "%s: index out of range: id %" PRId64 " at position %" PRId64
                        " is outside [0, %" PRId64 ") (instruction %d)",
@@ -709,7 +857,7 @@ static bool run_instr(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t errl
       }
       copy_job j = {buf_ptr(e, rp, in->src) + src_offset * (int64_t)es,
                     buf_ptr(e, rp, in->dst) + in->dst_offset * (int64_t)es};
-      rt_pool_parallel_for(e->pool, n * (int64_t)es, 1 << 20, copy_range, &j);
+      rt_pool_parallel_for(lane->pool, n * (int64_t)es, 1 << 20, copy_range, &j);
       return true;
     }
     case CG_INS_COLLECTIVE_START:
@@ -745,11 +893,14 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
   dsc_trace *tr = e->trace;
   int pid = e->trace_pid;
   char name[200], args[160], size[32];
+  /* the host stream's work on its own track (when its thread runs it) */
+  bool hs = in->host_stream && e->hs_on == 1;
+  dsc_trace_track compute = hs ? DSC_TRACE_HOST : DSC_TRACE_COMPUTE;
+  dsc_trace_track copy = hs ? DSC_TRACE_HOST : DSC_TRACE_COPY;
   switch (in->kind) {
     case CG_INS_LAUNCH:
       snprintf(args, sizeof args, "{\"instr\":%d}", i);
-      dsc_trace_span(tr, pid, DSC_TRACE_COMPUTE, "kernel", t0, t1, args,
-                     p->kernel_info[in->kernel].name);
+      dsc_trace_span(tr, pid, compute, "kernel", t0, t1, args, p->kernel_info[in->kernel].name);
       return;
     case CG_INS_GEMM: {
       const cg_gemm *g = &in->gemm;
@@ -774,7 +925,7 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
                              in->numel * (int64_t)dsc_dtype_size(p->buffers[in->src].dtype));
       snprintf(name, sizeof name, "copy %s", size);
       snprintf(args, sizeof args, "{\"instr\":%d}", i);
-      dsc_trace_span(tr, pid, DSC_TRACE_COPY, "copy", t0, t1, args, name);
+      dsc_trace_span(tr, pid, copy, "copy", t0, t1, args, name);
       return;
     case CG_INS_COLLECTIVE_START:
       rp->coll_t0[in->coll.id] = t0;
@@ -835,6 +986,58 @@ static void trace_overlap(rt_cpu_exec *e, rt_prog *rp, int64_t wait_ns) {
   dsc_trace_add_overlap(e->trace, e->trace_pid, total, wait_ns, n);
 }
 
+/* A host-stream instruction, on the stream's thread and pool, or on the
+ * executor's when it waits for it (poster): timed as the executor's own
+ * are (the trace puts it on the host stream's track). */
+static bool host_item(void *arg, int item, bool poster, char *err, size_t errlen) {
+  rt_cpu_exec *e = arg;
+  rt_prog *rp = e->hs_prog;
+  bool timed = e->profiling || e->trace;
+  int64_t t0 = timed ? now_ns() : 0;
+  if (!run_instr(e, poster ? &e->lane : &e->hs_lane, rp, item, err, errlen)) return false;
+  if (timed) {
+    int64_t t1 = now_ns();
+    if (e->profiling) rp->prof_ns[item] += t1 - t0;
+    if (e->trace) trace_instr(e, rp, item, t0, t1);
+  }
+  return true;
+}
+
+/* Whether program p's host-stream instructions run on the stream's thread:
+ * always where the program asks (offload.overlap true), else only when the
+ * executor's threads, times the ranks on this machine, leave an online CPU
+ * free. On a CPU the host and the device are the same cores: a stream
+ * beside threads that already take every core takes turns with them, and
+ * a GEMM waits for its slowest thread (docs/memory.md "The overlapped host
+ * step": measured slower than one instruction at a time). Decided at the
+ * first run, when the communicator (the ranks on this machine) is set. */
+static bool host_stream_on(rt_cpu_exec *e, const cg_program *p) {
+  if (e->hs_on < 0) {
+    int local = e->comm ? dsc_comm_local_world(e->comm) : 1;
+    int64_t busy = (int64_t)rt_pool_threads(e->lane.pool) * (local > 0 ? local : 1);
+    e->hs_on = p->host_stream_own_thread || busy < rt_online_cpus();
+  }
+  return e->hs_on == 1; /* the programs of a module share offload.overlap */
+}
+
+bool rt_cpu_exec_host_stream_on(const rt_cpu_exec *e) { return e && e->hs_on == 1; }
+
+/* Blocks until the first n host-stream instructions are done; the wait's
+ * span on the trace's wait track. */
+static bool wait_host(rt_cpu_exec *e, int n, char *err, size_t errlen) {
+  int64_t t0 = e->trace ? now_ns() : 0;
+  char msg[1200];
+  if (!rt_host_stream_wait(e->hs, n, msg, sizeof msg))
+    return ir_fail(err, errlen, "host stream: %s", msg);
+  if (e->trace) {
+    int64_t t1 = now_ns();
+    if (t1 - t0 > 1000) /* a wait that blocked (over a microsecond) */
+      dsc_trace_span(e->trace, e->trace_pid, DSC_TRACE_WAIT, "host", t0, t1, NULL,
+                     "wait host stream");
+  }
+  return true;
+}
+
 bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outputs_out, char *err,
                      size_t errlen) {
   if (prog < 0 || prog >= e->n_progs)
@@ -857,14 +1060,30 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
   }
   bool timed = e->profiling || e->trace;
   int64_t wait_ns = 0;
-  for (int i = 0; i < p->n_instrs; i++) {
+  bool streamed = rp->n_host > 0 && host_stream_on(e, p);
+  if (streamed) rt_host_stream_begin(e->hs), e->hs_prog = rp;
+  for (int i = 0; i <= p->n_instrs; i++) {
+    bool ok;
     int64_t t0 = timed ? now_ns() : 0;
-    if (!run_instr(e, rp, i, err, errlen)) {
+    if (i == p->n_instrs) { /* the end: everything the stream was given */
+      if (!streamed) break;
+      ok = wait_host(e, rp->n_host, err, errlen);
+    } else if (streamed && p->instrs[i].host_stream) {
+      ok = rt_host_stream_post(e->hs, i) || ir_fail(err, errlen, "host stream: queue full");
+      if (ok) continue;
+    } else {
+      ok = !streamed || rp->host_need[i] == 0 || wait_host(e, rp->host_need[i], err, errlen);
+      if (ok && timed) t0 = now_ns(); /* the wait is the wait track's, not the instruction's */
+      ok = ok && run_instr(e, &e->lane, rp, i, err, errlen);
+    }
+    if (!ok) {
+      if (streamed) rt_host_stream_cancel(e->hs); /* nothing of this run still running */
       if (p->n_collectives > 0) fail_collectives(e, rp, p->graph_name ? p->graph_name : "?", err);
       char msg[8];
       if (p->n_tier_ios > 0) rt_offload_end(e->disk, false, msg, sizeof msg); /* changes nothing */
       return false;
     }
+    if (i == p->n_instrs) break;
     if (timed) {
       int64_t t1 = now_ns();
       if (e->profiling) rp->prof_ns[i] += t1 - t0;
@@ -876,6 +1095,11 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
   }
   if (e->profiling) rp->runs++;
   if (e->trace) trace_overlap(e, rp, wait_ns);
+  if (e->trace && streamed) {
+    int64_t busy, waited;
+    rt_host_stream_times(e->hs, &busy, &waited);
+    dsc_trace_add_host(e->trace, e->trace_pid, busy, waited);
+  }
   /* The disk writes land before the assigns: a failed commit then changes
    * nothing (the file keeps its active slot, the arenas their values). */
   if (p->n_tier_ios > 0) {

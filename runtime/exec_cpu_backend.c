@@ -266,6 +266,18 @@ static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
     fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%  %.3f MB per run, %.2f GB/s\n", "(host kernels)",
             host_n, host_ns / 1e6 / (double)runs, 100 * host_ns / (total > 0 ? total : 1),
             host_bytes / 1e6, host_ns > 0 ? host_bytes * (double)runs / host_ns : 0);
+  /* the host stream's (--offload-overlap): counted in the total above, but
+   * it ran beside the executor's thread */
+  double stream_ns = 0;
+  int stream_n = 0;
+  for (int i = 0; i < n; i++)
+    if (p->instrs[i].host_stream) stream_n++, stream_ns += (double)ns[i];
+  if (stream_n)
+    fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%  %s\n", "(host stream)", stream_n,
+            stream_ns / 1e6 / (double)runs, 100 * stream_ns / (total > 0 ? total : 1),
+            rt_cpu_exec_host_stream_on(x->cpu)
+                ? "beside the executor's thread"
+                : "in their place (no core free for the stream: --offload-overlap true forces it)");
   /* The top instructions: repeated selection (n is a few thousand). */
   bool *shown = ir_alloc(x->ctx, (size_t)n + 1);
   if (!shown) return DSC_ERR_INTERNAL;

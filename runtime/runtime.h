@@ -398,6 +398,29 @@ bool rt_offload_wait(rt_offload *o, int id, char *err, size_t errlen);
 bool rt_offload_end(rt_offload *o, bool commit, char *err, size_t errlen);
 /* Value `value`'s bytes (0 for an index out of range). */
 int64_t rt_offload_value_bytes(const rt_offload *o, int value);
+/* The host stream (runtime/host_stream.c): a thread that runs posted items
+ * (instruction indices) in post order with fn(arg, item, poster, err,
+ * errlen), one at a time, beside the thread that posts them. Made with
+ * room for max_items posts per run; NULL with a diagnostic when the thread
+ * cannot start. begin resets a run's counters (the stream must be idle:
+ * every post waited for, or cancelled); post returns false past max_items;
+ * wait returns once the first n posted items are done, running the ones
+ * not started itself (fn's poster true), false with the first failure's
+ * message when one failed (a failure stops the stream until the next
+ * begin); cancel lets the running item finish and starts no other.
+ * times: this run's time running items, and the poster's time in waits
+ * (blocked, or running items). */
+typedef struct rt_host_stream rt_host_stream;
+typedef bool (*rt_host_item_fn)(void *arg, int item, bool poster, char *err, size_t errlen);
+rt_host_stream *rt_host_stream_new(dsc_context *ctx, int max_items, rt_host_item_fn fn,
+                                   void *arg);
+void rt_host_stream_free(rt_host_stream *s);
+void rt_host_stream_begin(rt_host_stream *s);
+bool rt_host_stream_post(rt_host_stream *s, int item);
+bool rt_host_stream_wait(rt_host_stream *s, int n, char *err, size_t errlen);
+void rt_host_stream_cancel(rt_host_stream *s);
+void rt_host_stream_times(rt_host_stream *s, int64_t *busy_ns, int64_t *wait_ns);
+
 /* Runs program prog: inputs[i] is graph input i's data in its dtype
  * (copied into the WORK arena); outputs_out[i] receives a pointer to graph
  * output i (into an arena: valid until the next run of any program). The
@@ -412,6 +435,10 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
  * the instruction count and *runs to the number of runs timed. */
 void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on);
 const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64_t *runs);
+/* Whether the host stream's instructions ran on its own thread (decided at
+ * the first run that had any: cg_program.host_stream_own_thread, or a core
+ * left free by the executor's threads); false before. */
+bool rt_cpu_exec_host_stream_on(const rt_cpu_exec *e);
 /* The communicator collective instructions (CG_INS_COLLECTIVE_START/WAIT)
  * run through (NULL: none; a program with collectives then fails naming the
  * op). Not owned. On any error during a run with collectives the

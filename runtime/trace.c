@@ -18,6 +18,7 @@
 typedef struct {
   bool named; /* process and thread names written */
   int64_t comm_ns, wait_ns, n;
+  int64_t host_busy_ns, host_wait_ns;
   int64_t async_ids; /* async spans written (their ids) */
 } trace_rank;
 
@@ -33,7 +34,8 @@ struct dsc_trace {
   int n_ranks;
 };
 
-static const char *track_names[] = {"", "step", "compute", "comm", "wait", "copy"};
+static const char *track_names[] = {"", "step", "compute", "comm", "wait", "copy", "host stream"};
+#define LAST_TRACK DSC_TRACE_HOST
 
 int64_t dsc_trace_now_ns(void) {
   struct timespec ts;
@@ -148,7 +150,7 @@ static void name_rank(dsc_trace *t, int pid) {
           "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
           "\"args\":{\"sort_index\":%d}}",
           pid, pid);
-  for (int k = DSC_TRACE_STEP; k <= DSC_TRACE_COPY; k++) {
+  for (int k = DSC_TRACE_STEP; k <= LAST_TRACK; k++) {
     sep(t);
     fprintf(t->f,
             "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
@@ -164,7 +166,7 @@ static void name_rank(dsc_trace *t, int pid) {
 
 void dsc_trace_span(dsc_trace *t, int pid, dsc_trace_track track, const char *cat, int64_t t0_ns,
                     int64_t t1_ns, const char *args_json, const char *name) {
-  if (!t || pid < 0 || pid >= TRACE_MAX_PID || track < DSC_TRACE_STEP || track > DSC_TRACE_COPY)
+  if (!t || pid < 0 || pid >= TRACE_MAX_PID || track < DSC_TRACE_STEP || track > LAST_TRACK)
     return;
   if (t1_ns < t0_ns) t1_ns = t0_ns;
   pthread_mutex_lock(&t->lock);
@@ -224,10 +226,20 @@ void dsc_trace_add_overlap(dsc_trace *t, int pid, int64_t comm_ns, int64_t wait_
   pthread_mutex_unlock(&t->lock);
 }
 
+void dsc_trace_add_host(dsc_trace *t, int pid, int64_t busy_ns, int64_t wait_ns) {
+  if (!t || pid < 0 || pid >= TRACE_MAX_PID) return;
+  pthread_mutex_lock(&t->lock);
+  trace_rank *r = rank_of(t, pid);
+  if (r) r->host_busy_ns += busy_ns, r->host_wait_ns += wait_ns;
+  pthread_mutex_unlock(&t->lock);
+}
+
 static void overlap_locked(const dsc_trace *t, dsc_trace_overlap *o) {
   memset(o, 0, sizeof *o);
   for (int i = 0; i < t->n_ranks; i++) {
     const trace_rank *r = &t->ranks[i];
+    o->host_busy_s += (double)r->host_busy_ns * 1e-9;
+    o->host_wait_s += (double)r->host_wait_ns * 1e-9;
     if (r->n == 0) continue;
     o->comm_s += (double)r->comm_ns * 1e-9;
     o->wait_s += (double)r->wait_ns * 1e-9;
@@ -244,6 +256,12 @@ void dsc_trace_get_overlap(dsc_trace *t, dsc_trace_overlap *o) {
   pthread_mutex_lock(&t->lock);
   overlap_locked(t, o);
   pthread_mutex_unlock(&t->lock);
+}
+
+double dsc_trace_hidden_host_share(const dsc_trace_overlap *o) {
+  if (!(o->host_busy_s > 0)) return -1;
+  double h = 1 - o->host_wait_s / o->host_busy_s;
+  return h < 0 ? 0 : h;
 }
 
 double dsc_trace_hidden_share(const dsc_trace_overlap *o) {
@@ -265,14 +283,20 @@ dsc_status dsc_trace_close(dsc_trace *t) {
   bool first = true;
   for (int i = 0; i < t->n_ranks; i++) {
     const trace_rank *r = &t->ranks[i];
-    if (r->n == 0) continue;
-    fprintf(f, "%s\"%d\":{\"collectives\":%" PRId64 ",\"comm_us\":%.3f,\"wait_us\":%.3f}",
+    if (r->n == 0 && r->host_busy_ns == 0) continue;
+    fprintf(f, "%s\"%d\":{\"collectives\":%" PRId64 ",\"comm_us\":%.3f,\"wait_us\":%.3f",
             first ? "" : ",", i, r->n, (double)r->comm_ns * 1e-3, (double)r->wait_ns * 1e-3);
+    if (r->host_busy_ns > 0)
+      fprintf(f, ",\"host_busy_us\":%.3f,\"host_wait_us\":%.3f", (double)r->host_busy_ns * 1e-3,
+              (double)r->host_wait_ns * 1e-3);
+    fputs("}", f);
     first = false;
   }
   fputs("}", f);
   double h = dsc_trace_hidden_share(&o);
   if (h >= 0) fprintf(f, ",\"hidden_comm_share\":%.6f", h);
+  double hh = dsc_trace_hidden_host_share(&o);
+  if (hh >= 0) fprintf(f, ",\"hidden_host_share\":%.6f", hh);
   fputs("}}\n", f);
   bool failed = ferror(f) != 0;
   int saved = errno;

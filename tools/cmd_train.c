@@ -46,6 +46,11 @@ static void print_trace_line(const char *path, int64_t mpi_world, const dsc_trac
     printf(": communication hidden behind compute %.1f%% (blocked %.3f ms of %.3f ms in %" PRId64
            " collectives, summed over %d ranks)\n",
            100 * h, o->wait_s * 1e3, o->comm_s * 1e3, o->collectives, o->ranks);
+  double hh = dsc_trace_hidden_host_share(o);
+  if (hh >= 0)
+    printf("trace: host stream hidden behind the executor %.1f%% (blocked %.3f ms of %.3f ms of "
+           "host work)\n",
+           100 * hh, o->host_wait_s * 1e3, o->host_busy_s * 1e3);
   fflush(stdout);
 }
 
@@ -156,6 +161,13 @@ static const char train_help[] =
     "                    gradient (ZeRO-Offload's delayed parameter update; the\n"
     "                    first step updates nothing; train.offload.delayed_update;\n"
     "                    default false; docs/memory.md)\n"
+    "  --offload-overlap true|false|auto  the host's part of the step (tier\n"
+    "                    copies, the host optimizer) on a thread of its own beside\n"
+    "                    the device's, each param's as soon as its inputs are on\n"
+    "                    the host (train.offload.overlap; default auto: only when\n"
+    "                    --threads leaves a core free, as on the cpu backend the\n"
+    "                    host and the device share the cores; false: one\n"
+    "                    instruction at a time; same numbers either way)\n"
     "  --zenflow true|false  ZenFlow (with --offload-optimizer host): each 2-D\n"
     "                    param's top columns by |gradient| are updated every step\n"
     "                    on the device, the rest by the host every update_interval\n"
@@ -652,9 +664,10 @@ static int train_mpi(dsc_context *ctx, train_job *job, const char *trace_path, i
     /* every rank traced its own file: rank 0 prints the sums */
     dsc_trace_overlap ov;
     dsc_trace_get_overlap(*trace, &ov);
-    double v[3] = {ov.comm_s, ov.wait_s, (double)ov.collectives};
-    if (dsc_comm_all_reduce(comm, v, v, 3, DSC_F64, DSC_COMM_SUM, 0) == DSC_OK) {
+    double v[5] = {ov.comm_s, ov.wait_s, (double)ov.collectives, ov.host_busy_s, ov.host_wait_s};
+    if (dsc_comm_all_reduce(comm, v, v, 5, DSC_F64, DSC_COMM_SUM, 0) == DSC_OK) {
       ov.comm_s = v[0], ov.wait_s = v[1], ov.collectives = (int64_t)v[2];
+      ov.host_busy_s = v[3], ov.host_wait_s = v[4];
       ov.ranks = dsc_comm_world(comm);
       if (dsc_comm_rank(comm) == 0 && !job->quiet) print_trace_line(trace_path, mpi_world, &ov);
     } else {

@@ -39,6 +39,15 @@ typedef enum {
                             * to_device; passes/offload_host.c) instead of recomputing */
 } dsc_remat_policy;
 
+/* A switch that may also be left to the machine (train.offload.overlap). */
+typedef enum {
+  DSC_SWITCH_FALSE = 0,
+  DSC_SWITCH_TRUE = 1,
+  DSC_SWITCH_AUTO = 2, /* decided where the facts are known (the executor) */
+} dsc_switch;
+/* "false", "true", "auto"; NULL for another value. */
+const char *dsc_switch_name(dsc_switch s);
+
 /* The run knobs: the settings dsc train, dsc plan and the auto-configuration
  * take over the model's train section (embedded as `knobs` in
  * dsc_trainer_options, dsc_plan_options and dsc_autocfg_candidate). Each
@@ -67,6 +76,10 @@ typedef struct {
   bool has_wall_clock_breakdown, wall_clock_breakdown;
   /* the optimizer applies the previous step's gradient (delayed parameter update) */
   bool has_delayed_update, delayed_update;
+  /* host-placed work and tier copies beside the device's (train.offload.overlap):
+   * a dsc_switch */
+  bool has_offload_overlap;
+  int offload_overlap;
   /* ZenFlow's importance-aware split of the update (train.zenflow.enabled) */
   bool has_zenflow, zenflow;
 } dsc_run_knobs;
@@ -76,6 +89,7 @@ typedef enum {
   DSC_SETTING_BYTES,     /* a byte count in [min, max] (flags: 25MB, 1GiB) */
   DSC_SETTING_NUM,       /* a non-negative finite number */
   DSC_SETTING_BOOL,      /* true or false */
+  DSC_SETTING_SWITCH,    /* true, false or auto (a dsc_switch) */
   DSC_SETTING_PRECISION, /* f32, bf16, fp16 */
   DSC_SETTING_TIER,      /* none, host or cpu, disk or nvme, auto */
   DSC_SETTING_REMAT,     /* none, selective, block(s), blocks:K, offload */

@@ -47,6 +47,8 @@ typedef enum {
   DSC_TRACE_COMM,     /* each collective from its start to its completion */
   DSC_TRACE_WAIT,     /* the executor blocked in a collective's wait */
   DSC_TRACE_COPY,     /* copies, data loading, checkpoint writes */
+  DSC_TRACE_HOST,     /* the host stream: host-placed work and tier copies
+                       * running beside the executor (--offload-overlap) */
 } dsc_trace_track;
 
 /* Creates (truncates) path and writes the header. DSC_ERR_USER with a
@@ -78,7 +80,16 @@ typedef struct {
   double comm_s, wait_s; /* summed over the ranks */
   int64_t collectives;   /* traced collectives (category "collective") */
   int ranks;             /* ranks that reported any */
+  /* the host stream (dsc_trace_add_host), summed over the ranks: time its
+   * work ran, and time the executor blocked waiting for it */
+  double host_busy_s, host_wait_s;
 } dsc_trace_overlap;
+/* One run's host stream on rank pid: busy_ns running its work, wait_ns the
+ * executor blocked on it. */
+void dsc_trace_add_host(dsc_trace *t, int pid, int64_t busy_ns, int64_t wait_ns);
+/* 1 - host_wait / host_busy: the share of the host stream's work hidden
+ * behind the executor's; -1 when no host stream was traced. */
+double dsc_trace_hidden_host_share(const dsc_trace_overlap *o);
 void dsc_trace_get_overlap(dsc_trace *t, dsc_trace_overlap *out);
 /* 1 - wait / comm, or -1 when no collective was traced. */
 double dsc_trace_hidden_share(const dsc_trace_overlap *o);

@@ -208,6 +208,18 @@ typedef struct {
      * update does not wait for this step's backward; the first step updates
      * nothing (passes/optimizer.c, docs/memory.md) */
     bool delayed_update;
+    /* The host's part of the step beside the device's
+     * (train.offload.overlap, --offload-overlap; default auto): the copies
+     * between the tiers and the host-placed kernels go to the executor's
+     * host stream as soon as their inputs are final, and the device's work
+     * waits for them only where it reads what they write or writes what
+     * they read (runtime/exec_cpu.c). On the CPU the host and the device
+     * are the same cores: auto gives the stream a thread of its own only
+     * when the executor's threads leave a core free (else it would take
+     * turns with them: measured slower, docs/memory.md), true always,
+     * false never (one instruction at a time). Either way the numbers are
+     * the same. */
+    dsc_switch overlap;
   } offload;
   /* ZenFlow (train.zenflow.*, ds_config zero_optimization.zenflow;
    * passes/optimizer.c, docs/memory.md "ZenFlow"): with AdamW and

@@ -254,4 +254,117 @@ TEST(OffloadHost, OptimizerStepRunsOnTheHostBetweenCopiesAndComputesTheSame) {
   dsc_context_free(ctx);
 }
 
+// With meta offload.overlap (--offload-overlap, the default), the host's
+// kernels and the copies back go to the CPU executor's host stream; the copy
+// out of a device temporary stays on the executor's thread; the numbers are
+// those of the interpreter, run after run.
+TEST(OffloadHost, OverlapPutsHostWorkOnTheHostStreamAndComputesTheSame) {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  dsc_module *m = transfer_module(ctx);
+  ASSERT_NE(m, nullptr) << diags(ctx);
+  ASSERT_EQ(dsc_module_set_meta(m, "offload.overlap", "true"), DSC_OK);
+  ASSERT_EQ(pass_fuse_run(m), DSC_OK) << diags(ctx);
+  const dsc_graph *g = dsc_module_find_graph(m, "g");
+  ir_arena a;
+  ir_arena_init(&a, ctx);
+  cg_program *p = nullptr;
+  ASSERT_EQ(cg_lower_graph(g, &a, &p), DSC_OK) << diags(ctx);
+  int streamed = 0;
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_instr *in = &p->instrs[i];
+    bool out_of_device = in->kind == CG_INS_COPY && std::string(in->op) == "to_host";
+    bool host = in->kind == CG_INS_COPY ? !out_of_device
+                                        : p->buffers[in->args[0]].tier == CG_TIER_HOST ||
+                                              p->buffers[in->args[in->n_args - 1]].tier ==
+                                                  CG_TIER_HOST;
+    EXPECT_EQ(in->host_stream, host) << i << " " << in->op;
+    streamed += in->host_stream;
+  }
+  EXPECT_EQ(streamed, 2);  // z = h + h and to_device(z)
+  char *text = cg_program_print(&a, p);
+  ASSERT_NE(text, nullptr);
+  EXPECT_NE(std::string(text).find(": host copy"), std::string::npos) << text;
+  // the stream's host buffers are not reused before the program's end
+  for (int b = 0; b < p->n_buffers; b++)
+    if (p->buffers[b].tier == CG_TIER_HOST && p->buffers[b].kind == CG_BUF_TEMP) {
+      EXPECT_EQ(p->buffers[b].last_use, p->n_instrs);
+    }
+  ir_arena_release(&a);
+  if (dsc_backend_available(DSC_BACKEND_CPU)) {
+    dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
+    dsc_exec *e = nullptr;
+    ASSERT_EQ(dsc_exec_new(m, &o, &e), DSC_OK) << diags(ctx);
+    for (unsigned seed = 1; seed <= 20; seed++) {
+      dsc_tensor *x = random_tensor(ctx, T(DSC_F32, {16, 8}), seed);
+      const dsc_tensor *in[1] = {x};
+      dsc_tensor *got[2] = {nullptr, nullptr}, *want[2] = {nullptr, nullptr};
+      ASSERT_EQ(dsc_exec_run(e, "g", in, 1, got), DSC_OK) << diags(ctx);
+      ASSERT_EQ(dsc_interp_run(g, nullptr, in, 1, want), DSC_OK) << diags(ctx);
+      for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 128; i++) ASSERT_EQ(got[k]->data[i], want[k]->data[i]) << k << " " << i;
+      for (int k = 0; k < 2; k++) dsc_tensor_free(ctx, got[k]), dsc_tensor_free(ctx, want[k]);
+      dsc_tensor_free(ctx, x);
+    }
+    dsc_exec_free(e);
+  }
+  dsc_module_free(m);
+  dsc_context_free(ctx);
+}
+
+// With overlap the host's update goes right after the gradient it reads,
+// and the updated param comes back as soon as the device no longer reads
+// the param: here before the loss's sum, which reads only the gradient.
+TEST(OffloadHost, OverlapOrdersTheHostUpdateEarlyAndBringsTheParamBackEarly) {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  dsc_module *m = step_module(ctx);
+  ASSERT_NE(m, nullptr) << diags(ctx);
+  std::vector<double> o0, p0, o1, p1;
+  run_step(m, &o0, &p0);
+  ASSERT_EQ(dsc_module_set_meta(m, "offload.overlap", "true"), DSC_OK);
+  ASSERT_EQ(pass_offload_host_run(m, nullptr), DSC_OK) << diags(ctx);
+  ASSERT_EQ(dsc_module_verify(m), DSC_OK) << diags(ctx);
+  std::string s = print(m);
+  const dsc_graph *g = dsc_module_find_graph(m, "train_step");
+  int back = -1, loss = g->outputs[0]->id, update = -1;
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (g->nodes[i]->op == DSC_OP_TO_DEVICE) back = i;
+    if (g->nodes[i]->op == DSC_OP_SUB) update = i;
+  }
+  ASSERT_GE(back, 0) << s;
+  EXPECT_LT(update, loss) << s;
+  EXPECT_LT(back, loss) << s;
+  run_step(m, &o1, &p1);
+  EXPECT_EQ(o0, o1);
+  EXPECT_EQ(p0, p1);
+  if (dsc_backend_available(DSC_BACKEND_CPU)) {
+    ASSERT_EQ(pass_fuse_run(m), DSC_OK) << diags(ctx);
+    dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
+    dsc_exec *e = nullptr;
+    ASSERT_EQ(dsc_exec_new(m, &o, &e), DSC_OK) << diags(ctx);
+    dsc_params *ps = dsc_params_init(m, 3);
+    ASSERT_EQ(dsc_exec_set_params(e, ps), DSC_OK) << diags(ctx);
+    dsc_tensor *x = random_tensor(ctx, T(DSC_F32, {32}), 5);
+    dsc_tensor *lr = dsc_tensor_new(ctx, T(DSC_F32, {}));
+    lr->data[0] = 0.125;
+    const dsc_tensor *in[2] = {x, lr};
+    dsc_tensor *out[2] = {nullptr, nullptr};
+    ASSERT_EQ(dsc_exec_run(e, "train_step", in, 2, out), DSC_OK) << diags(ctx);
+    EXPECT_NEAR(out[0]->data[0], o0[0], 1e-4 * std::fabs(o0[0]));
+    EXPECT_NEAR(out[1]->data[0], o0[1], 1e-4 * std::fabs(o0[1]));
+    ASSERT_EQ(dsc_exec_get_params(e, ps), DSC_OK) << diags(ctx);
+    size_t k = 0;
+    for (int i = 0; i < dsc_params_count(ps); i++) {
+      dsc_tensor *t = dsc_params_get(ps, i);
+      for (int64_t j = 0; j < dsc_type_numel(&t->type); j++, k++)
+        EXPECT_NEAR(t->data[j], p0[k], 1e-5 * std::fabs(p0[k]) + 1e-6) << i << " " << j;
+    }
+    for (int q = 0; q < 2; q++) dsc_tensor_free(ctx, out[q]);
+    dsc_tensor_free(ctx, x), dsc_tensor_free(ctx, lr);
+    dsc_params_free(ps);
+    dsc_exec_free(e);
+  }
+  dsc_module_free(m);
+  dsc_context_free(ctx);
+}
+
 }  // namespace

@@ -53,7 +53,7 @@ TEST(Settings, EveryFlagIsARunKnobAndEveryKeyIsFound) {
       knobs++;
     }
   }
-  EXPECT_EQ(knobs, 16);
+  EXPECT_EQ(knobs, 17);
   EXPECT_EQ(dsc_setting_find("zero.nonsense"), nullptr);
   EXPECT_EQ(dsc_setting_find_flag("--batch"), nullptr);
 }
@@ -99,6 +99,21 @@ TEST(Settings, FlagsTakeByteSuffixesAndNames) {
   EXPECT_FALSE(k.has_offload_param);
   EXPECT_FALSE(dsc_run_knobs_set(&k, "--offload-io-threads", "0"));
   EXPECT_FALSE(dsc_run_knobs_set(&k, "--batch", "4"));  // not a knob
+  // a switch: true, false or auto, on the command line and in a section
+  EXPECT_TRUE(dsc_run_knobs_set(&k, "--offload-overlap", "auto"));
+  EXPECT_EQ(k.offload_overlap, DSC_SWITCH_AUTO);
+  EXPECT_TRUE(dsc_run_knobs_set(&k, "--offload-overlap", "false"));
+  EXPECT_EQ(k.offload_overlap, DSC_SWITCH_FALSE);
+  EXPECT_FALSE(dsc_run_knobs_set(&k, "--offload-overlap", "1"));
+  const dsc_setting *s = dsc_setting_find("offload.overlap");
+  ASSERT_NE(s, nullptr);
+  dsc_setting_value v;
+  ASSERT_TRUE(dsc_setting_parse(s, "true", false, &v));
+  EXPECT_EQ(v.i, DSC_SWITCH_TRUE);
+  ASSERT_TRUE(dsc_setting_parse(s, "auto", false, &v));
+  EXPECT_EQ(v.i, DSC_SWITCH_AUTO);
+  EXPECT_FALSE(dsc_setting_parse(s, "sometimes", false, &v));
+  EXPECT_FALSE(dsc_setting_parse(s, "2", false, &v));
 }
 
 TEST(Settings, LibraryKnobsAreRangeCheckedByTheTable) {

@@ -53,8 +53,8 @@ TEST(Trace, ThreadsWriteWholeEscapedEvents) {
       }
     });
   for (auto &th : ts) th.join();
-  // 4 metadata events per track + 2 per rank, then the spans
-  EXPECT_EQ(dsc_trace_event_count(t), threads * (per + 2 + 2 * 5));
+  // 2 metadata events per track (6 tracks) + 2 per rank, then the spans
+  EXPECT_EQ(dsc_trace_event_count(t), threads * (per + 2 + 2 * 6));
   ASSERT_EQ(dsc_trace_close(t), DSC_OK);
   std::string s = slurp(path);
   EXPECT_EQ(s.rfind("{\"traceEvents\":[\n", 0), 0u);
@@ -64,6 +64,7 @@ TEST(Trace, ThreadsWriteWholeEscapedEvents) {
   for (int r = 0; r < threads; r++)
     EXPECT_EQ(count(s, "\"args\":{\"name\":\"rank " + std::to_string(r) + "\"}"), 1u) << r;
   EXPECT_EQ(count(s, "\"args\":{\"name\":\"wait\"}"), size_t(threads));
+  EXPECT_EQ(count(s, "\"args\":{\"name\":\"host stream\"}"), size_t(threads));
   // 1500 ns -> "1.500" us
   EXPECT_NE(s.find("\"dur\":1.500,"), std::string::npos);
   EXPECT_EQ(s.find("hidden_comm_share"), std::string::npos);  // no collectives
@@ -88,9 +89,15 @@ TEST(Trace, OverlapFigures) {
   EXPECT_DOUBLE_EQ(o.comm_s, 4000e-9);
   EXPECT_DOUBLE_EQ(o.wait_s, 2000e-9);
   EXPECT_DOUBLE_EQ(dsc_trace_hidden_share(&o), 0.5);
+  EXPECT_EQ(dsc_trace_hidden_host_share(&o), -1);
+  dsc_trace_add_host(t, 3, 8000, 2000);
+  dsc_trace_get_overlap(t, &o);
+  EXPECT_DOUBLE_EQ(o.host_busy_s, 8000e-9);
+  EXPECT_DOUBLE_EQ(dsc_trace_hidden_host_share(&o), 0.75);
   ASSERT_EQ(dsc_trace_close(t), DSC_OK);
   std::string s = slurp(path);
-  EXPECT_NE(s.find("\"3\":{\"collectives\":5,\"comm_us\":3.000,\"wait_us\":1.750}"),
+  EXPECT_NE(s.find("\"3\":{\"collectives\":5,\"comm_us\":3.000,\"wait_us\":1.750,"
+                   "\"host_busy_us\":8.000,\"host_wait_us\":2.000}"),
             std::string::npos)
       << s;
   EXPECT_NE(s.find("\"hidden_comm_share\":0.500000"), std::string::npos) << s;
