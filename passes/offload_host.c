@@ -13,7 +13,8 @@
  * the nodes that feed an assign (or an output other than the loss) and do
  * not feed the loss or a gradient (role IR_ROLE_GRAD: the averaged, or at
  * ZeRO stages 1-3 the reduce-scattered, gradients). Of that region a node
- * goes to the host when it reads a gradient or a host node (forward), or
+ * goes to the host when it reads a gradient, a host-tier value or a host
+ * node (forward), or
  * when every reader is a host node or an assign to a value that lives off
  * the device (backward: the bias corrections, lr * weight_decay); sources,
  * collectives and disk tier transfers never do. Then every edge from the
@@ -56,6 +57,18 @@ static bool off_device(const ir_module *m, const char *name) {
   char key[600];
   if (!name || (size_t)snprintf(key, sizeof key, "tier.%s", name) >= sizeof key) return false;
   return dsc_module_get_meta(m, key) != NULL;
+}
+
+/* A read of a value the host tier holds (an optimizer state): the update
+ * computes where its operands live. Without it an update that reads no
+ * gradient (the delayed update's, which applies the stored one) stayed on
+ * the device, reading the host's states across the link. */
+static bool on_host_tier(const ir_module *m, const ir_node *x) {
+  char key[600];
+  const char *name = x->op == DSC_OP_PARAM ? ir_attr_str(x, "name") : NULL;
+  if (!name || (size_t)snprintf(key, sizeof key, "tier.%s", name) >= sizeof key) return false;
+  const char *t = dsc_module_get_meta((ir_module *)m, key);
+  return t && strcmp(t, "host") == 0;
 }
 
 static ir_node *transfer(ir_graph *g, dsc_op op, ir_node *x) {
@@ -173,7 +186,7 @@ dsc_status pass_offload_host_run(ir_module *m, const dsc_train_config *cfg) {
       ir_node *x = g->nodes[i];
       if (!elig[i] || host[i]) continue;
       for (int q = 0; q < x->n_in; q++)
-        if (x->in[q]->role == IR_ROLE_GRAD || host[x->in[q]->id]) {
+        if (x->in[q]->role == IR_ROLE_GRAD || host[x->in[q]->id] || on_host_tier(m, x->in[q])) {
           host[i] = true, changed = true, n_host++;
           break;
         }

@@ -80,6 +80,51 @@ if [ "$cpus" -ge 2 ]; then
   expect_grep '^trace: host stream hidden behind the executor' "$TMP/out"
 fi
 
+# placement: with the host step every node that reads a host-tier state
+# is on the host (the delayed update reads no gradient, only states: it
+# went to the device once, reading the host's states across the link); and
+# with overlap the delayed update, which needs nothing of this step, comes
+# before the forward's first matmul
+for dpu in false true; do
+  if "$DSC" dump "$MODEL" --offload-optimizer host --delayed-param-update $dpu --after offload \
+      >"$TMP/placed-$dpu.dsir" 2>"$TMP/err"; then
+    python3 - "$TMP/placed-$dpu.dsir" $dpu <<'PY' && pass || fail "placement of the host step (delayed $dpu)"
+import re, sys
+text = open(sys.argv[1]).read()
+tiers = set(re.findall(r'meta "tier\.([^"]+)" = "host"', text))
+body = text.split("graph train_step", 1)[1].split("\n}", 1)[0].splitlines()
+state, host, first_matmul, first_update = {}, set(), None, None
+for n, line in enumerate(body):
+    m = re.match(r"\s*(%\d+) = (\w+)(.*)", line)
+    if not m:
+        continue
+    v, op, rest = m.groups()
+    if op == "param":
+        name = re.search(r'name = "([^"]+)"', rest).group(1)
+        if name in tiers:
+            state[v] = name
+        continue
+    if line.rstrip().endswith(" host"):
+        host.add(v)
+    args = re.findall(r"%\d+", rest.split(")")[0])
+    if op == "matmul" and first_matmul is None:
+        first_matmul = n
+    if op in ("assign", "to_host"):
+        continue
+    for a in args:
+        if a in state:
+            assert v in host, "%s reads %s on the device: %s" % (v, state[a], line.strip())
+            if first_update is None:
+                first_update = n
+assert state and first_update is not None, "no host-tier state read"
+if sys.argv[2] == "true":
+    assert first_update < first_matmul, (first_update, first_matmul)
+PY
+  else
+    fail "dsc dump --delayed-param-update $dpu: $(cat "$TMP/err")"
+  fi
+done
+
 # the plan: the stream's host buffers are held to the step's end, so the
 # host work arena grows; the device's peak stays (within the bytes of
 # alignment that another order of the same buffers gives)
