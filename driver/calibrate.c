@@ -302,6 +302,13 @@ static bool write_cache(const char *path, const char *host, int threads, const d
   return ok;
 }
 
+bool dsc_calibrate_cached(const dsc_calibrate_options *o, dsc_rates *out) {
+  char host[128], path[4096];
+  host_key(host, sizeof host);
+  if ((o && o->no_cache) || !dsc_calibrate_cache_path(o, path, sizeof path)) return false;
+  return read_cache(path, host, threads_of(o), out);
+}
+
 dsc_status dsc_calibrate(dsc_context *ctx, const dsc_calibrate_options *o, dsc_rates *out,
                          bool *from_cache) {
   dsc_calibrate_options none;

@@ -108,7 +108,9 @@ static const struct {
      run_offload},
     {"schedule",
      "overlap: reduce_scatters merged into buckets (--bucket-bytes), all_gathers started ahead "
-     "of their use within --prefetch-bytes; nothing at world 1",
+     "of their use within --prefetch-bytes (nothing at world 1); disk reads ahead within "
+     "--offload-prefetch-bytes; offloaded activations back ahead of their readers by their "
+     "copy's time (a cost model) on the host stream",
      run_schedule},
     {"accumulate",
      "gradient accumulation as a loop (grad_accum > 1): graph 'micro_step' (forward, backward, "

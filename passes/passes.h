@@ -172,6 +172,25 @@ dsc_status pass_offload_run(ir_module *m, const dsc_train_config *cfg);
  * offload) and their starts and waits scheduled (run by pass schedule). */
 dsc_status pass_offload_disk_run(ir_module *m, const dsc_train_config *cfg);
 dsc_status pass_offload_schedule_run(ir_module *m, const dsc_train_config *cfg);
+/* passes/prefetch.c (run by pass schedule): with the host stream (meta
+ * offload.overlap) each offloaded activation's to_device starts ahead of
+ * its first reader by its copy's time, from pass_node_seconds, within
+ * cfg->offload.prefetch_bytes of early returns at any point. */
+dsc_status pass_prefetch_returns_run(ir_module *m, const dsc_train_config *cfg);
+/* The cost model's rates, per second (cfg->gemm_gflops, cfg->mem_gbps,
+ * cfg->copy_gbps, else the defaults: a 2-core server's). */
+#define PASS_DEFAULT_GEMM_GFLOPS 200.0
+#define PASS_DEFAULT_MEM_GBPS 20.0
+#define PASS_DEFAULT_COPY_GBPS 20.0
+typedef struct {
+  double gemm_flops, mem_bytes, copy_bytes; /* device GEMM, device memory, host <-> device */
+} pass_rates;
+void pass_rates_of(const dsc_train_config *cfg, pass_rates *out);
+/* The executor's time for node x: matmul and attention flops at the GEMM
+ * rate, to_host its bytes at the copy rate, other ops their bytes at the
+ * memory rate; 0 for views, sources,
+ * assigns, host-placed nodes and to_device (the host stream's). */
+double pass_node_seconds(const ir_node *x, const pass_rates *r);
 /* passes/offload_host.c: --offload-optimizer host runs the update of graph
  * "train_step" on the host (nodes placed IR_PLACE_HOST; gradients copied
  * out with to_host as soon as final, updated device params back with

@@ -203,6 +203,8 @@ static dsc_status prefetch_gathers(ir_module *m, ir_graph *g, int64_t budget) {
 
 dsc_status pass_schedule_run(ir_module *m, const dsc_train_config *cfg) {
   if (!cfg) return DSC_OK;
+  dsc_status st0 = pass_prefetch_returns_run(m, cfg); /* offloaded activations */
+  if (st0 != DSC_OK) return st0;
   if (cfg->world <= 1) return pass_offload_schedule_run(m, cfg); /* disk reads and writes */
   ir_graph *g = dsc_module_find_graph(m, "train_step");
   if (!g) return DSC_OK;

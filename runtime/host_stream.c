@@ -84,8 +84,7 @@ static void *stream_main(void *arg) {
   return NULL;
 }
 
-rt_host_stream *rt_host_stream_new(dsc_context *ctx, int max_items, rt_host_item_fn fn,
-                                   void *arg) {
+rt_host_stream *rt_host_stream_new(dsc_context *ctx, int max_items, rt_host_item_fn fn, void *arg) {
   rt_host_stream *s = ir_alloc(ctx, sizeof *s);
   if (!s) {
     ir_error(ctx, ir_no_loc, "out of memory creating the host stream");

@@ -46,6 +46,9 @@ typedef struct {
  * which. Errors (the disk test failing) are diagnostics on ctx. */
 dsc_status dsc_calibrate(dsc_context *ctx, const dsc_calibrate_options *o, dsc_rates *out,
                          bool *from_cache);
+/* The host's cached rates only (no measuring): false when there are none
+ * for this host and thread count. */
+bool dsc_calibrate_cached(const dsc_calibrate_options *o, dsc_rates *out);
 /* The cache file of this host (o->cache_path if set), in buf. False when no
  * directory is known (neither DSC_CACHE_DIR nor HOME). */
 bool dsc_calibrate_cache_path(const dsc_calibrate_options *o, char *buf, size_t n);

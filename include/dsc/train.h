@@ -236,6 +236,12 @@ typedef struct {
     int64_t warm_up;         /* full_warm_up_rounds; default 0 */
     bool overlap_step;       /* the host step beside the next steps: refused (not built) */
   } zenflow;
+  /* This machine's rates for the schedule pass's time estimates
+   * (passes/prefetch.c): f32 GEMM GFLOP/s, device memory GB/s and host <->
+   * device copy GB/s; 0: the pass's defaults. dsc train sets them from the
+   * host's calibration (dsc_calibrate's cache, as --auto writes it) when
+   * it has one. */
+  double gemm_gflops, mem_gbps, copy_gbps;
 } dsc_train_config;
 
 /* Defaults (documented in docs/training.md), then the module's train.*

@@ -28,9 +28,10 @@ same_checkpoints() { # A B
   if [ $ok = 1 ]; then pass; else fail "$1 and $2 differ"; fi
 }
 
-for mode in clip noclip delayed zenflow ranks; do
+for mode in clip noclip delayed zenflow ranks act; do
   extra=()
   case $mode in
+    act) extra=(--checkpoint-activations offload) ;;
     noclip) extra=(--deepspeed "$TMP/noclip.json") ;;
     delayed) extra=(--delayed-param-update true) ;;
     zenflow) extra=(--zenflow true) ;;

@@ -340,6 +340,16 @@ TEST(AutocfgCalibrate, MeasuresAndCaches) {
   EXPECT_GT(r.disk_gbps, 0.0001);
   EXPECT_GT(r.link_gbps, 0.001);
   dsc_rates again;
+  // the cache alone (what dsc train's schedule pass reads): this host and
+  // thread count only
+  ASSERT_TRUE(dsc_calibrate_cached(&o, &again));
+  EXPECT_NEAR(again.host_gbps, r.host_gbps, 1e-5 * r.host_gbps);
+  o.threads = 3;
+  EXPECT_FALSE(dsc_calibrate_cached(&o, &again));
+  o.threads = 1;
+  o.no_cache = true;
+  EXPECT_FALSE(dsc_calibrate_cached(&o, &again));
+  o.no_cache = false;
   ASSERT_EQ(dsc_calibrate(ctx, &o, &again, &cached), DSC_OK) << diags(ctx);
   EXPECT_TRUE(cached);
   EXPECT_NEAR(again.compute_gflops, r.compute_gflops, 1e-5 * r.compute_gflops);
