@@ -60,6 +60,29 @@ dsc_module *transfer_module(dsc_context *ctx) {
   return m;
 }
 
+// Graph g of m (input [16, 8], two outputs of 128 values) run by the cpu
+// backend on inputs of seeds first..last gives the interpreter's values
+// exactly, run after run (one executor).
+void cpu_runs_as_interp(dsc_context *ctx, dsc_module *m, const dsc_graph *g, unsigned first,
+                        unsigned last) {
+  if (!dsc_backend_available(DSC_BACKEND_CPU)) return;
+  dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
+  dsc_exec *e = nullptr;
+  ASSERT_EQ(dsc_exec_new(m, &o, &e), DSC_OK) << diags(ctx);
+  for (unsigned seed = first; seed <= last; seed++) {
+    dsc_tensor *x = random_tensor(ctx, T(DSC_F32, {16, 8}), seed);
+    const dsc_tensor *in[1] = {x};
+    dsc_tensor *got[2] = {nullptr, nullptr}, *want[2] = {nullptr, nullptr};
+    ASSERT_EQ(dsc_exec_run(e, "g", in, 1, got), DSC_OK) << diags(ctx);
+    ASSERT_EQ(dsc_interp_run(g, nullptr, in, 1, want), DSC_OK) << diags(ctx);
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < 128; i++) EXPECT_EQ(got[k]->data[i], want[k]->data[i]) << k << " " << i;
+    for (int k = 0; k < 2; k++) dsc_tensor_free(ctx, got[k]), dsc_tensor_free(ctx, want[k]);
+    dsc_tensor_free(ctx, x);
+  }
+  dsc_exec_free(e);
+}
+
 TEST(OffloadHost, TransfersAreIdentityCopiesThatPrintWithPlacementAndParseBack) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_module *m = transfer_module(ctx);
@@ -131,21 +154,7 @@ TEST(OffloadHost, LoweringPutsHostValuesInTheHostWorkArenaAndTheCpuRunsThem) {
   EXPECT_EQ(plan.host_bytes, 1024);
   EXPECT_EQ(plan.work_arena, p->arena_bytes[CG_ARENA_WORK]);
   ir_arena_release(&a);
-  if (dsc_backend_available(DSC_BACKEND_CPU)) {
-    dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
-    dsc_exec *e = nullptr;
-    ASSERT_EQ(dsc_exec_new(m, &o, &e), DSC_OK) << diags(ctx);
-    dsc_tensor *x = random_tensor(ctx, T(DSC_F32, {16, 8}), 11);
-    const dsc_tensor *in[1] = {x};
-    dsc_tensor *got[2] = {nullptr, nullptr}, *want[2] = {nullptr, nullptr};
-    ASSERT_EQ(dsc_exec_run(e, "g", in, 1, got), DSC_OK) << diags(ctx);
-    ASSERT_EQ(dsc_interp_run(g, nullptr, in, 1, want), DSC_OK) << diags(ctx);
-    for (int k = 0; k < 2; k++)
-      for (int i = 0; i < 128; i++) EXPECT_EQ(got[k]->data[i], want[k]->data[i]) << k << " " << i;
-    for (int k = 0; k < 2; k++) dsc_tensor_free(ctx, got[k]), dsc_tensor_free(ctx, want[k]);
-    dsc_tensor_free(ctx, x);
-    dsc_exec_free(e);
-  }
+  cpu_runs_as_interp(ctx, m, g, 11, 11);
   dsc_module_free(m);
   dsc_context_free(ctx);
 }
@@ -290,23 +299,7 @@ TEST(OffloadHost, OverlapPutsHostWorkOnTheHostStreamAndComputesTheSame) {
       EXPECT_EQ(p->buffers[b].last_use, p->n_instrs);
     }
   ir_arena_release(&a);
-  if (dsc_backend_available(DSC_BACKEND_CPU)) {
-    dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
-    dsc_exec *e = nullptr;
-    ASSERT_EQ(dsc_exec_new(m, &o, &e), DSC_OK) << diags(ctx);
-    for (unsigned seed = 1; seed <= 20; seed++) {
-      dsc_tensor *x = random_tensor(ctx, T(DSC_F32, {16, 8}), seed);
-      const dsc_tensor *in[1] = {x};
-      dsc_tensor *got[2] = {nullptr, nullptr}, *want[2] = {nullptr, nullptr};
-      ASSERT_EQ(dsc_exec_run(e, "g", in, 1, got), DSC_OK) << diags(ctx);
-      ASSERT_EQ(dsc_interp_run(g, nullptr, in, 1, want), DSC_OK) << diags(ctx);
-      for (int k = 0; k < 2; k++)
-        for (int i = 0; i < 128; i++) ASSERT_EQ(got[k]->data[i], want[k]->data[i]) << k << " " << i;
-      for (int k = 0; k < 2; k++) dsc_tensor_free(ctx, got[k]), dsc_tensor_free(ctx, want[k]);
-      dsc_tensor_free(ctx, x);
-    }
-    dsc_exec_free(e);
-  }
+  cpu_runs_as_interp(ctx, m, g, 1, 20);
   dsc_module_free(m);
   dsc_context_free(ctx);
 }
