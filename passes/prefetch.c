@@ -99,8 +99,8 @@ static dsc_status prefetch_graph(ir_module *m, ir_graph *g, const pass_rates *r,
     for (int q = 0; q < c->n_in; q++)
       if (i < first[c->in[q]->id]) first[c->in[q]->id] = i;
   }
-  /* in the order of their readers (the order the backward needs them):
-   * positions, so readers are increasing as i walks the reader positions */
+  /* in the order of their readers (the order the backward needs them), so
+   * that an earlier return takes the budget first */
   int n_keys = 0;
   for (int rpos = 0; rpos < n; rpos++)
     for (int q = 0; q < g->nodes[rpos]->n_in; q++) {
