@@ -541,7 +541,17 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
   bool zf = cfg->zenflow.enabled && n_out > 1;
   ir_node **raw = zf ? ir_arena_alloc(&m->arena, sizeof(ir_node *) * (size_t)n_out) : NULL;
   if (zf && !raw) return ir_error(m->ctx, ir_no_loc, "out of memory"), DSC_ERR_INTERNAL;
-  for (int j = 1; zf && j < n_out; j++) raw[j] = acc[j];
+  for (int j = 1; zf && j < n_out; j++) {
+    raw[j] = acc[j];
+    /* with master weights the device part casts the low gradient itself:
+     * the f32 cast the host's part reads is placed on the host, and sharing
+     * it brought the whole f32 gradient back (a to_device of 4 bytes per
+     * value after a to_host of 2) */
+    if (acc[j]->op == DSC_OP_CAST && acc[j]->in[0]->role == IR_ROLE_GRAD) {
+      if (!(raw[j] = dsc_cast(g, acc[j]->in[0], DSC_F32))) return DSC_ERR_USER;
+      raw[j]->role = IR_ROLE_DEVICE_STEP;
+    }
+  }
   ir_node *factor = scalar(o, 1, DSC_F32);
 
   /* 4. global norm and clipping */

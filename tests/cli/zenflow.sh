@@ -108,6 +108,20 @@ assert z["grads_held"] <= 1.10 * h["grads_held"], (h["grads_held"], z["grads_hel
 assert 0 < z["model_states"] - h["model_states"] < 0.3 * 2 * 4 * n, (h, z)
 PY
 
+# bf16 (master weights): the device part casts each gradient itself; the
+# host's f32 cast never comes back (it did: a to_device of every gradient)
+expect_exit 0 "$DSC" dump "$MODEL" --precision bf16 --offload-optimizer host --zenflow true \
+  --after offload -o "$TMP/zf-bf16.dsir"
+python3 - "$TMP/zf-bf16.dsir" <<'PY' && pass || fail "zenflow bf16: a gradient's cast comes back"
+import re, sys
+body = open(sys.argv[1]).read().split("graph train_step", 1)[1]
+op = dict(re.findall(r"^\s*(%\d+) = (\w+)", body, re.M))
+back = re.findall(r"= to_device\((%\d+)\)", body)
+assert back, "no to_device"
+casts = [v for v in back if op.get(v) == "cast"]
+assert not casts, casts
+PY
+
 expect_exit 1 "$DSC" train --resume "$TMP/z-resumed" --steps 10 --zenflow false &&
   expect_grep 'trained with zenflow true, not false' "$TMP/err"
 expect_exit 1 "$DSC" train "$MODEL" --data "$TMP/c" --steps 2 --zenflow true --offload-optimizer disk \
