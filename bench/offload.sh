@@ -126,8 +126,9 @@ for ((rep = 1; rep <= REPS; rep++)); do
 import json, sys
 d = json.load(open(sys.argv[1]))
 ev = d["traceEvents"]
-steps = [e for e in ev if e.get("tid") == 1 and e.get("ph") == "X" and e["name"].startswith("step ")]
-busy = sum(e["dur"] for e in ev if e.get("tid") == 6 and e.get("ph") == "X"
+track = {e["args"]["name"]: e["tid"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+steps = [e for e in ev if e.get("tid") == track["step"] and e.get("ph") == "X" and e["name"].startswith("step ")]
+busy = sum(e["dur"] for e in ev if e.get("tid") == track["host stream"] and e.get("ph") == "X"
            for s in steps[1:] if s["ts"] <= e["ts"] <= s["ts"] + s["dur"])
 share = d["otherData"].get("hidden_host_share")
 print("%.1f %s" % (busy / 1e3 / max(len(steps) - 1, 1), "-" if share is None else "%.3f" % share))

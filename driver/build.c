@@ -122,12 +122,14 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
    * and the interpreter look params up by name. */
   if (want_fwd && (st = drv_compile_model(ctx, path, cfg->batch, cfg->seq, fwd)) != DSC_OK)
     return st;
-  /* the schedule pass's time estimates (passes/prefetch.c): this host's
-   * calibrated rates when --auto or dsc_calibrate measured them, else the
-   * pass's defaults; dsc plan and dsc train read the same file */
+  /* the schedule pass's time estimates for offloaded activations
+   * (passes/prefetch.c): this host's calibrated rates when --auto or
+   * dsc_calibrate measured them, else the pass's defaults; dsc plan and dsc
+   * train read the same file (and no other run reads it) */
   dsc_train_config c = *cfg;
   dsc_rates r;
-  if (c.gemm_gflops <= 0 && c.copy_gbps <= 0 && dsc_calibrate_cached(NULL, &r))
+  bool timed_returns = c.remat == DSC_REMAT_OFFLOAD && c.offload.overlap != DSC_SWITCH_FALSE;
+  if (timed_returns && c.gemm_gflops <= 0 && c.copy_gbps <= 0 && dsc_calibrate_cached(NULL, &r))
     c.gemm_gflops = r.compute_gflops, c.mem_gbps = c.copy_gbps = r.host_gbps; /* CPU: memcpy */
   dsc_pipeline_options po;
   memset(&po, 0, sizeof po);

@@ -36,6 +36,11 @@ bool pass_inline_graph(ir_graph *dst, const ir_graph *src, ir_node *const *input
   return true;
 }
 
+bool pass_is_view(const ir_node *x) {
+  return x->op == DSC_OP_RESHAPE || x->op == DSC_OP_PERMUTE || x->op == DSC_OP_SLICE ||
+         x->op == DSC_OP_BROADCAST;
+}
+
 bool pass_remove_graph(ir_module *m, const char *name) {
   for (int i = 0; i < m->n_graphs; i++)
     if (strcmp(m->graphs[i]->name, name) == 0) {

@@ -73,15 +73,17 @@ static dsc_status offload_values(ir_module *m, const dsc_train_config *cfg) {
 
 dsc_status pass_offload_run(ir_module *m, const dsc_train_config *cfg) {
   if (!cfg) return DSC_OK;
-  /* the lowering puts host-placed work and tier copies on the executor's
-   * host stream (codegen/lower.c mark_host_stream): "true" on a thread of
-   * its own always, "auto" where a core is free for it */
-  if (cfg->offload.overlap != DSC_SWITCH_FALSE &&
-      dsc_module_set_meta(m, "offload.overlap", dsc_switch_name(cfg->offload.overlap)) != DSC_OK)
-    return DSC_ERR_INTERNAL;
   dsc_offload_tier opt = cfg->offload.optimizer, par = cfg->offload.param;
   if (cfg->zenflow.enabled && opt == DSC_OFFLOAD_NONE) /* ZenFlow's host part */
     opt = DSC_OFFLOAD_HOST;
+  /* where there is host work (the host step, activation offload), the
+   * lowering puts it and the tier copies on the executor's host stream
+   * (codegen/lower.c mark_host_stream): "true" on a thread of its own
+   * always, "auto" where a core is free for it */
+  bool host_work = opt == DSC_OFFLOAD_HOST || cfg->remat == DSC_REMAT_OFFLOAD;
+  if (host_work && cfg->offload.overlap != DSC_SWITCH_FALSE &&
+      dsc_module_set_meta(m, "offload.overlap", dsc_switch_name(cfg->offload.overlap)) != DSC_OK)
+    return DSC_ERR_INTERNAL;
   if (opt == DSC_OFFLOAD_NONE && par == DSC_OFFLOAD_NONE) return DSC_OK;
   if (!dsc_module_find_graph(m, "train_step")) {
     ir_error(m->ctx, ir_no_loc, "offload: the module has no graph 'train_step' (run pass "

@@ -52,22 +52,22 @@ static bool device_only(const ir_node *x) {
          x->op == DSC_OP_TO_DEVICE || x->op == DSC_OP_ASSIGN;
 }
 
-/* The value named by a param read or an assign lives off the device. */
-static bool off_device(const ir_module *m, const char *name) {
+/* The tier (module meta tier.<name>: "host", "disk") of the value a param
+ * read or an assign names; NULL when it lives on the device. */
+static const char *tier_of(const ir_module *m, const char *name) {
   char key[600];
-  if (!name || (size_t)snprintf(key, sizeof key, "tier.%s", name) >= sizeof key) return false;
-  return dsc_module_get_meta(m, key) != NULL;
+  if (!name || (size_t)snprintf(key, sizeof key, "tier.%s", name) >= sizeof key) return NULL;
+  return dsc_module_get_meta(m, key);
 }
+
+static bool off_device(const ir_module *m, const char *name) { return tier_of(m, name) != NULL; }
 
 /* A read of a value the host tier holds (an optimizer state): the update
  * computes where its operands live. Without it an update that reads no
  * gradient (the delayed update's, which applies the stored one) stayed on
  * the device, reading the host's states across the link. */
 static bool on_host_tier(const ir_module *m, const ir_node *x) {
-  char key[600];
-  const char *name = x->op == DSC_OP_PARAM ? ir_attr_str(x, "name") : NULL;
-  if (!name || (size_t)snprintf(key, sizeof key, "tier.%s", name) >= sizeof key) return false;
-  const char *t = dsc_module_get_meta((ir_module *)m, key);
+  const char *t = x->op == DSC_OP_PARAM ? tier_of(m, ir_attr_str(x, "name")) : NULL;
   return t && strcmp(t, "host") == 0;
 }
 
@@ -92,11 +92,6 @@ static void mark_ancestors(ir_node *x, bool *mark, ir_node **stack) {
   }
 }
 
-static bool is_view(const ir_node *x) {
-  return x->op == DSC_OP_RESHAPE || x->op == DSC_OP_PERMUTE || x->op == DSC_OP_SLICE ||
-         x->op == DSC_OP_BROADCAST;
-}
-
 /* With overlap: an updated param comes back (its to_device, which the
  * lowering writes straight into the param) as soon as both its host update
  * is placed and the device's last read of the param (through views) is
@@ -108,7 +103,8 @@ static bool return_early(ir_graph *g, int n, const bool *host, const double *asa
   ir_module *m = g->module;
   int *last = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(n + 1));
   int *readers = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(g->n_nodes + 1));
-  if (!last || !readers) return false;
+  int *param_last = ir_arena_alloc(&m->arena, sizeof(int) * (size_t)(m->n_params + 1));
+  if (!last || !readers || !param_last) return false;
   memset(readers, 0, sizeof(int) * (size_t)(g->n_nodes + 1));
   for (int i = 0; i < g->n_nodes; i++)
     for (int q = 0; q < g->nodes[i]->n_in; q++) readers[g->nodes[i]->in[q]->id]++;
@@ -117,12 +113,19 @@ static bool return_early(ir_graph *g, int n, const bool *host, const double *asa
   for (int i = 0; i < n; i++) last[i] = -1;
   for (int i = n - 1; i >= 0; i--) {
     const ir_node *c = g->nodes[i];
-    int at = is_view(c) && last[i] > i ? last[i] : i;
+    int at = pass_is_view(c) && last[i] > i ? last[i] : i;
     if (host[i]) at = n; /* moved: not a fixed place */
     for (int q = 0; q < c->n_in; q++) {
       int x = c->in[q]->id;
       if (x < n && at > last[x]) last[x] = at;
     }
+  }
+  /* per param: the last read of any of its param nodes */
+  for (int k = 0; k < m->n_params; k++) param_last[k] = -1;
+  for (int j = 0; j < n; j++) {
+    const ir_node *r = g->nodes[j];
+    int k = r->op == DSC_OP_PARAM ? dsc_module_find_param(m, ir_attr_str(r, "name")) : -1;
+    if (k >= 0 && last[j] > param_last[k]) param_last[k] = last[j];
   }
   for (int i = 0; i < n; i++) {
     const ir_node *a = g->nodes[i];
@@ -131,13 +134,9 @@ static bool return_early(ir_graph *g, int n, const bool *host, const double *asa
     const ir_node *src = d->in[0];
     if (d->id < n || readers[d->id] != 1 || src->id >= n || !host[src->id] || td[src->id] != d)
       continue;
-    const char *name = ir_attr_str(a, "name");
+    int k = dsc_module_find_param(m, ir_attr_str(a, "name"));
     double at = asap[src->id];
-    for (int j = 0; j < n && name; j++) {
-      const ir_node *r = g->nodes[j];
-      if (r->op == DSC_OP_PARAM && strcmp(ir_attr_str(r, "name"), name) == 0 && last[j] > at)
-        at = last[j];
-    }
+    if (k >= 0 && param_last[k] > at) at = param_last[k];
     if (at >= n) continue; /* read to the end: stays before the assign */
     keys[(*n_keys)++] = (pass_fixed_key){d, at + 0.5};
   }
@@ -297,11 +296,6 @@ struct pass_act_offload {
   int n_keys;
 };
 
-bool pass_act_offload_view(const ir_node *x) {
-  return x->op == DSC_OP_RESHAPE || x->op == DSC_OP_PERMUTE || x->op == DSC_OP_SLICE ||
-         x->op == DSC_OP_BROADCAST;
-}
-
 pass_act_offload *pass_act_offload_new(ir_graph *g, const bool *fwd) {
   ir_module *m = g->module;
   ir_arena *a = &m->arena;
@@ -327,7 +321,7 @@ pass_act_offload *pass_act_offload_new(ir_graph *g, const bool *fwd) {
       for (int q = 0; q < x->n_in; q++) k = k && konst[x->in[q]->id];
     }
     konst[i] = k;
-    s->movable[i] = fwd[i] && !is_source(x) && !k && !pass_act_offload_view(x) &&
+    s->movable[i] = fwd[i] && !is_source(x) && !k && !pass_is_view(x) &&
                     !device_only(x) && dsc_type_numel(&x->type) > 1;
     for (int q = 0; q < x->n_in; q++)
       if (fwd[i] && i > s->last_fwd[x->in[q]->id]) s->last_fwd[x->in[q]->id] = i;

@@ -96,6 +96,9 @@ dsc_status pass_cse_run(ir_module *m); /* every graph of the module */
  * already checked). outs[k] receives the clone of src's k-th output.
  * Returns false (with a diagnostic) when out of memory. */
 bool pass_inline_graph(ir_graph *dst, const ir_graph *src, ir_node *const *inputs, ir_node **outs);
+/* A view: reshape, permute, slice or broadcast (reads its input's bytes in
+ * place; no buffer of its own to move, no time of its own). */
+bool pass_is_view(const ir_node *x);
 /* Removes graph `name` from the module (its nodes stay in the arena).
  * Returns false when there is no such graph. */
 bool pass_remove_graph(ir_module *m, const char *name);
@@ -206,7 +209,6 @@ typedef struct pass_act_offload pass_act_offload;
 pass_act_offload *pass_act_offload_new(ir_graph *g, const bool *fwd);
 ir_node *pass_act_offload_ref(pass_act_offload *s, ir_node *x);
 const pass_fixed_key *pass_act_offload_keys(const pass_act_offload *s, int *n);
-bool pass_act_offload_view(const ir_node *x); /* views are re-applied, not moved */
 
 /* ======================= passes/pass_manager.c =======================
  * The default pipeline is a table of rows {name, description, run}; a new

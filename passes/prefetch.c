@@ -37,11 +37,6 @@ static int64_t bytes_of(const ir_node *x) {
   return dsc_type_numel(&x->type) * (int64_t)dsc_dtype_size(x->type.dtype);
 }
 
-static bool is_view(const ir_node *x) {
-  return x->op == DSC_OP_RESHAPE || x->op == DSC_OP_PERMUTE || x->op == DSC_OP_SLICE ||
-         x->op == DSC_OP_BROADCAST;
-}
-
 static double rate(double given, double fallback) { return (given > 0 ? given : fallback) * 1e9; }
 
 void pass_rates_of(const dsc_train_config *cfg, pass_rates *out) {
@@ -51,7 +46,7 @@ void pass_rates_of(const dsc_train_config *cfg, pass_rates *out) {
 }
 
 double pass_node_seconds(const ir_node *x, const pass_rates *r) {
-  if (x->n_in == 0 || is_view(x) || x->op == DSC_OP_ASSIGN || x->place == IR_PLACE_HOST ||
+  if (x->n_in == 0 || pass_is_view(x) || x->op == DSC_OP_ASSIGN || x->place == IR_PLACE_HOST ||
       x->op == DSC_OP_TO_DEVICE)
     return 0;
   if (x->op == DSC_OP_MATMUL) {

@@ -138,7 +138,7 @@ static dsc_status run_policy(ir_module *m, ir_graph *g, const dsc_train_config *
     block_policy(g, fwd, cfg->remat_every > 0 ? cfg->remat_every : 1, redo, blk);
   else if (cfg->remat == DSC_REMAT_OFFLOAD) { /* views re-applied, values moved (offload_host.c) */
     for (int i = 0; i < n; i++)
-      redo[i] = fwd[i] && g->nodes[i]->n_in > 0 && pass_act_offload_view(g->nodes[i]);
+      redo[i] = fwd[i] && g->nodes[i]->n_in > 0 && pass_is_view(g->nodes[i]);
     if (!(off = pass_act_offload_new(g, fwd))) {
       ir_error(m->ctx, ir_no_loc, "remat: out of memory");
       return DSC_ERR_INTERNAL;

@@ -266,8 +266,9 @@ static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
     fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%  %.3f MB per run, %.2f GB/s\n", "(host kernels)",
             host_n, host_ns / 1e6 / (double)runs, 100 * host_ns / (total > 0 ? total : 1),
             host_bytes / 1e6, host_ns > 0 ? host_bytes * (double)runs / host_ns : 0);
-  /* the host stream's (--offload-overlap): counted in the total above, but
-   * it ran beside the executor's thread */
+  /* the host stream's (--offload-overlap): counted in the total above; on
+   * its own thread beside the executor's, or in their place (auto with no
+   * core free) */
   double stream_ns = 0;
   int stream_n = 0;
   for (int i = 0; i < n; i++)

@@ -56,7 +56,9 @@ for path in sys.argv[1:]:
     names = {e["args"]["name"] for e in d["traceEvents"]
              if e.get("ph") == "M" and e["name"] == "thread_name"}
     assert "host stream" in names, names
-    host = [e for e in d["traceEvents"] if e.get("tid") == 6 and e.get("ph") == "X"]
+    tid = {e["args"]["name"]: e["tid"] for e in d["traceEvents"]
+           if e.get("ph") == "M" and e["name"] == "thread_name"}["host stream"]
+    host = [e for e in d["traceEvents"] if e.get("tid") == tid and e.get("ph") == "X"]
     kinds = {e["name"].split()[0] for e in host}
     assert host and "copy" in kinds, kinds  # kernels and the copies back
     r = d["otherData"]["ranks"]["0"]
