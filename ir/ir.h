@@ -161,6 +161,14 @@ struct dsc_node {
   int group; /* fusion group set by passes/fuse.c (printed `group N`); 0 = none */
   int role;  /* ir_role: what the value is, for memory accounting (not printed) */
   int place; /* ir_place: where the value is computed and kept (printed ` host`) */
+  /* Set by passes/guard.c (printed ` when %c` or ` unless %c`): the value
+   * is needed only in runs where the bool scalar `guard` equals guard_if,
+   * so an executor may skip computing it in the others (its value is then
+   * unspecified and nothing reads it). An assign with a guard keeps its
+   * state's value in those runs: its input is where(c, x, that state).
+   * NULL: always computed. The interpreter computes everything. */
+  ir_node *guard;
+  bool guard_if;
 };
 
 /* IR_PLACE_HOST: the node runs on the host and its value lives in host
@@ -230,6 +238,23 @@ dsc_dtype ir_attr_dtype(const ir_node *n, const char *key);
 const char *ir_attr_str(const ir_node *n, const char *key);
 const int64_t *ir_attr_ints(const ir_node *n, const char *key, int *count);
 const ir_param *ir_module_param(const ir_module *m, const char *name);
+/* Guards (ir_node.guard, passes/guard.c). ir_guard_may_skip: whether a
+ * node of this op may carry one at all: sources cost nothing, and
+ * collectives and disk transfers are paired across ranks and calls.
+ * ir_guard_kept_state: for an assign of where(c, x, s) or where(c, s, x)
+ * with s a read of the assigned state, c's root, and in *when the value of c for
+ * which the assign changes the state; NULL otherwise. ir_guard_problem: why
+ * n's guard is not valid (NULL when it is, or n has none). */
+bool ir_guard_may_skip(dsc_op op);
+/* A condition's value as computed: c through its to_host / to_device
+ * copies (the same value on either side), which guards compare by. */
+const ir_node *ir_guard_root(const ir_node *c);
+const ir_node *ir_guard_kept_state(const ir_node *assign, bool *when);
+const char *ir_guard_problem(const ir_node *n);
+/* Whether y may read x (x an input of y) given x's guard: y has the same
+ * guard, or y is a where on that guard reading x only as the branch it
+ * takes when the guard has x's value (a skipped x is then never used). */
+bool ir_guard_read_ok(const ir_node *x, const ir_node *y);
 
 /* ======================= ir/shape.c ======================= */
 #define OP(id, name, n_in, attrs, shape, interp, cg, grad) \

@@ -8,7 +8,8 @@
  *             | ('normal' | 'uniform') '(' num ',' num ')'
  *   graph    := 'graph' name '(' [ VALUE ':' type { ',' VALUE ':' type } ] ')' '{'
  *               { VALUE '=' op [ '(' [ VALUE { ',' VALUE } ] ')' ]
- *                 [ '{' [ attr { ',' attr } ] '}' ] ':' type [ 'group' INT ] [ 'host' ] }
+ *                 [ '{' [ attr { ',' attr } ] '}' ] ':' type [ 'group' INT ] [ 'host' ]
+ *                 [ ('when' | 'unless') VALUE ] }
  *               'return' VALUE { ',' VALUE } '}'
  *   attr     := IDENT '=' (num | 'true' | 'false' | dtype | STRING | '[' [int {',' int}] ']')
  *   type     := dtype '[' [ int { ',' int } ] ']'
@@ -928,12 +929,20 @@ static bool parse_node(parser *p, ir_graph *g) {
   }
   bool host = is_word(&p->tok, "host"); /* placement (passes/offload_host.c) */
   if (host) next(p);
+  ir_node *guard = NULL; /* passes/guard.c; the verifier checks it */
+  bool guard_if = is_word(&p->tok, "when");
+  if (guard_if || is_word(&p->tok, "unless")) {
+    next(p);
+    if (!use_value(p, &guard)) return false;
+    if (!guard) inputs_failed = true;
+  }
   if (inputs_failed) return false; /* an input's line failed and was reported */
   ir_node *n = ir_node_new_raw(g, op, type, p->ins, n_in, attrs, info->n_attrs);
   if (!n) return out_of_memory(p), false;
   n->loc = loc_at(p, vt.line, vt.col);
   n->group = group;
   if (host) n->place = IR_PLACE_HOST;
+  n->guard = guard, n->guard_if = guard_if;
   sym_find(p, key, len)->node = n;
   return true;
 }

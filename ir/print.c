@@ -264,6 +264,10 @@ static void w_graph(writer *w, const ir_graph *g) {
     w_type(w, &n->type);
     if (n->group > 0) w_printf(w, " group %d", n->group);
     if (n->place == IR_PLACE_HOST) w_puts(w, " host"); /* passes/offload_host.c */
+    if (n->guard) { /* passes/guard.c */
+      w_puts(w, n->guard_if ? " when " : " unless ");
+      w_value(w, g, nums, n->guard);
+    }
     w_puts(w, "\n");
   }
   w_puts(w, "  return");

@@ -148,6 +148,60 @@ static bool check_attrs(verifier *v, const ir_graph *g, const ir_node *n, int nu
   return ok;
 }
 
+bool ir_guard_may_skip(dsc_op op) {
+  ir_cg_class c = ir_op(op)->cg;
+  return c != IR_CG_SOURCE && c != IR_CG_COLLECTIVE && c != IR_CG_TIER;
+}
+
+const ir_node *ir_guard_root(const ir_node *c) {
+  while ((c->op == DSC_OP_TO_HOST || c->op == DSC_OP_TO_DEVICE) && c->n_in == 1) c = c->in[0];
+  return c;
+}
+
+const ir_node *ir_guard_kept_state(const ir_node *assign, bool *when) {
+  if (assign->op != DSC_OP_ASSIGN || assign->n_in != 1 || assign->in[0]->op != DSC_OP_WHERE)
+    return NULL;
+  const ir_node *w = assign->in[0], *c = w->in[0];
+  const char *name = ir_attr_str(assign, "name");
+  if (c->type.dtype != DSC_BOOL || dsc_type_numel(&c->type) != 1 || !name) return NULL;
+  for (int b = 1; b <= 2; b++) {
+    const ir_node *s = w->in[b];
+    const char *sn = s->op == DSC_OP_PARAM ? ir_attr_str(s, "name") : NULL;
+    if (sn && strcmp(sn, name) == 0) {
+      *when = b == 2; /* the other branch is the new value */
+      return ir_guard_root(c);
+    }
+  }
+  return NULL;
+}
+
+bool ir_guard_read_ok(const ir_node *x, const ir_node *y) {
+  if (!x->guard) return true;
+  const ir_node *c = ir_guard_root(x->guard);
+  if (y->guard && ir_guard_root(y->guard) == c && y->guard_if == x->guard_if) return true;
+  if (y->op != DSC_OP_WHERE || y->n_in != 3 || ir_guard_root(y->in[0]) != c) return false;
+  int branch = x->guard_if ? 1 : 2;
+  for (int q = 0; q < 3; q++)
+    if (y->in[q] == x && q != branch) return false;
+  return true;
+}
+
+const char *ir_guard_problem(const ir_node *n) {
+  const ir_node *c = n->guard;
+  if (!c) return NULL;
+  const ir_graph *g = n->graph;
+  if (!defined_before(g, c, n->id)) return "its guard is not a value defined before it";
+  if (c->type.dtype != DSC_BOOL || dsc_type_numel(&c->type) != 1)
+    return "its guard is not a bool scalar";
+  if (!ir_guard_may_skip(n->op)) return "its op is never skipped, so it takes no guard";
+  bool when;
+  if (n->op == DSC_OP_ASSIGN &&
+      (ir_guard_kept_state(n, &when) != ir_guard_root(c) || when != n->guard_if))
+    return "an assign's guard must be the condition under which its where(...) changes the "
+           "state";
+  return NULL;
+}
+
 static void check_node(verifier *v, const ir_graph *g, const ir_node *n, int pos, int num) {
   if ((unsigned)n->op >= DSC_OP_COUNT) {
     node_error(v, g, n, num, "unknown op %d", (int)n->op);
@@ -210,6 +264,19 @@ static void check_node(verifier *v, const ir_graph *g, const ir_node *n, int pos
   }
   if (!check_attrs(v, g, n, num)) ok = false;
   if (!ok || !inputs_ok) return;
+  const char *gp = ir_guard_problem(n);
+  if (gp) {
+    node_error(v, g, n, num, "%s", gp);
+    return;
+  }
+  for (int j = 0; j < n->n_in; j++)
+    if (!ir_guard_read_ok(n->in[j], n)) {
+      node_error(v, g, n, num,
+                 "input %d is computed only when its guard holds, and this node reads it "
+                 "without that guard",
+                 j);
+      return;
+    }
   if (n->op == DSC_OP_PARAM && !ir_module_param(v->m, ir_attr_str(n, "name"))) {
     node_error(v, g, n, num, "unknown parameter '%s'", ir_attr_str(n, "name"));
     return;
@@ -312,6 +379,18 @@ static void check_graph(verifier *v, const ir_graph *g) {
   for (int i = 0; i < g->n_outputs; i++)
     if (!in_graph(g, g->outputs[i]))
       module_error(v, "graph '%s': output %d is not a node of the graph", gname, i);
+    else if (g->outputs[i]->guard)
+      module_error(v, "graph '%s': output %d has a guard (an output is always computed)", gname,
+                   i);
+  /* one kernel per group: its members run or are skipped together */
+  for (int i = 1; i < g->n_nodes; i++) {
+    const ir_node *a = g->nodes[i - 1], *b = g->nodes[i];
+    if (a && b && a->group > 0 && a->group == b->group &&
+        ((a->guard ? ir_guard_root(a->guard) : NULL) != (b->guard ? ir_guard_root(b->guard) : NULL) ||
+         a->guard_if != b->guard_if))
+      module_error(v, "graph '%s': fusion group %d mixes nodes with different guards", gname,
+                   a->group);
+  }
 }
 
 dsc_status dsc_module_verify(const dsc_module *m) {
