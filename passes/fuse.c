@@ -41,6 +41,8 @@
  *     - when R is every dim of S (a reduction to a scalar: one outer
  *       index, so one thread), no full member reads a reduced one: the
  *       consumers of a global sum (gradient clipping) are other groups;
+ *     - members have the same guard (passes/guard.c): a kernel runs or is
+ *       skipped whole;
  *     - no path leaves the group and comes back (the group stays convex,
  *       so it can run as one instruction); the search walks back from the
  *       group's outside inputs and gives up (no merge) after 8192 nodes.
@@ -359,6 +361,7 @@ static bool partition(fuse_state *s) {
       if (s->kind[p->id] != K_GROUP) continue;
       if (x->op == DSC_OP_EMBEDDING && j == 0) continue;
       if (p->place != x->place) continue; /* a kernel runs on the host or the device */
+      if (p->guard != x->guard || p->guard_if != x->guard_if) continue; /* runs or is skipped whole */
       int rp = find(s, p->id), rx = find(s, i);
       if (rp == rx) continue;
       /* a lone view is a free view: nothing merges into it */
@@ -445,6 +448,7 @@ dsc_status pass_fuse_graph(ir_graph *g) {
   }
   for (int i = 0; i < n; i++)
     if (g->nodes[i]->group) g->nodes[i]->group = ren[g->nodes[i]->group];
+  pass_guard_settle(g); /* a guard the new order puts after its node is dropped */
   return DSC_OK;
 }
 

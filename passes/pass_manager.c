@@ -73,6 +73,11 @@ static dsc_status run_cse(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_cse_run(m);
 }
 
+static dsc_status run_guard(ir_module *m, const dsc_pipeline_options *opts) {
+  (void)opts;
+  return pass_guard_run(m);
+}
+
 static dsc_status run_fuse(ir_module *m, const dsc_pipeline_options *opts) {
   (void)opts;
   return pass_fuse_run(m);
@@ -125,6 +130,11 @@ static const struct {
      "compute equal reductions, matmuls and gathers once (the backward reuses the forward's "
      "softmax statistics); drop unused nodes",
      run_cse},
+    {"guard",
+     "mark the values a step needs only when a bool scalar has one value (ZenFlow's host update "
+     "and selection, the delayed update's first step, fp16's skipped steps): the executor skips "
+     "them in the other steps",
+     run_guard},
     {"fuse",
      "group computations into kernels (node groups: reductions with their elementwise "
      "producers and consumers, elementwise chains, one optimizer update per param)",

@@ -114,6 +114,14 @@ typedef struct {
 } pass_fixed_key;
 dsc_status pass_reorder(ir_graph *g, int n_orig, const pass_fixed_key *fixed, int n_fixed);
 
+/* ======================= passes/guard.c =======================
+ * Marks the values a step needs only when a bool scalar has one value
+ * (ir_node.guard; the rules are the comment at the top of guard.c).
+ * pass_guard_settle drops the guards that the node order or the fusion
+ * groups no longer allow (fuse calls it after reordering). */
+dsc_status pass_guard_run(ir_module *m);
+void pass_guard_settle(ir_graph *g);
+
 /* ======================= passes/fuse.c =======================
  * Fusion: sets node->group so that each group becomes one kernel (the rules
  * are the comment at the top of fuse.c). A group's iteration domain is

@@ -60,7 +60,7 @@ static const char train_help[] =
     "\n"
     "Trains a token model (forward(tokens, targets) -> loss): compiles MODEL.dsm,\n"
     "runs the training pipeline (precision, autodiff, optimizer, zero, accumulate, decompose,\n"
-    "cse, fuse; dsc dump --list-passes)\n"
+    "cse, guard, fuse; dsc dump --list-passes)\n"
     "and steps through PREFIX_train.bin (written by 'dsc data').\n"
     "MODEL may be a .dsx from 'dsc compile': its graphs and (same host) kernels are\n"
     "used as they are; --batch, --seq, --grad-accum and --precision must then match\n"
