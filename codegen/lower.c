@@ -134,6 +134,15 @@ static int new_buffer(L *l, cg_buf_kind kind, int index, dsc_dtype dt, int64_t n
   return p->n_buffers++;
 }
 
+/* A node's guard (passes/guard.c) as a buffer: its condition's, when an
+ * earlier instruction has produced it (a buffer is set when its producer is
+ * emitted); else none, and the instruction always runs. */
+static void guard_of(const L *l, const ir_node *node, bool *guarded, bool *when, int *buffer) {
+  *guarded = false, *when = false, *buffer = -1;
+  if (!node || !node->guard || l->buf[node->guard->id] < 0) return;
+  *guarded = true, *when = node->guard_if, *buffer = l->buf[node->guard->id];
+}
+
 static cg_instr *new_instr(L *l, cg_ins_kind kind, const ir_node *node) {
   cg_program *p = l->p;
   if (!ir_grow(l->a, (void **)&p->instrs, &p->cap_instrs, p->n_instrs + 1, sizeof(cg_instr)))
@@ -149,6 +158,7 @@ static cg_instr *new_instr(L *l, cg_ins_kind kind, const ir_node *node) {
   /* an instruction of no node (a tier wait at the end) joins the one before */
   in->phase = node ? l->phase[node->id] : p->n_instrs > 1 ? p->instrs[p->n_instrs - 2].phase : 0;
   in->ids = in->src = in->dst = -1;
+  guard_of(l, node, &in->guarded, &in->guard_if, &in->guard);
   return in;
 }
 
@@ -1161,6 +1171,7 @@ static bool access_equal(const kir_kernel *k, const kir_access *a, const kir_acc
 }
 
 static bool instr_reads(const cg_program *p, const cg_instr *in, int buffer) {
+  if (in->guarded && in->guard == buffer) return true;
   switch (in->kind) {
     case CG_INS_LAUNCH: {
       const kir_kernel *k = p->kernels[in->kernel];
@@ -1197,11 +1208,14 @@ static void replace_buffer(cg_program *p, int from_instr, int old, int nb) {
     }
     if (in->ids == old) in->ids = nb;
     if (in->src == old) in->src = nb;
+    if (in->guarded && in->guard == old) in->guard = nb;
   }
   for (int o = 0; o < p->n_outputs; o++)
     if (p->outputs[o].buffer == old) p->outputs[o].buffer = nb;
-  for (int s = 0; s < p->n_assigns; s++)
+  for (int s = 0; s < p->n_assigns; s++) {
     if (p->assigns[s].buffer == old) p->assigns[s].buffer = nb;
+    if (p->assigns[s].guarded && p->assigns[s].guard == old) p->assigns[s].guard = nb;
+  }
 }
 
 /* Orders STORE stages of k: a stage reading an in-place target's arg runs
@@ -1416,6 +1430,10 @@ static void stream_lifetimes(cg_program *p) {
       for (int a = 0; a < in->n_args; a++) hold_host_buffer(p, in->args[a]);
     else
       hold_host_buffer(p, in->src), hold_host_buffer(p, in->dst);
+    /* the stream reads its guard when it gets there: held to the end too,
+     * wherever it lives (a scalar) */
+    if (in->guarded && p->buffers[in->guard].kind == CG_BUF_TEMP)
+      p->buffers[in->guard].last_use = p->n_instrs;
   }
 }
 
@@ -1442,6 +1460,7 @@ static bool place_work(L *l) {
       if (in->ids >= 0) bufs[nb++] = in->ids;
       bufs[nb++] = in->src, bufs[nb++] = in->dst;
     }
+    if (in->guarded) bufs[nb++] = in->guard; /* read when the instruction's turn comes */
     for (int j = 0; j < nb; j++) {
       cg_buffer *b = &p->buffers[bufs[j]];
       if (b->first_use < 0) b->first_use = i;
@@ -1458,6 +1477,7 @@ static bool place_work(L *l) {
     cg_buffer *b = &p->buffers[p->assigns[s].buffer];
     if (b->first_use < 0) b->first_use = end;
     b->last_use = end;
+    if (p->assigns[s].guarded) p->buffers[p->assigns[s].guard].last_use = end;
   }
   for (int i = 0; i < p->n_buffers; i++) {
     cg_buffer *b = &p->buffers[i];
@@ -1748,17 +1768,23 @@ static dsc_status lower_scan_nodes(L *l) {
     l->pure[i] = x->group == 0 && (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA ||
                                    (all && ir_inlinable_op(x)));
     for (int j = 0; j < x->n_in; j++) l->users[x->in[j]->id]++;
+    if (x->guard) l->users[x->guard->id]++; /* read to skip it: stored by its kernel */
   }
   for (int i = 0; i < n; i++) {
     l->user_list[i] = ir_arena_alloc(l->a, sizeof(int) * (size_t)(l->users[i] ? l->users[i] : 1));
     if (!l->user_list[i]) return oom(l), DSC_ERR_INTERNAL;
     l->users[i] = 0;
   }
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < n; i++) {
     for (int j = 0; j < g->nodes[i]->n_in; j++) {
       int s = g->nodes[i]->in[j]->id;
       l->user_list[s][l->users[s]++] = i;
     }
+    if (g->nodes[i]->guard) {
+      int s = g->nodes[i]->guard->id;
+      l->user_list[s][l->users[s]++] = i;
+    }
+  }
   for (int o = 0; o < g->n_outputs; o++) l->is_output[g->outputs[o]->id] = true;
   for (int i = 0; i < g->n_inputs; i++) {
     const ir_node *x = g->inputs[i];
@@ -1804,7 +1830,10 @@ static void lower_assign(L *l, const ir_node *x) {
          "(pass offload)", ir_attr_str(x, "name"));
     return;
   }
-  p->assigns[p->n_assigns].param = j;
+  cg_assign *as = &p->assigns[p->n_assigns];
+  memset(as, 0, sizeof *as);
+  as->param = j;
+  guard_of(l, x, &as->guarded, &as->guard_if, &as->guard);
   l->assign_src[p->n_assigns++] = x->in[0];
 }
 

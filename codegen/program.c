@@ -64,6 +64,7 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
   for (int i = 0; i < p->n_instrs; i++) {
     const cg_instr *in = &p->instrs[i];
     sb_printf(&b, "  %d: %s", i, in->host_stream ? "host " : "");
+    if (in->guarded) sb_printf(&b, "%s b%d: ", in->guard_if ? "when" : "unless", in->guard);
     switch (in->kind) {
       case CG_INS_LAUNCH:
         sb_printf(&b, "launch %s(", p->kernels[in->kernel]->name);
@@ -116,9 +117,13 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
   }
   for (int i = 0; i < p->n_outputs; i++)
     sb_printf(&b, "  output %d: b%d+%lld\n", i, p->outputs[i].buffer, (long long)p->outputs[i].offset);
-  for (int i = 0; i < p->n_assigns; i++)
-    sb_printf(&b, "  assign param %d <- b%d%s\n", p->assigns[i].param, p->assigns[i].buffer,
-              p->assigns[i].in_place ? " (in place)" : "");
+  for (int i = 0; i < p->n_assigns; i++) {
+    const cg_assign *as = &p->assigns[i];
+    sb_printf(&b, "  assign param %d <- b%d%s", as->param, as->buffer,
+              as->in_place ? " (in place)" : "");
+    if (as->guarded) sb_printf(&b, " %s b%d", as->guard_if ? "when" : "unless", as->guard);
+    sb_printf(&b, "\n");
+  }
   for (int i = 0; i < p->n_kernels; i++) {
     char *k = kir_print(a, p->kernels[i]);
     sb_printf(&b, "%s", k ? k : "  (kernel listing failed)\n");

@@ -155,6 +155,12 @@ typedef struct {
    * instruction off the stream that touches bytes one on it writes, or
    * writes bytes it reads, waits for it first (runtime/exec_cpu.c). */
   bool host_stream;
+  /* When guarded, runs only when buffer `guard` (a bool scalar written by
+   * an earlier instruction) holds guard_if (passes/guard.c, ir_node.guard:
+   * nothing reads the result of a skipped instruction). An executor may
+   * ignore it and run everything (the cuda one does). */
+  bool guarded, guard_if;
+  int guard;
 } cg_instr;
 
 /* A graph output: the buffer (and element offset) holding it after a run. */
@@ -169,6 +175,8 @@ typedef struct {
 typedef struct {
   int param, buffer;
   bool in_place;
+  bool guarded, guard_if; /* as cg_instr's: the copy is skipped unless guard holds guard_if */
+  int guard;
 } cg_assign;
 
 /* A kernel as executors see it (no kernel IR): its entry name, the hash

@@ -244,6 +244,19 @@ static bool check_pairs(const verifier *v, cg_ins_kind start, cg_ins_kind wait, 
   return ok;
 }
 
+/* A guard (cg_instr.guarded): a bool buffer with memory; and never on a
+ * collective or a disk transfer, whose starts and waits are paired across
+ * ranks and instructions. */
+static bool check_guard(const verifier *v, int i, cg_ins_kind kind, int guard) {
+  if (!operand(v, i, guard, "guard")) return false;
+  if (v->p->buffers[guard].dtype != DSC_BOOL || numel(v, guard) < 1)
+    return bad(v, i, "guard: buffer %d is not a bool", guard);
+  if (kind == CG_INS_COLLECTIVE_START || kind == CG_INS_COLLECTIVE_WAIT ||
+      kind == CG_INS_TIER_START || kind == CG_INS_TIER_WAIT)
+    return bad(v, i, "guard on a collective or disk transfer (always run: paired)");
+  return true;
+}
+
 static bool check_results(const verifier *v) {
   const cg_program *p = v->p;
   for (int o = 0; o < p->n_outputs; o++) {
@@ -262,6 +275,7 @@ static bool check_results(const verifier *v) {
       return bad(v, -1, "assign %d (param %d) does not match its buffers", a, as->param);
     if (cg_buffer_streamed(p, pb, v->lim) || cg_buffer_streamed(p, as->buffer, v->lim))
       return bad(v, -1, "assign %d: param %d is on the disk tier (streamed)", a, as->param);
+    if (as->guarded && !check_guard(v, -1, CG_INS_COPY, as->guard)) return false;
     if (as->in_place) continue;
     /* Every param read sees the old value; an output that is the assigned
      * slot itself would see the new one, so the lowering must not do that. */
@@ -308,6 +322,7 @@ bool cg_program_verify(dsc_context *ctx, const cg_program *p, const cg_verify_li
         ok = bad(&v, i, "unknown instruction kind %d", (int)in->kind);
         break;
     }
+    if (ok && in->guarded) ok = check_guard(&v, i, in->kind, in->guard);
     if (!ok) return false;
   }
   return check_pairs(&v, CG_INS_COLLECTIVE_START, CG_INS_COLLECTIVE_WAIT, p->n_collectives,

@@ -17,6 +17,8 @@
 typedef struct {
   void *src, *dst;
   size_t bytes;
+  const uint8_t *guard; /* the copy is skipped unless *guard == guard_if (NULL: always) */
+  bool guard_if;
 } rt_assign_copy;
 
 typedef struct {
@@ -31,6 +33,7 @@ typedef struct {
   rt_assign_copy *assigns; /* non-in-place assigns */
   int n_assign_copies;
   int64_t *prof_ns;
+  int64_t *prof_skips; /* per instruction: runs its guard skipped it */
   int64_t runs;
   dsc_comm_request **reqs;    /* per collective id: in flight (NULL once waited) */
   int64_t *coll_t0, *coll_t1; /* tracing: per collective id, its start and its wait's end */
@@ -203,11 +206,11 @@ static int add_span(const rt_cpu_exec *e, const rt_prog *rp, int b, int64_t nume
 static int instr_spans(const rt_cpu_exec *e, const rt_prog *rp, int i, rt_span *out) {
   const cg_program *p = rp->p;
   const cg_instr *in = &p->instrs[i];
-  int n = 0;
+  int n = in->guarded ? add_span(e, rp, in->guard, 0, false, out, 0) : 0; /* read first */
   switch (in->kind) {
     case CG_INS_LAUNCH: {
       const cg_kernel_info *k = &p->kernel_info[in->kernel];
-      if (k->n_args > RT_MAX_SPANS) return -1;
+      if (n + k->n_args > RT_MAX_SPANS) return -1;
       for (int a = 0; a < k->n_args; a++)
         n = add_span(e, rp, in->args[a], k->args[a].numel, k->args[a].written, out, n);
       return n;
@@ -298,10 +301,11 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
   rp->args = ir_arena_alloc(&e->arena, sizeof *rp->args * n);
   rp->plans = ir_arena_alloc(&e->arena, sizeof *rp->plans * n);
   rp->prof_ns = ir_arena_alloc(&e->arena, sizeof *rp->prof_ns * n);
+  rp->prof_skips = ir_arena_alloc(&e->arena, sizeof *rp->prof_skips * n);
   rp->assigns = ir_arena_alloc(&e->arena, sizeof *rp->assigns * (size_t)(p->n_assigns + 1));
   rp->reqs = ir_arena_alloc(&e->arena, sizeof *rp->reqs * (size_t)(p->n_collectives + 1));
   rp->tier_reqs = ir_arena_alloc(&e->arena, sizeof(int) * (size_t)(p->n_tier_ios + 1));
-  if (!rp->work || !rp->args || !rp->plans || !rp->prof_ns || !rp->assigns || !rp->reqs ||
+  if (!rp->work || !rp->args || !rp->plans || !rp->prof_ns || !rp->prof_skips || !rp->assigns || !rp->reqs ||
       !rp->tier_reqs) {
     ir_error(e->ctx, ir_no_loc, "out of memory loading program '%s' (WORK arena %" PRId64 " bytes)",
              p->graph_name ? p->graph_name : "?", rp->work_bytes);
@@ -319,6 +323,8 @@ static bool plan_prog(rt_cpu_exec *e, rt_prog *rp) {
     c->src = buf_ptr(e, rp, as->buffer);
     c->dst = buf_ptr(e, rp, pb);
     c->bytes = (size_t)p->buffers[pb].numel * dsc_dtype_size(p->buffers[pb].dtype);
+    c->guard = as->guarded ? (const uint8_t *)buf_ptr(e, rp, as->guard) : NULL;
+    c->guard_if = as->guard_if;
   }
   return true;
 }
@@ -510,6 +516,7 @@ void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on) {
   if (on && !e->profiling)
     for (int i = 0; i < e->n_progs; i++) {
       memset(e->progs[i].prof_ns, 0, sizeof(int64_t) * (size_t)e->progs[i].p->n_instrs);
+      memset(e->progs[i].prof_skips, 0, sizeof(int64_t) * (size_t)e->progs[i].p->n_instrs);
       e->progs[i].runs = 0;
     }
   e->profiling = on;
@@ -524,6 +531,10 @@ const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64
   *n = e->progs[prog].p->n_instrs;
   *runs = e->progs[prog].runs;
   return e->progs[prog].prof_ns;
+}
+
+const int64_t *rt_cpu_exec_profile_skips(const rt_cpu_exec *e, int prog) {
+  return prog >= 0 && prog < e->n_progs ? e->progs[prog].prof_skips : NULL;
 }
 
 const rt_gemm_plan *rt_cpu_exec_gemm_plan(const rt_cpu_exec *e, int prog, int ins) {
@@ -802,6 +813,12 @@ static bool run_instr(rt_cpu_exec *e, const rt_lane *lane, rt_prog *rp, int i, c
   const cg_program *p = rp->p;
   const cg_instr *in = &p->instrs[i];
   int nt = rt_pool_threads(lane->pool);
+  /* a value this run does not need (passes/guard.c): its guard's byte,
+   * written by an instruction before this one */
+  if (in->guarded && (*(const uint8_t *)buf_ptr(e, rp, in->guard) != 0) != in->guard_if) {
+    if (e->profiling) rp->prof_skips[i]++;
+    return true;
+  }
   switch (in->kind) {
     case CG_INS_LAUNCH: {
       const cg_kernel_info *k = &p->kernel_info[in->kernel];
@@ -1107,8 +1124,10 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
     if (!rt_offload_end(e->disk, true, msg, sizeof msg))
       return ir_fail(err, errlen, "%s", msg);
   }
-  for (int a = 0; a < rp->n_assign_copies; a++)
-    memcpy(rp->assigns[a].dst, rp->assigns[a].src, rp->assigns[a].bytes);
+  for (int a = 0; a < rp->n_assign_copies; a++) {
+    const rt_assign_copy *c = &rp->assigns[a];
+    if (!c->guard || (*c->guard != 0) == c->guard_if) memcpy(c->dst, c->src, c->bytes);
+  }
   for (int o = 0; o < p->n_outputs; o++) {
     const cg_output *out = &p->outputs[o];
     outputs_out[o] =

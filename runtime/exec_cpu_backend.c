@@ -279,6 +279,17 @@ static dsc_status cpu_print_profile(void *impl, int gi, int top, FILE *out) {
             rt_cpu_exec_host_stream_on(x->cpu)
                 ? "beside the executor's thread"
                 : "in their place (no core free for the stream: --offload-overlap true forces it)");
+  /* the guarded ones (passes/guard.c): skipped in the runs that do not
+   * need their values (ZenFlow's host update between its steps) */
+  const int64_t *skips = rt_cpu_exec_profile_skips(x->cpu, gi);
+  double guarded_ns = 0, skipped = 0;
+  int guarded_n = 0;
+  for (int i = 0; skips && i < n; i++)
+    if (p->instrs[i].guarded) guarded_n++, guarded_ns += (double)ns[i], skipped += (double)skips[i];
+  if (guarded_n)
+    fprintf(out, "  %-15s %5d  %9.3f ms  %5.1f%%  skipped in %.1f%% of their runs\n", "(guarded)",
+            guarded_n, guarded_ns / 1e6 / (double)runs, 100 * guarded_ns / (total > 0 ? total : 1),
+            100 * skipped / ((double)guarded_n * (double)runs));
   /* The top instructions: repeated selection (n is a few thousand). */
   bool *shown = ir_alloc(x->ctx, (size_t)n + 1);
   if (!shown) return DSC_ERR_INTERNAL;

@@ -435,6 +435,9 @@ bool rt_cpu_exec_run(rt_cpu_exec *e, int prog, void *const *inputs, void **outpu
  * the instruction count and *runs to the number of runs timed. */
 void rt_cpu_exec_set_profiling(rt_cpu_exec *e, bool on);
 const int64_t *rt_cpu_exec_profile(const rt_cpu_exec *e, int prog, int *n, int64_t *runs);
+/* Per instruction: the timed runs in which its guard skipped it
+ * (cg_instr.guarded), as many entries as rt_cpu_exec_profile's. */
+const int64_t *rt_cpu_exec_profile_skips(const rt_cpu_exec *e, int prog);
 /* Whether the host stream's instructions ran on its own thread (decided at
  * the first run that had any: cg_program.host_stream_own_thread, or a core
  * left free by the executor's threads); false before. */
