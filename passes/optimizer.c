@@ -609,8 +609,12 @@ static dsc_status build_step(opt_state *o, ir_graph *f) {
       for (int i = host_assigns; i < o->n_assigns; i++)
         o->assigns[i].value =
             where(o, z.boundary, o->assigns[i].value, dsc_param_ref(g, o->assigns[i].name));
-      np = zf_selective(o, &z, pname, pv, raw[j], factor, lr, decay, emb[p],
-                        where(o, z.boundary, np, pv));
+      /* the choice on the device, so that the host's update and its copy
+       * back are read only at a boundary (passes/guard.c skips them in the
+       * other steps) */
+      ir_node *host_new = where(o, z.boundary, np, pv);
+      if (host_new) host_new->role = IR_ROLE_DEVICE_STEP;
+      np = zf_selective(o, &z, pname, pv, raw[j], factor, lr, decay, emb[p], host_new);
     }
     j++;
     if (master >= 0 && !add_assign(o, uname, np)) return DSC_ERR_USER;
