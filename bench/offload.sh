@@ -12,7 +12,9 @@
 # update every 4 steps; one rank only, it is not built for ZeRO stages 1-3
 # at world > 1). For each: the median step time over steps 2..N (over all
 # --reps runs, which go round the modes in turn so that a change of the
-# machine's load hits every mode alike), from --profile the time in copies
+# machine's load hits every mode alike) and the mean (ZenFlow's steps are
+# not alike: its host update runs every 4th step and is skipped in the
+# others, so its cost is the mean over whole rounds: --steps 1+4k), from --profile the time in copies
 # and the host kernels' time and GB/s; from --trace the host stream's work
 # per step and the share of it hidden behind the device's; and
 # bench/mem_bw's copy / triad / AdamW-stream bandwidth on the same threads
@@ -48,7 +50,7 @@ REPS=1
 CLIP=1
 OVERLAP=auto
 
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dsc) DSC=$(realpath -m "${2:?}"); shift ;;
@@ -82,11 +84,11 @@ if [ ! -f "$OUT/data_train.bin" ]; then
 fi
 
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg) before"
-echo "$(basename "$MODEL"), f32, B=$B T=$T grad_accum 1, $STEPS steps (median of 2..$STEPS over $REPS runs), $THREADS threads x $RANKS ranks, clipping $([ "$CLIP" = 1 ] && echo "as the model's" || echo off), delayed and ZenFlow with --offload-overlap $OVERLAP"
+echo "$(basename "$MODEL"), f32, B=$B T=$T grad_accum 1, $STEPS steps (median and mean of 2..$STEPS over $REPS runs), $THREADS threads x $RANKS ranks, clipping $([ "$CLIP" = 1 ] && echo "as the model's" || echo off), delayed and ZenFlow with --offload-overlap $OVERLAP"
 
 
 status=0
-declare -A step_ms copy_ms host_ms host_gbps stream_ms hidden
+declare -A step_ms mean_ms copy_ms host_ms host_gbps stream_ms hidden
 modes=(none host overlap delayed)
 [ "$RANKS" -eq 1 ] && modes+=(zenflow)
 clip_flags=()
@@ -140,6 +142,7 @@ done
 for mode in "${modes[@]}"; do
   [ -s "$OUT/$mode.steps" ] || continue
   step_ms[$mode]=$(sort -n "$OUT/$mode.steps" | awk '{v[NR] = $1} END {print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : ""}')
+  mean_ms[$mode]=$(awk '{s += $1} END {if (NR) printf "%.1f", s / NR}' "$OUT/$mode.steps")
   rm -f "$OUT/$mode.steps"
 done
 
@@ -153,11 +156,12 @@ if [ -x "$MEM_BW" ]; then
 fi
 bw() { sed -n "s/.*\"kernel\":\"$1\".*\"gbps\":\([0-9.]*\).*/\1/p" <<<"$bw_json"; }
 
-printf '%-34s %10s %10s %12s %12s %12s %8s\n' "mode" "step ms" "x none" "copies ms" "host ms" \
-  "stream ms" "hidden"
+printf '%-34s %10s %10s %10s %10s %12s %12s %12s %8s\n' "mode" "step ms" "x none" "mean ms" \
+  "x none" "copies ms" "host ms" "stream ms" "hidden"
 for mode in "${modes[@]}"; do
   [ -n "${step_ms[$mode]:-}" ] || continue
   ratio=$(awk -v a="${step_ms[$mode]}" -v b="${step_ms[none]:-0}" 'BEGIN {printf (b > 0 ? "%.3f" : "-"), a / b}')
+  mratio=$(awk -v a="${mean_ms[$mode]}" -v b="${mean_ms[none]:-0}" 'BEGIN {printf (b > 0 ? "%.3f" : "-"), a / b}')
   case $mode in
     none) what="no offload" ;;
     host) what="--offload-optimizer host (sync)" ;;
@@ -165,15 +169,16 @@ for mode in "${modes[@]}"; do
     delayed) what="  + --delayed-param-update" ;;
     zenflow) what="  + --zenflow true" ;;
   esac
-  printf '%-34s %10s %10s %12s %12s %12s %8s\n' "$what" "${step_ms[$mode]}" "$ratio" \
-    "${copy_ms[$mode]:--}" "${host_ms[$mode]:--}" "${stream_ms[$mode]:--}" "${hidden[$mode]:--}"
+  printf '%-34s %10s %10s %10s %10s %12s %12s %12s %8s\n' "$what" "${step_ms[$mode]}" "$ratio" \
+    "${mean_ms[$mode]}" "$mratio" "${copy_ms[$mode]:--}" "${host_ms[$mode]:--}" "${stream_ms[$mode]:--}" "${hidden[$mode]:--}"
 done
 [ -n "${host_gbps[host]:-}" ] &&
   echo "host kernels of the offloaded step: ${host_gbps[host]} GB/s; this machine's streams over $mib MiB on $THREADS threads: copy $(bw copy), triad $(bw triad), AdamW $(bw adamw) GB/s (bench/mem_bw)"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 num() { [[ "${1:-}" =~ ^[0-9.]+$ ]] && echo "$1" || echo null; }
-printf '{"impl":"offload_bench","threads":%s,"ranks":%s,"reps":%s,"clip":%s,"overlap":"%s","step_ms_none":%s,"step_ms_host":%s,"step_ms_overlap":%s,"step_ms_delayed":%s,"step_ms_zenflow":%s,"hidden_host_share_overlap":%s,"hidden_host_share_delayed":%s,"copy_ms_host":%s,"host_kernel_ms":%s,"host_kernel_gbps":%s,"mem_bw_adamw_gbps":%s}\n' \
+printf '{"impl":"offload_bench","threads":%s,"ranks":%s,"reps":%s,"clip":%s,"overlap":"%s","step_ms_none":%s,"step_ms_host":%s,"step_ms_overlap":%s,"step_ms_delayed":%s,"step_ms_zenflow":%s,"mean_ms_none":%s,"mean_ms_zenflow":%s,"hidden_host_share_overlap":%s,"hidden_host_share_delayed":%s,"copy_ms_host":%s,"host_kernel_ms":%s,"host_kernel_gbps":%s,"mem_bw_adamw_gbps":%s}\n' \
   "$THREADS" "$RANKS" "$REPS" "$([ "$CLIP" = 1 ] && echo true || echo false)" "$OVERLAP" "${step_ms[none]:-null}" "${step_ms[host]:-null}" "${step_ms[overlap]:-null}" "${step_ms[delayed]:-null}" "${step_ms[zenflow]:-null}" \
+  "${mean_ms[none]:-null}" "${mean_ms[zenflow]:-null}" \
   "$(num "${hidden[overlap]:-}")" "$(num "${hidden[delayed]:-}")" "${copy_ms[host]:-null}" \
   "${host_ms[host]:-null}" "${host_gbps[host]:-null}" "$(bw adamw | grep . || echo null)"
 exit $status

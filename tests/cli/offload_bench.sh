@@ -19,6 +19,7 @@ python3 - "$json" "$have_bw" <<'PY' && pass || fail "offload bench JSON: $json"
 import json, sys
 j = json.loads(sys.argv[1])
 keys = ["step_ms_none", "step_ms_host", "step_ms_overlap", "step_ms_delayed", "step_ms_zenflow",
+        "mean_ms_none", "mean_ms_zenflow",
         "copy_ms_host", "host_kernel_ms", "host_kernel_gbps"]
 for k in keys + (["mem_bw_adamw_gbps"] if sys.argv[2] == "1" else []):
     assert isinstance(j[k], (int, float)) and j[k] > 0, (k, j[k])
