@@ -83,6 +83,17 @@ double skipped_percent(const std::string &profile) {
   return p == std::string::npos ? -1 : std::atof(profile.c_str() + p + 11);
 }
 
+// A cpu executor of m (2 threads) holding params p, timing each
+// instruction; nullptr on an error (in m's diagnostics).
+dsc_exec *profiled_cpu_exec(dsc_module *m, const dsc_params *p) {
+  dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
+  dsc_exec *e = nullptr;
+  if (dsc_exec_new(m, &o, &e) != DSC_OK) return nullptr;
+  if (dsc_exec_set_params(e, p) != DSC_OK) return dsc_exec_free(e), nullptr;
+  dsc_exec_set_profiling(e, true);
+  return e;
+}
+
 void clear_guards(dsc_module *m) {
   for (int i = 0; i < m->n_graphs; i++)
     for (int j = 0; j < m->graphs[i]->n_nodes; j++) m->graphs[i]->nodes[j]->guard = nullptr;
@@ -195,11 +206,8 @@ TEST(Guard, TheCpuExecutorSkipsGuardedWorkAndComputesWhatTheInterpreterDoes) {
     if (!guarded) clear_guards(m);
     ASSERT_EQ(dsc_module_verify(m), DSC_OK) << diags(ctx);
     dsc_params *P = dsc_params_init(m, 3), *Q = dsc_params_init(m, 3);
-    dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
-    dsc_exec *e = nullptr;
-    ASSERT_EQ(dsc_exec_new(m, &o, &e), DSC_OK) << diags(ctx);
-    ASSERT_EQ(dsc_exec_set_params(e, Q), DSC_OK) << diags(ctx);
-    dsc_exec_set_profiling(e, true);
+    dsc_exec *e = profiled_cpu_exec(m, Q);
+    ASSERT_NE(e, nullptr) << diags(ctx);
     const dsc_graph *g = dsc_module_find_graph(m, "step");
     std::mt19937 rng(5);
     std::normal_distribution<double> nd(0, 0.5);
@@ -230,32 +238,22 @@ TEST(Guard, TheCpuExecutorSkipsGuardedWorkAndComputesWhatTheInterpreterDoes) {
   }
 }
 
-// ZenFlow on a small MLP (update interval 2, selection every 4): the
+// ZenFlow on examples/mlp.dsm (update interval 2, selection every 4): the
 // host's AdamW, the gradients' copies for it and its copies back run only
 // at a boundary, the importance ranking only at a selection; the cpu
 // executor follows the interpreter step by step while skipping them.
-const char kMlp[] = R"(
-model mlp {
-  param w1: f32[4, 6] = normal(0.5)
-  param b1: f32[6] = normal(0.1)
-  param w2: f32[6, 3] = normal(0.5)
-  param b2: f32[3] = normal(0.1)
-  fn forward(x: f32[B, 4], labels: i32[B]) -> f32 {
-    h = tanh(matmul(x, w1) + b1)
-    return cross_entropy(matmul(h, w2) + b2, labels)
-  }
-}
-)";
+const std::string kMlp = std::string(DSC_SOURCE_DIR) + "/examples/mlp.dsm";
 
 dsc_module *zenflow_step(dsc_context *ctx, bool delayed) {
   dsc_dim_binding b = {"B", 4};
   dsc_frontend_options fo = {&b, 1};
   dsc_module *m = nullptr;
-  if (dsc_compile_string(ctx, kMlp, strlen(kMlp), "mlp.dsm", &fo, &m) != DSC_OK) return nullptr;
+  if (dsc_compile_file(ctx, kMlp.c_str(), &fo, &m) != DSC_OK) return nullptr;
   dsc_train_config c;
   if (dsc_train_config_from_module(m, &c) != DSC_OK) return nullptr;
   c.opt.kind = DSC_OPT_ADAMW;
   c.opt.lr = 0.01;
+  c.opt.beta1 = 0.9, c.opt.beta2 = 0.95;
   c.opt.weight_decay = 0.1;
   c.offload.optimizer = DSC_OFFLOAD_HOST;
   if (delayed) {
@@ -314,20 +312,17 @@ TEST(Guard, ZenFlowOnTheCpuExecutorFollowsTheInterpreterWhileSkipping) {
   dsc_module *m = zenflow_step(ctx, false);
   ASSERT_NE(m, nullptr) << diags(ctx);
   dsc_params *P = dsc_params_init(m, 7), *Q = dsc_params_init(m, 7);
-  dsc_exec_options o = {DSC_BACKEND_CPU, 2, nullptr};
-  dsc_exec *e = nullptr;
-  ASSERT_EQ(dsc_exec_new(m, &o, &e), DSC_OK) << diags(ctx);
-  ASSERT_EQ(dsc_exec_set_params(e, Q), DSC_OK) << diags(ctx);
-  dsc_exec_set_profiling(e, true);
+  dsc_exec *e = profiled_cpu_exec(m, Q);
+  ASSERT_NE(e, nullptr) << diags(ctx);
   std::mt19937 rng(11);
   std::normal_distribution<double> nd(0, 1);
   for (int step = 0; step < 9; step++) {
-    const int64_t xd[2] = {4, 4};
+    const int64_t xd[2] = {4, 32};
     dsc_tensor *x = dsc_tensor_new(ctx, dsc_type_make(DSC_F32, 2, xd));
     dsc_tensor *lab = dsc_tensor_new(ctx, dsc_type_make(DSC_I32, 1, xd));
     dsc_tensor *lr = dsc_tensor_new(ctx, dsc_type_make(DSC_F32, 0, nullptr));
-    for (int i = 0; i < 16; i++) x->data[i] = (double)(float)nd(rng);
-    for (int i = 0; i < 4; i++) lab->data[i] = (double)(rng() % 3);
+    for (int i = 0; i < 4 * 32; i++) x->data[i] = (double)(float)nd(rng);
+    for (int i = 0; i < 4; i++) lab->data[i] = (double)(rng() % 10);
     lr->data[0] = (double)0.01f;
     const dsc_tensor *in[3] = {x, lab, lr};
     dsc_tensor *got[2] = {nullptr, nullptr}, *want[2] = {nullptr, nullptr};
