@@ -235,3 +235,8 @@ bool ir_inlinable_op(const ir_node *n) {
       return ir_op(n->op)->cg == IR_CG_ELEMENTWISE;
   }
 }
+
+bool ir_recomputed_gather(const ir_node *x) {
+  return x->op == DSC_OP_EMBEDDING && x->n_in == 2 && !x->guard && !x->in[0]->guard &&
+         !x->in[1]->guard;
+}

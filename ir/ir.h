@@ -323,6 +323,12 @@ void ir_domain_make(const dsc_type *full, uint32_t rmask, bool reduces, ir_domai
 /* The domain of a group from its members (any order). False when the
  * members disagree (two reductions over different domains). */
 bool ir_group_domain(ir_node *const *members, int n, ir_domain *d);
+/* Whether gather x (an embedding), left out of fusion groups, may be
+ * recomputed by each kernel that reads it at that kernel's point: none of
+ * it or its inputs has a guard (a recomputed load must not read a buffer
+ * a guard may have skipped). passes/fuse.c leaves such a gather out of
+ * groups when every reader is a permute; codegen/lower.c then inlines it. */
+bool ir_recomputed_gather(const ir_node *x);
 /* A sum/mean/max over a non-empty axis list: sets *mask and returns true. */
 bool ir_reduction_mask(const ir_node *n, uint32_t *mask);
 /* The natural position of a value of type t in domain d: a full value

@@ -25,7 +25,11 @@
  *     - an embedding merges only through its ids (the table is a buffer);
  *       a gather of a gradient's rows (ZenFlow's selected rows) stays
  *       alone: in the update's group it would keep the whole gradient
- *       alive until the update;
+ *       alive until the update; a gather read only through permutes
+ *       (ZenFlow's table columns scattered back) stays out of groups and
+ *       each reader's kernel recomputes it at its own point
+ *       (ir_recomputed_gather): stored, each element of a transposed read
+ *       would come from another row;
  *     - a reduction whose axes do not include the last axis (bias
  *       gradients: sum over [0,1] of [B,T,C]) stays alone: outer = kept
  *       dims, inner = reduced dims;
@@ -70,7 +74,7 @@
 
 /* ------------------------------------------------------------ the pass */
 
-enum { K_NONE, K_INLINE, K_GROUP, K_ALONE };
+enum { K_NONE, K_INLINE, K_GROUP, K_ALONE, K_RECOMPUTE };
 
 typedef struct {
   ir_graph *g;
@@ -88,6 +92,7 @@ typedef struct {
   int *stack;
   ir_node **tmp; /* members of a candidate union */
   ir_affine *pts;
+  bool *only_permuted; /* per node: every reader is a permute (not an output) */
 } fuse_state;
 
 static bool is_view(dsc_op op) {
@@ -330,6 +335,12 @@ static bool reorder(fuse_state *s, const int *unit) {
 static bool partition(fuse_state *s) {
   ir_graph *g = s->g;
   int n = s->n;
+  bool *only_permuted = s->only_permuted;
+  memset(only_permuted, 1, (size_t)(n ? n : 1));
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < g->nodes[i]->n_in; j++)
+      if (g->nodes[i]->op != DSC_OP_PERMUTE) only_permuted[g->nodes[i]->in[j]->id] = false;
+  for (int k = 0; k < g->n_outputs; k++) only_permuted[g->outputs[k]->id] = false;
   for (int i = 0; i < n; i++) {
     ir_node *x = g->nodes[i];
     x->group = 0;
@@ -346,6 +357,8 @@ static bool partition(fuse_state *s) {
       s->kind[i] = K_ALONE;
     else if (x->op == DSC_OP_EMBEDDING && gathers_a_gradient(x))
       s->kind[i] = K_ALONE; /* rows of a gradient (ZenFlow): gathered right after it */
+    else if (only_permuted[i] && ir_recomputed_gather(x))
+      s->kind[i] = K_RECOMPUTE;
     else if (groupable(x))
       s->kind[i] = K_GROUP;
     else
@@ -413,9 +426,10 @@ dsc_status pass_fuse_graph(ir_graph *g) {
   s.mark = ir_arena_alloc(a, isz);
   s.stack = ir_arena_alloc(a, isz);
   s.tmp = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n ? n : 1));
+  s.only_permuted = ir_arena_alloc(a, (size_t)(n ? n : 1));
   int *unit = ir_arena_alloc(a, isz);
   if (!s.kind || !s.parent || !s.next || !s.tail || !s.size || !s.minpos || !s.maxpos ||
-      !s.mark || !s.stack || !s.tmp || !unit) {
+      !s.mark || !s.stack || !s.tmp || !s.only_permuted || !unit) {
     ir_error(m->ctx, ir_no_loc, "fuse: out of memory");
     return DSC_ERR_INTERNAL;
   }

@@ -189,6 +189,36 @@ TEST_F(Fuse, ScalarResultGroupRunsRightAfterItsInput) {
   lower_and_check({random_tensor(ctx, t, rng), random_tensor(ctx, t, rng)});
 }
 
+// ZenFlow's table columns scattered back: a gather of rows read only
+// through a permute. Stored, the reader would take each element from
+// another row of it; so it stays out of groups and the reader's kernel
+// recomputes it at its own point: one kernel, no [D, V] buffer.
+TEST_F(Fuse, AGatherReadOnlyTransposedIsRecomputedInItsReadersKernel) {
+  const int64_t k = 4, V = 10, D = 6;
+  dsc_node *xn = dsc_graph_input(g, "xn", ty(DSC_F32, {k, V}));
+  dsc_node *pos = dsc_graph_input(g, "pos", ty(DSC_I32, {D}));
+  dsc_node *keep = dsc_graph_input(g, "keep", ty(DSC_BOOL, {1, D}));
+  dsc_node *old = dsc_graph_input(g, "old", ty(DSC_F32, {V, D}));
+  dsc_node *back = op(DSC_OP_EMBEDDING, {xn, pos});  // [D, V]
+  int64_t perm[2] = {1, 0};
+  dsc_node *t = dsc_permute(g, back, perm, 2);
+  dsc_node *res = op(DSC_OP_WHERE, {keep, t, old});
+  fuse({res});
+  EXPECT_EQ(back->group, 0);
+  EXPECT_EQ(t->group, 0);
+  EXPECT_NE(res->group, 0);
+  dsc_tensor *p = dsc_tensor_new(ctx, ty(DSC_I32, {D})), *c = dsc_tensor_new(ctx, ty(DSC_BOOL, {1, D}));
+  for (int64_t d = 0; d < D; d++) p->data[d] = (double)((d * 3) % k), c->data[d] = d % 2;
+  Result r = lower_and_check({random_tensor(ctx, ty(DSC_F32, {k, V}), rng), p, c,
+                              random_tensor(ctx, ty(DSC_F32, {V, D}), rng)});
+  ASSERT_NE(r.prog, nullptr);
+  EXPECT_EQ(r.prog->n_kernels, 1);  // the where's, gathering as it goes
+  for (int b = 0; b < r.prog->n_buffers; b++)
+    EXPECT_FALSE(r.prog->buffers[b].kind == CG_BUF_TEMP && r.prog->buffers[b].first_use >= 0 &&
+                 r.prog->buffers[b].numel == D * V && r.prog->outputs[0].buffer != b)
+        << "buffer " << b << " holds the gather";
+}
+
 TEST_F(Fuse, IsDeterministicAndRoundTripsThroughText) {
   dsc_type t = ty(DSC_F32, {4, 8});
   dsc_node *x = dsc_graph_input(g, "x", t), *w = dsc_graph_input(g, "w", ty(DSC_F32, {8, 8}));
