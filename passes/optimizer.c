@@ -425,6 +425,10 @@ static ir_node *zf_selective(opt_state *o, const zf_sched *z, const char *pname,
     x = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
     in[0] = gr;
     gr = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
+    /* a table's selected columns as columns ([V, k], its own layout): the
+     * update's kernel then walks the table row by row, recomputing the
+     * param's gather at each point (passes/fuse.c) */
+    if (cols && x && gr) x = transpose(o, x), gr = transpose(o, gr);
   }
   if (!x || !gr) return NULL;
   ir_node *gs = mul(o, gr, as_dtype(o, factor, dt));
@@ -440,7 +444,7 @@ static ir_node *zf_selective(opt_state *o, const zf_sched *z, const char *pname,
   if (pt.rank != 2) {
     res = where(o, z->apply, xn, host_new);
   } else {
-    ir_node *in[2] = {xn, pos};
+    ir_node *in[2] = {cols ? transpose(o, xn) : xn, pos};
     ir_node *back = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
     /* in the param's layout: a table reads the updated columns transposed */
     res = where(o, keep, cols ? transpose(o, back) : back, host_new);

@@ -61,9 +61,10 @@ raw = open(sys.argv[1], "rb").read()
 head = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
 for want in ("opt.zf.step", "opt.zf.acc.wte", "opt.zf.rank.h.0.fc_w", "opt.zf.m.h.0.fc_w"):
     assert want in head, (want, sorted(head)[:20])
-# fc_w is [64, 256]: 20% of its 64 rows; wte [256, 64] is a table: 20% of its 64 columns
+# fc_w is [64, 256]: 20% of its 64 rows; wte [256, 64] is a table: 20% of
+# its 64 columns, kept as columns (the table's layout)
 assert head["opt.zf.m.h.0.fc_w"]["shape"] == [12, 256], head["opt.zf.m.h.0.fc_w"]
-assert head["opt.zf.m.wte"]["shape"] == [12, 256], head["opt.zf.m.wte"]
+assert head["opt.zf.m.wte"]["shape"] == [256, 12], head["opt.zf.m.wte"]
 PY
 
 # convergence (cpu: 300 steps of batch 8 x 64): the final validation loss

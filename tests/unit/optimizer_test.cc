@@ -208,8 +208,8 @@ struct Harness {
         bool decay = c.opt.weight_decay > 0 && (ty.rank >= 2 || c.opt.decay_1d);
         // a view of the param as [n rows, d]: element (r, q) at r * rs + q * qs
         int64_t rows = 1, d = (int64_t)grads[i].size(), rs = 0, qs = 1;
+        bool cols = ty.rank == 2 && tables.count(n) > 0;
         if (ty.rank == 2) {
-          bool cols = tables.count(n) > 0;
           rows = ty.dims[cols ? 1 : 0], d = ty.dims[cols ? 0 : 1];
           rs = cols ? 1 : ty.dims[1], qs = cols ? ty.dims[1] : 1;
         }
@@ -234,7 +234,9 @@ struct Harness {
         double bc1 = 1 - std::pow(b1, u), bc2 = 1 - std::pow(b2, u);
         for (int64_t s = 0; s < k; s++)
           for (int64_t q = 0; q < d; q++) {
-            size_t e = (size_t)(sel[n][(size_t)s] * rs + q * qs), mi = (size_t)(s * d + q);
+            // the moments: [k, d]; a table's [d, k] (its columns as columns)
+            size_t e = (size_t)(sel[n][(size_t)s] * rs + q * qs),
+                   mi = (size_t)(cols ? q * k + s : s * d + q);
             double g = grads[i][e];
             M[mi] = b1 * M[mi] + (1 - b1) * g;
             V[mi] = b2 * V[mi] + (1 - b2) * g * g;
