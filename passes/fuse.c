@@ -28,8 +28,9 @@
  *       alive until the update; a gather read only through permutes
  *       (ZenFlow's table columns scattered back) stays out of groups and
  *       each reader's kernel recomputes it at its own point
- *       (ir_recomputed_gather): stored, each element of a transposed read
- *       would come from another row;
+ *       (ir_recomputed_gather; not when its table is itself recomputed
+ *       or inlined): stored, each element of a transposed read would
+ *       come from another row;
  *     - a reduction whose axes do not include the last axis (bias
  *       gradients: sum over [0,1] of [B,T,C]) stays alone: outer = kept
  *       dims, inner = reduced dims;
@@ -330,6 +331,16 @@ static bool reorder(fuse_state *s, const int *unit) {
   return true;
 }
 
+/* Whether gather x's table (through views) is itself recomputed or
+ * inlined: a table is read as a buffer, which the lowering would then
+ * materialize in the middle of the reader's kernel; such a gather is
+ * stored instead. */
+static bool recomputed_table(const fuse_state *s, const ir_node *x) {
+  const ir_node *t = x->in[0];
+  while (is_view(t->op) && t->n_in == 1) t = t->in[0];
+  return s->kind[t->id] == K_RECOMPUTE || s->kind[t->id] == K_INLINE;
+}
+
 /* Partitions the nodes into groups (rules 1-2 of the header); false when
  * interrupted (the context's callback). */
 static bool partition(fuse_state *s) {
@@ -357,7 +368,7 @@ static bool partition(fuse_state *s) {
       s->kind[i] = K_ALONE;
     else if (x->op == DSC_OP_EMBEDDING && gathers_a_gradient(x))
       s->kind[i] = K_ALONE; /* rows of a gradient (ZenFlow): gathered right after it */
-    else if (only_permuted[i] && ir_recomputed_gather(x))
+    else if (only_permuted[i] && ir_recomputed_gather(x) && !recomputed_table(s, x))
       s->kind[i] = K_RECOMPUTE;
     else if (groupable(x))
       s->kind[i] = K_GROUP;

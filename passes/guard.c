@@ -119,29 +119,31 @@ static dsc_status guard_graph(ir_graph *g) {
   return DSC_OK;
 }
 
+static void drop_guard(ir_node *n, bool *changed) {
+  if (!n->guard) return;
+  n->guard = NULL, n->guard_if = false, *changed = true;
+}
+
 void pass_guard_settle(ir_graph *g) {
   for (bool changed = true; changed;) {
     changed = false;
     for (int i = g->n_nodes - 1; i >= 0; i--) {
       ir_node *y = g->nodes[i];
       if (y->guard && (y->guard->id >= y->id || ir_guard_problem(y))) {
-        y->guard = NULL, y->guard_if = false, changed = true;
+        drop_guard(y, &changed);
         continue;
       }
       for (int q = 0; q < y->n_in; q++)
-        if (!ir_guard_read_ok(y->in[q], y)) y->in[q]->guard = NULL, changed = true;
+        if (!ir_guard_read_ok(y->in[q], y)) drop_guard(y->in[q], &changed);
     }
-    for (int k = 0; k < g->n_outputs; k++)
-      if (g->outputs[k]->guard) g->outputs[k]->guard = NULL, changed = true;
+    for (int k = 0; k < g->n_outputs; k++) drop_guard(g->outputs[k], &changed);
     /* a group's kernel runs whole: one member without the guard keeps all */
     for (int i = 0, end; i < g->n_nodes; i = end) {
       ir_node *a = g->nodes[i];
       bool same = true;
       for (end = i + 1; a->group > 0 && end < g->n_nodes && g->nodes[end]->group == a->group; end++)
         same = same && g->nodes[end]->guard == a->guard && g->nodes[end]->guard_if == a->guard_if;
-      if (same) continue;
-      for (int k = i; k < end; k++) g->nodes[k]->guard = NULL;
-      changed = true;
+      for (int k = i; !same && k < end; k++) drop_guard(g->nodes[k], &changed);
     }
   }
 }

@@ -50,6 +50,9 @@ struct Fuse : ::testing::Test {
       if (g->nodes[i]->group) s.insert(g->nodes[i]->group);
     return (int)s.size();
   }
+  // Lowers a graph of inputs t [V, D], i1 i32[3], i2 i32[4] against the
+  // interpreter, with indices in range.
+  void lower_gathers(int64_t V, int64_t D);
   const kir_kernel *only_kernel(const Result &r) {
     EXPECT_NE(r.prog, nullptr);
     if (!r.prog) return nullptr;
@@ -217,6 +220,46 @@ TEST_F(Fuse, AGatherReadOnlyTransposedIsRecomputedInItsReadersKernel) {
     EXPECT_FALSE(r.prog->buffers[b].kind == CG_BUF_TEMP && r.prog->buffers[b].first_use >= 0 &&
                  r.prog->buffers[b].numel == D * V && r.prog->outputs[0].buffer != b)
         << "buffer " << b << " holds the gather";
+}
+
+// A recomputed gather read through a permute as another gather's table:
+// a table is a buffer, so the lowering materializes the inner gather
+// before the outer kernel; the values are the interpreter's.
+TEST_F(Fuse, ARecomputedGatherReadAsAnotherGathersTableIsMaterialized) {
+  const int64_t V = 5, D = 7;
+  dsc_node *t = dsc_graph_input(g, "t", ty(DSC_F32, {V, D}));
+  dsc_node *i1 = dsc_graph_input(g, "i1", ty(DSC_I32, {3}));
+  dsc_node *i2 = dsc_graph_input(g, "i2", ty(DSC_I32, {4}));
+  dsc_node *inner = op(DSC_OP_EMBEDDING, {t, i1});  // [3, D]
+  int64_t perm[2] = {1, 0};
+  dsc_node *outer = op(DSC_OP_EMBEDDING, {dsc_permute(g, inner, perm, 2), i2});  // [4, 3]
+  fuse({op(DSC_OP_EXP, {outer})});
+  EXPECT_EQ(inner->group, 0);
+  lower_gathers(V, D);
+}
+
+// The same with the outer gather read only through a permute too: it is
+// not recomputed (its table would be materialized while its reader's
+// kernel is being built), so it is stored.
+TEST_F(Fuse, AGatherOfARecomputedGatherIsStored) {
+  const int64_t V = 5, D = 7;
+  dsc_node *t = dsc_graph_input(g, "t", ty(DSC_F32, {V, D}));
+  dsc_node *i1 = dsc_graph_input(g, "i1", ty(DSC_I32, {3}));
+  dsc_node *i2 = dsc_graph_input(g, "i2", ty(DSC_I32, {4}));
+  dsc_node *inner = op(DSC_OP_EMBEDDING, {t, i1});  // [3, D]
+  int64_t perm[2] = {1, 0};
+  dsc_node *outer = op(DSC_OP_EMBEDDING, {dsc_permute(g, inner, perm, 2), i2});  // [4, 3]
+  fuse({op(DSC_OP_EXP, {dsc_permute(g, outer, perm, 2)})});
+  EXPECT_EQ(inner->group, 0);
+  EXPECT_NE(outer->group, 0);
+  lower_gathers(V, D);
+}
+
+void Fuse::lower_gathers(int64_t V, int64_t D) {
+  dsc_tensor *a = dsc_tensor_new(ctx, ty(DSC_I32, {3})), *b = dsc_tensor_new(ctx, ty(DSC_I32, {4}));
+  for (int i = 0; i < 3; i++) a->data[i] = (double)((i * 2) % V);
+  for (int i = 0; i < 4; i++) b->data[i] = (double)((i * 3) % D);
+  lower_and_check({random_tensor(ctx, ty(DSC_F32, {V, D}), rng), a, b});
 }
 
 TEST_F(Fuse, IsDeterministicAndRoundTripsThroughText) {
