@@ -58,6 +58,8 @@ typedef enum {
   KIR_TANH,
   KIR_SIGMOID,
   KIR_ABS,
+  KIR_SIN,
+  KIR_COS,
 } kir_unary;
 
 typedef enum {

@@ -458,6 +458,8 @@ static const struct {
     {KIR_TANH, "tanh{f}({a})"},
     {KIR_SIGMOID, "{1} / ({1} + exp{f}(-{a}))"},
     {KIR_ABS, "fabs{f}({a})"},
+    {KIR_SIN, "sin{f}({a})"},
+    {KIR_COS, "cos{f}({a})"},
 };
 
 /* text with {f}, {1} and {a} replaced, into out (truncated at n). */

@@ -408,7 +408,9 @@ static void sb_printf(strbuf *b, const char *fmt, ...) {
   }
 }
 
-static const char *unary_names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "abs"};
+static const char *unary_names[] = {"neg",  "exp",     "log", "sqrt", "rsqrt",
+                                    "tanh", "sigmoid", "abs", "sin",  "cos"};
+#define N_UNARY_NAMES ((int)(sizeof unary_names / sizeof unary_names[0]))
 static const char *binary_names[] = {"add", "sub", "mul", "div", "max", "min",
                                      "pow", "lt",  "gt",  "eq",  "and", "or"};
 static const char *reduce_names[] = {"sum", "max", "min"};
@@ -452,7 +454,7 @@ static void print_expr_nodes(strbuf *b, const kir_kernel *k, const kir_expr *roo
         sb_printf(b, "s%d", e->slot);
         break;
       case KIR_UNARY:
-        sb_printf(b, "%s t%d", e->op >= 0 && e->op < 8 ? unary_names[e->op] : "?",
+        sb_printf(b, "%s t%d", e->op >= 0 && e->op < N_UNARY_NAMES ? unary_names[e->op] : "?",
                   map_get(&l.seen, e->a));
         break;
       case KIR_BINARY:

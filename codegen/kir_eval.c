@@ -65,6 +65,8 @@ static double apply_unary(int op, dsc_dtype t, double x) {
     case KIR_TANH: return tanh(x);
     case KIR_SIGMOID: return 1.0 / (1.0 + exp(-x));
     case KIR_ABS: return fabs(x);
+    case KIR_SIN: return sin(x);
+    case KIR_COS: return cos(x);
   }
   (void)t;
   return NAN;

@@ -444,9 +444,10 @@ static const struct {
   int op;
   const char *f32, *f64;
 } llvm_unary[] = {
-    {KIR_EXP, "dsc.exp.f32", "llvm.exp.f64"},    {KIR_LOG, "llvm.log.f32", "llvm.log.f64"},
+    {KIR_EXP, "dsc.exp.f32", "llvm.exp.f64"},     {KIR_LOG, "llvm.log.f32", "llvm.log.f64"},
     {KIR_SQRT, "llvm.sqrt.f32", "llvm.sqrt.f64"}, {KIR_TANH, "dsc.tanh.f32", "tanh"},
-    {KIR_ABS, "llvm.fabs.f32", "llvm.fabs.f64"},
+    {KIR_ABS, "llvm.fabs.f32", "llvm.fabs.f64"},  {KIR_SIN, "llvm.sin.f32", "llvm.sin.f64"},
+    {KIR_COS, "llvm.cos.f32", "llvm.cos.f64"},
 };
 
 static LLVMValueRef emit_unary(emitter *e, int op, dsc_dtype t, LLVMValueRef a) {

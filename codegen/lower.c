@@ -374,6 +374,8 @@ static kir_expr *input_expr(L *l, const ir_node *n, int i, const ir_affine *pt) 
 #define F_RSQRT(a) kir_un(A, KIR_RSQRT, (a))
 #define F_TANH(a) kir_un(A, KIR_TANH, (a))
 #define F_SIGMOID(a) kir_un(A, KIR_SIGMOID, (a))
+#define F_SIN(a) kir_un(A, KIR_SIN, (a))
+#define F_COS(a) kir_un(A, KIR_COS, (a))
 static kir_expr *formula_expr(ir_arena *A, dsc_op op, dsc_dtype T, kir_expr *const *in, double p) {
   IR_UNUSED(p);
   switch (op) {

@@ -449,25 +449,78 @@ static fe_value lower_norm(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_
   return fe_tensor(st, dsc_build(st->g, bi->op, in, nt, &a, 1), loc);
 }
 
+/* attention(q, k, v, heads, causal = true, kv_heads = heads, scale = 1/sqrt(hd)) */
 static fe_value lower_attention(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_binding *b,
                                 dsc_loc loc) {
   IR_UNUSED(bi);
   fe_value x = fe_arg_tensor(st, fr, b, 0);
   fe_value y = fe_arg_tensor(st, fr, b, 1);
   fe_value z = fe_arg_tensor(st, fr, b, 2);
-  int64_t heads;
+  int64_t heads, kv_heads;
   bool causal = true;
+  double scale = 0;
   if (x.kind == V_ERR || y.kind == V_ERR || z.kind == V_ERR || !fe_arg_int(st, fr, b, 3, &heads))
     return verr;
   if (b->slots[4] && !fe_arg_bool(st, fr, b, 4, &causal)) return verr;
+  kv_heads = heads;
+  if (b->slots[5] && !fe_arg_int(st, fr, b, 5, &kv_heads)) return verr;
+  if (b->slots[6] && !fe_arg_num(st, fr, b, 6, &scale)) return verr;
   if (heads <= 0) {
     ERR(b->slot_loc[3], "'heads' must be positive, got %lld", (long long)heads);
     return verr;
   }
-  dsc_node *in[3] = {x.node, y.node, z.node};
-  dsc_attr a[2] = {dsc_attr_int("heads", heads), dsc_attr_bool("causal", causal)};
+  if (kv_heads <= 0 || heads % kv_heads != 0) {
+    ERR(b->slot_loc[5], "'kv_heads' must be positive and divide heads = %lld, got %lld",
+        (long long)heads, (long long)kv_heads);
+    return verr;
+  }
+  if (b->slots[6] && !(scale > 0 && isfinite(scale))) {
+    ERR(b->slot_loc[6], "'scale' must be positive, got %g", scale);
+    return verr;
+  }
   fe_at(st, loc);
-  return fe_tensor(st, dsc_build(st->g, DSC_OP_ATTENTION, in, 3, a, 2), loc);
+  return fe_tensor(st, dsc_attention(st->g, x.node, y.node, z.node, heads, kv_heads, causal, scale),
+                   loc);
+}
+
+/* rope(x, heads, theta = 10000, positions = iota(T), interleaved = false) */
+static fe_value lower_rope(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_binding *b,
+                           dsc_loc loc) {
+  IR_UNUSED(bi);
+  fe_value x = fe_arg_tensor(st, fr, b, 0);
+  int64_t heads;
+  double theta = 10000.0;
+  bool inter = false;
+  if (x.kind == V_ERR || !fe_arg_int(st, fr, b, 1, &heads)) return verr;
+  if (b->slots[2] && !fe_arg_num(st, fr, b, 2, &theta)) return verr;
+  if (b->slots[4] && !fe_arg_bool(st, fr, b, 4, &inter)) return verr;
+  if (heads <= 0) {
+    ERR(b->slot_loc[1], "'heads' must be positive, got %lld", (long long)heads);
+    return verr;
+  }
+  if (!(theta > 1 && isfinite(theta))) {
+    ERR(b->slot_loc[2], "'theta' must be above 1, got %g", theta);
+    return verr;
+  }
+  dsc_type xt = dsc_node_type(x.node);
+  dsc_node *pos;
+  if (b->slots[3]) {
+    fe_value p = fe_arg_tensor(st, fr, b, 3);
+    if (p.kind == V_ERR) return verr;
+    pos = p.node;
+  } else { /* positions 0 .. T-1 */
+    if (xt.rank < 2) {
+      ERR(b->slot_loc[0], "'rope' needs x of rank >= 2 [..., T, C], got rank %d", xt.rank);
+      return verr;
+    }
+    fe_at(st, loc);
+    int64_t T = xt.dims[xt.rank - 2];
+    dsc_attr a[3] = {dsc_attr_int("axis", 0), dsc_attr_dtype("dtype", DSC_I32),
+                     dsc_attr_ints("shape", &T, 1)};
+    pos = dsc_build(st->g, DSC_OP_IOTA, NULL, 0, a, 3);
+  }
+  fe_at(st, loc);
+  return fe_tensor(st, dsc_rope(st->g, x.node, pos, heads, theta, inter), loc);
 }
 
 /* name, lowering, op, required arguments, value (fill or eps default), parameters */
@@ -493,7 +546,9 @@ static const fe_builtin builtins[] = {
     B("log_softmax", lower_softmax, DSC_OP_LOG_SOFTMAX, 1, 0, "x", "axis"),
     B("layernorm", lower_norm, DSC_OP_LAYERNORM, 3, 1e-5, "x", "w", "b", "eps"),
     B("rmsnorm", lower_norm, DSC_OP_RMSNORM, 2, 1e-6, "x", "w", "eps"),
-    B("attention", lower_attention, DSC_OP_ATTENTION, 4, 0, "q", "k", "v", "heads", "causal"),
+    B("attention", lower_attention, DSC_OP_ATTENTION, 4, 0, "q", "k", "v", "heads", "causal",
+      "kv_heads", "scale"),
+    B("rope", lower_rope, DSC_OP_ROPE, 2, 0, "x", "heads", "theta", "positions", "interleaved"),
     B("cross_entropy", lower_binary, DSC_OP_CROSS_ENTROPY, 2, 0, "logits", "targets"),
 };
 #undef B
@@ -527,7 +582,8 @@ fe_value fe_call_builtin(fe_state *st, fe_frame *fr, const fe_builtin *bi, const
   memset(&b, 0, sizeof b);
   b.fname = bi->name;
   b.params = bi->params;
-  while (b.n_params < 6 && bi->params[b.n_params]) b.n_params++;
+  int max_params = (int)(sizeof bi->params / sizeof bi->params[0]);
+  while (b.n_params < max_params && bi->params[b.n_params]) b.n_params++;
   b.n_req = bi->n_req;
   if (!fe_bind_args(st, call, &b)) return verr;
   return bi->lower(st, fr, bi, &b, call->loc);

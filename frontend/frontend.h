@@ -359,7 +359,7 @@ struct fe_builtin {
   fe_builtin_fn lower; /* builds the call's value from its bound arguments */
   dsc_op op;
   int n_req;              /* the first n_req parameters are required */
-  const char *params[6];  /* parameter names, NULL after the last */
+  const char *params[8];  /* parameter names, NULL after the last */
   double value;           /* zeros/ones: the fill; layernorm/rmsnorm: eps's default */
   unsigned tensor_only;   /* elementwise: bit k, argument k must be a tensor */
   int attr[6];            /* elementwise: argument k is the op's attribute attr[k]; -1 an input */

@@ -235,6 +235,16 @@ bool ir_grad_softplus(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) 
   return (dx[0] = mul(g, dy, dsc_unary(g, DSC_OP_SIGMOID, n->in[0]))) != NULL;
 }
 
+/* sin' = cos, cos' = -sin. */
+bool ir_grad_sin(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  return (dx[0] = mul(g, dy, dsc_unary(g, DSC_OP_COS, n->in[0]))) != NULL;
+}
+
+bool ir_grad_cos(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  ir_node *s = dsc_unary(g, DSC_OP_SIN, n->in[0]);
+  return (dx[0] = mul(g, dy, dsc_unary(g, DSC_OP_NEG, s))) != NULL;
+}
+
 bool ir_grad_sigmoid(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   ir_node *y = (ir_node *)n;
   return (dx[0] = mul(g, dy, mul(g, y, rsubc(g, 1.0, y)))) != NULL;
@@ -462,54 +472,49 @@ bool ir_grad_rmsnorm(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   return dx[0] && dx[1];
 }
 
-/* [B, T, C] -> [B, H, T, C/H] */
-static ir_node *split_heads(ir_graph *g, ir_node *x, int64_t H) {
-  if (!x) return NULL;
-  const int64_t *d = x->type.dims;
-  int64_t shape[4] = {d[0], d[1], H, d[2] / H}, perm[4] = {0, 2, 1, 3};
-  return dsc_permute(g, dsc_reshape(g, x, shape, 4), perm, 4);
-}
-
-/* [B, H, T, C/H] -> [B, T, C] */
-static ir_node *merge_heads(ir_graph *g, ir_node *x) {
-  if (!x) return NULL;
-  const int64_t *d = x->type.dims;
-  int64_t shape[3] = {d[0], d[2], d[1] * d[3]}, perm[4] = {0, 2, 1, 3};
-  return dsc_reshape(g, dsc_permute(g, x, perm, 4), shape, 3);
-}
-
-/* Recomputes the probabilities in IR ops, per head:
- *   S = Q K^T / sqrt(C/H), masked where s > t when causal, P = softmax(S)
+/* Recomputes the probabilities in IR ops, per head (the layout of
+ * ir/attention.c: q [B, KVH, G, T, hd], k and v [B, KVH, 1, S, hd]):
+ *   S = Q K^T scale, masked where s > t + S - T when causal, P = softmax(S)
  * and backpropagates: dV = P^T dO, dP = dO V^T, dS = P (dP - sum(dP P)),
- * dQ = dS K / sqrt(C/H), dK = dS^T Q / sqrt(C/H). Masked entries have P = 0,
- * so they get no gradient without a second mask. */
+ * dQ = dS K scale, dK = dS^T Q scale, dK and dV summed over the G query
+ * heads that share them. Masked entries have P = 0, so they get no gradient
+ * without a second mask. */
 bool ir_grad_attention(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
-  const dsc_type *t = &n->type;
-  int64_t H = ir_attr_int(n, "heads"), T = t->dims[1];
-  dsc_dtype dt = t->dtype;
-  double scale = 1.0 / sqrt((double)(t->dims[2] / H));
-  ir_node *q = split_heads(g, n->in[0], H), *k = split_heads(g, n->in[1], H);
-  ir_node *v = split_heads(g, n->in[2], H), *dout = split_heads(g, dy, H);
+  int64_t G = ir_attn_groups(n), KVH = ir_attr_int(n, "kv_heads");
+  int64_t T = n->type.dims[1], S = n->in[1]->type.dims[1];
+  bool grouped = G > 1;
+  dsc_dtype dt = n->type.dtype;
+  double scale = ir_attr_float(n, "scale");
+  ir_node *q = ir_attn_split(g, n->in[0], KVH, G, grouped, false);
+  ir_node *k = ir_attn_split(g, n->in[1], KVH, 1, grouped, false);
+  ir_node *v = ir_attn_split(g, n->in[2], KVH, 1, grouped, false);
+  ir_node *dout = ir_attn_split(g, dy, KVH, G, grouped, false);
   ir_node *s = mulc(g, dsc_matmul(g, q, transpose(g, k)), scale);
-  if (ir_attr_bool(n, "causal")) {
-    int64_t tt[2] = {T, T};
-    dsc_attr as[3] = {dsc_attr_int("axis", 1), dsc_attr_dtype("dtype", DSC_I32),
-                      dsc_attr_ints("shape", tt, 2)};
-    dsc_attr at[3] = {dsc_attr_int("axis", 0), dsc_attr_dtype("dtype", DSC_I32),
-                      dsc_attr_ints("shape", tt, 2)};
-    ir_node *future = dsc_binary(g, DSC_OP_GREATER, dsc_build(g, DSC_OP_IOTA, NULL, 0, as, 3),
-                                 dsc_build(g, DSC_OP_IOTA, NULL, 0, at, 3));
-    s = dsc_build(g, DSC_OP_WHERE, (ir_node *[]){future, scalar(g, -INFINITY, dt), s}, 3, NULL, 0);
-  }
-  dsc_attr ax = dsc_attr_int("axis", 3);
-  ir_node *p = dsc_build(g, DSC_OP_SOFTMAX, &s, 1, &ax, 1);
+  int64_t ax = grouped ? 4 : 3;
+  if (ir_attr_bool(n, "causal"))
+    s = dsc_build(g, DSC_OP_WHERE,
+                  (ir_node *[]){ir_attn_future(g, T, S), scalar(g, -INFINITY, dt), s}, 3, NULL, 0);
+  dsc_attr axa = dsc_attr_int("axis", ax);
+  ir_node *p = dsc_build(g, DSC_OP_SOFTMAX, &s, 1, &axa, 1);
   ir_node *dv = dsc_matmul(g, transpose(g, p), dout);
   ir_node *dp = dsc_matmul(g, dout, transpose(g, v));
-  ir_node *ds = mulc(g, mul(g, p, sub(g, dp, sum_keep(g, mul(g, dp, p), 3))), scale);
-  dx[0] = merge_heads(g, dsc_matmul(g, ds, k));
-  dx[1] = merge_heads(g, dsc_matmul(g, transpose(g, ds), q));
-  dx[2] = merge_heads(g, dv);
+  ir_node *ds = mulc(g, mul(g, p, sub(g, dp, sum_keep(g, mul(g, dp, p), ax))), scale);
+  ir_node *dk = dsc_matmul(g, transpose(g, ds), q);
+  if (grouped) dk = sum_keep(g, dk, 2), dv = sum_keep(g, dv, 2); /* over the group's query heads */
+  dx[0] = ir_attn_merge(g, dsc_matmul(g, ds, k));
+  dx[1] = ir_attn_merge(g, dk);
+  dx[2] = ir_attn_merge(g, dv);
   return dx[0] && dx[1] && dx[2];
+}
+
+/* A rotation by -angle is the transpose of one by angle, and angles are
+ * linear in the position: dx = rope(dy) at the negated positions. */
+bool ir_grad_rope(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  ir_node *back = dsc_unary(g, DSC_OP_NEG, n->in[1]);
+  dx[0] = dsc_rope(g, dy, back, ir_attr_int(n, "heads"), ir_attr_float(n, "theta"),
+                   ir_attr_bool(n, "interleaved"));
+  dx[1] = NULL;
+  return dx[0] != NULL;
 }
 
 /* d logits = (softmax(logits) - one_hot(targets)) * dy / positions, with the

@@ -440,36 +440,38 @@ bool interp_rmsnorm(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *
   return true;
 }
 
-/* Per batch and head: scores = q.k / sqrt(hd), causal mask s > t, stable
- * softmax over s, weighted sum of v. Two passes over s (max, then
- * exp-weighted accumulation) so that no scratch memory is needed. */
+/* Per batch and query head h (key/value head h / G): scores = q.k scale,
+ * causal mask s > t + S - T, stable softmax over s, weighted sum of v. Two
+ * passes over s (max, then exp-weighted accumulation) so that no scratch
+ * memory is needed. */
 bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
                       size_t errlen) {
   IR_UNUSED(err), IR_UNUSED(errlen);
   const dsc_type *t = &in[0]->type;
   int64_t B = t->dims[0], T = t->dims[1], C = t->dims[2], H = ir_attr_int(n, "heads");
+  int64_t S = in[1]->type.dims[1], Ckv = in[1]->type.dims[2], G = ir_attn_groups(n);
   bool causal = ir_attr_bool(n, "causal");
   int64_t hd = C / H;
-  double scale = 1.0 / sqrt((double)hd);
+  double scale = ir_attr_float(n, "scale");
   const double *q = in[0]->data, *k = in[1]->data, *v = in[2]->data;
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t tq = 0; tq < T; tq++) {
         const double *qr = q + (b * T + tq) * C + h * hd;
         double *orow = out->data + (b * T + tq) * C + h * hd;
-        int64_t S = causal ? tq + 1 : T;
+        int64_t kv = (h / G) * hd, n_s = causal ? tq + 1 + S - T : S;
         double m = -INFINITY;
-        for (int64_t s = 0; s < S; s++) {
-          const double *kr = k + (b * T + s) * C + h * hd;
+        for (int64_t s = 0; s < n_s; s++) {
+          const double *kr = k + (b * S + s) * Ckv + kv;
           double dot = 0;
           for (int64_t j = 0; j < hd; j++) dot += qr[j] * kr[j];
           if (dot * scale > m) m = dot * scale;
         }
         double denom = 0;
         for (int64_t j = 0; j < hd; j++) orow[j] = 0;
-        for (int64_t s = 0; s < S; s++) {
-          const double *kr = k + (b * T + s) * C + h * hd;
-          const double *vr = v + (b * T + s) * C + h * hd;
+        for (int64_t s = 0; s < n_s; s++) {
+          const double *kr = k + (b * S + s) * Ckv + kv;
+          const double *vr = v + (b * S + s) * Ckv + kv;
           double dot = 0;
           for (int64_t j = 0; j < hd; j++) dot += qr[j] * kr[j];
           double w = exp(dot * scale - m);
@@ -478,6 +480,44 @@ bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor
         }
         for (int64_t j = 0; j < hd; j++) orow[j] /= denom;
       }
+  return true;
+}
+
+/* Rotates each head's pairs (i, i + hd/2), or (2i, 2i + 1) when interleaved,
+ * by p theta^(-2i/hd), p the row's position (broadcast from its shape). */
+bool interp_rope(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
+                 size_t errlen) {
+  IR_UNUSED(err), IR_UNUSED(errlen);
+  const dsc_type *xt = &in[0]->type, *pt = &in[1]->type;
+  int64_t C = xt->dims[xt->rank - 1], H = ir_attr_int(n, "heads"), hd = C / H, half = hd / 2;
+  int64_t rows = numel(in[0]) / C;
+  double theta = ir_attr_float(n, "theta");
+  bool inter = ir_attr_bool(n, "interleaved");
+  int lead = xt->rank - 1 - pt->rank; /* x's row axes the positions lack */
+  for (int64_t r = 0; r < rows; r++) {
+    /* the position of row r: its index over x's row axes, broadcast */
+    int64_t rest = r, pi = 0, stride = 1;
+    for (int d = xt->rank - 2; d >= 0; d--) {
+      int64_t idx = rest % xt->dims[d];
+      rest /= xt->dims[d];
+      if (d >= lead) {
+        int64_t pd = pt->dims[d - lead];
+        pi += (pd == 1 ? 0 : idx) * stride;
+        stride *= pd;
+      }
+    }
+    double p = in[1]->data[pi];
+    const double *x = in[0]->data + r * C;
+    double *y = out->data + r * C;
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < half; i++) {
+        double a = p * pow(theta, -2.0 * (double)i / (double)hd), c = cos(a), s = sin(a);
+        int64_t j0 = h * hd + (inter ? 2 * i : i), j1 = h * hd + (inter ? 2 * i + 1 : i + half);
+        double x0 = x[j0], x1 = x[j1];
+        y[j0] = x0 * c - x1 * s;
+        y[j1] = x1 * c + x0 * s;
+      }
+  }
   return true;
 }
 

@@ -388,6 +388,21 @@ float ir_f16_round(float x);
 #include "dsc/ops.def"
 #undef OP
 
+/* ======================= ir/attention.c =======================
+ * The head layout of attention(q, k, v) {heads, kv_heads} that its gradient
+ * rule and its decomposition share (the file's comment). */
+/* G = heads / kv_heads. */
+int64_t ir_attn_groups(const ir_node *n);
+/* x [B, L, kv_heads groups hd] as [B, kv_heads, groups, L, hd] when grouped,
+ * else [B, kv_heads groups, L, hd]; the last two axes swapped when
+ * transposed. */
+ir_node *ir_attn_split(ir_graph *g, ir_node *x, int64_t kv_heads, int64_t groups, bool grouped,
+                       bool transposed);
+/* The inverse of ir_attn_split (not transposed): back to [B, L, n hd]. */
+ir_node *ir_attn_merge(ir_graph *g, ir_node *x);
+/* bool [T, S]: key s is after query t (s > t + S - T), the causal mask. */
+ir_node *ir_attn_future(ir_graph *g, int64_t T, int64_t S);
+
 /* ======================= ir/grad.c =======================
  * Gradient rules, one per differentiable op, written in IR ops with the
  * builder. Given forward node n and dy (the loss gradient w.r.t. n, n's

@@ -36,6 +36,8 @@ static double sc_sigmoid(double a) { return 1.0 / (1.0 + exp(-a)); }
 #define F_RSQRT(a) (1.0 / sqrt(a))
 #define F_TANH(a) tanh(a)
 #define F_SIGMOID(a) sc_sigmoid(a)
+#define F_SIN(a) sin(a)
+#define F_COS(a) cos(a)
 #define OP(...)
 #define EW(id, nm, nin, attrs, shp, ik, gr, fl, bi, formula) \
   static double scalar_##id(const double *x, double p) {    \

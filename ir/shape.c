@@ -4,6 +4,7 @@
  * and by the verifier on parsed graphs, so it must not trust anything: it
  * checks arity, attribute presence and values, ranks and element counts,
  * and explains a rejection in err (the caller adds "op: " and a location). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -412,22 +413,72 @@ bool ir_shape_rmsnorm(const ir_node *n, dsc_type *out, char *err, size_t errlen)
   return norm_common(n, 1, out, err, errlen);
 }
 
+/* q [B, T, H hd], k and v [B, S, KVH hd] of q's dtype, KVH dividing H; causal
+ * needs S >= T (the queries are the last T positions). */
 bool ir_shape_attention(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
   if (!need_inputs(n, 3, err, errlen)) return false;
   if (!need_attr(n, "heads", DSC_ATTR_INT, err, errlen) ||
-      !need_attr(n, "causal", DSC_ATTR_BOOL, err, errlen))
+      !need_attr(n, "kv_heads", DSC_ATTR_INT, err, errlen) ||
+      !need_attr(n, "causal", DSC_ATTR_BOOL, err, errlen) ||
+      !need_attr(n, "scale", DSC_ATTR_FLOAT, err, errlen))
     return false;
   const dsc_type *q = &n->in[0]->type, *k = &n->in[1]->type, *v = &n->in[2]->type;
   if (!need_float(q, "q", err, errlen)) return false;
   if (q->rank != 3) return FAIL("q must have rank 3 [B, T, C], got %s", fmt(q).s);
-  if (!dsc_type_equal(q, k) || !dsc_type_equal(q, v))
-    return FAIL("q, k and v must have the same type, got %s, %s and %s", fmt(q).s, fmt(k).s,
-                fmt(v).s);
-  int64_t heads = ir_attr_int(n, "heads");
+  if (k->rank != 3 || !dsc_type_equal(k, v) || k->dtype != q->dtype || k->dims[0] != q->dims[0])
+    return FAIL(
+        "k and v must have one type [B, S, C_kv] with q's batch and dtype, got q %s, "
+        "k %s and v %s",
+        fmt(q).s, fmt(k).s, fmt(v).s);
+  int64_t heads = ir_attr_int(n, "heads"), kvh = ir_attr_int(n, "kv_heads");
   if (heads <= 0 || q->dims[2] % heads != 0)
     return FAIL("heads %lld does not divide the channel dim %lld of %s", (long long)heads,
                 (long long)q->dims[2], fmt(q).s);
+  if (kvh <= 0 || heads % kvh != 0)
+    return FAIL("kv_heads %lld must divide heads %lld", (long long)kvh, (long long)heads);
+  int64_t hd = q->dims[2] / heads;
+  if (k->dims[2] != kvh * hd)
+    return FAIL("k and v %s must have kv_heads x head dim = %lld x %lld = %lld channels", fmt(k).s,
+                (long long)kvh, (long long)hd, (long long)(kvh * hd));
+  if (ir_attr_bool(n, "causal") && k->dims[1] < q->dims[1])
+    return FAIL(
+        "causal attention needs at least as many keys as queries, got %lld keys for "
+        "%lld queries",
+        (long long)k->dims[1], (long long)q->dims[1]);
+  double scale = ir_attr_float(n, "scale");
+  if (!(scale > 0) || !isfinite(scale)) return FAIL("scale must be positive, got %g", scale);
   return finish(q, out, err, errlen);
+}
+
+/* x [..., T, heads hd] float with hd even; positions integer, its shape x's
+ * without the last axis or a right-aligned part of it with 1 for broadcast. */
+bool ir_shape_rope(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
+  if (!need_inputs(n, 2, err, errlen)) return false;
+  if (!need_attr(n, "heads", DSC_ATTR_INT, err, errlen) ||
+      !need_attr(n, "theta", DSC_ATTR_FLOAT, err, errlen) ||
+      !need_attr(n, "interleaved", DSC_ATTR_BOOL, err, errlen))
+    return false;
+  const dsc_type *x = &n->in[0]->type, *p = &n->in[1]->type;
+  if (!need_float(x, "x", err, errlen)) return false;
+  if (x->rank < 2 || x->rank > DSC_MAX_RANK - 2)
+    return FAIL("x must have rank 2 to %d [..., T, C], got %s", DSC_MAX_RANK - 2, fmt(x).s);
+  int64_t heads = ir_attr_int(n, "heads"), C = x->dims[x->rank - 1];
+  if (heads <= 0 || C % heads != 0 || (C / heads) % 2 != 0)
+    return FAIL("heads %lld must split the channel dim %lld of %s into heads of an even size",
+                (long long)heads, (long long)C, fmt(x).s);
+  double theta = ir_attr_float(n, "theta");
+  if (!(theta > 1) || !isfinite(theta)) return FAIL("theta must be above 1, got %g", theta);
+  if (p->dtype != DSC_I32 && p->dtype != DSC_I64)
+    return FAIL("positions must be i32 or i64, got %s", fmt(p).s);
+  bool ok = p->rank <= x->rank - 1;
+  for (int i = 1; ok && i <= p->rank; i++) {
+    int64_t pd = p->dims[p->rank - i], xd = x->dims[x->rank - 1 - i];
+    ok = pd == xd || pd == 1;
+  }
+  if (!ok)
+    return FAIL("positions %s must broadcast to the shape of x %s without its last axis", fmt(p).s,
+                fmt(x).s);
+  return finish(x, out, err, errlen);
 }
 
 bool ir_shape_cross_entropy(const ir_node *n, dsc_type *out, char *err, size_t errlen) {

@@ -49,6 +49,7 @@ bool pass_decompose_op(dsc_op op) {
     case DSC_OP_LAYERNORM:
     case DSC_OP_RMSNORM:
     case DSC_OP_ATTENTION:
+    case DSC_OP_ROPE:
     case DSC_OP_CROSS_ENTROPY:
       return true;
     default:
@@ -119,35 +120,62 @@ static ir_node *decompose_norm(ir_graph *g, const ir_node *n) {
   return to(g, y, n->type.dtype);
 }
 
-/* [B, T, C] -> [B, H, T, C/H], or [B, H, C/H, T] when `transposed` (K^T). */
-static ir_node *split_heads(ir_graph *g, ir_node *x, int64_t H, bool transposed) {
-  const int64_t *d = x->type.dims;
-  int64_t shape[4] = {d[0], d[1], H, d[2] / H};
-  int64_t perm[4] = {0, 2, 1, 3}, perm_t[4] = {0, 2, 3, 1};
-  return dsc_permute(g, dsc_reshape(g, x, shape, 4), transposed ? perm_t : perm, 4);
+/* The heads as ir/attention.c lays them out: grouped-query attention keeps
+ * one copy of each key/value head, broadcast over its G query heads. */
+static ir_node *decompose_attention(ir_graph *g, const ir_node *n) {
+  int64_t G = ir_attn_groups(n), KVH = ir_attr_int(n, "kv_heads");
+  int64_t T = n->type.dims[1], S = n->in[1]->type.dims[1];
+  bool grouped = G > 1;
+  dsc_dtype dt = n->type.dtype, cd = compute_dtype(dt);
+  ir_node *q = ir_attn_split(g, n->in[0], KVH, G, grouped, false);
+  ir_node *kt = ir_attn_split(g, n->in[1], KVH, 1, grouped, true);
+  ir_node *v = ir_attn_split(g, n->in[2], KVH, 1, grouped, false);
+  /* scores [B, KVH, G, T, S] or [B, H, T, S]: the matmul in the node's
+   * dtype, the rest in cd */
+  ir_node *s = to(g, dsc_matmul(g, q, kt), cd);
+  s = bin(g, DSC_OP_MUL, s, scalar(g, ir_attr_float(n, "scale"), cd));
+  if (ir_attr_bool(n, "causal")) /* the diagonal is never masked: finite max */
+    s = where(g, ir_attn_future(g, T, S), scalar(g, -INFINITY, cd), s);
+  ir_node *p = to(g, softmax_in(g, s, grouped ? 4 : 3, false), dt);
+  return ir_attn_merge(g, dsc_matmul(g, p, v));
 }
 
-static ir_node *decompose_attention(ir_graph *g, const ir_node *n) {
-  const dsc_type *t = &n->type;
-  int64_t B = t->dims[0], T = t->dims[1], C = t->dims[2], H = ir_attr_int(n, "heads");
-  dsc_dtype dt = t->dtype, cd = compute_dtype(dt);
-  ir_node *q = split_heads(g, n->in[0], H, false);
-  ir_node *kt = split_heads(g, n->in[1], H, true);
-  ir_node *v = split_heads(g, n->in[2], H, false);
-  /* scores [B, H, T, T]: the matmul in the node's dtype, the rest in cd */
-  ir_node *s = to(g, dsc_matmul(g, q, kt), cd);
-  s = bin(g, DSC_OP_MUL, s, scalar(g, 1.0 / sqrt((double)(C / H)), cd));
-  if (ir_attr_bool(n, "causal")) {
-    /* key index s (last axis) beyond query index t (axis 2) is masked */
-    int64_t row[2] = {1, T}, col[2] = {T, 1};
-    ir_node *future =
-        bin(g, DSC_OP_GREATER, iota(g, 1, DSC_I32, row, 2), iota(g, 0, DSC_I32, col, 2));
-    s = where(g, future, scalar(g, -INFINITY, cd), s);
-  }
-  ir_node *p = to(g, softmax_in(g, s, 3, false), dt);
-  ir_node *o = dsc_matmul(g, p, v); /* [B, H, T, hd] */
-  int64_t perm[4] = {0, 2, 1, 3}, shape[3] = {B, T, C};
-  return dsc_reshape(g, dsc_permute(g, o, perm, 4), shape, 3);
+/* rope: x viewed as [..., T, heads, 2, hd/2] (rotate-half) or [..., T,
+ * heads, hd/2, 2] (interleaved); the halves x0, x1 of each pair become x0 c
+ * - x1 s and x1 c + x0 s, with c, s the cos and sin of the angle p f_i,
+ * f_i = theta^(-2i/hd) = exp(-2i ln(theta) / hd) computed in f64 and
+ * rounded once. */
+static ir_node *decompose_rope(ir_graph *g, const ir_node *n) {
+  const dsc_type *xt = &n->in[0]->type, *pt = &n->in[1]->type;
+  dsc_dtype dt = n->type.dtype, cd = compute_dtype(dt);
+  int r = xt->rank;
+  int64_t C = xt->dims[r - 1], H = ir_attr_int(n, "heads"), hd = C / H, half = hd / 2;
+  bool inter = ir_attr_bool(n, "interleaved");
+  int64_t pair_axis = inter ? r + 1 : r, split[DSC_MAX_RANK];
+  for (int d = 0; d < r - 1; d++) split[d] = xt->dims[d];
+  split[r - 1] = H, split[r] = inter ? half : 2, split[r + 1] = inter ? 2 : half;
+  ir_node *x = dsc_reshape(g, to(g, n->in[0], cd), split, r + 2);
+  ir_node *f = un(g, DSC_OP_EXP,
+                  bin(g, DSC_OP_MUL, iota(g, 0, DSC_F64, &half, 1),
+                      scalar(g, -2.0 * log(ir_attr_float(n, "theta")) / (double)hd, DSC_F64)));
+  /* angles [..., T, 1, 1, hd/2] or [..., T, 1, hd/2, 1] over the positions' axes */
+  int64_t pshape[DSC_MAX_RANK], fshape[3] = {1, inter ? half : 1, inter ? 1 : half};
+  for (int d = 0; d < pt->rank; d++) pshape[d] = pt->dims[d];
+  pshape[pt->rank] = pshape[pt->rank + 1] = pshape[pt->rank + 2] = 1;
+  ir_node *pos = dsc_reshape(g, to(g, n->in[1], cd), pshape, pt->rank + 3);
+  ir_node *a = bin(g, DSC_OP_MUL, pos, dsc_reshape(g, to(g, f, cd), fshape, 3));
+  ir_node *c = un(g, DSC_OP_COS, a), *sn = un(g, DSC_OP_SIN, a);
+  dsc_attr s0[3] = {dsc_attr_int("axis", pair_axis), dsc_attr_int("start", 0),
+                    dsc_attr_int("end", 1)};
+  dsc_attr s1[3] = {dsc_attr_int("axis", pair_axis), dsc_attr_int("start", 1),
+                    dsc_attr_int("end", 2)};
+  ir_node *x0 = dsc_build(g, DSC_OP_SLICE, &x, 1, s0, 3);
+  ir_node *x1 = dsc_build(g, DSC_OP_SLICE, &x, 1, s1, 3);
+  ir_node *y0 = bin(g, DSC_OP_SUB, bin(g, DSC_OP_MUL, x0, c), bin(g, DSC_OP_MUL, x1, sn));
+  ir_node *y1 = bin(g, DSC_OP_ADD, bin(g, DSC_OP_MUL, x1, c), bin(g, DSC_OP_MUL, x0, sn));
+  dsc_attr ca = dsc_attr_int("axis", pair_axis);
+  ir_node *y = dsc_build(g, DSC_OP_CONCAT, (ir_node *[]){y0, y1}, 2, &ca, 1);
+  return to(g, dsc_reshape(g, y, xt->dims, r), dt);
 }
 
 static ir_node *decompose_cross_entropy(ir_graph *g, const ir_node *n) {
@@ -185,6 +213,8 @@ static ir_node *decompose_node(ir_graph *g, const ir_node *n) {
       return decompose_norm(g, n);
     case DSC_OP_ATTENTION:
       return decompose_attention(g, n);
+    case DSC_OP_ROPE:
+      return decompose_rope(g, n);
     case DSC_OP_CROSS_ENTROPY:
       return decompose_cross_entropy(g, n);
     default:

@@ -155,6 +155,16 @@ dsc_node *dsc_reduce(dsc_graph *g, dsc_op op, dsc_node *x, const int64_t *axes, 
 dsc_node *dsc_reshape(dsc_graph *g, dsc_node *x, const int64_t *shape, int rank);
 dsc_node *dsc_permute(dsc_graph *g, dsc_node *x, const int64_t *perm, int rank);
 dsc_node *dsc_cast(dsc_graph *g, dsc_node *x, dsc_dtype to);
+/* attention(q [B, T, heads hd], k and v [B, S, kv_heads hd]): kv_heads
+ * divides heads (grouped-query attention; kv_heads == heads is multi-head);
+ * scale <= 0 means 1/sqrt(hd). */
+dsc_node *dsc_attention(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int64_t heads,
+                        int64_t kv_heads, bool causal, double scale);
+/* Rotary position embedding of x [..., T, heads hd] at integer positions
+ * (shape [T], or x's without the last axis, broadcast): rotate-half pairs
+ * (Llama, NeoX) or, interleaved, adjacent pairs (GPT-J); angle p theta^(-2i/hd). */
+dsc_node *dsc_rope(dsc_graph *g, dsc_node *x, dsc_node *positions, int64_t heads, double theta,
+                   bool interleaved);
 
 /* ---- nodes ---- */
 dsc_op dsc_node_op(const dsc_node *n);

@@ -261,6 +261,8 @@ UNARY(b_gelu, DSC_OP_GELU, IN_ANY)
 UNARY(b_softplus, DSC_OP_SOFTPLUS, IN_ANY)
 UNARY(b_silu, DSC_OP_SILU, IN_ANY)
 UNARY(b_sigmoid, DSC_OP_SIGMOID, IN_ANY)
+UNARY(b_sin, DSC_OP_SIN, IN_ANY)
+UNARY(b_cos, DSC_OP_COS, IN_ANY)
 static dsc_node *b_pow(dsc_graph *g, dsc_dtype dt) {
   dsc_attr a = dsc_attr_float("exponent", 1.5);
   return dsc_build(g, DSC_OP_POW, (dsc_node *[]){IN(g, dt, IN_POS, 0, 7, 33)}, 1, &a, 1);
@@ -367,13 +369,26 @@ static dsc_node *b_rmsnorm(dsc_graph *g, dsc_dtype dt) {
   return dsc_build(g, DSC_OP_RMSNORM, (dsc_node *[]){x, w}, 2, &a, 1);
 }
 static dsc_node *attention(dsc_graph *g, dsc_dtype dt, int causal) {
-  dsc_attr a[2] = {dsc_attr_int("heads", 2), dsc_attr_bool("causal", causal)};
   dsc_node *q = IN(g, dt, IN_ANY, 0, 2, 8, 16), *k = IN(g, dt, IN_ANY, 0, 2, 8, 16),
            *v = IN(g, dt, IN_ANY, 0, 2, 8, 16);
-  return dsc_build(g, DSC_OP_ATTENTION, (dsc_node *[]){q, k, v}, 3, a, 2);
+  return dsc_attention(g, q, k, v, 2, 2, causal, 0);
 }
 static dsc_node *b_attention_causal(dsc_graph *g, dsc_dtype dt) { return attention(g, dt, 1); }
 static dsc_node *b_attention(dsc_graph *g, dsc_dtype dt) { return attention(g, dt, 0); }
+/* grouped-query: 4 query heads on 2 key/value heads, 10 keys for 8 queries */
+static dsc_node *b_attention_gqa(dsc_graph *g, dsc_dtype dt) {
+  dsc_node *q = IN(g, dt, IN_ANY, 0, 2, 8, 32), *k = IN(g, dt, IN_ANY, 0, 2, 10, 16),
+           *v = IN(g, dt, IN_ANY, 0, 2, 10, 16);
+  return dsc_attention(g, q, k, v, 4, 2, 1, 0);
+}
+static dsc_node *b_rope(dsc_graph *g, dsc_dtype dt) {
+  dsc_node *x = IN(g, dt, IN_ANY, 0, 2, 8, 32), *p = IN(g, DSC_I32, IN_IDS, 64, 2, 8);
+  return dsc_rope(g, x, p, 4, 10000.0, false);
+}
+static dsc_node *b_rope_interleaved(dsc_graph *g, dsc_dtype dt) {
+  dsc_node *x = IN(g, dt, IN_ANY, 0, 2, 8, 32), *p = IN(g, DSC_I32, IN_IDS, 64, 8);
+  return dsc_rope(g, x, p, 2, 500000.0, true);
+}
 static dsc_node *b_cross_entropy(dsc_graph *g, dsc_dtype dt) {
   dsc_node *l = IN(g, dt, IN_ANY, 0, 2, 5, 11), *t = IN(g, DSC_I32, IN_IDS, 11, 2, 5);
   return dsc_build(g, DSC_OP_CROSS_ENTROPY, (dsc_node *[]){l, t}, 2, NULL, 0);
@@ -411,6 +426,8 @@ static const op_case cases[] = {
     {"softplus", b_softplus, FLOATS},
     {"silu", b_silu, FLOATS},
     {"sigmoid", b_sigmoid, FLOATS},
+    {"sin", b_sin, FLOATS},
+    {"cos", b_cos, FLOATS},
     {"pow", b_pow, FLOATS},
     {"cast->i32", b_cast_to_i32, {DSC_F32, DSC_BF16, DSC_F64, DSC_I64, END}},
     {"cast->bf16", b_cast_to_bf16, {DSC_F32, DSC_F16, DSC_I32, END}},
@@ -422,6 +439,9 @@ static const op_case cases[] = {
     {"sum no axes", b_sum_none, {DSC_F32, END}},
     {"mean axis 2", b_mean2, {DSC_F32, DSC_BF16, END}},
     {"max axis 1", b_max1, {DSC_F32, DSC_BF16, DSC_I64, END}},
+    {"attention grouped-query", b_attention_gqa, {DSC_F32, DSC_BF16, END}},
+    {"rope", b_rope, {DSC_F32, DSC_BF16, END}},
+    {"rope interleaved", b_rope_interleaved, {DSC_F32, END}},
     {"reshape", b_reshape, {DSC_F32, DSC_BF16, END}},
     {"permute", b_permute, {DSC_F32, DSC_F16, END}},
     {"permute (output)", b_permute_only, {DSC_F32, DSC_I32, END}},

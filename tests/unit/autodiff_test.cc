@@ -273,6 +273,8 @@ TEST(AutodiffGrad, Gelu) { unary_case(DSC_OP_GELU, normal); }
 TEST(AutodiffGrad, Silu) { unary_case(DSC_OP_SILU, normal); }
 TEST(AutodiffGrad, Sigmoid) { unary_case(DSC_OP_SIGMOID, normal); }
 TEST(AutodiffGrad, Softplus) { unary_case(DSC_OP_SOFTPLUS, normal); }
+TEST(AutodiffGrad, Sin) { unary_case(DSC_OP_SIN, normal); }
+TEST(AutodiffGrad, Cos) { unary_case(DSC_OP_COS, normal); }
 TEST(AutodiffGrad, Pow) {
   for (double p : {2.0, 3.0, 0.5, -1.5, 1.0})
     unary_case(DSC_OP_POW, positive, {dsc_attr_float("exponent", p)});
@@ -497,9 +499,7 @@ void attention_case(int64_t heads, bool causal, bool shared) {
   dsc_node *q = h.param("q", {2, 3, 4}, normal);
   dsc_node *k = shared ? q : h.param("k", {2, 3, 4}, normal);
   dsc_node *v = shared ? q : h.param("v", {2, 3, 4}, normal);
-  dsc_node *in[3] = {q, k, v};
-  dsc_attr a[2] = {dsc_attr_int("heads", heads), dsc_attr_bool("causal", causal)};
-  h.weighted_sum_loss(dsc_build(h.g, DSC_OP_ATTENTION, in, 3, a, 2));
+  h.weighted_sum_loss(dsc_attention(h.g, q, k, v, heads, heads, causal, 0));
   h.check();
 }
 
@@ -507,6 +507,38 @@ TEST(AutodiffGrad, AttentionCausal) { attention_case(2, true, false); }
 TEST(AutodiffGrad, AttentionNonCausal) { attention_case(2, false, false); }
 TEST(AutodiffGrad, AttentionOneHead) { attention_case(1, true, false); }
 TEST(AutodiffGrad, AttentionSelfSharedInput) { attention_case(2, true, true); }
+
+// Grouped-query attention: the key/value gradient sums over the query heads
+// of its group; keys beyond the queries (S > T) with the causal offset.
+void grouped_case(int64_t heads, int64_t kv_heads, int64_t S, bool causal, double scale) {
+  Harness h;
+  const int64_t hd = 2, T = 3;
+  dsc_node *q = h.param("q", {2, T, heads * hd}, normal);
+  dsc_node *k = h.param("k", {2, S, kv_heads * hd}, normal);
+  dsc_node *v = h.param("v", {2, S, kv_heads * hd}, normal);
+  h.weighted_sum_loss(dsc_attention(h.g, q, k, v, heads, kv_heads, causal, scale));
+  // a larger step: the loss sums more heads, so its rounding over the
+  // default step (|loss| 1e-16 / 1e-6) is near 1e-6 of the smallest gradients
+  h.check(-1, kRelTol, kStep * 10);
+}
+
+TEST(AutodiffGrad, AttentionGroupedQueries) { grouped_case(4, 2, 3, true, 0); }
+TEST(AutodiffGrad, AttentionMultiQuery) { grouped_case(3, 1, 3, false, 0); }
+TEST(AutodiffGrad, AttentionLongerKeysCausalScaled) { grouped_case(2, 2, 5, true, 0.3); }
+TEST(AutodiffGrad, AttentionGroupedLongerKeys) { grouped_case(4, 1, 4, true, 0); }
+
+// rope's gradient is the rotation back: checked in both pairings, with
+// positions per batch row.
+TEST(AutodiffGrad, Rope) {
+  for (bool inter : {false, true}) {
+    SCOPED_TRACE(inter ? "interleaved" : "rotate-half");
+    Harness h;
+    dsc_node *x = h.param("x", {2, 3, 8}, normal);
+    dsc_node *pos = h.ids("pos", {2, 3}, 50);
+    h.weighted_sum_loss(dsc_rope(h.g, x, pos, 2, 10000.0, inter));
+    h.check();
+  }
+}
 
 TEST(AutodiffGrad, CrossEntropy) {
   Harness h;
@@ -579,9 +611,8 @@ struct TinyGpt {
     for (int l = 0; l < L; l++) {
       std::string pre = "h." + std::to_string(l) + ".";
       dsc_node *qkv = linear(ln(x, pre + "ln1"), pre + "attn", D, 3 * D);
-      dsc_node *in[3] = {slice(qkv, 0, D), slice(qkv, D, 2 * D), slice(qkv, 2 * D, 3 * D)};
-      dsc_attr aa[2] = {dsc_attr_int("heads", H), dsc_attr_bool("causal", 1)};
-      dsc_node *att = dsc_build(h.g, DSC_OP_ATTENTION, in, 3, aa, 2);
+      dsc_node *att = dsc_attention(h.g, slice(qkv, 0, D), slice(qkv, D, 2 * D),
+                                    slice(qkv, 2 * D, 3 * D), H, H, true, 0);
       x = bin(DSC_OP_ADD, x, linear(att, pre + "proj", D, D));
       dsc_node *m = dsc_unary(h.g, DSC_OP_GELU, linear(ln(x, pre + "ln2"), pre + "fc", D, 4 * D));
       x = bin(DSC_OP_ADD, x, linear(m, pre + "fc2", 4 * D, D));

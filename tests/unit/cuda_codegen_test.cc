@@ -120,11 +120,12 @@ kir_kernel *Softmax(ir_arena *a, const char *name, int64_t R, int64_t C, dsc_dty
 // Every unary op on a float type t: out[i*N + n] = op_i(x[n]).
 kir_kernel *Unary(ir_arena *a, const char *name, dsc_dtype t, int64_t N) {
   KB b(a);
-  int x = b.Arg(t, N, true, false), out = b.Arg(t, 8 * N, false, true);
-  kir_unary ops[] = {KIR_NEG,   KIR_EXP,  KIR_LOG,     KIR_SQRT,
-                     KIR_RSQRT, KIR_TANH, KIR_SIGMOID, KIR_ABS};
+  kir_unary ops[] = {KIR_NEG,  KIR_EXP,     KIR_LOG, KIR_SQRT, KIR_RSQRT,
+                     KIR_TANH, KIR_SIGMOID, KIR_ABS, KIR_SIN,  KIR_COS};
+  const int n_ops = (int)(sizeof ops / sizeof ops[0]);
+  int x = b.Arg(t, N, true, false), out = b.Arg(t, n_ops * N, false, true);
   kir_expr *xv = b.Load(t, x, 0, {1});
-  for (int i = 0; i < 8; i++) b.Store(Acc(out, i * N, {1}), kir_un(a, ops[i], xv));
+  for (int i = 0; i < n_ops; i++) b.Store(Acc(out, i * N, {1}), kir_un(a, ops[i], xv));
   return b.Done(name, {N}, 1);
 }
 

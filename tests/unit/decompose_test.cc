@@ -95,6 +95,21 @@ struct Case {
     EXPECT_NE(n, nullptr) << diags(ctx);
     return n;
   }
+  dsc_node *attention(dsc_node *q, dsc_node *k, dsc_node *v, int64_t heads, int64_t kv_heads,
+                      bool causal, double scale = 0) {
+    dsc_graph_set_loc(g, op_loc);
+    dsc_node *n = dsc_attention(g, q, k, v, heads, kv_heads, causal, scale);
+    dsc_graph_set_loc(g, in_loc);
+    EXPECT_NE(n, nullptr) << diags(ctx);
+    return n;
+  }
+  dsc_node *rope(dsc_node *x, dsc_node *pos, int64_t heads, double theta, bool interleaved) {
+    dsc_graph_set_loc(g, op_loc);
+    dsc_node *n = dsc_rope(g, x, pos, heads, theta, interleaved);
+    dsc_graph_set_loc(g, in_loc);
+    EXPECT_NE(n, nullptr) << diags(ctx);
+    return n;
+  }
   std::vector<dsc_tensor *> run() {
     std::vector<const dsc_tensor *> in(inputs.begin(), inputs.end());
     std::vector<dsc_tensor *> out((size_t)dsc_graph_output_count(g), nullptr);
@@ -221,9 +236,60 @@ TEST(Decompose, AttentionHeadsAndCausal) {
         Case c(seed++);
         dsc_type t = make_type(dt, {a.B, a.T, a.C});
         dsc_node *q = c.input("q", t, 1.5), *k = c.input("k", t, 1.5), *v = c.input("v", t);
-        dsc_node *y = c.op(DSC_OP_ATTENTION, {q, k, v},
-                           {dsc_attr_int("heads", a.H), dsc_attr_bool("causal", causal)});
+        dsc_node *y = c.attention(q, k, v, a.H, a.H, causal, 0);
         c.check({y}, tol_for(dt));
+      }
+}
+
+// Grouped-query attention (kv_heads < heads, including multi-query), keys
+// beyond the queries (S > T: the queries are the last T positions) and an
+// explicit scale, against the interpreter's per-head loops.
+TEST(Decompose, AttentionGroupedQueriesLongerKeysAndScale) {
+  struct G {
+    int64_t B, T, S, H, KVH, hd;
+    double scale;
+  } cases[] = {{2, 5, 5, 4, 2, 3, 0},
+               {1, 4, 4, 6, 1, 2, 0},
+               {2, 3, 7, 4, 4, 2, 0},
+               {1, 3, 6, 6, 3, 4, 0.05},
+               {2, 6, 6, 2, 1, 5, 2.0}};
+  uint64_t seed = 300;
+  for (dsc_dtype dt : kFloats)
+    for (const G &a : cases)
+      for (bool causal : {true, false}) {
+        SCOPED_TRACE("B" + std::to_string(a.B) + " T" + std::to_string(a.T) + " S" +
+                     std::to_string(a.S) + " H" + std::to_string(a.H) + " KVH" +
+                     std::to_string(a.KVH) + (causal ? " causal" : "") +
+                     (dt == DSC_F64 ? " f64" : " f32"));
+        Case c(seed++);
+        dsc_node *q = c.input("q", make_type(dt, {a.B, a.T, a.H * a.hd}), 1.5);
+        dsc_type kt = make_type(dt, {a.B, a.S, a.KVH * a.hd});
+        dsc_node *k = c.input("k", kt, 1.5), *v = c.input("v", kt);
+        c.check({c.attention(q, k, v, a.H, a.KVH, causal, a.scale)}, tol_for(dt));
+      }
+}
+
+// rope in both pairings, positions [T], [B, T] and [1, T] (with an offset as
+// in decoding), rank 3 and 4 inputs, against the interpreter's rotation.
+TEST(Decompose, RopeRotatesPairsAtTheirPositions) {
+  uint64_t seed = 400;
+  for (dsc_dtype dt : kFloats)
+    for (bool inter : {false, true})
+      for (int pos_kind = 0; pos_kind < 3; pos_kind++) {
+        SCOPED_TRACE(std::string(inter ? "interleaved" : "rotate-half") + " positions " +
+                     std::to_string(pos_kind) + (dt == DSC_F64 ? " f64" : " f32"));
+        Case c(seed++);
+        const int64_t B = 2, T = 5, H = 3, hd = 8;
+        dsc_node *x = c.input("x", make_type(dt, {B, T, H * hd}));
+        dsc_node *pos = pos_kind == 0   ? c.ids("p", make_type(DSC_I32, {T}), 64)
+                        : pos_kind == 1 ? c.ids("p", make_type(DSC_I64, {B, T}), 4096)
+                                        : c.ids("p", make_type(DSC_I32, {1, T}), 200);
+        dsc_node *x4 = c.input("x4", make_type(dt, {B, 2, T, 2 * hd}));
+        dsc_node *y = c.rope(x, pos, H, 10000.0, inter);
+        dsc_node *y4 = c.rope(x4, pos, 2, 500000.0, inter);
+        // f32: angles p f_i rounded to f32 as transformers computes them
+        // (p up to 4096: the angle's rounding is about p 2^-24 radians)
+        c.check({y, y4}, dt == DSC_F64 ? 1e-12 : 2e-4);
       }
 }
 
@@ -233,14 +299,12 @@ TEST(Decompose, AttentionCausalMaskIsExact) {
   Case c(7);
   dsc_type t = make_type(DSC_F32, {1, 4, 4});
   dsc_node *x = c.input("x", t);
-  dsc_node *self =
-      c.op(DSC_OP_ATTENTION, {x, x, x}, {dsc_attr_int("heads", 2), dsc_attr_bool("causal", true)});
+  dsc_node *self = c.attention(x, x, x, 2, 2, true, 0);
   // v with a huge last row: rows 0..2 of the output must not see it
   dsc_node *k = c.input("k", t);
   dsc_node *v = c.input("v", t);
   c.inputs.back()->data[3 * 4 + 0] = 1e30;
-  dsc_node *masked =
-      c.op(DSC_OP_ATTENTION, {x, k, v}, {dsc_attr_int("heads", 1), dsc_attr_bool("causal", true)});
+  dsc_node *masked = c.attention(x, k, v, 1, 1, true, 0);
   c.check({self, masked}, 1e-5);
   std::vector<dsc_tensor *> out = c.run();
   ASSERT_EQ(out.size(), 2u);
@@ -311,8 +375,7 @@ TEST(Decompose, Bf16CompositesKeepTheirTypeAndComputeInF32) {
   dsc_node *b = c.input("b", make_type(DSC_BF16, {8}));
   dsc_node *sm = c.op(DSC_OP_SOFTMAX, {x}, {dsc_attr_int("axis", 2)});
   dsc_node *ln = c.op(DSC_OP_LAYERNORM, {x, w, b}, {dsc_attr_float("eps", 1e-5)});
-  dsc_node *at =
-      c.op(DSC_OP_ATTENTION, {x, x, x}, {dsc_attr_int("heads", 2), dsc_attr_bool("causal", true)});
+  dsc_node *at = c.attention(x, x, x, 2, 2, true, 0);
   c.check({sm, ln, at}, 3e-2);
   int exps = 0;
   for (int i = 0; i < dsc_graph_node_count(c.g); i++) {
@@ -388,11 +451,9 @@ TEST(Decompose, OutOfMemoryLeavesTheGraphUnchanged) {
     dsc_graph *g = dsc_graph_new(m, "g");
     // enough composites that the rewrite needs several new arena chunks
     dsc_node *x = dsc_graph_input(g, "x", make_type(DSC_F32, {1, 3, 4}));
-    dsc_attr aa[2] = {dsc_attr_int("heads", 2), dsc_attr_bool("causal", true)};
     dsc_attr ax = dsc_attr_int("axis", 2);
     for (int i = 0; i < 60; i++) {
-      dsc_node *in3[3] = {x, x, x};
-      dsc_node *a = dsc_build(g, DSC_OP_ATTENTION, in3, 3, aa, 2);
+      dsc_node *a = dsc_attention(g, x, x, x, 2, 2, true, 0);
       x = dsc_build(g, DSC_OP_SOFTMAX, &a, 1, &ax, 1);
     }
     ASSERT_EQ(dsc_graph_set_outputs(g, &x, 1), DSC_OK);

@@ -673,10 +673,8 @@ TEST_F(Interp, AttentionCausalAndNonCausalPerHead) {
   const int B = 2, Tn = 5, C = 6, H = 3;
   dsc_type ty = T(DSC_F64, {B, Tn, C});
   dsc_node *q = input("q", ty), *k = input("k", ty), *v = input("v", ty);
-  dsc_node *ac =
-      build(DSC_OP_ATTENTION, {q, k, v}, {dsc_attr_int("heads", H), dsc_attr_bool("causal", 1)});
-  dsc_node *an =
-      build(DSC_OP_ATTENTION, {q, k, v}, {dsc_attr_int("heads", H), dsc_attr_bool("causal", 0)});
+  dsc_node *ac = dsc_attention(g, q, k, v, H, H, true, 0);
+  dsc_node *an = dsc_attention(g, q, k, v, H, H, false, 0);
   dsc_tensor *qa = rnd(ty), *ka = rnd(ty), *va = rnd(ty);
   auto r = run({ac, an}, {qa, ka, va});
   ASSERT_EQ(r.size(), 2u);
@@ -960,12 +958,34 @@ TEST_F(Rejects, CompositeFamily) {
                "layernorm: weight must be [6] to match input f32[2,4,6], got f32[5]");
   expect_error(build(DSC_OP_RMSNORM, {x, w}, {eps}),
                "rmsnorm: weight must be [6] to match input f32[2,4,6], got f32[5]");
+  expect_error(dsc_attention(g, x, x, x, 4, 4, true, 0),
+               "attention: heads 4 does not divide the channel dim 6 of f32[2,4,6]");
+  expect_error(dsc_attention(g, x, k, x, 2, 2, true, 0),
+               "attention: k and v must have one type [B, S, C_kv] with q's batch and dtype, got "
+               "q f32[2,4,6], k f32[2,4,5] and v f32[2,4,6]");
+  expect_error(dsc_attention(g, x, x, x, 2, 3, true, 0),
+               "attention: kv_heads 3 must divide heads 2");
+  expect_error(dsc_attention(g, x, x, x, 3, 1, true, 0),
+               "attention: k and v f32[2,4,6] must have kv_heads x head dim = 1 x 2 = 2 channels");
+  dsc_node *k3 = input("k3", T(DSC_F32, {2, 3, 6}));
+  expect_error(dsc_attention(g, x, k3, k3, 2, 2, true, 0),
+               "attention: causal attention needs at least as many keys as queries, got 3 keys "
+               "for 4 queries");
+  dsc_node *p4 = input("p4", T(DSC_I32, {4}));
   expect_error(
-      build(DSC_OP_ATTENTION, {x, x, x}, {dsc_attr_int("heads", 4), dsc_attr_bool("causal", 1)}),
-      "attention: heads 4 does not divide the channel dim 6 of f32[2,4,6]");
+      dsc_rope(g, x, p4, 4, 10000, false),
+      "rope: heads 4 must split the channel dim 6 of f32[2,4,6] into heads of an even size");
   expect_error(
-      build(DSC_OP_ATTENTION, {x, k, x}, {dsc_attr_int("heads", 2), dsc_attr_bool("causal", 1)}),
-      "attention: q, k and v must have the same type, got f32[2,4,6], f32[2,4,5] and f32[2,4,6]");
+      dsc_rope(g, x, p4, 3, 10000, false),
+      "rope: heads 3 must split the channel dim 6 of f32[2,4,6] into heads of an even size");
+  expect_error(dsc_rope(g, x, p4, 1, 0.5, false), "rope: theta must be above 1, got 0.5");
+  expect_error(dsc_rope(g, x, w, 1, 10000, false),
+               "rope: positions must be i32 or i64, got f32[5]");
+  dsc_node *p5 = input("p5", T(DSC_I32, {5}));
+  expect_error(
+      dsc_rope(g, x, p5, 1, 10000, false),
+      "rope: positions i32[5] must broadcast to the shape of x f32[2,4,6] without its last "
+      "axis");
   dsc_node *t = input("t", T(DSC_I32, {2, 5}));
   expect_error(build(DSC_OP_CROSS_ENTROPY, {x, t}),
                "cross_entropy: targets i32[2,5] must have the shape of logits f32[2,4,6] without "

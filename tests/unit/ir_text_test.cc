@@ -117,8 +117,9 @@ dsc_module *BuildEverything(dsc_context *ctx) {
   dsc_node *gt = dsc_binary(g, DSC_OP_GREATER, x, iota);
   dsc_node *eq = dsc_binary(g, DSC_OP_EQUAL, lt, gt);
   outs.push_back(Build(g, DSC_OP_WHERE, {eq, x, scaled}, {}));
-  for (dsc_op op : {DSC_OP_NEG, DSC_OP_EXP, DSC_OP_LOG, DSC_OP_SQRT, DSC_OP_RSQRT, DSC_OP_TANH,
-                    DSC_OP_RELU, DSC_OP_GELU, DSC_OP_SILU, DSC_OP_SIGMOID, DSC_OP_SOFTPLUS})
+  for (dsc_op op :
+       {DSC_OP_NEG, DSC_OP_EXP, DSC_OP_LOG, DSC_OP_SQRT, DSC_OP_RSQRT, DSC_OP_TANH, DSC_OP_RELU,
+        DSC_OP_GELU, DSC_OP_SILU, DSC_OP_SIGMOID, DSC_OP_SOFTPLUS, DSC_OP_SIN, DSC_OP_COS})
     outs.push_back(dsc_unary(g, op, x));
   outs.push_back(Build(g, DSC_OP_POW, {x}, {dsc_attr_float("exponent", 2.5)}));
   outs.push_back(dsc_cast(g, x, DSC_F64));
@@ -142,8 +143,8 @@ dsc_module *BuildEverything(dsc_context *ctx) {
   outs.push_back(Build(g, DSC_OP_LOG_SOFTMAX, {x}, {dsc_attr_int("axis", 0)}));
   outs.push_back(Build(g, DSC_OP_LAYERNORM, {emb, lw, lb}, {dsc_attr_float("eps", 1e-5)}));
   outs.push_back(Build(g, DSC_OP_RMSNORM, {emb, lw}, {dsc_attr_float("eps", 1e-6)}));
-  outs.push_back(Build(g, DSC_OP_ATTENTION, {emb, emb, emb},
-                       {dsc_attr_int("heads", 2), dsc_attr_bool("causal", 1)}));
+  outs.push_back(dsc_attention(g, emb, emb, emb, 2, 2, true, 0));
+  outs.push_back(dsc_rope(g, emb, ids, 2, 10000, false));
   outs.push_back(Build(g, DSC_OP_CROSS_ENTROPY, {emb, ids}, {}));
   outs.push_back(odd);
   // floats that are hard to print: negative zero, tiny, huge, inf, nan
@@ -224,7 +225,12 @@ TEST(IrText, RoundTripEveryOpAttrInitAndName) {
             std::string::npos);
   EXPECT_NE(s1.find(" = max(%x) {axes = [], keepdims = false} : f32[2,3,4]\n"), std::string::npos);
   EXPECT_NE(s1.find(" = attention(%"), std::string::npos);
-  EXPECT_NE(s1.find("{heads = 2, causal = true} : f32[2,3,4]\n"), std::string::npos);
+  EXPECT_NE(s1.find("{heads = 2, kv_heads = 2, causal = true, scale = 0.7071067811865475} : "
+                    "f32[2,3,4]\n"),
+            std::string::npos);
+  EXPECT_NE(s1.find(" = rope(%"), std::string::npos);
+  EXPECT_NE(s1.find("{heads = 2, theta = 1e+04, interleaved = false} : f32[2,3,4]\n"),
+            std::string::npos);
   EXPECT_NE(s1.find("{value = -0.0, dtype = f64, shape = [2]}"), std::string::npos);
   EXPECT_NE(s1.find("{value = nan, dtype = f64, shape = [2]}"), std::string::npos);
   EXPECT_NE(s1.find("{value = -inf, dtype = f64, shape = [2]}"), std::string::npos);

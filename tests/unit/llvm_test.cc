@@ -260,6 +260,8 @@ TEST_F(LlvmTest, ElementwiseChainWithBroadcastMatchesEval) {
     e = bin(KIR_ADD, e, bin(KIR_MIN, t, cc));
     e = bin(KIR_ADD, e, bin(KIR_POW, at1, c(DSC_F32, 1.5)));
     e = bin(KIR_ADD, e, un(KIR_NEG, kir_select(&arena, bin(KIR_LT, t, cc), a, b)));
+    e = bin(KIR_ADD, e,
+            bin(KIR_MUL, un(KIR_SIN, t), un(KIR_COS, bin(KIR_MUL, t, c(DSC_F32, 3.0)))));
     kb.store(acc(O, 0, {165, 33, 1}), e);
     check(kb.done(), -3, 3);
   }
