@@ -8,7 +8,7 @@ For GPT-2 124M, GPT-2 1.5B and the LLaMA-style 7B (examples/), one table per
 world size (1, 8, 64): a row per ZeRO stage and offload choice (none; the
 optimizer states on the host at every stage; the optimizer states and the
 param shards on the host at stage 3), with the device categories and the
-host column; then the 78B (llama-70b.dsm, full multi-head attention) at
+host column; then LLaMA 2 70B (llama-70b.dsm, grouped-query attention) at
 worlds 64 and 512, stage 3. Every figure is rank 0's (every rank runs the same
 program). Each plan is one `dsc plan MODEL --world N --zero-stage S --batch B
 --seq T --grad-accum 1 [--offload-optimizer host] [--offload-param host]
@@ -27,7 +27,7 @@ under --offload-optimizer auto with a budget half a state set below the
 no-offload peak, and prints dsc train's planned memory against the measured
 RSS growth, with the commands.
 
---scale times `dsc plan` of LLaMA-7B and the 78B with their own train
+--scale times `dsc plan` of LLaMA-7B and LLaMA 2 70B with their own train
 sections (grad_accum 1024, seq 4096) at worlds 8, 64 and 512, wall time and
 peak RSS of each, against the issue's bound (5 s, 2 GB on 2 cores); then
 GPT-2's plan and `dsc compile` (an empty kernel cache) at its own grad_accum
@@ -47,9 +47,9 @@ import time
 MODELS = [
     ("GPT-2 124M", "examples/gpt2.dsm"),
     ("GPT-2 1.5B", "examples/gpt2-xl.dsm"),
-    ("LLaMA-style 7B", "examples/llama-7b.dsm"),
+    ("LLaMA 7B", "examples/llama-7b.dsm"),
 ]
-BIG = ("LLaMA-2-70B shapes, full MHA (78B)", "examples/llama-70b.dsm")
+BIG = ("LLaMA 2 70B", "examples/llama-70b.dsm")
 # (label, offload flags): optimizer host at every stage, param host at stage 3
 OFFLOADS = [("none", []),
             ("optimizer host", ["--offload-optimizer", "host"]),
@@ -304,7 +304,7 @@ def main():
     ap.add_argument("--dsc", default="build/dsc")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--no-70b", action="store_true", help="skip the 78B model")
+    ap.add_argument("--no-70b", action="store_true", help="skip the 70B model")
     ap.add_argument("--measured", action="store_true",
                     help="instead of the tables: train gpt-tiny, planned vs measured memory")
     ap.add_argument("--scale", action="store_true",
