@@ -599,6 +599,12 @@ static dsc_status check_options(dsc_trainer *t, const dsc_trainer_options *o) {
   if ((st = drv_check_ranks_here(t->ctx, o->comm)) != DSC_OK ||
       (o->threads > 0 && (st = rt_check_threads(t->ctx, o->threads)) != DSC_OK))
     return st; /* driver/limits.c: before anything is loaded or compiled */
+  if (o->init_from && o->resume) {
+    ir_error(t->ctx, ir_no_loc,
+             "--init-from starts a run from published weights and --resume continues a run "
+             "from its checkpoint: give one of them");
+    return DSC_ERR_USER;
+  }
   t->comm = o->comm;
   t->rank = o->comm ? dsc_comm_rank(o->comm) : 0;
   t->world = o->comm ? dsc_comm_world(o->comm) : 1;
@@ -712,6 +718,9 @@ static dsc_status open_program(dsc_trainer *t, open_state *s) {
   } else {
     drv_model_facts facts;
     if ((st = drv_compile_step(ctx, s->model_path, s->B, s->T, &t->m, &facts)) != DSC_OK) return st;
+    /* the model's ops before the passes change them */
+    if (s->o->init_from && (st = dsc_hf_check_config(ctx, s->o->init_from, t->m)) != DSC_OK)
+      return st;
     s->B = facts.B, s->T = facts.T;
     t->info.vocab = facts.vocab;
     if ((st = apply_ds_config(t)) != DSC_OK) return st;
@@ -1027,13 +1036,41 @@ static dsc_status open_graphs(dsc_trainer *t, open_state *s) {
   return DSC_OK;
 }
 
+/* --init-from: the published weights into the model params' full tensors
+ * (rounded to each param's dtype, as initializers are), and every copy()
+ * state (the master weights) made again from its param. */
+static dsc_status import_weights(dsc_trainer *t, const char *dir) {
+  const dsc_module *m = t->m;
+  int np = dsc_module_param_count(m);
+  dsc_tensor **dst = ir_arena_alloc(&t->arena, sizeof *dst * (size_t)(np > 0 ? np : 1));
+  if (!dst) return oom(t->ctx);
+  for (int i = 0; i < np; i++) dst[i] = NULL;
+  for (int k = 0; k < t->n_model; k++)
+    dst[dsc_module_find_param(m, t->model_names[k])] = t->model_t[k];
+  dsc_status st = dsc_hf_import(t->ctx, dir, m, dst);
+  if (st != DSC_OK) return st;
+  for (int k = 0; k < t->n_model; k++) ir_round_to_dtype(t->model_t[k]);
+  for (int k = 0; k < t->n_opt; k++) {
+    int i = dsc_module_find_param(m, t->opt_names[k]);
+    dsc_init init = dsc_module_param_init(m, i);
+    int src = init.kind == DSC_INIT_COPY ? dsc_module_find_param(m, init.from) : -1;
+    if (src < 0 || !dst[src]) continue;
+    dsc_tensor *to = t->opt_t[k];
+    if (dsc_type_numel(&to->type) != dsc_type_numel(&dst[src]->type)) continue;
+    memcpy(to->data, dst[src]->data, sizeof(double) * (size_t)dsc_type_numel(&to->type));
+    ir_round_to_dtype(to);
+  }
+  scatter_full(t);
+  return DSC_OK;
+}
+
 /* Restore: the files must hold exactly this model's params and states. */
 static dsc_status restore_checkpoint(dsc_trainer *t, open_state *s) {
   const dsc_checkpoint *ck = s->ck;
   if (!ck) {
     ir_rng_seed(&t->rng, t->cfg.seed);
     t->last_saved = -1;
-    return DSC_OK;
+    return s->o->init_from ? import_weights(t, s->o->init_from) : DSC_OK;
   }
   dsc_context *ctx = t->ctx;
   char *mp = ir_arena_printf(&t->arena, "%s/model.safetensors", ck->dir);

@@ -102,6 +102,25 @@ bool rt_tensor_set_append(dsc_tensor_set *s, const char *name, dsc_tensor *t);
  * name), -1 for none: O((n + s->n) log s->n). False when out of memory. */
 bool rt_tensor_set_lookup(dsc_context *ctx, const dsc_tensor_set *s, const char *const *names,
                           int n, int *at);
+/* ======================= runtime/hf.c ======================= */
+struct cJSON;
+/* A JSON object from a file of at most 64 MiB; a syntax error names its line
+ * and column. */
+dsc_status rt_read_json(dsc_context *ctx, const char *path, struct cJSON **out);
+
+/* A safetensors file opened for reading tensor by tensor: the header read
+ * and checked as dsc_safetensors_read checks it, no data read yet (an
+ * import reads only the tensors it needs, one at a time). */
+typedef struct rt_st_file rt_st_file;
+dsc_status rt_st_open(dsc_context *ctx, const char *path, rt_st_file **out);
+void rt_st_close(rt_st_file *f); /* NULL: nothing */
+int rt_st_count(const rt_st_file *f);
+const char *rt_st_name(const rt_st_file *f, int i);
+dsc_type rt_st_type(const rt_st_file *f, int i); /* the file's dtype and shape */
+const char *rt_st_meta(const rt_st_file *f, const char *key);
+int rt_st_find(const rt_st_file *f, const char *name); /* -1: none */
+/* Tensor i's values, converted to doubles, into dst (numel of its type). */
+dsc_status rt_st_read(rt_st_file *f, int i, double *dst);
 
 /* ======================= runtime/rundir.c =======================
  * One writer per run directory: flock on RUN/.lock, which holds the

@@ -768,20 +768,49 @@ static bool reader_fill(data_reader *r, size_t need) {
   return r->len >= need;
 }
 
-dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_set **out) {
+struct rt_st_file {
+  dsc_context *ctx;
+  char *path;
+  int fd;
+  uint64_t data_at;   /* file offset of the data section */
+  uint64_t size;      /* the file's bytes */
+  rt_tensor_set *set; /* names and metadata (its tensors stay NULL) */
+  st_entry *ents;
+  int n;
+};
+
+void rt_st_close(rt_st_file *f) {
+  if (!f) return;
+  dsc_context *ctx = f->ctx;
+  if (f->fd >= 0) close(f->fd);
+  if (f->ents) ir_free(ctx, f->ents, sizeof(st_entry) * (size_t)(f->n > 0 ? f->n : 1));
+  if (f->set) dsc_tensor_set_free(ctx, &f->set->pub);
+  if (f->path) ir_free(ctx, f->path, strlen(f->path) + 1);
+  ir_free(ctx, f, sizeof *f);
+}
+
+dsc_status rt_st_open(dsc_context *ctx, const char *path, rt_st_file **out) {
   *out = NULL;
   dsc_loc loc = rt_loc(path);
-  int fd;
-  dsc_status st = rt_open_regular(ctx, path, 0, &fd);
-  if (st != DSC_OK) return st;
+  rt_st_file *f = ir_alloc(ctx, sizeof *f);
+  if (!f) {
+    ir_error(ctx, loc, "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  memset(f, 0, sizeof *f);
+  f->ctx = ctx, f->fd = -1;
+  if ((f->path = ir_alloc(ctx, strlen(path) + 1))) memcpy(f->path, path, strlen(path) + 1);
+  dsc_status st = f->path ? rt_open_regular(ctx, path, 0, &f->fd) : DSC_ERR_INTERNAL;
+  if (!f->path) ir_error(ctx, loc, "out of memory");
   struct stat sb;
-  if (fstat(fd, &sb) != 0) {
+  if (st != DSC_OK) {
+  } else if (fstat(f->fd, &sb) != 0) {
     st = rt_io_error(ctx, path, "cannot stat");
   } else if (!S_ISREG(sb.st_mode)) {
     ir_error(ctx, loc, "not a regular file");
     st = DSC_ERR_USER;
   }
-  uint64_t size = (uint64_t)sb.st_size, hlen = 0;
+  uint64_t size = st == DSC_OK ? (uint64_t)sb.st_size : 0, hlen = 0;
   unsigned char len8[8];
   if (st == DSC_OK && size < 8) {
     ir_error(ctx, loc,
@@ -791,7 +820,7 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
              size);
     st = DSC_ERR_USER;
   }
-  if (st == DSC_OK && !rt_pread_full(fd, len8, 8, 0)) st = rt_io_error(ctx, path, "read failed");
+  if (st == DSC_OK && !rt_pread_full(f->fd, len8, 8, 0)) st = rt_io_error(ctx, path, "read failed");
   if (st == DSC_OK) {
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)len8[i] << (8 * i);
     if (hlen > MAX_HEADER) {
@@ -811,7 +840,7 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
     if (!text) {
       ir_error(ctx, loc, "out of memory");
       st = DSC_ERR_INTERNAL;
-    } else if (!rt_pread_full(fd, text, (size_t)hlen, 8)) {
+    } else if (!rt_pread_full(f->fd, text, (size_t)hlen, 8)) {
       st = rt_io_error(ctx, path, "read failed");
     } else {
       text[hlen] = 0;
@@ -821,16 +850,74 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
       }
     }
   }
-  rt_tensor_set *s = NULL;
-  st_entry *ents = NULL;
-  int n = 0;
-  if (st == DSC_OK) st = read_header(ctx, path, text, (size_t)hlen, size - 8 - hlen, &s, &ents, &n);
+  if (st == DSC_OK)
+    st = read_header(ctx, path, text, (size_t)hlen, size - 8 - hlen, &f->set, &f->ents, &f->n);
   if (text) ir_free(ctx, text, (size_t)hlen + 1);
+  if (st != DSC_OK) {
+    rt_st_close(f);
+    return st;
+  }
+  f->data_at = 8 + hlen, f->size = size;
+  *out = f;
+  return DSC_OK;
+}
+
+int rt_st_count(const rt_st_file *f) { return f->n; }
+const char *rt_st_name(const rt_st_file *f, int i) { return f->ents[i].name; }
+dsc_type rt_st_type(const rt_st_file *f, int i) { return f->ents[i].type; }
+const char *rt_st_meta(const rt_st_file *f, const char *key) {
+  return dsc_tensor_set_meta(&f->set->pub, key);
+}
+
+int rt_st_find(const rt_st_file *f, const char *name) {
+  for (int i = 0; i < f->n; i++)
+    if (strcmp(f->ents[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* Reads entry e's values into dst through r (positioned anywhere before
+ * e's bytes in the file). */
+static dsc_status read_entry(rt_st_file *f, data_reader *r, const st_entry *e, double *dst) {
+  size_t es = dsc_dtype_size(e->type.dtype);
+  if (r->pos + r->at != f->data_at + e->begin) { /* not where the reader is: jump */
+    r->pos = f->data_at + e->begin, r->len = r->at = 0;
+  }
+  int64_t count = (int64_t)((e->end - e->begin) / es), k = 0;
+  while (k < count) {
+    if (!reader_fill(r, es)) return rt_io_error(f->ctx, f->path, "read failed");
+    size_t avail = (r->len - r->at) / es;
+    int64_t take = (int64_t)avail < count - k ? (int64_t)avail : count - k;
+    for (int64_t j = 0; j < take; j++, r->at += es)
+      dst[k++] = decode(e->type.dtype, r->buf + r->at);
+  }
+  return DSC_OK;
+}
+
+dsc_status rt_st_read(rt_st_file *f, int i, double *dst) {
+  data_reader *r = ir_alloc(f->ctx, sizeof *r);
+  if (!r) {
+    ir_error(f->ctx, rt_loc(f->path), "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  r->fd = f->fd, r->pos = f->data_at + f->ents[i].begin, r->end = f->size, r->len = r->at = 0;
+  dsc_status st = read_entry(f, r, &f->ents[i], dst);
+  ir_free(f->ctx, r, sizeof *r);
+  return st;
+}
+
+dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_set **out) {
+  *out = NULL;
+  dsc_loc loc = rt_loc(path);
+  rt_st_file *f = NULL;
+  dsc_status st = rt_st_open(ctx, path, &f);
+  if (st != DSC_OK) return st;
+  int n = f->n;
+  st_entry *ents = f->ents;
+  rt_tensor_set *s = f->set;
   /* The data in file order, through one buffer: a pread per tensor would
    * be 10^5 system calls for a header of 10^5 small tensors. */
-  st_entry **by_begin =
-      st == DSC_OK ? ir_alloc(ctx, sizeof *by_begin * (size_t)(n > 0 ? n : 1)) : NULL;
-  if (st == DSC_OK && !by_begin) {
+  st_entry **by_begin = ir_alloc(ctx, sizeof *by_begin * (size_t)(n > 0 ? n : 1));
+  if (!by_begin) {
     ir_error(ctx, loc, "out of memory");
     st = DSC_ERR_INTERNAL;
   }
@@ -839,7 +926,12 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
     if (n > 1) qsort(by_begin, (size_t)n, sizeof *by_begin, cmp_begin);
     s->pub.n = n; /* so that freeing the set frees what exists so far */
   }
-  data_reader r = {fd, 8 + hlen, size, 0, 0, {0}};
+  data_reader *r = st == DSC_OK ? ir_alloc(ctx, sizeof *r) : NULL;
+  if (st == DSC_OK && !r) {
+    ir_error(ctx, loc, "out of memory");
+    st = DSC_ERR_INTERNAL;
+  }
+  if (r) r->fd = f->fd, r->pos = f->data_at, r->end = f->size, r->len = r->at = 0;
   for (int i = 0; st == DSC_OK && i < n; i++) {
     if ((st = ir_check_interrupt(ctx, "reading %s", path)) != DSC_OK) break;
     const st_entry *en = by_begin[i];
@@ -851,24 +943,14 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
       break;
     }
     s->pub.tensors[k] = t;
-    size_t es = dsc_dtype_size(t->type.dtype);
-    int64_t count = (int64_t)((en->end - en->begin) / es), e = 0;
-    while (e < count) {
-      if (!reader_fill(&r, es)) {
-        st = rt_io_error(ctx, path, "read failed");
-        break;
-      }
-      size_t avail = (r.len - r.at) / es;
-      int64_t take = (int64_t)avail < count - e ? (int64_t)avail : count - e;
-      for (int64_t j = 0; j < take; j++, r.at += es)
-        t->data[e++] = decode(t->type.dtype, r.buf + r.at);
-    }
+    st = read_entry(f, r, en, t->data);
   }
+  if (r) ir_free(ctx, r, sizeof *r);
   if (by_begin) ir_free(ctx, by_begin, sizeof *by_begin * (size_t)(n > 0 ? n : 1));
-  close(fd);
-  if (ents) ir_free(ctx, ents, sizeof(st_entry) * (size_t)(n > 0 ? n : 1));
+  f->set = NULL; /* the set is the result now (or freed below) */
+  rt_st_close(f);
   if (st != DSC_OK) {
-    dsc_tensor_set_free(ctx, s ? &s->pub : NULL);
+    dsc_tensor_set_free(ctx, &s->pub);
     return st;
   }
   *out = &s->pub;

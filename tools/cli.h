@@ -76,6 +76,7 @@ int cli_auto_run(const char *cmd, dsc_context *ctx, const cli_auto *a, dsc_autoc
 
 /* one function per subcommand; argv[0] is the subcommand's name */
 int cli_check(int argc, char **argv);
+int cli_import(int argc, char **argv);
 int cli_dump(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_data(int argc, char **argv);

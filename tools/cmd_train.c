@@ -115,6 +115,11 @@ static const char train_help[] =
     "                    batch, seq, grad-accum, steps, lr and seed default to the\n"
     "                    checkpoint's (batch, seq, grad-accum cannot change); new\n"
     "                    checkpoints go next to it unless --out is given.\n"
+    "  --init-from DIR   start from the weights of a Hugging Face model directory\n"
+    "                    (config.json + model.safetensors or a sharded index;\n"
+    "                    llama, mistral, qwen2, gpt2) instead of the initializers;\n"
+    "                    the optimizer starts fresh (docs/models.md;\n"
+    "                    'dsc import --list DIR MODEL.dsm' shows the mapping)\n"
     "  --quiet           no progress lines or summary\n"
     "\n"
     "Data parallel (docs/training.md): every step trains on a global batch of\n"
@@ -184,8 +189,7 @@ static const char train_help[] =
     "                    (train.checkpoint_activations, checkpoint_every; default none)\n"
     "  --unshard-bytes N stage 3 keeps params gathered from forward to backward\n"
     "                    (smallest first) while their bytes fit in N (DeepCompile's\n"
-    "                    selective unsharding; train.zero.unshard_bytes; default 0)\n"
-    CLI_AUTO_HELP
+    "                    selective unsharding; train.zero.unshard_bytes; default 0)\n" CLI_AUTO_HELP
     "                    (dsc train --auto: the search's choice is printed, then trained)\n"
     "\n"
     "SIGINT (Ctrl-C) or SIGTERM stops after the current step, writes a checkpoint\n"
@@ -352,6 +356,7 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
              info->kernels_prebuilt, info->kernels_compiled);
     if (info->resumed_from)
       printf("resumed from %s at step %" PRId64 "\n", info->resumed_from, info->start_step);
+    if (o.init_from) printf("weights from %s\n", o.init_from);
     if (info->offload_auto) printf("%s\n", info->offload_auto);
     fflush(stdout);
   }
@@ -467,6 +472,8 @@ static int run_flag(int argc, char **argv, int *i, dsc_trainer_options *o) {
     ok = want_str(argc, argv, i, &o->out_dir);
   else if (strcmp(a, "--resume") == 0)
     ok = want_str(argc, argv, i, &o->resume);
+  else if (strcmp(a, "--init-from") == 0)
+    ok = want_str(argc, argv, i, &o->init_from);
   else if (strcmp(a, "--log") == 0)
     ok = want_str(argc, argv, i, &o->log_path);
   else if (strcmp(a, "--steps") == 0)

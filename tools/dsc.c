@@ -250,7 +250,9 @@ static const cli_command commands[] = {
     {"train", cli_train, "train a model on token shards, with checkpoints and resume"},
     {"compile", cli_compile, "compile a model's training step and kernels into a .dsx program"},
     {"sample", cli_sample, "generate text from a trained checkpoint"},
-    {"export", cli_export, "write a checkpoint's params (ZeRO shards consolidated) to one safetensors file"},
+    {"import", cli_import, "show how a Hugging Face model directory maps onto a model (--list)"},
+    {"export", cli_export,
+     "write a checkpoint's params (ZeRO shards consolidated) to one safetensors file"},
     {"launch", cli_launch, "run 'dsc train' on N MPI ranks (mpirun -np N dsc train ...)"},
     {"plot", cli_plot, "draw a training run's loss and learning-rate curves as an SVG file"},
 };

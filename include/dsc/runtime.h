@@ -106,6 +106,27 @@ dsc_status dsc_tensor_set_check(dsc_context *ctx, const char *path, const dsc_te
 dsc_status dsc_safetensors_write(dsc_context *ctx, const char *path, const dsc_tensor_set *s);
 dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_set **out);
 
+/* ---- Hugging Face model directories (runtime/hf.c, docs/models.md) ----
+ * dir holds config.json and model.safetensors, or model.safetensors.index.json
+ * and its shards (f32, bf16, f16 or f64 tensors). config.json's model_type
+ * (llama, mistral, qwen2, gpt2) picks a name map that turns each tensor into
+ * a param of m (Linear weights transposed to dsc's [in, out]; a tied head
+ * from the embedding; an embedding may have fewer rows than a padded
+ * vocabulary, the rest zero). Every tensor must map to a model param of m
+ * and every model param must be found, with the shape it needs; the errors
+ * name the file, the tensor and both shapes. Nothing is read before all of
+ * it is checked, and the data is read one tensor at a time.
+ * dsc_hf_import writes each param i into dst[i] (full tensors of m's
+ * types; NULL: skipped). */
+dsc_status dsc_hf_import(dsc_context *ctx, const char *dir, const dsc_module *m,
+                         dsc_tensor *const *dst);
+/* How each tensor of dir maps onto m, a line each (`dsc import --list`). */
+dsc_status dsc_hf_list(dsc_context *ctx, const char *dir, const dsc_module *m, FILE *out);
+/* config.json against the model's ops (m before the passes: its forward
+ * graph still has attention, rope and the norms): heads, key/value heads,
+ * rope_theta, the norms' eps; rotary frequency scaling is refused. */
+dsc_status dsc_hf_check_config(dsc_context *ctx, const char *dir, const dsc_module *m);
+
 /* ---- checkpoints ---- */
 typedef struct {
   int64_t step;

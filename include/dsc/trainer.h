@@ -37,6 +37,10 @@ typedef struct {
   const char *data_prefix; /* PREFIX_train.bin (+ PREFIX_val.bin if it exists) */
   const char *out_dir;     /* checkpoints and metrics.jsonl; NULL: none (resume: its dir) */
   const char *resume;      /* a checkpoint (OUT or OUT/step-N) to continue from, or NULL */
+  /* A Hugging Face model directory whose weights start the run instead of
+   * the model's initializers (dsc_hf_import; the optimizer starts fresh);
+   * NULL: none. Not with resume. */
+  const char *init_from;
   const char *log_path;    /* extra copy of this run's JSON lines, or NULL */
   /* Overrides of the model's train section; 0 keeps the section's value
    * (save_every / eval_every: -1 keeps, 0 sets "only at the end" / "never"). */

@@ -1,0 +1,68 @@
+# dsc train --init-from DIR and dsc import --list on Hugging Face model
+# directories written here byte by byte (tests/cli/lib/hf_dirs.py, numpy
+# only): every tensor lands in its param (Linear weights transposed, a
+# sharded index, bf16 and f16 files, a tied head, a padded vocabulary), read
+# back from the checkpoint after a step of SGD at lr 1e-30; and every bad
+# directory ends with exit 1 and a message naming the file and the tensor,
+# before anything is trained.
+source "$(dirname "$0")/lib/common.bash"
+export DSC_CACHE_DIR="$TMP/kernel-cache"
+LLAMA="$SRC/examples/llama-tiny.dsm"
+GPT="$SRC/examples/gpt-tiny.dsm"
+MK="$SRC/tests/cli/lib/hf_dirs.py"
+
+if ! python3 -c 'import numpy' 2>/dev/null; then
+  if [ -n "${CI:-}" ]; then echo "FAIL: CI without python3 numpy"; exit 1; fi
+  echo "SKIP: python3 cannot import numpy"
+  exit 0
+fi
+expect_exit 0 python3 "$MK" "$TMP"
+
+# train 1 step of SGD at lr 1e-30 from DIR; the checkpoint then holds the imported values
+import_run() { # MODEL DIR OUT
+  expect_exit 0 "$DSC" train "$1" --init-from "$2" --data "$TMP/data" --deepspeed "$TMP/still.json" \
+    --batch 2 --seq 16 --grad-accum 1 --steps 1 --save-every 1 --eval-every 0 --precision f32 \
+    --backend interp --out "$3" --quiet
+}
+for d in llama llama_sharded llama_bf16 llama_f16 llama_tied; do
+  import_run "$LLAMA" "$TMP/$d" "$TMP/out_$d"
+  python3 "$MK" --compare "$TMP/$d" "$TMP/out_$d" && pass || fail "$d: the checkpoint is not the import"
+done
+import_run "$GPT" "$TMP/gpt2" "$TMP/out_gpt2"
+python3 "$MK" --compare "$TMP/gpt2" "$TMP/out_gpt2" && pass || fail "gpt2: the checkpoint is not the import"
+
+expect_exit 0 "$DSC" import --list "$TMP/llama_sharded" "$LLAMA"
+expect_grep '^  model.layers.1.self_attn.k_proj.weight +f32\[32,64\] +model-00002-of-00002.safetensors  -> layers.1.k_proj \(transposed\)' "$TMP/out"
+expect_grep '^  model.rotary_emb.inv_freq .*\(ignored: not a weight\)' "$TMP/out"
+expect_exit 0 "$DSC" import --list "$TMP/llama_tied" "$LLAMA"
+expect_grep '-> lm_head \(transposed, tied to the embedding\)' "$TMP/out"
+expect_exit 0 "$DSC" import --list "$TMP/gpt2" "$GPT"
+expect_grep '^  transformer.wte.weight +f32\[250,64\] .* -> wte \(rows\)' "$TMP/out"
+expect_grep '^  transformer.h.0.attn.c_attn.weight +f32\[64,192\] .* -> h.0.attn_w \(as is\)' "$TMP/out"
+
+# bad directories: exit 1, the file, the tensor, both shapes
+bad() { # DIR MESSAGE(ERE) [MODEL]
+  expect_exit 1 "$DSC" train "${3:-$LLAMA}" --init-from "$TMP/$1" --data "$TMP/data" \
+    --batch 2 --seq 16 --steps 1 --out "$TMP/never_$1" --quiet && expect_grep "$2" "$TMP/err"
+  [ ! -e "$TMP/never_$1/step-000001" ] && pass || fail "$1: trained anyway"
+}
+bad bad_shape "bad_shape/model.safetensors: error: tensor 'model.layers.0.self_attn.k_proj.weight' is f32\[64,64\]; param 'layers.0.k_proj' needs f32\[32,64\] \(transformers stores a Linear weight \[out, in\]\)"
+bad missing "missing: error: param 'lm_head' of model 'llama_tiny' has no tensor here \(llama's name: lm_head.weight\)"
+bad extra "extra/model.safetensors: error: tensor 'model.layers.0.self_attn.q_norm.weight' has no param in dsc's llama name map"
+bad truncated "truncated/model-00002-of-00002.safetensors: error: "
+bad bad_type "bad_type/config.json: error: model_type \"bert\" has no name map in dsc \(it has llama, mistral, qwen2, gpt2\)"
+bad bad_theta "bad_theta/config.json: error: rope_theta is 500000, but the model's rope has theta = 10000"
+bad bad_kv "bad_kv/config.json: error: num_key_value_heads is 4, but the model's attention has kv_heads = 2"
+bad bad_scaling "bad_scaling/config.json: error: rope_type \"llama3\" scales the rotary frequencies"
+bad no_config "no_config/config.json: error: "
+bad bad_json "bad_json/config.json:3:[0-9]+: error: not valid JSON here"
+bad index_missing "index_missing/model.safetensors.index.json: error: weight_map puts 'model.norm.weight' in model-0000[12]-of-00002.safetensors, which has no such tensor"
+bad index_escape "index_escape/model.safetensors.index.json: error: weight_map\[\"model.norm.weight\"\] is not the name of a file in"
+bad nan "nan/model.safetensors: error: tensor 'model.norm.weight': element 3 is NaN"
+bad no_weights "no_weights: error: has neither model.safetensors nor model.safetensors.index.json"
+bad llama "llama/config.json: error: num_key_value_heads is 2, but the model's attention has kv_heads = 4" "$GPT"
+expect_exit 1 "$DSC" train "$LLAMA" --init-from "$TMP/llama" --resume "$TMP/out_llama" --quiet &&
+  expect_grep "give one of them" "$TMP/err"
+expect_exit 1 "$DSC" import "$TMP/llama" "$LLAMA" && expect_grep "only action" "$TMP/err"
+expect_exit 1 "$DSC" import --list "$TMP/nope" "$LLAMA" && expect_grep "nope: error: not a directory" "$TMP/err"
+finish

@@ -1,0 +1,39 @@
+# transformers as the oracle (issue: real models from the ecosystem): a
+# random-init LlamaForCausalLM (rotary embeddings, grouped-query attention,
+# untied head) and GPT2LMHeadModel (Conv1D, tied head) saved with
+# save_pretrained, imported by `dsc train --init-from`: the first step's loss
+# within 1e-5 relative of transformers', every param's gradient within 1e-4
+# (normwise) and the weights after one AdamW step within 1e-5
+# (tests/cli/lib/hf_oracle.py). Needs torch and transformers: the Python of
+# $DSC_HF_PYTHON, else build/hf-venv (bench/hf_venv.sh makes it); without
+# them only the import's own checks run.
+source "$(dirname "$0")/lib/common.bash"
+export DSC_CACHE_DIR="$TMP/kernel-cache"
+PY=${DSC_HF_PYTHON:-$SRC/build/hf-venv/bin/python3}
+ORACLE="$SRC/tests/cli/lib/hf_oracle.py"
+
+if ! "$PY" -c 'import torch, transformers, safetensors' >/dev/null 2>&1; then
+  echo "no torch + transformers at $PY (bench/hf_venv.sh): the oracle comparison is skipped"
+  finish
+  exit
+fi
+
+for arch in llama gpt2; do
+  model="$SRC/examples/llama-tiny.dsm"
+  [ $arch = gpt2 ] && model="$SRC/examples/gpt-tiny.dsm"
+  W="$TMP/$arch"
+  mkdir -p "$W"
+  "$PY" "$ORACLE" make $arch "$W" >"$TMP/out" 2>"$TMP/err" && pass ||
+    { fail "$arch: the transformers side failed"; tail -5 "$TMP/err"; continue; }
+  cat "$TMP/out"
+  expect_exit 0 "$DSC" import --list "$W/model" "$model"
+  expect_grep 'model.safetensors' "$TMP/out"
+  for run in sgd adamw; do
+    expect_exit 0 "$DSC" train "$model" --init-from "$W/model" --data "$W/data" \
+      --deepspeed "$W/$run.json" --batch 4 --seq 32 --grad-accum 1 --steps 1 --save-every 1 \
+      --eval-every 0 --backend cpu --threads 2 --precision f32 --out "$W/$run" \
+      --log "$W/$run.jsonl" --quiet
+  done
+  "$PY" "$ORACLE" check $arch "$W" && pass || fail "$arch: dsc differs from transformers"
+done
+finish
