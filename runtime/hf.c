@@ -710,3 +710,244 @@ dsc_status dsc_hf_import(dsc_context *ctx, const char *dir, const dsc_module *m,
   dir_close(&d);
   return st;
 }
+
+/* ------------------------------------------------------------ export */
+
+/* The architecture whose rules name every model param of m. */
+static const hf_arch *arch_of_module(const dsc_module *m) {
+  char hf[512];
+  for (int a = 0; a < N(archs); a++) {
+    bool all = true;
+    for (int i = 0; all && i < dsc_module_param_count(m); i++)
+      if (is_model_param(m, i))
+        all = hf_name_of(&archs[a], dsc_module_param_name(m, i), hf, sizeof hf) != NULL;
+    if (all) return &archs[a];
+  }
+  return NULL;
+}
+
+/* The first node of op in g with attribute key (its number), or false. */
+static bool graph_attr(const dsc_graph *g, dsc_op op, const char *key, double *out) {
+  for (int i = 0; g && i < dsc_graph_node_count(g); i++) {
+    const dsc_node *n = dsc_graph_node(g, i);
+    const dsc_attr *at = dsc_node_op(n) == op ? dsc_node_attr(n, key) : NULL;
+    if (!at) continue;
+    *out = at->kind == DSC_ATTR_INT    ? (double)at->u.i
+           : at->kind == DSC_ATTR_BOOL ? at->u.b
+                                       : at->u.f;
+    return true;
+  }
+  return false;
+}
+
+static int64_t dim_of(const dsc_module *m, const char *param, int axis) {
+  int i = dsc_module_find_param(m, param);
+  if (i < 0) return 0;
+  dsc_type t = dsc_module_param_type(m, i);
+  return axis < t.rank ? t.dims[axis] : 0;
+}
+
+/* The layers: one more than the largest index of a block param. */
+static int64_t layer_count(const dsc_module *m, const char *block) {
+  int64_t n = 0;
+  size_t k = strlen(block);
+  for (int i = 0; i < dsc_module_param_count(m); i++) {
+    const char *p = dsc_module_param_name(m, i);
+    if (strncmp(p, block, k) == 0 && p[k] == '.') {
+      long l = strtol(p + k + 1, NULL, 10);
+      if (l + 1 > n) n = l + 1;
+    }
+  }
+  return n;
+}
+
+static cJSON *hf_config(const hf_arch *a, const dsc_module *m, dsc_dtype dt, int64_t seq) {
+  const dsc_graph *g = dsc_module_find_graph(m, "forward");
+  cJSON *c = cJSON_CreateObject();
+  if (!c) return NULL;
+  cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
+  if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString(a->architecture));
+  cJSON_AddStringToObject(c, "model_type", a->model_type);
+  cJSON_AddStringToObject(c, "torch_dtype",
+                          dt == DSC_BF16  ? "bfloat16"
+                          : dt == DSC_F16 ? "float16"
+                                          : "float32");
+  double heads = 0, kv = 0, theta = 10000, eps = 1e-5;
+  graph_attr(g, DSC_OP_ATTENTION, "heads", &heads);
+  if (!graph_attr(g, DSC_OP_ATTENTION, "kv_heads", &kv)) kv = heads;
+  if (a->tied_head) { /* the Llama family */
+    int64_t d = dim_of(m, "embed_tokens", 1);
+    graph_attr(g, DSC_OP_ROPE, "theta", &theta);
+    graph_attr(g, DSC_OP_RMSNORM, "eps", &eps);
+    cJSON_AddNumberToObject(c, "vocab_size", (double)dim_of(m, "embed_tokens", 0));
+    cJSON_AddNumberToObject(c, "hidden_size", (double)d);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)dim_of(m, "layers.0.gate_proj", 1));
+    cJSON_AddNumberToObject(c, "num_hidden_layers", (double)layer_count(m, "layers"));
+    cJSON_AddNumberToObject(c, "num_attention_heads", heads);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", kv);
+    cJSON_AddNumberToObject(c, "head_dim", heads > 0 ? (double)d / heads : 0);
+    cJSON_AddNumberToObject(c, "rms_norm_eps", eps);
+    cJSON_AddNumberToObject(c, "rope_theta", theta);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", (double)(seq > 2048 ? seq : 2048));
+    cJSON_AddStringToObject(c, "hidden_act", "silu");
+    cJSON_AddBoolToObject(c, "attention_bias",
+                          dsc_module_find_param(m, "layers.0.q_proj_bias") >= 0);
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", dsc_module_find_param(m, "lm_head") < 0);
+  } else { /* GPT-2: a tied head, the tanh GELU, no dropout (dsc has none) */
+    graph_attr(g, DSC_OP_LAYERNORM, "eps", &eps);
+    cJSON_AddNumberToObject(c, "vocab_size", (double)dim_of(m, "wte", 0));
+    cJSON_AddNumberToObject(c, "n_embd", (double)dim_of(m, "wte", 1));
+    cJSON_AddNumberToObject(c, "n_layer", (double)layer_count(m, "h"));
+    cJSON_AddNumberToObject(c, "n_head", heads);
+    cJSON_AddNumberToObject(c, "n_positions", (double)dim_of(m, "wpe", 0));
+    cJSON_AddNumberToObject(c, "n_ctx", (double)dim_of(m, "wpe", 0));
+    cJSON_AddNumberToObject(c, "layer_norm_epsilon", eps);
+    cJSON_AddStringToObject(c, "activation_function", "gelu_new");
+    cJSON_AddNumberToObject(c, "resid_pdrop", 0);
+    cJSON_AddNumberToObject(c, "embd_pdrop", 0);
+    cJSON_AddNumberToObject(c, "attn_pdrop", 0);
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", true);
+  }
+  return c;
+}
+
+static dsc_status write_json(dsc_context *ctx, const char *path, const cJSON *j) {
+  char *text = cJSON_Print(j);
+  if (!text) return oom(ctx, path);
+  rt_atomic_file f;
+  dsc_status st = rt_atomic_open(ctx, path, &f);
+  if (st == DSC_OK) {
+    rt_atomic_write(&f, text, strlen(text));
+    rt_atomic_write(&f, "\n", 1);
+    st = rt_atomic_commit(&f);
+  }
+  cJSON_free(text);
+  return st;
+}
+
+dsc_status dsc_hf_export(dsc_context *ctx, const dsc_module *m, const dsc_tensor_set *params,
+                         const char *out_dir, dsc_dtype dt, int64_t seq, int64_t max_shard_bytes,
+                         FILE *report) {
+  const hf_arch *a = arch_of_module(m);
+  if (!a) {
+    char known[128];
+    arch_list(known, sizeof known);
+    ir_error(ctx, ir_no_loc,
+             "model '%s' has params that no transformers architecture dsc knows (%s) names; "
+             "its params must follow one name map (docs/models.md)",
+             dsc_module_name(m), known);
+    return DSC_ERR_USER;
+  }
+  struct stat sb;
+  if (stat(out_dir, &sb) == 0 ? !S_ISDIR(sb.st_mode) : mkdir(out_dir, 0777) != 0) {
+    ir_error(ctx, rt_loc(out_dir), "cannot make the output directory: %s",
+             errno ? strerror(errno) : "not a directory");
+    return DSC_ERR_USER;
+  }
+  /* the tensors under transformers' names, in its layout */
+  int n = 0, np = dsc_module_param_count(m);
+  const char **names = ir_alloc(ctx, sizeof *names * (size_t)(np > 0 ? np : 1));
+  char **owned = ir_alloc(ctx, sizeof *owned * (size_t)(np > 0 ? np : 1));
+  dsc_tensor **ts = ir_alloc(ctx, sizeof *ts * (size_t)(np > 0 ? np : 1));
+  int64_t *bytes = ir_alloc(ctx, sizeof *bytes * (size_t)(np > 0 ? np : 1));
+  dsc_status st = names && owned && ts && bytes ? DSC_OK : oom(ctx, out_dir);
+  for (int i = 0; st == DSC_OK && i < np; i++) {
+    if (!is_model_param(m, i)) continue;
+    const char *pn = dsc_module_param_name(m, i);
+    const dsc_tensor *src = dsc_tensor_set_find(params, pn);
+    char hf[512];
+    const hf_rule *r = hf_name_of(a, pn, hf, sizeof hf);
+    if (!src) {
+      ir_error(ctx, rt_loc(out_dir), "param '%s' is not in the checkpoint", pn);
+      st = DSC_ERR_USER;
+      break;
+    }
+    dsc_type t = src->type;
+    stored_shape(&src->type, r->layout, &t);
+    t.dtype = dt;
+    size_t len = strlen(a->prefix) + strlen(hf) + 1;
+    if (!(owned[n] = ir_alloc(ctx, len)) || !(ts[n] = dsc_tensor_new(ctx, t))) {
+      if (owned[n]) ir_free(ctx, owned[n], len);
+      st = oom(ctx, out_dir);
+      break;
+    }
+    snprintf(owned[n], len, "%s%s", a->prefix, hf);
+    names[n] = owned[n];
+    if (r->layout == HF_TRANSPOSE) {
+      int64_t R = src->type.dims[0], C = src->type.dims[1]; /* [in, out] -> [out, in] */
+      for (int64_t x = 0; x < R; x++)
+        for (int64_t y = 0; y < C; y++) ts[n]->data[y * R + x] = src->data[x * C + y];
+    } else {
+      memcpy(ts[n]->data, src->data, sizeof(double) * (size_t)dsc_type_numel(&t));
+    }
+    bytes[n] = dsc_type_numel(&t) * (int64_t)dsc_dtype_size(dt);
+    n++;
+  }
+  /* shards of at most max_shard_bytes (one tensor may exceed it alone), in
+   * the order of the model's params */
+  int n_shards = 0;
+  int64_t total = 0, in_shard = 0;
+  for (int i = 0; i < n; i++) {
+    if (i == 0 || (max_shard_bytes > 0 && in_shard + bytes[i] > max_shard_bytes))
+      n_shards++, in_shard = 0;
+    in_shard += bytes[i], total += bytes[i];
+  }
+  cJSON *index = n_shards > 1 ? cJSON_CreateObject() : NULL;
+  cJSON *wm = index ? cJSON_CreateObject() : NULL;
+  if (index) {
+    cJSON *meta = cJSON_AddObjectToObject(index, "metadata");
+    if (meta) cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    cJSON_AddItemToObject(index, "weight_map", wm);
+  }
+  dsc_kv fmt = {"format", "pt"};
+  for (int first = 0, k = 0; st == DSC_OK && first < n; k++) {
+    int last = first;
+    int64_t sz = bytes[first];
+    while (last + 1 < n && !(max_shard_bytes > 0 && sz + bytes[last + 1] > max_shard_bytes))
+      sz += bytes[++last];
+    char file[64];
+    if (n_shards > 1)
+      snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, n_shards);
+    else
+      snprintf(file, sizeof file, "model.safetensors");
+    char *path = join(ctx, out_dir, file);
+    if (!path) {
+      st = oom(ctx, out_dir);
+      break;
+    }
+    dsc_tensor_set set = {last - first + 1, names + first, ts + first, 1, &fmt};
+    st = dsc_safetensors_write(ctx, path, &set);
+    ir_free(ctx, path, strlen(path) + 1);
+    for (int i = first; wm && i <= last; i++) cJSON_AddStringToObject(wm, names[i], file);
+    if (report && st == DSC_OK)
+      fprintf(report, "  %s: %d tensors, %lld bytes\n", file, last - first + 1, (long long)sz);
+    first = last + 1;
+  }
+  char *p = st == DSC_OK && index ? join(ctx, out_dir, "model.safetensors.index.json") : NULL;
+  if (p) {
+    st = write_json(ctx, p, index);
+    ir_free(ctx, p, strlen(p) + 1);
+  }
+  cJSON *cfg = st == DSC_OK ? hf_config(a, m, dt, seq) : NULL;
+  if (cfg) {
+    char *cp = join(ctx, out_dir, "config.json");
+    st = cp ? write_json(ctx, cp, cfg) : oom(ctx, out_dir);
+    if (cp) ir_free(ctx, cp, strlen(cp) + 1);
+  } else if (st == DSC_OK) {
+    st = oom(ctx, out_dir);
+  }
+  if (report && st == DSC_OK)
+    fprintf(report, "%s: %s (%s), %d tensors in %d file(s), %lld bytes, and config.json\n", out_dir,
+            a->architecture, a->model_type, n, n_shards, (long long)total);
+  cJSON_Delete(cfg);
+  cJSON_Delete(index);
+  for (int i = 0; i < n; i++) {
+    dsc_tensor_free(ctx, ts[i]);
+    ir_free(ctx, owned[i], strlen(owned[i]) + 1);
+  }
+  if (names) ir_free(ctx, names, sizeof *names * (size_t)(np > 0 ? np : 1));
+  if (owned) ir_free(ctx, owned, sizeof *owned * (size_t)(np > 0 ? np : 1));
+  if (ts) ir_free(ctx, ts, sizeof *ts * (size_t)(np > 0 ? np : 1));
+  if (bytes) ir_free(ctx, bytes, sizeof *bytes * (size_t)(np > 0 ? np : 1));
+  return st;
+}

@@ -9,6 +9,7 @@
 static const char export_help[] =
     "usage: dsc export DIR -o FILE.safetensors [--dtype f32|bf16|f16] [--optimizer FILE]\n"
     "                  [--model FILE]\n"
+    "       dsc export DIR --format hf -o OUT_DIR [--dtype D] [--max-shard-size BYTES]\n"
     "\n"
     "Writes the trainable params of checkpoint DIR (a step directory, or an output\n"
     "directory: its 'latest') to one safetensors file, full tensors under the\n"
@@ -22,7 +23,15 @@ static const char export_help[] =
     "  --optimizer FILE  also write the optimizer states (f32) to FILE\n"
     "  --model FILE      the model the tensors must match (default: the one the\n"
     "                    checkpoint records); every param of it, no other tensor,\n"
-    "                    with its dtype and shape\n";
+    "                    with its dtype and shape\n"
+    "  --format hf       write a Hugging Face model directory OUT_DIR instead:\n"
+    "                    config.json and model.safetensors under transformers' names\n"
+    "                    and layout (Linear weights [out, in]), which\n"
+    "                    AutoModelForCausalLM.from_pretrained(OUT_DIR) loads; the\n"
+    "                    model's param names pick the architecture (llama, qwen2,\n"
+    "                    gpt2; docs/models.md)\n"
+    "  --max-shard-size B  with --format hf: files of at most B bytes (default 5GB)\n"
+    "                    and model.safetensors.index.json when there are several\n";
 
 static const char *extra(const dsc_checkpoint *ck, const char *key) {
   for (int i = 0; i < ck->state.n_extra; i++)
@@ -33,8 +42,8 @@ static const char *extra(const dsc_checkpoint *ck, const char *key) {
 /* The checkpoint's model.safetensors must hold exactly the params of its
  * model (as resume and sample check): compiled at the checkpoint's seq,
  * from the .dsm a .dsx was compiled from. */
-static dsc_status check_against_model(dsc_context *ctx, const dsc_checkpoint *ck,
-                                      const char *model) {
+static dsc_status check_against_model(dsc_context *ctx, const dsc_checkpoint *ck, const char *model,
+                                      dsc_module **out_m) {
   char src[4096], file[4096];
   snprintf(file, sizeof file, "%s/model.safetensors", ck->dir);
   if (!model) model = extra(ck, "model");
@@ -79,7 +88,10 @@ static dsc_status check_against_model(dsc_context *ctx, const dsc_checkpoint *ck
     st = DSC_ERR_USER;
   }
   free(spec);
-  dsc_module_free(m);
+  if (st == DSC_OK && out_m)
+    *out_m = m;
+  else
+    dsc_module_free(m);
   return st;
 }
 
@@ -108,6 +120,8 @@ static dsc_status write_as(dsc_context *ctx, const char *path, const dsc_tensor_
 
 int cli_export(int argc, char **argv) {
   const char *dir = NULL, *out = NULL, *opt_out = NULL, *dtype = "f32", *model = NULL;
+  const char *format = "safetensors";
+  int64_t max_shard = (int64_t)5 << 30;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     bool has_val = i + 1 < argc;
@@ -123,6 +137,17 @@ int cli_export(int argc, char **argv) {
     } else if (strcmp(a, "--model") == 0) {
       if (!has_val) return cli_usage_error("export", "--model needs a file"), CLI_EXIT_USER;
       model = argv[++i];
+    } else if (strcmp(a, "--format") == 0) {
+      if (!has_val)
+        return cli_usage_error("export", "--format needs hf or safetensors"), CLI_EXIT_USER;
+      format = argv[++i];
+      if (strcmp(format, "hf") != 0 && strcmp(format, "safetensors") != 0)
+        return cli_usage_error("export", "--format needs hf or safetensors, got '%s'", format),
+               CLI_EXIT_USER;
+    } else if (strcmp(a, "--max-shard-size") == 0) {
+      if (!has_val || !cli_parse_bytes(argv[++i], &max_shard) || max_shard <= 0)
+        return cli_usage_error("export", "--max-shard-size needs a positive byte count"),
+               CLI_EXIT_USER;
     } else if (strcmp(a, "--dtype") == 0) {
       if (!has_val) return cli_usage_error("export", "--dtype needs f32, bf16 or f16"), CLI_EXIT_USER;
       dtype = argv[++i];
@@ -136,6 +161,10 @@ int cli_export(int argc, char **argv) {
   }
   if (!dir) return cli_usage_error("export", "missing checkpoint DIR"), CLI_EXIT_USER;
   if (!out) return cli_usage_error("export", "missing -o FILE"), CLI_EXIT_USER;
+  bool hf = strcmp(format, "hf") == 0;
+  if (hf && opt_out)
+    return cli_usage_error("export", "--optimizer writes a safetensors file; not with --format hf"),
+           CLI_EXIT_USER;
   dsc_dtype dt;
   if (strcmp(dtype, "f32") == 0)
     dt = DSC_F32;
@@ -153,8 +182,15 @@ int cli_export(int argc, char **argv) {
   dsc_status st = dsc_checkpoint_load(ctx, dir, NULL, 0, NULL, 0, &ck);
   int n_master = 0;
   if (st == DSC_OK) st = dsc_checkpoint_use_master_weights(ctx, ck, &n_master);
-  if (st == DSC_OK) st = check_against_model(ctx, ck, model);
-  if (st == DSC_OK) {
+  dsc_module *m = NULL;
+  if (st == DSC_OK) st = check_against_model(ctx, ck, model, hf ? &m : NULL);
+  if (st == DSC_OK && hf) {
+    int64_t seq = 0;
+    for (int i = 0; i < ck->state.n_extra; i++)
+      if (strcmp(ck->state.extra[i].key, "seq") == 0) cli_parse_i64(ck->state.extra[i].value, &seq);
+    st = dsc_hf_export(ctx, m, ck->model, out, dt, seq, max_shard, stdout);
+    if (st == DSC_OK && n_master) printf("(from the f32 master weights)\n");
+  } else if (st == DSC_OK) {
     char step[32];
     snprintf(step, sizeof step, "%lld", (long long)ck->state.step);
     const char *name = NULL;
@@ -171,6 +207,7 @@ int cli_export(int argc, char **argv) {
              n_master ? ", from the f32 master weights" : "");
     }
   }
+  dsc_module_free(m);
   dsc_checkpoint_free(ctx, ck);
   dsc_diag_print(ctx, stderr);
   dsc_context_free(ctx);

@@ -126,6 +126,15 @@ dsc_status dsc_hf_list(dsc_context *ctx, const char *dir, const dsc_module *m, F
  * graph still has attention, rope and the norms): heads, key/value heads,
  * rope_theta, the norms' eps; rotary frequency scaling is refused. */
 dsc_status dsc_hf_check_config(dsc_context *ctx, const char *dir, const dsc_module *m);
+/* The model params in params (full tensors under m's names) written to
+ * out_dir (made if missing) for transformers' from_pretrained: config.json
+ * from m's shapes and ops (m before the passes), model.safetensors in dtype,
+ * or shards of at most max_shard_bytes (0: one file) with
+ * model.safetensors.index.json. m's param names pick the architecture.
+ * report (may be NULL) gets a line per file. */
+dsc_status dsc_hf_export(dsc_context *ctx, const dsc_module *m, const dsc_tensor_set *params,
+                         const char *out_dir, dsc_dtype dtype, int64_t seq, int64_t max_shard_bytes,
+                         FILE *report);
 
 /* ---- checkpoints ---- */
 typedef struct {

@@ -31,6 +31,21 @@ done
 import_run "$GPT" "$TMP/gpt2" "$TMP/out_gpt2"
 python3 "$MK" --compare "$TMP/gpt2" "$TMP/out_gpt2" && pass || fail "gpt2: the checkpoint is not the import"
 
+# dsc export --format hf writes what --init-from reads back, value for value
+expect_exit 0 "$DSC" export "$TMP/out_llama" --format hf -o "$TMP/exported" --max-shard-size 100KB &&
+  expect_grep 'LlamaForCausalLM \(llama\), 21 tensors in [0-9]+ file\(s\)' "$TMP/out"
+[ -s "$TMP/exported/model.safetensors.index.json" ] && pass || fail "no index for a sharded export"
+expect_grep '"num_key_value_heads":[[:space:]]*2' "$TMP/exported/config.json"
+import_run "$LLAMA" "$TMP/exported" "$TMP/out_exported"
+python3 "$MK" --compare "$TMP/exported" "$TMP/out_exported" && pass || fail "export -> import differs"
+expect_exit 0 "$DSC" export "$TMP/out_gpt2" --format hf -o "$TMP/exported_gpt2" --dtype bf16
+expect_grep '"model_type":[[:space:]]*"gpt2"' "$TMP/exported_gpt2/config.json"
+expect_grep '"torch_dtype":[[:space:]]*"bfloat16"' "$TMP/exported_gpt2/config.json"
+expect_exit 1 "$DSC" export "$TMP/out_llama" --format hf -o "$TMP/x" --optimizer "$TMP/o.st" &&
+  expect_grep "not with --format hf" "$TMP/err"
+expect_exit 1 "$DSC" export "$TMP/out_llama" --format onnx -o "$TMP/x" &&
+  expect_grep "needs hf or safetensors, got 'onnx'" "$TMP/err"
+
 expect_exit 0 "$DSC" import --list "$TMP/llama_sharded" "$LLAMA"
 expect_grep '^  model.layers.1.self_attn.k_proj.weight +f32\[32,64\] +model-00002-of-00002.safetensors  -> layers.1.k_proj \(transposed\)' "$TMP/out"
 expect_grep '^  model.rotary_emb.inv_freq .*\(ignored: not a weight\)' "$TMP/out"

@@ -4,7 +4,8 @@
 # save_pretrained, imported by `dsc train --init-from`: the first step's loss
 # within 1e-5 relative of transformers', every param's gradient within 1e-4
 # (normwise) and the weights after one AdamW step within 1e-5
-# (tests/cli/lib/hf_oracle.py). Needs torch and transformers: the Python of
+# (tests/cli/lib/hf_oracle.py); `dsc export --format hf` of the trained
+# model loads with from_pretrained, every weight and the loss the same. Needs torch and transformers: the Python of
 # $DSC_HF_PYTHON, else build/hf-venv (bench/hf_venv.sh makes it); without
 # them only the import's own checks run.
 source "$(dirname "$0")/lib/common.bash"
@@ -35,5 +36,11 @@ for arch in llama gpt2; do
       --log "$W/$run.jsonl" --quiet
   done
   "$PY" "$ORACLE" check $arch "$W" && pass || fail "$arch: dsc differs from transformers"
+  # export for transformers (the Llama in shards and an index), reload there
+  expect_exit 0 "$DSC" export "$W/adamw" --format hf -o "$W/export" --max-shard-size 200KB
+  expect_exit 0 "$DSC" train "$model" --init-from "$W/export" --data "$W/data" \
+    --deepspeed "$W/sgd.json" --batch 4 --seq 32 --grad-accum 1 --steps 1 --save-every 0 \
+    --eval-every 0 --backend cpu --threads 2 --precision f32 --log "$W/reimport.jsonl" --quiet
+  "$PY" "$ORACLE" reload $arch "$W" && pass || fail "$arch: the export does not reload in transformers"
 done
 finish

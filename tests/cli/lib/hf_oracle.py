@@ -199,6 +199,40 @@ def check(arch, work):
     sys.exit(1 if bad else 0)
 
 
+def reload(arch, work):
+    """`dsc export --format hf` of the AdamW run, loaded by from_pretrained:
+    no missing or unexpected weight, every weight the checkpoint's, and its
+    loss on the batch what dsc computes from the exported directory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(os.path.join(work, "export"),
+                                                       output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    model.eval()
+    ck = last_checkpoint(os.path.join(work, "adamw"))
+    worst = 0.0
+    for hf, p in model.named_parameters():
+        name, transposed = dsc_name(arch, hf)
+        if name is None:
+            continue
+        want = ck[name].T if transposed else ck[name]
+        worst = max(worst, float(np.max(np.abs(p.detach().numpy() - want))))
+    raw = np.fromfile(os.path.join(work, "data_train.bin"), dtype="<u2", offset=1024)
+    tokens = torch.tensor(raw.astype(np.int64))
+    x = torch.stack([tokens[w * T: w * T + T] for w in range(B)])
+    y = torch.stack([tokens[w * T + 1: w * T + T + 1] for w in range(B)])
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits.reshape(-1, 256),
+                                                 y.reshape(-1)).item()
+    dsc = first_log(os.path.join(work, "reimport.jsonl"))["loss"]
+    r = abs(dsc - loss) / abs(loss)
+    print("%s export: from_pretrained loaded every weight (largest difference from the "
+          "checkpoint %.2g); loss transformers %.7f, dsc from the export %.7f, relative %.2g"
+          % (arch, worst, loss, dsc, r))
+    sys.exit(0 if worst == 0.0 and r <= TOL_LOSS else 1)
+
+
 if __name__ == "__main__":
     cmd, arch, work = sys.argv[1:4]
-    (make if cmd == "make" else check)(arch, work)
+    {"make": make, "check": check, "reload": reload}[cmd](arch, work)
