@@ -8,7 +8,7 @@
 
 static const char run_help[] =
     "usage: dsc run FILE [--seed S] [--batch B] [--seq T] [--dim NAME=V]\n"
-    "               [--backend interp|cpu|cuda] [--threads N] [--quiet]\n"
+    "               [--backend interp|cpu|cuda] [--threads N] [--init-from DIR] [--quiet]\n"
     "\n"
     "Initialises the parameters from their initializers (deterministic in S,\n"
     "default 0), draws random inputs (standard normal for float inputs; for\n"
@@ -19,6 +19,8 @@ static const char run_help[] =
     "scalar, else each output's type and leading values. FILE is a .dsm model,\n"
     "a .dsir text IR file or a .dsx program from 'dsc compile' (its forward graph\n"
     "and, on the same host, its kernels; --batch and --seq must match it).\n"
+    "--init-from DIR runs with the weights of a Hugging Face model directory\n"
+    "(docs/models.md) instead of the initializers.\n"
     "--quiet drops the summary on standard error.\n";
 
 /* The forward module of a program file; dims must match what it was
@@ -116,6 +118,7 @@ int cli_run(int argc, char **argv) {
   const char *path = NULL;
   int64_t seed = 0;
   bool quiet = false;
+  const char *init_from = NULL;
   cli_dims dims = {0};
   dsc_backend backend = dsc_backend_default();
   int64_t threads = 0;
@@ -139,6 +142,10 @@ int cli_run(int argc, char **argv) {
       if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &threads) || threads < 1 || threads > 1024)
         return cli_usage_error("run", "--threads needs a positive integer"), CLI_EXIT_USER;
       i++;
+    } else if (strcmp(argv[i], "--init-from") == 0) {
+      if (i + 1 >= argc)
+        return cli_usage_error("run", "--init-from needs a directory"), CLI_EXIT_USER;
+      init_from = argv[++i];
     } else if (strcmp(argv[i], "--quiet") == 0) {
       quiet = true;
     } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -170,6 +177,18 @@ int cli_run(int argc, char **argv) {
   }
   if (st == DSC_OK) st = check_context(path, g);
   if (st == DSC_OK && !(params = dsc_params_init(m, (uint64_t)seed))) st = DSC_ERR_INTERNAL;
+  if (st == DSC_OK && init_from && prog) {
+    fprintf(stderr, "%s: error: --init-from needs the model file (.dsm), not a program\n", path);
+    st = DSC_ERR_USER;
+  }
+  if (st == DSC_OK && init_from) { /* m is still before the passes: its ops are the model's */
+    int np = dsc_module_param_count(m);
+    dsc_tensor **dst = calloc((size_t)np + 1, sizeof *dst);
+    for (int i = 0; dst && i < np; i++) dst[i] = dsc_params_get(params, i);
+    st = dst ? dsc_hf_check_config(ctx, init_from, m) : DSC_ERR_INTERNAL;
+    if (st == DSC_OK) st = dsc_hf_import(ctx, init_from, m, dst);
+    free(dst);
+  }
   if (st == DSC_OK) {
     n_in = dsc_graph_input_count(g);
     n_out = dsc_graph_output_count(g);

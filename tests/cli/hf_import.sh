@@ -31,6 +31,14 @@ done
 import_run "$GPT" "$TMP/gpt2" "$TMP/out_gpt2"
 python3 "$MK" --compare "$TMP/gpt2" "$TMP/out_gpt2" && pass || fail "gpt2: the checkpoint is not the import"
 
+# dsc run --init-from: the forward on the imported weights, the same on both backends
+expect_exit 0 "$DSC" run "$LLAMA" --quiet && cp "$TMP/out" "$TMP/run_init"
+expect_exit 0 "$DSC" run "$LLAMA" --init-from "$TMP/llama" --quiet && cp "$TMP/out" "$TMP/run_hf"
+cmp -s "$TMP/run_init" "$TMP/run_hf" && fail "dsc run --init-from: the initializers' loss" || pass
+expect_exit 0 "$DSC" run "$LLAMA" --init-from "$TMP/llama" --backend cpu --threads 2 --quiet
+python3 -c 'import sys; a, b = (float(open(f).read().split()[1]) for f in sys.argv[1:]); sys.exit(abs(a - b) > 1e-5 * abs(a))' "$TMP/run_hf" "$TMP/out" && pass || fail "run --init-from: cpu differs from interp"
+expect_exit 1 "$DSC" run "$LLAMA" --init-from "$TMP/bad_shape" --quiet && expect_grep "needs f32\[32,64\]" "$TMP/err"
+
 # dsc export --format hf writes what --init-from reads back, value for value
 expect_exit 0 "$DSC" export "$TMP/out_llama" --format hf -o "$TMP/exported" --max-shard-size 100KB &&
   expect_grep 'LlamaForCausalLM \(llama\), 21 tensors in [0-9]+ file\(s\)' "$TMP/out"
