@@ -106,17 +106,8 @@ static dsc_status write_state(dsc_context *ctx, const char *path, const dsc_chec
   ok = ok && ex;
   for (int i = 0; ok && i < s->n_extra; i++)
     ok = cJSON_AddStringToObject(ex, s->extra[i].key, s->extra[i].value) != NULL;
-  char *text = ok ? cJSON_Print(root) : NULL;
+  dsc_status st = ok ? rt_write_json(ctx, path, root) : oom(ctx, path);
   cJSON_Delete(root);
-  if (!text) return oom(ctx, path);
-  rt_atomic_file f;
-  dsc_status st = rt_atomic_open(ctx, path, &f);
-  if (st == DSC_OK) {
-    rt_atomic_write(&f, text, strlen(text));
-    rt_atomic_write(&f, "\n", 1);
-    st = rt_atomic_commit(&f);
-  }
-  cJSON_free(text);
   return st;
 }
 

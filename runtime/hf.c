@@ -194,6 +194,11 @@ static const hf_rule *hf_name_of(const hf_arch *a, const char *param, char *hf, 
 
 /* ------------------------------------------------------------ files */
 
+static dsc_status oom(dsc_context *ctx, const char *path) {
+  ir_error(ctx, rt_loc(path), "out of memory");
+  return DSC_ERR_INTERNAL;
+}
+
 dsc_status rt_read_json(dsc_context *ctx, const char *path, cJSON **out) {
   *out = NULL;
   dsc_loc loc = rt_loc(path);
@@ -245,6 +250,20 @@ dsc_status rt_read_json(dsc_context *ctx, const char *path, cJSON **out) {
   return DSC_OK;
 }
 
+dsc_status rt_write_json(dsc_context *ctx, const char *path, const cJSON *j) {
+  char *text = cJSON_Print(j);
+  if (!text) return oom(ctx, path);
+  rt_atomic_file f;
+  dsc_status st = rt_atomic_open(ctx, path, &f);
+  if (st == DSC_OK) {
+    rt_atomic_write(&f, text, strlen(text));
+    rt_atomic_write(&f, "\n", 1);
+    st = rt_atomic_commit(&f);
+  }
+  cJSON_free(text);
+  return st;
+}
+
 /* One tensor of the directory, as planned. */
 typedef struct {
   const char *hf;      /* name in the file (prefix included) */
@@ -286,11 +305,6 @@ static char *join(dsc_context *ctx, const char *dir, const char *name) {
   char *p = ir_alloc(ctx, n);
   if (p) snprintf(p, n, "%s/%s", dir, name);
   return p;
-}
-
-static dsc_status oom(dsc_context *ctx, const char *path) {
-  ir_error(ctx, rt_loc(path), "out of memory");
-  return DSC_ERR_INTERNAL;
 }
 
 /* A file name of the index: a plain name in the directory, nothing else. */
@@ -811,20 +825,6 @@ static cJSON *hf_config(const hf_arch *a, const dsc_module *m, dsc_dtype dt, int
   return c;
 }
 
-static dsc_status write_json(dsc_context *ctx, const char *path, const cJSON *j) {
-  char *text = cJSON_Print(j);
-  if (!text) return oom(ctx, path);
-  rt_atomic_file f;
-  dsc_status st = rt_atomic_open(ctx, path, &f);
-  if (st == DSC_OK) {
-    rt_atomic_write(&f, text, strlen(text));
-    rt_atomic_write(&f, "\n", 1);
-    st = rt_atomic_commit(&f);
-  }
-  cJSON_free(text);
-  return st;
-}
-
 dsc_status dsc_hf_export(dsc_context *ctx, const dsc_module *m, const dsc_tensor_set *params,
                          const char *out_dir, dsc_dtype dt, int64_t seq, int64_t max_shard_bytes,
                          FILE *report) {
@@ -925,13 +925,13 @@ dsc_status dsc_hf_export(dsc_context *ctx, const dsc_module *m, const dsc_tensor
   }
   char *p = st == DSC_OK && index ? join(ctx, out_dir, "model.safetensors.index.json") : NULL;
   if (p) {
-    st = write_json(ctx, p, index);
+    st = rt_write_json(ctx, p, index);
     ir_free(ctx, p, strlen(p) + 1);
   }
   cJSON *cfg = st == DSC_OK ? hf_config(a, m, dt, seq) : NULL;
   if (cfg) {
     char *cp = join(ctx, out_dir, "config.json");
-    st = cp ? write_json(ctx, cp, cfg) : oom(ctx, out_dir);
+    st = cp ? rt_write_json(ctx, cp, cfg) : oom(ctx, out_dir);
     if (cp) ir_free(ctx, cp, strlen(cp) + 1);
   } else if (st == DSC_OK) {
     st = oom(ctx, out_dir);

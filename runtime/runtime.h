@@ -107,6 +107,8 @@ struct cJSON;
 /* A JSON object from a file of at most 64 MiB; a syntax error names its line
  * and column. */
 dsc_status rt_read_json(dsc_context *ctx, const char *path, struct cJSON **out);
+/* j printed (tab-indented, a final newline) into path through rt_atomic_file. */
+dsc_status rt_write_json(dsc_context *ctx, const char *path, const struct cJSON *j);
 
 /* A safetensors file opened for reading tensor by tensor: the header read
  * and checked as dsc_safetensors_read checks it, no data read yet (an

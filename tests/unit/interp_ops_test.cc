@@ -976,8 +976,8 @@ TEST_F(Rejects, CompositeFamily) {
       dsc_rope(g, x, p4, 4, 10000, false),
       "rope: heads 4 must split the channel dim 6 of f32[2,4,6] into heads of an even size");
   expect_error(
-      dsc_rope(g, x, p4, 3, 10000, false),
-      "rope: heads 3 must split the channel dim 6 of f32[2,4,6] into heads of an even size");
+      dsc_rope(g, x, p4, 6, 10000, false),
+      "rope: heads 6 must split the channel dim 6 of f32[2,4,6] into heads of an even size");
   expect_error(dsc_rope(g, x, p4, 1, 0.5, false), "rope: theta must be above 1, got 0.5");
   expect_error(dsc_rope(g, x, w, 1, 10000, false),
                "rope: positions must be i32 or i64, got f32[5]");
