@@ -469,28 +469,10 @@ static dsc_status check_finite(dsc_context *ctx, const char *path, const dsc_ten
 
 static dsc_status read_state(dsc_context *ctx, const char *path, rt_checkpoint *c) {
   dsc_loc loc = rt_loc(path);
-  int fd;
-  dsc_status ost = rt_open_regular(ctx, path, 0, &fd);
+  char *text;
+  size_t len;
+  dsc_status ost = rt_read_small(ctx, path, MAX_STATE_BYTES, &text, &len);
   if (ost != DSC_OK) return ost;
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > MAX_STATE_BYTES) {
-    ir_error(ctx, loc, "not a regular file of at most %u bytes", MAX_STATE_BYTES);
-    close(fd);
-    return DSC_ERR_USER;
-  }
-  size_t len = (size_t)sb.st_size;
-  char *text = ir_alloc(ctx, len + 1);
-  if (!text) {
-    close(fd);
-    return oom(ctx, path);
-  }
-  bool read_ok = rt_pread_full(fd, text, len, 0);
-  close(fd);
-  if (!read_ok) {
-    ir_free(ctx, text, len + 1);
-    return rt_io_error(ctx, path, "read failed");
-  }
-  text[len] = 0;
   cJSON *root = cJSON_ParseWithLength(text, len);
   ir_free(ctx, text, len + 1);
   const char *bad = NULL;

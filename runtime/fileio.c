@@ -4,6 +4,7 @@
  * POSIX only. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,4 +276,34 @@ dsc_status rt_atomic_commit(rt_atomic_file *f) {
   st = rt_fsync_dir(f->ctx, dir);
   ir_free(f->ctx, dir, strlen(dir) + 1);
   return st;
+}
+
+dsc_status rt_read_small(dsc_context *ctx, const char *path, uint64_t max, char **text,
+                         size_t *len) {
+  *text = NULL, *len = 0;
+  int fd;
+  dsc_status st = rt_open_regular(ctx, path, 0, &fd);
+  if (st != DSC_OK) return st;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > max) {
+    ir_error(ctx, rt_loc(path), "not a regular file of at most %" PRIu64 " bytes", max);
+    close(fd);
+    return DSC_ERR_USER;
+  }
+  size_t n = (size_t)sb.st_size;
+  char *t = ir_alloc(ctx, n + 1);
+  if (!t) {
+    close(fd);
+    ir_error(ctx, rt_loc(path), "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  bool ok = rt_pread_full(fd, t, n, 0);
+  close(fd);
+  if (!ok) {
+    ir_free(ctx, t, n + 1);
+    return rt_io_error(ctx, path, "read failed");
+  }
+  t[n] = 0;
+  *text = t, *len = n;
+  return DSC_OK;
 }

@@ -202,29 +202,10 @@ static dsc_status oom(dsc_context *ctx, const char *path) {
 dsc_status rt_read_json(dsc_context *ctx, const char *path, cJSON **out) {
   *out = NULL;
   dsc_loc loc = rt_loc(path);
-  int fd;
-  dsc_status st = rt_open_regular(ctx, path, 0, &fd);
+  char *text;
+  size_t len;
+  dsc_status st = rt_read_small(ctx, path, MAX_JSON_BYTES, &text, &len);
   if (st != DSC_OK) return st;
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size > MAX_JSON_BYTES) {
-    ir_error(ctx, loc, "not a file of at most %u bytes", MAX_JSON_BYTES);
-    close(fd);
-    return DSC_ERR_USER;
-  }
-  size_t len = (size_t)sb.st_size;
-  char *text = ir_alloc(ctx, len + 1);
-  if (!text) {
-    close(fd);
-    ir_error(ctx, loc, "out of memory");
-    return DSC_ERR_INTERNAL;
-  }
-  bool ok = rt_pread_full(fd, text, len, 0);
-  close(fd);
-  if (!ok) {
-    ir_free(ctx, text, len + 1);
-    return rt_io_error(ctx, path, "read failed");
-  }
-  text[len] = 0;
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   if (!root || !cJSON_IsObject(root)) {
@@ -575,8 +556,6 @@ static dsc_status check_attr(dsc_context *ctx, const char *cfg_path, const dsc_g
     const dsc_attr *at = dsc_node_attr(n, key);
     if (!at) continue;
     double v = at->kind == DSC_ATTR_INT ? (double)at->u.i : at->u.f;
-    /* rope's heads follow the tensor it rotates (queries or keys) */
-    if (op == DSC_OP_ROPE && strcmp(key, "heads") == 0) continue;
     if (!close_to(v, want)) {
       ir_error(ctx, rt_loc(cfg_path), "%s is %g, but the model's %s has %s = %g", cfg_key, want,
                dsc_op_name(op), key, v);

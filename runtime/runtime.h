@@ -48,6 +48,10 @@ bool rt_atomic_write(rt_atomic_file *f, const void *buf, size_t n);
 /* fsync, close, rename into place, fsync the directory. */
 dsc_status rt_atomic_commit(rt_atomic_file *f);
 void rt_atomic_abort(rt_atomic_file *f);
+/* The whole of a regular file of at most max bytes, NUL-terminated, from
+ * the context's allocator (free with ir_free(ctx, *text, *len + 1)). */
+dsc_status rt_read_small(dsc_context *ctx, const char *path, uint64_t max, char **text,
+                         size_t *len);
 /* Makes a directory entry change (rename, create) durable. */
 dsc_status rt_fsync_dir(dsc_context *ctx, const char *dir);
 /* The directory holding path ("." when it has no slash), context-allocated;
