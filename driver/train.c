@@ -966,8 +966,8 @@ static dsc_status open_data(dsc_trainer *t, open_state *s) {
   bool has_val = stat(s->val_path, &sb) == 0;
   /* A validation shard shorter than one window cannot be evaluated: say so
    * and train without it rather than refusing the whole run. */
-  if (has_val && sb.st_size >= 0 &&
-      (sb.st_size - (off_t)(DSC_SHARD_HEADER_INTS * 4)) / 2 < s->T + 1) {
+  int64_t val_tokens = 0;
+  if (has_val && rt_shard_peek(s->val_path, &val_tokens) && val_tokens < s->T + 1) {
     ir_diag(t->ctx, DSC_DIAG_WARNING, rt_loc(s->val_path),
             "holds fewer than seq + 1 = %" PRId64 " tokens; training without validation", s->T + 1);
     has_val = false;
@@ -1228,6 +1228,23 @@ static dsc_status open_buffers(dsc_trainer *t, open_state *s) {
  * writes next to the checkpoint it came from unless told otherwise. Rank 0
  * alone writes, except the shards of a ZeRO checkpoint, which every rank
  * writes into the same step directory. */
+/* The run keeps the tokenizer its tokens came from (dsc data's
+ * PREFIX_tokenizer.json, else --init-from's tokenizer.json) as
+ * OUT/tokenizer.json, where dsc sample finds it. A resumed run keeps its own. */
+static dsc_status copy_tokenizer(dsc_trainer *t, open_state *s, const char *out) {
+  ir_arena *a = &t->arena;
+  const char *dst = ir_arena_printf(a, "%s/tokenizer.json", out);
+  const char *from_data = s->prefix ? ir_arena_printf(a, "%s_tokenizer.json", s->prefix) : NULL;
+  const char *from_init = s->o->init_from ? ir_arena_printf(a, "%s/tokenizer.json", s->o->init_from) : NULL;
+  if (!dst || (s->prefix && !from_data) || (s->o->init_from && !from_init)) return oom(t->ctx);
+  struct stat sb;
+  const char *src = from_data && stat(from_data, &sb) == 0   ? from_data
+                    : from_init && stat(from_init, &sb) == 0 ? from_init
+                                                             : NULL;
+  if (!src || stat(dst, &sb) == 0) return DSC_OK;
+  return dsc_file_copy(t->ctx, src, dst);
+}
+
 static dsc_status open_output(dsc_trainer *t, open_state *s) {
   dsc_context *ctx = t->ctx;
   ir_arena *a = &t->arena;
@@ -1261,6 +1278,7 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
     }
   }
   t->saving = o->out_dir || ck;
+  if (out && (st = copy_tokenizer(t, s, out)) != DSC_OK) return st;
   if (out) {
     t->out_dir = ir_arena_strdup(a, out);
     const char *mpath = ir_arena_printf(a, "%s/metrics.jsonl", out);

@@ -1,9 +1,10 @@
 /* Token shards in llm.c's format and the batch loader over one shard.
  *
  * Format (llm.c, dev/data/data_common.py): 256 int32 little-endian header
- * words (magic 20240520, version 1, token count, then zeros) followed by the
- * tokens as uint16 little-endian. The loader reads the whole shard (it checks
- * every id anyway) and draws B x T windows; see include/dsc/runtime.h. */
+ * words (magic, version, token count, then zeros) followed by the tokens,
+ * little-endian: uint16 under magic 20240520 version 1 (GPT-2), uint32 under
+ * magic 20240801 version 7 (Llama 3). The loader reads the whole shard (it
+ * checks every id anyway) and draws B x T windows; see include/dsc/runtime.h. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -26,16 +27,18 @@ static int32_t get_i32le(const unsigned char *p) {
   return (int32_t)u;
 }
 
-dsc_status dsc_shard_write(dsc_context *ctx, const char *path, const uint16_t *tokens,
-                           int64_t n_tokens) {
+/* Either format: width 2 (tokens16) or 4 (tokens32). */
+static dsc_status shard_write(dsc_context *ctx, const char *path, const uint16_t *tokens16,
+                              const uint32_t *tokens32, int64_t n_tokens) {
   if (n_tokens < 0 || n_tokens > INT32_MAX) {
     ir_error(ctx, rt_loc(path), "cannot write %" PRId64 " tokens: the format holds 0 to %d",
              n_tokens, INT32_MAX);
     return DSC_ERR_USER;
   }
+  unsigned width = tokens32 ? 4 : 2;
   unsigned char header[HEADER_BYTES] = {0};
-  put_i32le(header, DSC_SHARD_MAGIC);
-  put_i32le(header + 4, DSC_SHARD_VERSION);
+  put_i32le(header, tokens32 ? DSC_SHARD32_MAGIC : DSC_SHARD_MAGIC);
+  put_i32le(header + 4, tokens32 ? DSC_SHARD32_VERSION : DSC_SHARD_VERSION);
   put_i32le(header + 8, (int32_t)n_tokens);
   rt_atomic_file f;
   dsc_status st = rt_atomic_open(ctx, path, &f);
@@ -44,59 +47,85 @@ dsc_status dsc_shard_write(dsc_context *ctx, const char *path, const uint16_t *t
   unsigned char buf[8192];
   for (int64_t i = 0; i < n_tokens && !f.failed;) {
     size_t k = 0;
-    for (; k + 2 <= sizeof buf && i < n_tokens; i++, k += 2) {
-      buf[k] = (unsigned char)(tokens[i] & 0xff);
-      buf[k + 1] = (unsigned char)(tokens[i] >> 8);
+    for (; k + width <= sizeof buf && i < n_tokens; i++, k += width) {
+      uint32_t v = tokens32 ? tokens32[i] : tokens16[i];
+      for (unsigned b = 0; b < width; b++) buf[k + b] = (unsigned char)(v >> (8 * b));
     }
     rt_atomic_write(&f, buf, k);
   }
   return rt_atomic_commit(&f);
 }
 
-void dsc_shard_free(dsc_context *ctx, uint16_t *tokens, int64_t n_tokens) {
-  if (tokens) ir_free(ctx, tokens, (size_t)(n_tokens > 0 ? n_tokens : 1) * sizeof(uint16_t));
+dsc_status dsc_shard_write(dsc_context *ctx, const char *path, const uint16_t *tokens,
+                           int64_t n_tokens) {
+  return shard_write(ctx, path, tokens, NULL, n_tokens);
+}
+
+dsc_status dsc_shard_write32(dsc_context *ctx, const char *path, const uint32_t *tokens,
+                             int64_t n_tokens) {
+  return shard_write(ctx, path, NULL, tokens, n_tokens);
+}
+
+void dsc_shard_free(dsc_context *ctx, uint32_t *tokens, int64_t n_tokens) {
+  if (tokens) ir_free(ctx, tokens, (size_t)(n_tokens > 0 ? n_tokens : 1) * sizeof(uint32_t));
 }
 
 /* Validates the header against the file size; sets the token count. */
 static dsc_status check_header(dsc_context *ctx, const char *path, const unsigned char *h,
-                               uint64_t file_size, int64_t *count) {
+                               uint64_t file_size, int64_t *count, unsigned *width) {
   dsc_loc loc = rt_loc(path);
   int32_t magic = get_i32le(h), version = get_i32le(h + 4), n = get_i32le(h + 8);
-  if (magic != DSC_SHARD_MAGIC) {
-    ir_error(ctx, loc, "bad magic number %" PRId32 " (expected %d): not a token shard", magic,
-             DSC_SHARD_MAGIC);
+  if (magic != DSC_SHARD_MAGIC && magic != DSC_SHARD32_MAGIC) {
+    ir_error(ctx, loc, "bad magic number %" PRId32 " (expected %d or %d): not a token shard", magic,
+             DSC_SHARD_MAGIC, DSC_SHARD32_MAGIC);
     return DSC_ERR_USER;
   }
-  if (version != DSC_SHARD_VERSION) {
-    ir_error(ctx, loc, "unsupported shard version %" PRId32 " (this dsc reads version %d)", version,
-             DSC_SHARD_VERSION);
+  int32_t want_version = magic == DSC_SHARD_MAGIC ? DSC_SHARD_VERSION : DSC_SHARD32_VERSION;
+  if (version != want_version) {
+    ir_error(ctx, loc, "unsupported shard version %" PRId32 " (this dsc reads version %d under magic %" PRId32 ")",
+             version, want_version, magic);
     return DSC_ERR_USER;
   }
+  *width = magic == DSC_SHARD_MAGIC ? 2 : 4;
+  const uint64_t w = *width;
   if (n < 0) {
     ir_error(ctx, loc, "negative token count %" PRId32 " in the header", n);
     return DSC_ERR_USER;
   }
-  uint64_t want = HEADER_BYTES + 2 * (uint64_t)n;
+  uint64_t want = HEADER_BYTES + w * (uint64_t)n;
   if (file_size < want) {
     ir_error(ctx, loc,
              "truncated: the header says %" PRId32 " tokens (%" PRIu64
              " bytes) but the file "
              "holds %" PRIu64 " bytes after the header",
-             n, 2 * (uint64_t)n, file_size - HEADER_BYTES);
+             n, w * (uint64_t)n, file_size - HEADER_BYTES);
     return DSC_ERR_USER;
   }
   if (file_size > want) {
     ir_error(ctx, loc,
              "%" PRIu64 " trailing bytes: the header says %" PRId32 " tokens (%" PRIu64
              " bytes) but the file holds %" PRIu64 " bytes after the header",
-             file_size - want, n, 2 * (uint64_t)n, file_size - HEADER_BYTES);
+             file_size - want, n, w * (uint64_t)n, file_size - HEADER_BYTES);
     return DSC_ERR_USER;
   }
   *count = n;
   return DSC_OK;
 }
 
-dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size, uint16_t **tokens,
+bool rt_shard_peek(const char *path, int64_t *n_tokens) {
+  const char *kind;
+  int fd = rt_open_regular_fd(path, 0, &kind);
+  if (fd < 0) return false;
+  unsigned char h[12];
+  bool ok = rt_pread_full(fd, h, sizeof h, 0);
+  close(fd);
+  int32_t magic = ok ? get_i32le(h) : 0;
+  if (magic != DSC_SHARD_MAGIC && magic != DSC_SHARD32_MAGIC) return false;
+  *n_tokens = get_i32le(h + 8);
+  return true;
+}
+
+dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size, uint32_t **tokens,
                           int64_t *n_tokens) {
   *tokens = NULL;
   *n_tokens = 0;
@@ -124,13 +153,14 @@ dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size
   }
   unsigned char header[HEADER_BYTES];
   int64_t n = 0;
+  unsigned width = 2;
   dsc_status st = DSC_OK;
   if (!rt_pread_full(fd, header, sizeof header, 0))
     st = rt_io_error(ctx, path, "read failed");
   else
-    st = check_header(ctx, path, header, size, &n);
-  uint16_t *out = NULL;
-  size_t out_bytes = (size_t)(n > 0 ? n : 1) * sizeof(uint16_t);
+    st = check_header(ctx, path, header, size, &n, &width);
+  uint32_t *out = NULL;
+  size_t out_bytes = (size_t)(n > 0 ? n : 1) * sizeof(uint32_t);
   if (st == DSC_OK) {
     out = ir_alloc(ctx, out_bytes);
     if (!out) {
@@ -140,13 +170,15 @@ dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size
   }
   unsigned char buf[1 << 16];
   for (int64_t i = 0; st == DSC_OK && i < n;) {
-    size_t k = (size_t)(n - i) * 2 < sizeof buf ? (size_t)(n - i) * 2 : sizeof buf;
-    if (!rt_pread_full(fd, buf, k, HEADER_BYTES + 2 * (uint64_t)i)) {
+    size_t k = (size_t)(n - i) * width < sizeof buf ? (size_t)(n - i) * width : sizeof buf;
+    if (!rt_pread_full(fd, buf, k, HEADER_BYTES + width * (uint64_t)i)) {
       st = rt_io_error(ctx, path, "read failed");
       break;
     }
-    for (size_t j = 0; j < k; j += 2, i++) {
-      out[i] = (uint16_t)(buf[j] | (buf[j + 1] << 8));
+    for (size_t j = 0; j < k; j += width, i++) {
+      uint32_t v = 0;
+      for (unsigned b = 0; b < width; b++) v |= (uint32_t)buf[j + b] << (8 * b);
+      out[i] = v;
       if (vocab_size > 0 && out[i] >= vocab_size) {
         ir_error(ctx, loc,
                  "token id %u at position %" PRId64 " is outside the vocabulary (size %" PRId64 ")",
@@ -293,10 +325,10 @@ static int64_t next_window(dsc_loader *l) {
 
 dsc_status dsc_loader_next(dsc_loader *l, int32_t *inputs, int32_t *targets) {
   for (int64_t b = 0; b < l->B; b++) {
-    const uint16_t *src = l->tokens + next_window(l);
+    const uint32_t *src = l->tokens + next_window(l);
     for (int64_t t = 0; t < l->T; t++) {
-      inputs[b * l->T + t] = src[t];
-      targets[b * l->T + t] = src[t + 1];
+      inputs[b * l->T + t] = (int32_t)src[t];
+      targets[b * l->T + t] = (int32_t)src[t + 1];
     }
   }
   return DSC_OK;
@@ -316,10 +348,10 @@ dsc_status dsc_loader_next_tensors(dsc_loader *l, dsc_tensor *inputs, dsc_tensor
     }
   }
   for (int64_t b = 0; b < l->B; b++) {
-    const uint16_t *src = l->tokens + next_window(l);
+    const uint32_t *src = l->tokens + next_window(l);
     for (int64_t t = 0; t < l->T; t++) {
-      inputs->data[b * l->T + t] = src[t];
-      targets->data[b * l->T + t] = src[t + 1];
+      inputs->data[b * l->T + t] = (int32_t)src[t];
+      targets->data[b * l->T + t] = (int32_t)src[t + 1];
     }
   }
   return DSC_OK;

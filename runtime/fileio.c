@@ -307,3 +307,17 @@ dsc_status rt_read_small(dsc_context *ctx, const char *path, uint64_t max, char 
   *text = t, *len = n;
   return DSC_OK;
 }
+
+dsc_status dsc_file_copy(dsc_context *ctx, const char *src, const char *dst) {
+  char *text;
+  size_t len;
+  dsc_status st = rt_read_small(ctx, src, (uint64_t)1 << 26, &text, &len);
+  if (st != DSC_OK) return st;
+  rt_atomic_file f;
+  if ((st = rt_atomic_open(ctx, dst, &f)) == DSC_OK) {
+    rt_atomic_write(&f, text, len);
+    st = rt_atomic_commit(&f);
+  }
+  ir_free(ctx, text, len + 1);
+  return st;
+}

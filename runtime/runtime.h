@@ -71,11 +71,17 @@ bool rt_pread_full(int fd, void *buf, size_t n, uint64_t offset);
 char *rt_strdup(dsc_context *ctx, const char *s); /* free: ir_free(ctx, s, strlen(s) + 1) */
 
 /* ======================= runtime/data.c ======================= */
+/* Offset of the first byte of s that is not valid UTF-8; len when all is
+ * (runtime/tokenizer.c). */
+size_t rt_utf8_valid_prefix(const char *s, size_t len);
+/* The token count a shard's header states (false: not a shard, unreadable);
+ * the full check is dsc_shard_read's. */
+bool rt_shard_peek(const char *path, int64_t *n_tokens);
 typedef struct dsc_loader rt_loader;
 struct dsc_loader {
   dsc_context *ctx;
   char *path;
-  uint16_t *tokens;
+  uint32_t *tokens;
   int64_t n_tokens;
   int64_t B, T, windows;
   uint64_t seed;

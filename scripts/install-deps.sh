@@ -21,13 +21,14 @@ pkgs=(
   # the build: compilers, CMake + Ninja, the frontend's generators
   build-essential cmake ninja-build flex bison
   # libraries CMake finds: cJSON (safetensors headers, checkpoint state),
+  # PCRE2 and utf8proc (the tokenizers' regexes and Unicode normalization),
   # LLVM + oneDNN (the CPU backend), Open MPI (the MPI backend, mpirun for
   # the tests and dsc launch), GoogleTest (unit tests)
-  libcjson-dev llvm-14-dev libdnnl-dev libopenmpi-dev openmpi-bin libgtest-dev
+  libcjson-dev libpcre2-dev libutf8proc-dev llvm-14-dev libdnnl-dev libopenmpi-dev openmpi-bin libgtest-dev
   # the fuzzers: clang with libFuzzer
   clang libclang-rt-14-dev
   # the tests' checks: python3 with numpy (Debian's), venv + certificates for
-  # the one PyPI package Debian lacks (safetensors, below)
+  # the PyPI packages Debian lacks (safetensors, tokenizers: below)
   python3 python3-numpy python3-venv ca-certificates
 )
 missing=()
@@ -45,13 +46,15 @@ else
 fi
 
 # The Python safetensors package (not in Debian 12) for the test that reads
-# dsc's files with an independent reader. Debian's pip refuses to install
+# dsc's files with an independent reader, and tokenizers (Hugging Face's,
+# not in Debian 12), the oracle of dsc's tokenizer.json reader
+# (tests/cli/tokenizer_oracle.sh). Debian's pip refuses to install
 # into the system Python, hence a venv, made from Debian's python3 so that it
 # sees Debian's numpy (another python3 first on PATH, such as pyenv's, sees
 # neither: then numpy comes from PyPI too).
 [ -n "$venv" ] || exit 0
-if python3 -c 'import safetensors, numpy' 2>/dev/null; then
-  echo "install-deps: python3 already has safetensors and numpy (no venv needed)"
+if python3 -c 'import safetensors, tokenizers, numpy' 2>/dev/null; then
+  echo "install-deps: python3 already has safetensors, tokenizers and numpy (no venv needed)"
   exit 0
 fi
 py=python3
@@ -62,6 +65,7 @@ if [ ! -x "$venv/bin/python3" ]; then
 fi
 want=()
 "$venv/bin/python3" -c 'import safetensors' 2>/dev/null || want+=(safetensors)
+"$venv/bin/python3" -c 'import tokenizers' 2>/dev/null || want+=(tokenizers)
 "$venv/bin/python3" -c 'import numpy' 2>/dev/null || want+=(numpy)
 if [ ${#want[@]} -gt 0 ]; then
   echo "install-deps: installing ${want[*]} from PyPI into $venv"

@@ -1,4 +1,5 @@
-/* dsc sample: generate byte tokens from a trained checkpoint. */
+/* dsc sample: generate tokens from a trained checkpoint (bytes, or the
+ * run's tokenizer). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -10,23 +11,83 @@
 
 static const char sample_help[] =
     "usage: dsc sample DIR --tokens N [--temperature X] [--top-k K] [--seed S]\n"
-    "                  [--prompt TEXT] [--model FILE]\n"
+    "                  [--prompt TEXT] [--model FILE] [--tokenizer FILE]\n"
     "\n"
     "Loads the checkpoint DIR (a step directory, or an output directory: its\n"
     "'latest'), recompiles the model file recorded in it (or --model FILE) for one\n"
-    "sequence of the model's context length, and generates N byte tokens, written\n"
-    "to standard output as they come (bytes as they are: a byte-level model).\n"
-    "The window holds the last T tokens, the prompt's bytes first (a newline when\n"
-    "there is no prompt); the prompt is printed first, then what follows it.\n"
+    "sequence of the model's context length, and generates N tokens, written to\n"
+    "standard output as they come. The window holds the last T tokens, the\n"
+    "prompt's first (a newline when there is no prompt); the prompt is printed\n"
+    "first, then what follows it. Tokens are bytes, unless the run has a\n"
+    "tokenizer.json (dsc train copies the one of dsc data --tokenizer or of\n"
+    "--init-from) or --tokenizer FILE names one: then the prompt is encoded and\n"
+    "the text decoded with it, as the tokenizers library does.\n"
     "  --temperature X   softmax temperature (default 1.0; 0 = greedy)\n"
     "  --top-k K         sample among the K most likely tokens (default: all; 1 = greedy)\n"
     "  --seed S          seed of the sampling generator (default 0): same seed, same text\n";
+
+static dsc_status flush_stdout(void) {
+  if (fflush(stdout) == 0) return DSC_OK;
+  /* stop at once: nobody reads the rest */
+  fprintf(stderr, "dsc: error: cannot write the standard output: %s\n", strerror(errno));
+  return DSC_ERR_USER;
+}
+
+/* With a tokenizer: the prompt's ids (the template's special tokens first)
+ * go in; after each new id the whole text is decoded again and what is new
+ * beyond the prompt is printed, held back while it ends in an incomplete
+ * character (decoders work on whole texts: a space or a byte sequence may
+ * only resolve with the next token). */
+static dsc_status sample_tokenized(dsc_sampler *s, dsc_tokenizer *tok, const char *prompt,
+                                   int64_t n_tokens, double temperature, int64_t top_k) {
+  const char *p = prompt && *prompt ? prompt : "";
+  uint32_t *ids = NULL, *grown;
+  int64_t n = 0;
+  dsc_status st = dsc_tokenizer_encode(tok, p, strlen(p), true, &ids, &n);
+  if (st == DSC_OK && n == 0) { /* no prompt, no template tokens: a newline */
+    free(ids);
+    st = dsc_tokenizer_encode(tok, "\n", 1, true, &ids, &n);
+  }
+  char *text = NULL;
+  size_t len = 0, printed = 0;
+  if (st == DSC_OK) st = dsc_tokenizer_decode(tok, ids, n, true, &text, &len);
+  if (st == DSC_OK) {
+    fputs(p, stdout);
+    printed = len; /* the prompt shows as the user wrote it */
+  }
+  for (int64_t i = 0; st == DSC_OK && i < n; i++) st = dsc_sampler_push(s, ids[i]);
+  for (int64_t k = 0; st == DSC_OK && k < n_tokens; k++) {
+    int64_t id;
+    if ((st = dsc_sampler_next(s, temperature, top_k, &id)) != DSC_OK) break;
+    if (!(grown = realloc(ids, (size_t)(n + 1) * sizeof *ids))) {
+      fputs("dsc: out of memory\n", stderr);
+      st = DSC_ERR_INTERNAL;
+      break;
+    }
+    ids = grown;
+    ids[n++] = (uint32_t)id;
+    free(text);
+    text = NULL;
+    if ((st = dsc_tokenizer_decode(tok, ids, n, true, &text, &len)) != DSC_OK) break;
+    bool last = k + 1 == n_tokens;
+    bool pending = len >= 3 && memcmp(text + len - 3, "\xef\xbf\xbd", 3) == 0;
+    if (len > printed && (last || !pending)) {
+      fwrite(text + printed, 1, len - printed, stdout);
+      printed = len;
+      if ((st = flush_stdout()) != DSC_OK) break;
+    }
+    st = dsc_sampler_push(s, id);
+  }
+  free(text);
+  free(ids);
+  return st;
+}
 
 int cli_sample(int argc, char **argv) {
   dsc_sampler_options o = {NULL, NULL, 0};
   int64_t n_tokens = -1, top_k = 0, seed = 0;
   double temperature = 1.0;
-  const char *prompt = NULL;
+  const char *prompt = NULL, *tok_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     bool has_val = i + 1 < argc;
@@ -52,6 +113,9 @@ int cli_sample(int argc, char **argv) {
     } else if (strcmp(a, "--prompt") == 0) {
       if (!has_val) return cli_usage_error("sample", "--prompt needs a value"), CLI_EXIT_USER;
       prompt = argv[++i];
+    } else if (strcmp(a, "--tokenizer") == 0) {
+      if (!has_val) return cli_usage_error("sample", "--tokenizer needs a file"), CLI_EXIT_USER;
+      tok_path = argv[++i];
     } else if (strcmp(a, "--model") == 0) {
       if (!has_val) return cli_usage_error("sample", "--model needs a file"), CLI_EXIT_USER;
       o.model_path = argv[++i];
@@ -70,35 +134,43 @@ int cli_sample(int argc, char **argv) {
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
   cli_show_progress(ctx);
+  dsc_tokenizer *tok = NULL;
+  dsc_status st = DSC_OK;
+  char found[4096];
+  if (!tok_path) { /* the run's own: in DIR, or in the run holding step DIR */
+    snprintf(found, sizeof found, "%s/tokenizer.json", o.checkpoint);
+    if (access(found, F_OK) != 0) snprintf(found, sizeof found, "%s/../tokenizer.json", o.checkpoint);
+    if (access(found, F_OK) == 0) tok_path = found;
+  }
+  if (tok_path) st = dsc_tokenizer_load(ctx, tok_path, &tok);
   dsc_sampler *s = NULL;
-  dsc_status st = dsc_sampler_open(ctx, &o, &s);
-  if (st == DSC_OK) {
+  if (st == DSC_OK) st = dsc_sampler_open(ctx, &o, &s);
+  if (st == DSC_OK && tok) {
+    st = sample_tokenized(s, tok, prompt, n_tokens, temperature, top_k);
+  } else if (st == DSC_OK) {
     if (prompt && *prompt) {
       fputs(prompt, stdout); /* the text continues the prompt, so show both */
       for (const unsigned char *p = (const unsigned char *)prompt; st == DSC_OK && *p; p++)
         st = dsc_sampler_push(s, *p);
     } else
       st = dsc_sampler_push(s, '\n');
-  }
-  for (int64_t k = 0; st == DSC_OK && k < n_tokens; k++) {
-    int64_t tok;
-    st = dsc_sampler_next(s, temperature, top_k, &tok);
-    if (st != DSC_OK) break;
-    if (tok > 255) { /* a vocabulary above bytes: print the id */
-      printf("<%" PRId64 ">", tok);
-    } else {
-      putchar((int)tok);
+    for (int64_t k = 0; st == DSC_OK && k < n_tokens; k++) {
+      int64_t id;
+      st = dsc_sampler_next(s, temperature, top_k, &id);
+      if (st != DSC_OK) break;
+      if (id > 255) { /* a vocabulary above bytes, no tokenizer: print the id */
+        printf("<%" PRId64 ">", id);
+      } else {
+        putchar((int)id);
+      }
+      if ((st = flush_stdout()) != DSC_OK) break;
+      st = dsc_sampler_push(s, id);
     }
-    if (fflush(stdout) != 0) { /* stop at once: nobody reads the rest */
-      fprintf(stderr, "dsc: error: cannot write the standard output: %s\n", strerror(errno));
-      st = DSC_ERR_USER;
-      break;
-    }
-    st = dsc_sampler_push(s, tok);
   }
   if (st == DSC_OK && n_tokens > 0 && isatty(STDOUT_FILENO)) putchar('\n'); /* tidy prompt */
   dsc_diag_print(ctx, stderr);
   dsc_sampler_free(s);
+  dsc_tokenizer_free(tok);
   dsc_context_free(ctx);
   return cli_exit_code(st);
 }

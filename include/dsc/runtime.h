@@ -25,18 +25,53 @@ typedef struct {
 } dsc_kv;
 
 /* ---- token shards (llm.c): 256 int32 little-endian header (magic, version,
- * token count, zeros), then `count` uint16 little-endian token ids. ---- */
+ * token count, zeros), then `count` token ids, little-endian: uint16 in
+ * llm.c's GPT-2 format (magic 20240520, version 1), uint32 in its Llama 3
+ * format (magic 20240801, version 7) for vocabularies over 65,536. ---- */
 #define DSC_SHARD_MAGIC 20240520
 #define DSC_SHARD_VERSION 1
+#define DSC_SHARD32_MAGIC 20240801
+#define DSC_SHARD32_VERSION 7
 #define DSC_SHARD_HEADER_INTS 256
 
 dsc_status dsc_shard_write(dsc_context *ctx, const char *path, const uint16_t *tokens,
                            int64_t n_tokens);
-/* Reads and validates a shard. vocab_size > 0 rejects ids >= vocab_size.
- * *tokens is allocated with the context's allocator: free with dsc_shard_free. */
-dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size, uint16_t **tokens,
+/* The 32-bit format (whatever the ids; dsc data picks it for vocabularies
+ * over 65,536). */
+dsc_status dsc_shard_write32(dsc_context *ctx, const char *path, const uint32_t *tokens,
+                             int64_t n_tokens);
+/* Reads and validates a shard of either format. vocab_size > 0 rejects ids
+ * >= vocab_size. *tokens is allocated with the context's allocator: free
+ * with dsc_shard_free. */
+dsc_status dsc_shard_read(dsc_context *ctx, const char *path, int64_t vocab_size, uint32_t **tokens,
                           int64_t *n_tokens);
-void dsc_shard_free(dsc_context *ctx, uint16_t *tokens, int64_t n_tokens);
+void dsc_shard_free(dsc_context *ctx, uint32_t *tokens, int64_t n_tokens);
+
+/* Copies a regular file of at most 64 MiB (a tokenizer, a config) to dst,
+ * atomically. */
+dsc_status dsc_file_copy(dsc_context *ctx, const char *src, const char *dst);
+
+/* ---- tokenizers (Hugging Face tokenizer.json, BPE models) ----
+ * Byte-level BPE (GPT-2, Llama 3, Qwen) and BPE with byte fallback (Llama 2,
+ * Mistral), computing what the `tokenizers` library computes; what a file
+ * uses and dsc does not support is refused at load (docs/models.md). Not
+ * thread-safe: one tokenizer per thread. */
+typedef struct dsc_tokenizer dsc_tokenizer;
+dsc_status dsc_tokenizer_load(dsc_context *ctx, const char *path, dsc_tokenizer **out);
+void dsc_tokenizer_free(dsc_tokenizer *t);
+/* 1 + the largest id (vocabulary and added tokens). */
+int64_t dsc_tokenizer_vocab_size(const dsc_tokenizer *t);
+/* The token string of an id (the model's alphabet: Ġ for a space in a
+ * byte-level vocabulary), NULL for an id without one. */
+const char *dsc_tokenizer_token(const dsc_tokenizer *t, int64_t id);
+/* text (UTF-8, else an error naming the byte) -> ids, as the library's
+ * encode(text, add_special_tokens=add_special). *ids: free() it. */
+dsc_status dsc_tokenizer_encode(dsc_tokenizer *t, const char *text, size_t len, bool add_special,
+                                uint32_t **ids, int64_t *n_ids);
+/* ids -> text, as the library's decode(ids, skip_special_tokens=skip_special).
+ * *text is NUL-terminated: free() it. */
+dsc_status dsc_tokenizer_decode(dsc_tokenizer *t, const uint32_t *ids, int64_t n, bool skip_special,
+                                char **text, size_t *len);
 
 /* ---- batch loader over one shard ----
  * Windows start at multiples of T (non-overlapping); a window s gives

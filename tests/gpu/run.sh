@@ -88,7 +88,9 @@ if ! command -v flex >/dev/null || ! command -v bison >/dev/null; then
   }
   CONF+=(-DDSC_GEN_FRONTEND_DIR="$KIT/gen/frontend")
 fi
-[ -d "$KIT/cjson" ] && [ ! -e /usr/include/cjson/cJSON.h ] && CONF+=(-DCMAKE_PREFIX_PATH="$KIT/cjson")
+# the kit's cJSON, PCRE2 and utf8proc where the machine lacks one of them
+[ -d "$KIT/deps" ] && { [ ! -e /usr/include/cjson/cJSON.h ] || [ ! -e /usr/include/pcre2.h ] ||
+  [ ! -e /usr/include/utf8proc.h ]; } && CONF+=(-DCMAKE_PREFIX_PATH="$KIT/deps")
 # (timeout runs programs, not shell functions: the build is one bash -c)
 part build 300 bash -c "cmake -S ${SRC@Q} -B ${BUILD@Q} ${CONF[*]@Q} &&
   ninja -C ${BUILD@Q} -j $(nproc) dsc dsc_gpu_check train_step" ||

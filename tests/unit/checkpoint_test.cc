@@ -12,16 +12,11 @@
 #include "tests/unit/test_util.h"
 
 using rt_test::read_bytes;
+using rt_test::Ctx;
 using rt_test::TempDir;
 using rt_test::write_bytes;
 
 namespace {
-
-struct Ctx {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  ~Ctx() { dsc_context_free(ctx); }
-  std::string msgs() const { return diags(ctx); }
-};
 
 // Owns the tensors of a set built by a test.
 struct Set {

@@ -10,15 +10,10 @@
 #include "runtime_test_util.h"
 #include "tests/unit/test_util.h"
 
+using rt_test::Ctx;
 using rt_test::TempDir;
 
 namespace {
-
-struct Ctx {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  ~Ctx() { dsc_context_free(ctx); }
-  std::string msgs() const { return diags(ctx); }
-};
 
 std::vector<uint16_t> random_tokens(size_t n, uint32_t seed, uint16_t vocab = 65535) {
   std::mt19937 g(seed);
@@ -57,7 +52,7 @@ TEST(Shard, RoundTripAndExactBytes) {
     ASSERT_EQ((uint8_t)bytes[1024 + 2 * i], toks[i] & 0xff) << i;
     ASSERT_EQ((uint8_t)bytes[1025 + 2 * i], toks[i] >> 8) << i;
   }
-  uint16_t *got = nullptr;
+  uint32_t *got = nullptr;
   int64_t n = 0;
   ASSERT_EQ(dsc_shard_read(c.ctx, p.c_str(), 65536, &got, &n), DSC_OK) << c.msgs();
   ASSERT_EQ(n, 1001);
@@ -70,7 +65,7 @@ TEST(Shard, RoundTripAndExactBytes) {
 // Reads path expecting failure; returns the messages.
 std::string read_error(const std::string &path, int64_t vocab = 0) {
   Ctx c;
-  uint16_t *got = nullptr;
+  uint32_t *got = nullptr;
   int64_t n = -1;
   EXPECT_EQ(dsc_shard_read(c.ctx, path.c_str(), vocab, &got, &n), DSC_ERR_USER);
   EXPECT_EQ(got, nullptr);
@@ -91,14 +86,59 @@ TEST(Shard, RejectsBadMagicNamingFoundAndExpected) {
   std::string p = dir / "magic.bin";
   rt_test::write_bytes(p, raw_shard(20240521, 1, 2, std::string(4, '\1')));
   EXPECT_EQ(read_error(p),
-            p + ": bad magic number 20240521 (expected 20240520): not a token shard\n");
+            p + ": bad magic number 20240521 (expected 20240520 or 20240801): not a token shard\n");
 }
 
 TEST(Shard, RejectsUnsupportedVersion) {
   TempDir dir;
   std::string p = dir / "v2.bin";
   rt_test::write_bytes(p, raw_shard(20240520, 2, 2, std::string(4, '\1')));
-  EXPECT_EQ(read_error(p), p + ": unsupported shard version 2 (this dsc reads version 1)\n");
+  EXPECT_EQ(read_error(p),
+            p + ": unsupported shard version 2 (this dsc reads version 1 under magic 20240520)\n");
+  // llm.c's 32-bit (Llama 3) format is version 7
+  rt_test::write_bytes(p, raw_shard(20240801, 1, 1, std::string(4, '\1')));
+  EXPECT_EQ(read_error(p),
+            p + ": unsupported shard version 1 (this dsc reads version 7 under magic 20240801)\n");
+}
+
+// llm.c's Llama 3 shards: magic 20240801, version 7, uint32 ids; the loader
+// reads them as it reads the 16-bit ones.
+TEST(Shard, ThirtyTwoBitRoundTripAndLoader) {
+  TempDir dir;
+  Ctx c;
+  std::vector<uint32_t> toks(201);
+  for (size_t i = 0; i < toks.size(); i++) toks[i] = (uint32_t)(i * 2654435761u % 128256u);
+  toks[5] = 128255;  // Llama 3's largest id
+  std::string p = dir / "w.bin";
+  ASSERT_EQ(dsc_shard_write32(c.ctx, p.c_str(), toks.data(), (int64_t)toks.size()), DSC_OK)
+      << c.msgs();
+  std::string bytes = rt_test::read_bytes(p);
+  ASSERT_EQ(bytes.size(), 1024 + 4 * toks.size());
+  EXPECT_EQ(bytes.substr(0, 12), le32(20240801) + le32(7) + le32(201));
+  for (size_t i = 0; i < toks.size(); i++) ASSERT_EQ(bytes.substr(1024 + 4 * i, 4), le32((int32_t)toks[i])) << i;
+  uint32_t *got = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(dsc_shard_read(c.ctx, p.c_str(), 128256, &got, &n), DSC_OK) << c.msgs();
+  ASSERT_EQ(n, 201);
+  EXPECT_TRUE(std::equal(toks.begin(), toks.end(), got));
+  dsc_shard_free(c.ctx, got, n);
+  EXPECT_EQ(read_error(p, 128255),
+            p + ": token id 128255 at position 5 is outside the vocabulary (size 128255)\n");
+  rt_test::write_bytes(p, raw_shard(20240801, 7, 5, std::string(18, '\1')));
+  EXPECT_EQ(read_error(p), p + ": truncated: the header says 5 tokens (20 bytes) but the file holds "
+                               "18 bytes after the header\n");
+  // the loader: inputs and targets are the ids, whatever their width
+  ASSERT_EQ(dsc_shard_write32(c.ctx, p.c_str(), toks.data(), (int64_t)toks.size()), DSC_OK);
+  dsc_loader_options o = {2, 10, 128256, 0, DSC_LOADER_SEQUENTIAL};
+  dsc_loader *l = nullptr;
+  ASSERT_EQ(dsc_loader_open(c.ctx, p.c_str(), &o, &l), DSC_OK) << c.msgs();
+  std::vector<int32_t> in(20), tg(20);
+  ASSERT_EQ(dsc_loader_next(l, in.data(), tg.data()), DSC_OK);
+  for (int i = 0; i < 20; i++) {
+    EXPECT_EQ(in[i], (int32_t)toks[i]) << i;
+    EXPECT_EQ(tg[i], (int32_t)toks[i + 1]) << i;
+  }
+  dsc_loader_free(l);
 }
 
 TEST(Shard, RejectsTruncatedAndTrailingBytes) {
@@ -126,7 +166,7 @@ TEST(Shard, RejectsIdsOutsideVocabularyNamingFirstPosition) {
   EXPECT_EQ(read_error(p, 256),
             p + ": token id 300 at position 17 is outside the vocabulary (size 256)\n");
   // Without a vocabulary limit the same shard reads.
-  uint16_t *got = nullptr;
+  uint32_t *got = nullptr;
   int64_t n = 0;
   EXPECT_EQ(dsc_shard_read(c.ctx, p.c_str(), 0, &got, &n), DSC_OK);
   dsc_shard_free(c.ctx, got, n);

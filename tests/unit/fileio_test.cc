@@ -16,16 +16,11 @@
 
 
 using rt_test::read_bytes;
+using rt_test::Ctx;
 using rt_test::TempDir;
 using rt_test::write_bytes;
 
 namespace {
-
-struct Ctx {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  ~Ctx() { dsc_context_free(ctx); }
-  std::string msgs() const { return diags(ctx); }
-};
 
 std::string parent(dsc_context *ctx, const char *p) {
   char *d = rt_parent_dir(ctx, p);

@@ -1,4 +1,4 @@
-// Helpers shared by the runtime tests (data_test.cc, checkpoint_test.cc).
+// Helpers shared by the runtime tests (data, checkpoints, files, tokenizers).
 #pragma once
 #include <dirent.h>
 #include <stdlib.h>
@@ -16,6 +16,13 @@
 #include "tests/unit/test_util.h"
 
 namespace rt_test {
+
+// A context for one test; msgs() is its diagnostics, one per line.
+struct Ctx {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  ~Ctx() { dsc_context_free(ctx); }
+  std::string msgs() const { return diags(ctx); }
+};
 
 // A scratch directory removed (recursively, two levels) at the end of the test.
 struct TempDir {
