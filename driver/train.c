@@ -1224,13 +1224,10 @@ static dsc_status open_buffers(dsc_trainer *t, open_state *s) {
   return DSC_OK;
 }
 
-/* Output: created and writable before the first step. A resumed run
- * writes next to the checkpoint it came from unless told otherwise. Rank 0
- * alone writes, except the shards of a ZeRO checkpoint, which every rank
- * writes into the same step directory. */
 /* The run keeps the tokenizer its tokens came from (dsc data's
  * PREFIX_tokenizer.json, else --init-from's tokenizer.json) as
- * OUT/tokenizer.json, where dsc sample finds it. A resumed run keeps its own. */
+ * OUT/tokenizer.json, where dsc sample finds it. A resumed run keeps its own;
+ * a fresh one replaces whatever an earlier, checkpoint-less run left. */
 static dsc_status copy_tokenizer(dsc_trainer *t, open_state *s, const char *out) {
   ir_arena *a = &t->arena;
   const char *dst = ir_arena_printf(a, "%s/tokenizer.json", out);
@@ -1241,10 +1238,14 @@ static dsc_status copy_tokenizer(dsc_trainer *t, open_state *s, const char *out)
   const char *src = from_data && stat(from_data, &sb) == 0   ? from_data
                     : from_init && stat(from_init, &sb) == 0 ? from_init
                                                              : NULL;
-  if (!src || stat(dst, &sb) == 0) return DSC_OK;
+  if (!src || (s->ck && stat(dst, &sb) == 0)) return DSC_OK;
   return dsc_file_copy(t->ctx, src, dst);
 }
 
+/* Output: created and writable before the first step. A resumed run
+ * writes next to the checkpoint it came from unless told otherwise. Rank 0
+ * alone writes, except the shards of a ZeRO checkpoint, which every rank
+ * writes into the same step directory. */
 static dsc_status open_output(dsc_trainer *t, open_state *s) {
   dsc_context *ctx = t->ctx;
   ir_arena *a = &t->arena;

@@ -39,6 +39,11 @@ sed 's/^const vocab = 256,/const vocab = 1500,/' "$SRC/examples/llama-tiny.dsm" 
 expect_exit 0 "$DSC" train "$TMP/llama-1500.dsm" --data "$TMP/gpl" --out "$TMP/run" --steps 30 \
   --batch 4 --seq 64 --eval-every 0 --quiet
 cmp -s "$TMP/llama3.json" "$TMP/run/tokenizer.json" && pass || fail "the run has no copy of its tokenizer"
+# a fresh run replaces a tokenizer that an earlier run without checkpoints left
+mkdir -p "$TMP/run2" && cp "$TMP/gpt2.json" "$TMP/run2/tokenizer.json"
+expect_exit 0 "$DSC" train "$TMP/llama-1500.dsm" --data "$TMP/gpl" --out "$TMP/run2" --steps 1 \
+  --batch 4 --seq 64 --eval-every 0 --quiet
+cmp -s "$TMP/llama3.json" "$TMP/run2/tokenizer.json" && pass || fail "a fresh run kept a stale tokenizer"
 expect_exit 0 "$DSC" sample "$TMP/run" --tokens 30 --prompt "The GNU General Public License" --seed 3 &&
   expect_grep "^The GNU General Public License" "$TMP/out"
 python3 -c 'import sys; open(sys.argv[1], encoding="utf-8").read()' "$TMP/out" && pass || fail "sample: not UTF-8"
