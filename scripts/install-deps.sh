@@ -7,11 +7,15 @@
 #   scripts/install-deps.sh               the Debian packages
 #   scripts/install-deps.sh --venv DIR    also a Python venv in DIR with the PyPI
 #                                         packages the tests use (scripts/test.sh)
+#   scripts/install-deps.sh --hf-venv DIR also a venv in DIR with transformers
+#                                         over Debian's torch (tests/cli/hf_oracle.sh)
 set -euo pipefail
 venv=""
+hf_venv=""
 while [ $# -gt 0 ]; do
   case $1 in
   --venv) venv=${2:?--venv needs a directory}; shift ;;
+  --hf-venv) hf_venv=${2:?--hf-venv needs a directory}; shift ;;
   *) echo "install-deps: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
@@ -30,6 +34,10 @@ pkgs=(
   # the tests' checks: python3 with numpy (Debian's), venv + certificates for
   # the PyPI packages Debian lacks (safetensors, tokenizers: below)
   python3 python3-numpy python3-venv ca-certificates
+  # the oracle of the Hugging Face import and export (tests/cli/hf_oracle.sh):
+  # Debian's CPU-only torch (48 MB to download; PyPI's pulls several GB of
+  # CUDA libraries), transformers over it in the --hf-venv below
+  python3-torch
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -52,22 +60,39 @@ fi
 # into the system Python, hence a venv, made from Debian's python3 so that it
 # sees Debian's numpy (another python3 first on PATH, such as pyenv's, sees
 # neither: then numpy comes from PyPI too).
-[ -n "$venv" ] || exit 0
-if python3 -c 'import safetensors, tokenizers, numpy' 2>/dev/null; then
-  echo "install-deps: python3 already has safetensors, tokenizers and numpy (no venv needed)"
-  exit 0
-fi
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
-if [ ! -x "$venv/bin/python3" ]; then
-  echo "install-deps: making a Python venv in $venv ($py)"
-  "$py" -m venv --system-site-packages "$venv"
+make_venv() { # dir
+  if [ ! -x "$1/bin/python3" ]; then
+    echo "install-deps: making a Python venv in $1 ($py)"
+    "$py" -m venv --system-site-packages "$1"
+  fi
+}
+if [ -n "$venv" ]; then
+  if python3 -c 'import safetensors, tokenizers, numpy' 2>/dev/null; then
+    echo "install-deps: python3 already has safetensors, tokenizers and numpy (no venv needed)"
+  else
+    make_venv "$venv"
+    want=()
+    "$venv/bin/python3" -c 'import safetensors' 2>/dev/null || want+=(safetensors)
+    "$venv/bin/python3" -c 'import tokenizers' 2>/dev/null || want+=(tokenizers)
+    "$venv/bin/python3" -c 'import numpy' 2>/dev/null || want+=(numpy)
+    if [ ${#want[@]} -gt 0 ]; then
+      echo "install-deps: installing ${want[*]} from PyPI into $venv"
+      "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${want[@]}"
+    fi
+  fi
 fi
-want=()
-"$venv/bin/python3" -c 'import safetensors' 2>/dev/null || want+=(safetensors)
-"$venv/bin/python3" -c 'import tokenizers' 2>/dev/null || want+=(tokenizers)
-"$venv/bin/python3" -c 'import numpy' 2>/dev/null || want+=(numpy)
-if [ ${#want[@]} -gt 0 ]; then
-  echo "install-deps: installing ${want[*]} from PyPI into $venv"
-  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${want[@]}"
+
+# transformers for the oracle over Debian's torch 1.13: 4.46 is the last
+# release that accepts a torch before 2.0 (later ones disable PyTorch at
+# import). Its own venv, since it pins tokenizers below the release that
+# tokenizer_oracle.sh checks against.
+[ -n "$hf_venv" ] || exit 0
+hf=transformers==4.46.3
+make_venv "$hf_venv"
+if ! "$hf_venv/bin/python3" -c 'import torch, transformers, safetensors
+assert transformers.__version__ == "'"${hf#*==}"'"' 2>/dev/null; then
+  echo "install-deps: installing $hf from PyPI into $hf_venv"
+  "$hf_venv/bin/python3" -m pip install --quiet --disable-pip-version-check "$hf" safetensors
 fi

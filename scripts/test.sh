@@ -18,9 +18,12 @@ case ${1:-} in
 "") ;;
 *) echo "test.sh: unknown argument '$1' (--release-only or nothing)" >&2; exit 1 ;;
 esac
-scripts/install-deps.sh --venv build-test/pyenv
+scripts/install-deps.sh --venv build-test/pyenv --hf-venv build-test/hf-venv
 # The venv holds what Debian lacks (safetensors); it sees Debian's numpy.
 if [ -x build-test/pyenv/bin/python3 ]; then export PATH=$PWD/build-test/pyenv/bin:$PATH; fi
+# transformers over Debian's torch: the oracle of tests/cli/hf_oracle.sh,
+# which fails (not skips) when this Python lacks them
+export DSC_HF_PYTHON=$PWD/build-test/hf-venv/bin/python3
 
 jobs=$(nproc)
 run_suite() { # name, extra cmake flags...

@@ -5,15 +5,19 @@
 # within 1e-5 relative of transformers', every param's gradient within 1e-4
 # (normwise) and the weights after one AdamW step within 1e-5
 # (tests/cli/lib/hf_oracle.py); `dsc export --format hf` of the trained
-# model loads with from_pretrained, every weight and the loss the same. Needs torch and transformers: the Python of
-# $DSC_HF_PYTHON, else build/hf-venv (bench/hf_venv.sh makes it); without
-# them only the import's own checks run.
+# model loads with from_pretrained, every weight and the loss the same.
+# Needs torch and transformers: the Python of $DSC_HF_PYTHON (scripts/test.sh
+# sets it: transformers 4.46 over Debian's torch), else build/hf-venv
+# (bench/hf_venv.sh: PyPI's newest); without them the test is skipped
+# (tests/cli/hf_import.sh still runs), and a named Python without them fails.
 source "$(dirname "$0")/lib/common.bash"
 export DSC_CACHE_DIR="$TMP/kernel-cache"
 PY=${DSC_HF_PYTHON:-$SRC/build/hf-venv/bin/python3}
 ORACLE="$SRC/tests/cli/lib/hf_oracle.py"
 
 if ! "$PY" -c 'import torch, transformers, safetensors' >/dev/null 2>&1; then
+  # scripts/test.sh names its Python: there, a missing oracle is a failure
+  [ -n "${DSC_HF_PYTHON:-}" ] && fail "DSC_HF_PYTHON=$PY lacks torch, transformers or safetensors"
   echo "no torch + transformers at $PY (bench/hf_venv.sh): the oracle comparison is skipped"
   finish
   exit
