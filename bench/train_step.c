@@ -208,7 +208,7 @@ int main(int argc, char **argv) {
   double *times = NULL;
 
   dsc_dim_binding dims[2] = {{"B", B}, {"T", T}};
-  dsc_frontend_options fo = {dims, 2};
+  dsc_frontend_options fo = {dims, 2, false};
   double t0 = now_s();
   if (dsc_compile_file(ctx, model, &fo, &m) != DSC_OK) {
     code = fail(ctx, "compiling the model");

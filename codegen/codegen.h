@@ -75,6 +75,7 @@ typedef enum {
   KIR_EQ,
   KIR_AND, /* bool */
   KIR_OR,
+  KIR_RAND24, /* i64: ir_rand24(seed a, counter b), dropout's bits */
 } kir_binary;
 
 typedef struct kir_expr kir_expr;

@@ -563,6 +563,12 @@ static void emit_binary(emitter *e, const kir_expr *x, dsc_dtype t, const char *
       else
         fail(e, "pow on %s", dsc_dtype_name(t));
       return;
+    case KIR_RAND24:
+      if (t == DSC_I64)
+        snprintf(rhs, n, "dsc_rand24(%s, %s)", a, b);
+      else
+        fail(e, "rand24 on %s", dsc_dtype_name(t));
+      return;
     default:
       fail(e, "unknown binary op %d", x->op);
       return;
@@ -1118,6 +1124,18 @@ static const char prelude[] =
     "  if (x >= 9223372036854775808.0 || x < -9223372036854775808.0)\n"
     "    return -9223372036854775807ll - 1;\n"
     "  return (long long)x;\n"
+    "}\n"
+    "/* dropout's bits, as ir_rand24 (ir/rng.c): splitmix64's output function\n"
+    "   of the mixed seed plus the counter times the golden gamma, top 24 bits */\n"
+    "static __device__ __forceinline__ unsigned long long dsc_mix64(unsigned long long z) {\n"
+    "  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;\n"
+    "  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;\n"
+    "  return z ^ (z >> 31);\n"
+    "}\n"
+    "static __device__ __forceinline__ long long dsc_rand24(long long seed, long long c) {\n"
+    "  unsigned long long z = dsc_mix64((unsigned long long)seed) +\n"
+    "                         (unsigned long long)c * 0x9e3779b97f4a7c15ull;\n"
+    "  return (long long)(dsc_mix64(z) >> 40);\n"
     "}\n";
 
 static bool valid_identifier(const char *s) {

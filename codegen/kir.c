@@ -311,6 +311,8 @@ static bool check_expr(const kir_kernel *k, const kir_expr *root, const bool *de
           ok = ir_fail(err, errlen, "and/or take bools, arithmetic does not");
         else if (e->op == KIR_POW && !is_float(e->type))
           ok = ir_fail(err, errlen, "pow on integers");
+        else if (e->op == KIR_RAND24 && e->type != DSC_I64)
+          ok = ir_fail(err, errlen, "rand24 on %s (i64 only)", dsc_dtype_name(e->type));
         break;
       case KIR_SELECT:
         if (!e->a || !e->b || !e->c || e->a->type != DSC_BOOL || e->b->type != e->type ||

@@ -89,6 +89,8 @@ static double apply_binary(int op, dsc_dtype t, double x, double y) {
     case KIR_EQ: return x == y;
     case KIR_AND: return (x != 0) && (y != 0);
     case KIR_OR: return (x != 0) || (y != 0);
+    case KIR_RAND24:
+      return (double)ir_rand24((int64_t)x, (int64_t)y);
   }
   return NAN;
 }

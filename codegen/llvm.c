@@ -477,6 +477,26 @@ static LLVMValueRef emit_unary(emitter *e, int op, dsc_dtype t, LLVMValueRef a) 
   }
 }
 
+/* ir_rand24 (ir/rng.c) in i64 operations, which wrap as its unsigned ones:
+ * splitmix64's output function of the mixed seed a plus counter b times the
+ * golden gamma, shifted to its top 24 bits. */
+static LLVMValueRef mix64(emitter *e, LLVMValueRef z) {
+  LLVMTypeRef i64 = LLVMTypeOf(z);
+  static const unsigned long long mul[2] = {0xbf58476d1ce4e5b9ULL, 0x94d049bb133111ebULL};
+  static const unsigned shift[3] = {30, 27, 31};
+  for (int i = 0; i < 3; i++) {
+    z = LLVMBuildXor(e->b, z, LLVMBuildLShr(e->b, z, LLVMConstInt(i64, shift[i], 0), ""), "");
+    if (i < 2) z = LLVMBuildMul(e->b, z, LLVMConstInt(i64, mul[i], 0), "");
+  }
+  return z;
+}
+static LLVMValueRef rand24(emitter *e, LLVMValueRef seed, LLVMValueRef counter) {
+  LLVMTypeRef i64 = LLVMTypeOf(seed);
+  LLVMValueRef c = LLVMBuildMul(e->b, counter, LLVMConstInt(i64, 0x9e3779b97f4a7c15ULL, 0), "");
+  LLVMValueRef z = mix64(e, LLVMBuildAdd(e->b, mix64(e, seed), c, ""));
+  return LLVMBuildLShr(e->b, z, LLVMConstInt(i64, 64 - IR_RAND24_BITS, 0), "");
+}
+
 static LLVMValueRef emit_binary(emitter *e, int op, dsc_dtype t, LLVMValueRef a, LLVMValueRef b) {
   bool fl = is_float(t), in = is_int(t);
   switch (op) {
@@ -537,6 +557,9 @@ static LLVMValueRef emit_binary(emitter *e, int op, dsc_dtype t, LLVMValueRef a,
     break;
   case KIR_OR:
     if (t == DSC_BOOL) return LLVMBuildOr(e->b, a, b, "");
+    break;
+  case KIR_RAND24:
+    if (t == DSC_I64) return rand24(e, a, b);
     break;
   default: break;
   }

@@ -376,6 +376,7 @@ static kir_expr *input_expr(L *l, const ir_node *n, int i, const ir_affine *pt) 
 #define F_SIGMOID(a) kir_un(A, KIR_SIGMOID, (a))
 #define F_SIN(a) kir_un(A, KIR_SIN, (a))
 #define F_COS(a) kir_un(A, KIR_COS, (a))
+#define F_RAND24(a, b) kir_bin(A, KIR_RAND24, (a), (b))
 static kir_expr *formula_expr(ir_arena *A, dsc_op op, dsc_dtype T, kir_expr *const *in, double p) {
   IR_UNUSED(p);
   switch (op) {

@@ -45,13 +45,13 @@ int64_t dsc_model_context(const dsc_graph *g) {
 
 /* ------------------------------------------------------ the modules of a run */
 
-dsc_status drv_compile_model(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+dsc_status drv_compile_model(dsc_context *ctx, const char *path, int64_t B, int64_t T, bool eval,
                              dsc_module **out) {
   dsc_dim_binding dims[2];
   int n = 0;
   if (B > 0) dims[n++] = (dsc_dim_binding){"B", B};
   if (T > 0) dims[n++] = (dsc_dim_binding){"T", T};
-  dsc_frontend_options fo = {dims, n};
+  dsc_frontend_options fo = {dims, n, eval};
   return dsc_compile_file(ctx, path, &fo, out);
 }
 
@@ -62,7 +62,15 @@ dsc_status drv_check_forward(dsc_context *ctx, const char *path, const dsc_graph
     ir_error(ctx, rt_loc(path), "the model has no graph 'forward'");
     return DSC_ERR_USER;
   }
-  bool ok = dsc_graph_input_count(g) == 2 && dsc_graph_output_count(g) == 1;
+  int n_in = dsc_graph_input_count(g);
+  if (n_in == 3) { /* the seed the frontend adds for dropout */
+    dsc_node *s = dsc_graph_input_at(g, 2);
+    dsc_type st = dsc_node_type(s);
+    if (strcmp(dsc_node_name(s), "dropout_seed") == 0 && st.dtype == DSC_I64 && st.rank == 1 &&
+        st.dims[0] == 1)
+      n_in = 2;
+  }
+  bool ok = n_in == 2 && dsc_graph_output_count(g) == 1;
   for (int i = 0; ok && i < 2; i++) {
     dsc_type ty = dsc_node_type(dsc_graph_input_at(g, i));
     dsc_type t0 = dsc_node_type(dsc_graph_input_at(g, 0));
@@ -88,7 +96,7 @@ bool drv_is_program(const char *path) {
 
 dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T,
                             dsc_module **m, drv_model_facts *f) {
-  dsc_status st = drv_compile_model(ctx, path, B, T, m);
+  dsc_status st = drv_compile_model(ctx, path, B, T, false, m);
   if (st != DSC_OK) return st;
   dsc_graph *fg = dsc_module_find_graph(*m, "forward");
   if ((st = drv_check_forward(ctx, path, fg)) != DSC_OK) return st;
@@ -120,7 +128,7 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
   dsc_status st = DSC_OK;
   /* The forward module shares the step module's param values: executors
    * and the interpreter look params up by name. */
-  if (want_fwd && (st = drv_compile_model(ctx, path, cfg->batch, cfg->seq, fwd)) != DSC_OK)
+  if (want_fwd && (st = drv_compile_model(ctx, path, cfg->batch, cfg->seq, true, fwd)) != DSC_OK)
     return st;
   /* the schedule pass's time estimates for offloaded activations
    * (passes/prefetch.c): this host's calibrated rates when --auto or
@@ -151,16 +159,31 @@ dsc_type drv_step_input_type(const dsc_module *m, int i) {
   return t;
 }
 
-/* train_step(tokens[rows, T], targets[rows, T], lr) -> (loss, grad_norm[,
- * skipped]), or with grad_accum K > 1 micro_step(tokens[rows/K, T],
- * targets[rows/K, T], first) -> (loss) and train_step(lr) -> the same. */
+bool drv_step_has_seed(const dsc_module *m) {
+  const dsc_graph *micro = dsc_module_find_graph(m, "micro_step");
+  const dsc_graph *g = micro ? micro : dsc_module_find_graph(m, "train_step");
+  if (!g || dsc_graph_input_count(g) != 4) return false;
+  const char *name = dsc_node_name(dsc_graph_input_at(g, 2));
+  return name && strcmp(name, "dropout_seed") == 0;
+}
+
+/* train_step(tokens[rows, T], targets[rows, T][, dropout_seed[K]], lr) ->
+ * (loss, grad_norm[, skipped]), or with grad_accum K > 1
+ * micro_step(tokens[rows/K, T], targets[rows/K, T][, dropout_seed[1]],
+ * first) -> (loss) and train_step(lr) -> the same. */
 dsc_status drv_check_step(dsc_context *ctx, const dsc_module *m, int64_t rows, int64_t T) {
   const dsc_graph *g = dsc_module_find_graph(m, "train_step");
   const dsc_graph *micro = dsc_module_find_graph(m, "micro_step");
   int n_data = micro ? dsc_graph_input_count(micro) - 1 : g ? dsc_graph_input_count(g) - 1 : 0;
-  bool shape_ok = g && n_data == 2 && dsc_graph_output_count(g) >= 2 &&
+  int seeds = drv_step_has_seed(m);
+  if (seeds) {
+    dsc_type st = drv_step_input_type(m, 2);
+    seeds = st.dtype == DSC_I64 && st.rank == 1 && st.dims[0] == dsc_step_micro_batches(m);
+    if (!seeds) n_data = -1;
+  }
+  bool shape_ok = g && n_data == 2 + seeds && dsc_graph_output_count(g) >= 2 &&
                   dsc_graph_output_count(g) <= 3 &&
-                  dsc_graph_input_count(g) == (micro ? 1 : 3) &&
+                  dsc_graph_input_count(g) == (micro ? 1 : 3 + seeds) &&
                   (!micro || dsc_graph_output_count(micro) == 1);
   for (int i = 0; shape_ok && i < 2; i++) {
     dsc_type ty = drv_step_input_type(m, i);

@@ -33,10 +33,15 @@ typedef struct {
 /* A .dsx path: the magic, or the extension (a renamed model file must then
  * fail as a program file, not be compiled as a model). */
 bool drv_is_program(const char *path);
-/* The model file compiled with dims B and T bound where > 0. */
-dsc_status drv_compile_model(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+/* The model file compiled with dims B and T bound where > 0; eval: for
+ * validation and sampling (dropout off, no "dropout_seed" input). */
+dsc_status drv_compile_model(dsc_context *ctx, const char *path, int64_t B, int64_t T, bool eval,
                              dsc_module **out);
-/* forward(tokens: int[B, T], targets: int[B, T]) -> scalar loss. */
+/* The training step reads a "dropout_seed" input (i64 [K], one per
+ * micro-batch) after the tokens and targets: the model has a dropout. */
+bool drv_step_has_seed(const dsc_module *m);
+/* forward(tokens: int[B, T], targets: int[B, T][, dropout_seed: i64[1]]) ->
+ * scalar loss. */
 dsc_status drv_check_forward(dsc_context *ctx, const char *path, const dsc_graph *g);
 /* Compiles the step module of model `path` at batch B, seq T (0: the
  * model's), checks forward(tokens, targets) -> loss and the context. */

@@ -191,6 +191,7 @@ struct dsc_trainer {
   bool params_stale;        /* the step executor holds newer values than params */
   dsc_loader *train, *val;
   dsc_tensor *in_tok, *in_tgt, *in_lr, *v_tok, *v_tgt;
+  dsc_tensor *in_seed;       /* dropout's seeds, one per micro-batch (NULL: no dropout) */
   int32_t *buf_in, *buf_tgt; /* B*K*world*T each (the global batch), context-allocated */
   size_t buf_bytes;
   int64_t B, T, K, step, end, last_saved;
@@ -311,8 +312,8 @@ void dsc_trainer_free(dsc_trainer *t) {
   rt_run_lock_release(t->lock);
   dsc_loader_free(t->train);
   dsc_loader_free(t->val);
-  dsc_tensor *ts[5] = {t->in_tok, t->in_tgt, t->in_lr, t->v_tok, t->v_tgt};
-  for (int i = 0; i < 5; i++) dsc_tensor_free(ctx, ts[i]);
+  dsc_tensor *ts[6] = {t->in_tok, t->in_tgt, t->in_lr, t->v_tok, t->v_tgt, t->in_seed};
+  for (int i = 0; i < 6; i++) dsc_tensor_free(ctx, ts[i]);
   if (t->buf_in) ir_free(ctx, t->buf_in, t->buf_bytes);
   if (t->buf_tgt) ir_free(ctx, t->buf_tgt, t->buf_bytes);
   dsc_exec_free(t->step_x);
@@ -1214,6 +1215,8 @@ static dsc_status open_buffers(dsc_trainer *t, open_state *s) {
   t->in_tok = dsc_tensor_new(ctx, drv_step_input_type(t->m, 0));
   t->in_tgt = dsc_tensor_new(ctx, drv_step_input_type(t->m, 1));
   t->in_lr = dsc_tensor_new(ctx, dsc_type_make(DSC_F32, 0, NULL));
+  if (drv_step_has_seed(t->m) && !(t->in_seed = dsc_tensor_new(ctx, drv_step_input_type(t->m, 2))))
+    return oom(ctx);
   if (s->has_val) {
     t->v_tok = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 0)));
     t->v_tgt = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(t->fwd_g, 1)));
@@ -1401,10 +1404,18 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   }
   double lr = dsc_lr_at(&t->cfg, t->step - t->skipped);
   t->in_lr->data[0] = (double)(float)lr; /* an f32 input holds f32 values */
-  const dsc_tensor *ins[3] = {t->in_tok, t->in_tgt, t->in_lr};
+  /* Dropout's seeds: drawn from the run's generator (saved in checkpoints, so
+   * a resumed run draws what the uninterrupted one would), one per
+   * micro-batch, 53 bits (a double holds them), apart per rank as each rank's
+   * rows are. */
+  for (int64_t k = 0; t->in_seed && k < dsc_type_numel(&t->in_seed->type); k++)
+    t->in_seed->data[k] =
+        (double)(((ir_rng_next(&t->rng) >> 11) + (uint64_t)t->rank) & IR_RAND_MAX_SEED);
+  const dsc_tensor *ins[4] = {t->in_tok, t->in_tgt, t->in_seed ? t->in_seed : t->in_lr, t->in_lr};
+  int n_ins = t->in_seed ? 4 : 3;
   dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
   int64_t rss0 = t->rss_stepped || !t->info.mem_planned ? -1 : rss_now(), heap0 = heap_now();
-  st = dsc_exec_run_step(t->step_x, ins, 3, outs);
+  st = dsc_exec_run_step(t->step_x, ins, n_ins, outs);
   if (st != DSC_OK) return st;
   if (!t->rss_stepped && t->info.mem_planned) {
     int64_t rss1 = rss_now();
@@ -1759,14 +1770,14 @@ static dsc_status sampler_inner(dsc_sampler *s, const dsc_sampler_options *o) {
     model = source;
   }
   /* B = 1; T = the position table's rows when the model has one. */
-  if ((st = drv_compile_model(ctx, model, 1, T, &s->m)) != DSC_OK) goto done;
+  if ((st = drv_compile_model(ctx, model, 1, T, true, &s->m)) != DSC_OK) goto done;
   s->g = dsc_module_find_graph(s->m, "forward");
   if ((st = drv_check_forward(ctx, model, s->g)) != DSC_OK) goto done;
   int64_t cl = dsc_model_context(s->g);
   if (cl > 0 && cl != dsc_node_type(dsc_graph_input_at(s->g, 0)).dims[1]) {
     dsc_module_free(s->m);
     s->m = NULL;
-    if ((st = drv_compile_model(ctx, model, 1, cl, &s->m)) != DSC_OK) goto done;
+    if ((st = drv_compile_model(ctx, model, 1, cl, true, &s->m)) != DSC_OK) goto done;
     s->g = dsc_module_find_graph(s->m, "forward");
     if ((st = drv_check_forward(ctx, model, s->g)) != DSC_OK) goto done;
   }

@@ -102,7 +102,7 @@ static fe_value lower_elementwise(fe_state *st, fe_frame *fr, const fe_builtin *
   }
   for (int i = 0; i < n_in; i++)
     if (v[i].kind == V_ERR) return verr;
-  dsc_attr attrs[4];
+  dsc_attr attrs[IR_MAX_OP_ATTRS];
   double p = 0;
   for (int k = 0; k < b->n_params; k++)
     if (bi->attr[k] >= 0 && !attr_arg(st, fr, b, k, oi, bi->attr[k], &attrs[bi->attr[k]], &p))
@@ -483,7 +483,10 @@ static fe_value lower_attention(fe_state *st, fe_frame *fr, const fe_builtin *bi
                    loc);
 }
 
-/* rope(x, heads, theta = 10000, positions = iota(T), interleaved = false) */
+/* rope(x, heads, theta = 10000, positions = iota(T), interleaved = false,
+ *      factor = 1, low_freq_factor, high_freq_factor, original_context):
+ * the last four are Llama 3.1's frequency scaling (transformers'
+ * rope_scaling of rope_type "llama3"), all given when factor > 1 */
 static fe_value lower_rope(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_binding *b,
                            dsc_loc loc) {
   IR_UNUSED(bi);
@@ -501,6 +504,40 @@ static fe_value lower_rope(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_
   if (!(theta > 1 && isfinite(theta))) {
     ERR(b->slot_loc[2], "'theta' must be above 1, got %g", theta);
     return verr;
+  }
+  dsc_rope_scaling sc = {1, 0, 0, 0};
+  if (b->slots[5] && !fe_arg_num(st, fr, b, 5, &sc.factor)) return verr;
+  if (!(sc.factor >= 1 && isfinite(sc.factor))) {
+    ERR(b->slot_loc[5], "'factor' must be at least 1 (1: no scaling), got %g", sc.factor);
+    return verr;
+  }
+  for (int k = 6; k <= 8; k++) {
+    if (sc.factor > 1 && !b->slots[k]) {
+      ERR(b->slot_loc[5], "'rope' with factor %g needs '%s' too (Llama 3.1's scaling)", sc.factor,
+          b->params[k]);
+      return verr;
+    }
+    if (sc.factor == 1 && b->slots[k]) {
+      ERR(b->slot_loc[k], "'%s' scales the frequencies only with a 'factor' above 1", b->params[k]);
+      return verr;
+    }
+  }
+  if (sc.factor > 1) {
+    if (!fe_arg_num(st, fr, b, 6, &sc.low_freq_factor) ||
+        !fe_arg_num(st, fr, b, 7, &sc.high_freq_factor) ||
+        !fe_arg_int(st, fr, b, 8, &sc.original_context))
+      return verr;
+    if (!(sc.low_freq_factor > 0 && sc.high_freq_factor > sc.low_freq_factor &&
+          isfinite(sc.high_freq_factor))) {
+      ERR(b->slot_loc[7], "'high_freq_factor' must be above 'low_freq_factor' > 0, got %g and %g",
+          sc.high_freq_factor, sc.low_freq_factor);
+      return verr;
+    }
+    if (sc.original_context <= 0) {
+      ERR(b->slot_loc[8], "'original_context' must be positive, got %lld",
+          (long long)sc.original_context);
+      return verr;
+    }
   }
   dsc_type xt = dsc_node_type(x.node);
   dsc_node *pos;
@@ -520,7 +557,50 @@ static fe_value lower_rope(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_
     pos = dsc_build(st->g, DSC_OP_IOTA, NULL, 0, a, 3);
   }
   fe_at(st, loc);
-  return fe_tensor(st, dsc_rope(st->g, x.node, pos, heads, theta, inter), loc);
+  return fe_tensor(st, dsc_rope_scaled(st->g, x.node, pos, heads, theta, inter, &sc), loc);
+}
+
+/* dropout(x, p): each instance (a block's loop unrolls into several) its own
+ * stream; the seed is the graph input "dropout_seed", made on first use.
+ * Evaluation modules (opts->eval) and p = 0 leave x as it is. */
+static fe_value lower_dropout(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_binding *b,
+                              dsc_loc loc) {
+  IR_UNUSED(bi);
+  fe_value x = fe_arg_tensor(st, fr, b, 0);
+  double p;
+  if (x.kind == V_ERR || !fe_arg_num(st, fr, b, 1, &p)) return verr;
+  if (!(p >= 0 && p < 1)) {
+    ERR(b->slot_loc[1], "'p' must be in [0, 1), got %g", p);
+    return verr;
+  }
+  if (!dsc_dtype_is_float(dsc_node_type(x.node).dtype)) {
+    ERR(b->slot_loc[0], "'dropout' needs a float tensor, got %s",
+        dsc_dtype_name(dsc_node_type(x.node).dtype));
+    return verr;
+  }
+  if (p == 0 || (st->opts && st->opts->eval)) return x;
+  if (st->dropout_streams >= IR_DROPOUT_MAX_STREAMS) {
+    ERR(loc, "more than %d dropouts in one model", IR_DROPOUT_MAX_STREAMS);
+    return verr;
+  }
+  if (!st->dropout_seed) {
+    for (int i = 0; i < dsc_graph_input_count(st->g); i++)
+      if (strcmp(dsc_node_name(dsc_graph_input_at(st->g, i)), "dropout_seed") == 0) {
+        ERR(loc,
+            "'dropout' adds the graph input 'dropout_seed': the model's forward already "
+            "has an argument of that name");
+        return verr;
+      }
+    int64_t one = 1;
+    fe_at(st, loc);
+    if (!(st->dropout_seed =
+              dsc_graph_input(st->g, "dropout_seed", dsc_type_make(DSC_I64, 1, &one)))) {
+      st->oom = true;
+      return verr;
+    }
+  }
+  fe_at(st, loc);
+  return fe_tensor(st, dsc_dropout(st->g, x.node, st->dropout_seed, p, st->dropout_streams++), loc);
 }
 
 /* name, lowering, op, required arguments, value (fill or eps default), parameters */
@@ -548,7 +628,9 @@ static const fe_builtin builtins[] = {
     B("rmsnorm", lower_norm, DSC_OP_RMSNORM, 2, 1e-6, "x", "w", "eps"),
     B("attention", lower_attention, DSC_OP_ATTENTION, 4, 0, "q", "k", "v", "heads", "causal",
       "kv_heads", "scale"),
-    B("rope", lower_rope, DSC_OP_ROPE, 2, 0, "x", "heads", "theta", "positions", "interleaved"),
+    B("rope", lower_rope, DSC_OP_ROPE, 2, 0, "x", "heads", "theta", "positions", "interleaved",
+      "factor", "low_freq_factor", "high_freq_factor", "original_context"),
+    B("dropout", lower_dropout, DSC_OP_DROPOUT, 2, 0, "x", "p"),
     B("cross_entropy", lower_binary, DSC_OP_CROSS_ENTROPY, 2, 0, "logits", "targets"),
 };
 #undef B

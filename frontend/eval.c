@@ -512,7 +512,7 @@ static fe_value member(fe_state *st, fe_value obj, const char *name, dsc_loc loc
 bool fe_bind_args(fe_state *st, const fe_expr *call, fe_binding *b) {
   bool ok = true, seen_key = false;
   int npos = 0;
-  for (int i = 0; i < 8; i++) b->slots[i] = NULL;
+  for (size_t i = 0; i < sizeof b->slots / sizeof b->slots[0]; i++) b->slots[i] = NULL;
   for (int i = 0; i < call->items.n; i++) {
     const fe_arg *a = call->items.items[i];
     int slot = -1;

@@ -284,6 +284,8 @@ typedef struct {
   dsc_module *m;
   dsc_graph *g;
   dsc_node **param_nodes;
+  dsc_node *dropout_seed;  /* the graph's "dropout_seed" input, made by the first dropout */
+  int64_t dropout_streams; /* dropouts lowered so far: the next one's stream */
   bool has_batch, has_seq;
   int64_t batch, seq;
   fe_sym *calls[FE_MAX_INLINE_DEPTH];
@@ -318,8 +320,8 @@ typedef struct {
   const char *fname;
   const char *const *params;
   int n_params, n_req;
-  const fe_expr *slots[8];
-  dsc_loc slot_loc[8];
+  const fe_expr *slots[10];
+  dsc_loc slot_loc[10];
 } fe_binding;
 
 /* ======================= frontend/eval.c ======================= */
@@ -359,7 +361,7 @@ struct fe_builtin {
   fe_builtin_fn lower; /* builds the call's value from its bound arguments */
   dsc_op op;
   int n_req;              /* the first n_req parameters are required */
-  const char *params[8];  /* parameter names, NULL after the last */
+  const char *params[10]; /* parameter names, NULL after the last */
   double value;           /* zeros/ones: the fill; layernorm/rmsnorm: eps's default */
   unsigned tensor_only;   /* elementwise: bit k, argument k must be a tensor */
   int attr[6];            /* elementwise: argument k is the op's attribute attr[k]; -1 an input */

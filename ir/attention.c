@@ -30,12 +30,38 @@ dsc_node *dsc_attention(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int
   return dsc_build(g, DSC_OP_ATTENTION, in, 3, a, 4);
 }
 
+dsc_node *dsc_rope_scaled(dsc_graph *g, dsc_node *x, dsc_node *positions, int64_t heads,
+                          double theta, bool interleaved, const dsc_rope_scaling *s) {
+  dsc_rope_scaling none = {1, 0, 0, 0};
+  if (!s) s = &none;
+  dsc_attr a[7] = {dsc_attr_int("heads", heads),
+                   dsc_attr_float("theta", theta),
+                   dsc_attr_bool("interleaved", interleaved),
+                   dsc_attr_float("factor", s->factor),
+                   dsc_attr_float("low_freq_factor", s->low_freq_factor),
+                   dsc_attr_float("high_freq_factor", s->high_freq_factor),
+                   dsc_attr_int("original_context", s->original_context)};
+  dsc_node *in[2] = {x, positions};
+  return dsc_build(g, DSC_OP_ROPE, in, 2, a, 7);
+}
+
 dsc_node *dsc_rope(dsc_graph *g, dsc_node *x, dsc_node *positions, int64_t heads, double theta,
                    bool interleaved) {
-  dsc_attr a[3] = {dsc_attr_int("heads", heads), dsc_attr_float("theta", theta),
-                   dsc_attr_bool("interleaved", interleaved)};
-  dsc_node *in[2] = {x, positions};
-  return dsc_build(g, DSC_OP_ROPE, in, 2, a, 3);
+  return dsc_rope_scaled(g, x, positions, heads, theta, interleaved, NULL);
+}
+
+/* transformers' _compute_llama3_parameters for one frequency, in doubles:
+ * wavelength 2 pi / f against the original context's bounds. */
+double ir_rope_freq(const ir_node *n, int64_t i, int64_t hd) {
+  double f = pow(ir_attr_float(n, "theta"), -2.0 * (double)i / (double)hd);
+  double factor = ir_attr_float(n, "factor");
+  if (factor == 1) return f;
+  double lo = ir_attr_float(n, "low_freq_factor"), hi = ir_attr_float(n, "high_freq_factor");
+  double old = (double)ir_attr_int(n, "original_context"), wl = 2 * M_PI / f;
+  if (wl < old / hi) return f;
+  if (wl > old / lo) return f / factor;
+  double s = (old / wl - lo) / (hi - lo);
+  return (1 - s) * f / factor + s * f;
 }
 
 int64_t ir_attn_groups(const ir_node *n) {

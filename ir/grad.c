@@ -511,8 +511,15 @@ bool ir_grad_attention(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx)
  * linear in the position: dx = rope(dy) at the negated positions. */
 bool ir_grad_rope(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   ir_node *back = dsc_unary(g, DSC_OP_NEG, n->in[1]);
-  dx[0] = dsc_rope(g, dy, back, ir_attr_int(n, "heads"), ir_attr_float(n, "theta"),
-                   ir_attr_bool(n, "interleaved"));
+  dx[0] = dsc_build(g, DSC_OP_ROPE, (ir_node *[]){dy, back}, 2, n->attrs, n->n_attrs);
+  dx[1] = NULL;
+  return dx[0] != NULL;
+}
+
+/* dropout is linear in x with a mask that its attributes and seed decide:
+ * the gradient is the same dropout of dy (the same bits, recomputed). */
+bool ir_grad_dropout(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  dx[0] = dsc_dropout(g, dy, n->in[1], ir_attr_float(n, "p"), ir_attr_int(n, "stream"));
   dx[1] = NULL;
   return dx[0] != NULL;
 }

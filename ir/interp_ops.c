@@ -484,14 +484,14 @@ bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor
 }
 
 /* Rotates each head's pairs (i, i + hd/2), or (2i, 2i + 1) when interleaved,
- * by p theta^(-2i/hd), p the row's position (broadcast from its shape). */
+ * by p f_i (ir_rope_freq: theta^(-2i/hd), or llama3's scaled frequencies),
+ * p the row's position (broadcast from its shape). */
 bool interp_rope(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
                  size_t errlen) {
   IR_UNUSED(err), IR_UNUSED(errlen);
   const dsc_type *xt = &in[0]->type, *pt = &in[1]->type;
   int64_t C = xt->dims[xt->rank - 1], H = ir_attr_int(n, "heads"), hd = C / H, half = hd / 2;
   int64_t rows = numel(in[0]) / C;
-  double theta = ir_attr_float(n, "theta");
   bool inter = ir_attr_bool(n, "interleaved");
   int lead = xt->rank - 1 - pt->rank; /* x's row axes the positions lack */
   for (int64_t r = 0; r < rows; r++) {
@@ -511,12 +511,30 @@ bool interp_rope(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out
     double *y = out->data + r * C;
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < half; i++) {
-        double a = p * pow(theta, -2.0 * (double)i / (double)hd), c = cos(a), s = sin(a);
+        double a = p * ir_rope_freq(n, i, hd), c = cos(a), s = sin(a);
         int64_t j0 = h * hd + (inter ? 2 * i : i), j1 = h * hd + (inter ? 2 * i + 1 : i + half);
         double x0 = x[j0], x1 = x[j1];
         y[j0] = x0 * c - x1 * s;
         y[j1] = x1 * c + x0 * s;
       }
+  }
+  return true;
+}
+
+/* Element i is dropped when rand24(seed, stream 2^40 + i) < round(p 2^24)
+ * and scaled by 1/(1 - p) otherwise; the scale and the product are rounded
+ * as the decomposition's f32 (f64 for f64 x) multiply rounds them. */
+bool interp_dropout(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
+                    size_t errlen) {
+  IR_UNUSED(err), IR_UNUSED(errlen);
+  double p = ir_attr_float(n, "p");
+  int64_t base = ir_attr_int(n, "stream") << IR_DROPOUT_STREAM_SHIFT;
+  int64_t seed = (int64_t)in[1]->data[0], thr = ir_dropout_threshold(p);
+  bool f64 = in[0]->type.dtype == DSC_F64;
+  double scale = f64 ? 1.0 / (1.0 - p) : (double)(float)(1.0 / (1.0 - p));
+  for (int64_t i = 0; i < numel(in[0]); i++) {
+    double y = in[0]->data[i] * scale;
+    out->data[i] = ir_rand24(seed, base + i) < thr ? 0.0 : f64 ? y : (double)(float)y;
   }
   return true;
 }

@@ -115,13 +115,14 @@ enum {
   IR_OPF_INT = 2,        /* defined on integers: folds integers to integers */
 };
 
+#define IR_MAX_OP_ATTRS 8 /* attributes in one op's row, keys under 24 bytes */
 typedef struct {
   const char *name;
   int n_inputs; /* -1: variadic, at least one */
   const char *attr_spec;
   int n_attrs;
-  const char *attr_keys[4];
-  dsc_attr_kind attr_kinds[4];
+  const char *attr_keys[IR_MAX_OP_ATTRS];
+  dsc_attr_kind attr_kinds[IR_MAX_OP_ATTRS];
   ir_shape_fn shape;
   dsc_interp_kernel interp;
   ir_cg_class cg;
@@ -402,6 +403,10 @@ ir_node *ir_attn_split(ir_graph *g, ir_node *x, int64_t kv_heads, int64_t groups
 ir_node *ir_attn_merge(ir_graph *g, ir_node *x);
 /* bool [T, S]: key s is after query t (s > t + S - T), the causal mask. */
 ir_node *ir_attn_future(ir_graph *g, int64_t T, int64_t S);
+/* rope node n's frequency i of a head of size hd: theta^(-2i/hd), scaled by
+ * its llama3 attributes when factor > 1 (the interpreter's; the
+ * decomposition builds the same in IR ops). */
+double ir_rope_freq(const ir_node *n, int64_t i, int64_t hd);
 
 /* ======================= ir/grad.c =======================
  * Gradient rules, one per differentiable op, written in IR ops with the
@@ -438,6 +443,19 @@ void ir_rng_seed(ir_rng *r, uint64_t seed);
 uint64_t ir_rng_next(ir_rng *r);
 double ir_rng_uniform(ir_rng *r); /* [0, 1) with 53 random bits */
 double ir_rng_normal(ir_rng *r);  /* standard normal */
+
+/* Dropout's random numbers: counter-based, so that every backend computes
+ * the same bits with no state (ir/rng.c gives the formula; the LLVM and CUDA
+ * emitters spell the same operations). A dropout's counter is
+ * stream * 2^IR_DROPOUT_STREAM_SHIFT + the element's row-major index; the
+ * whole counter stays below 2^53 so that the interpreter's doubles hold it. */
+#define IR_RAND24_BITS 24
+#define IR_DROPOUT_STREAM_SHIFT 40
+#define IR_DROPOUT_MAX_STREAMS 8192               /* 2^(53 - 40) */
+#define IR_RAND_MAX_SEED 0x1fffffffffffffLL       /* 2^53 - 1 */
+int64_t ir_rand24(int64_t seed, int64_t counter); /* in [0, 2^24) */
+/* The drop threshold: an element is dropped when rand24 < round(p 2^24). */
+int64_t ir_dropout_threshold(double p);
 
 #ifdef __cplusplus
 }

@@ -348,7 +348,7 @@ dsc_node *dsc_build(dsc_graph *g, dsc_op op, dsc_node *const *in, int n_in, cons
       ir_error(ctx, g->cur_loc, "input %d of '%s' belongs to another graph", i, info->name);
       return NULL;
     }
-  dsc_attr ordered[4];
+  dsc_attr ordered[IR_MAX_OP_ATTRS];
   memset(ordered, 0, sizeof ordered); /* gcc -O3 cannot see order_attrs fill them */
   if (!order_attrs(g, op, attrs, n_attrs, ordered)) return NULL;
   dsc_type zero;

@@ -38,6 +38,7 @@ static double sc_sigmoid(double a) { return 1.0 / (1.0 + exp(-a)); }
 #define F_SIGMOID(a) sc_sigmoid(a)
 #define F_SIN(a) sin(a)
 #define F_COS(a) cos(a)
+#define F_RAND24(a, b) ((double)ir_rand24((int64_t)(a), (int64_t)(b)))
 #define OP(...)
 #define EW(id, nm, nin, attrs, shp, ik, gr, fl, bi, formula) \
   static double scalar_##id(const double *x, double p) {    \
@@ -69,7 +70,7 @@ static const struct {
 
 /* Attribute keys live in a static pool so that the table stays immutable
  * after initialisation. */
-static char key_pool[DSC_OP_COUNT][4][24];
+static char key_pool[DSC_OP_COUNT][IR_MAX_OP_ATTRS][24];
 
 static void parse_specs(void) {
   for (int op = 0; op < DSC_OP_COUNT; op++) {

@@ -809,7 +809,7 @@ static void skip_attr_value(parser *p) {
 /* `{k = v, ...}` for op `info`, in any order; out gets the op's order. */
 static bool parse_attrs(parser *p, const ir_op_info *info, dsc_attr *out) {
   token open = p->tok;
-  bool have[4] = {false, false, false, false};
+  bool have[IR_MAX_OP_ATTRS] = {false};
   bool ok = true;
   if (accept(p, T_LBRACE) && !accept(p, T_RBRACE)) {
     for (;;) {
@@ -908,7 +908,7 @@ static bool parse_node(parser *p, ir_graph *g) {
       error_at(p, ot.line, ot.col, "op '%s' takes at least 1 input, got %d", opname, n_in);
     return false;
   }
-  dsc_attr attrs[4];
+  dsc_attr attrs[IR_MAX_OP_ATTRS];
   memset(attrs, 0, sizeof attrs);
   if (p->tok.kind == T_LBRACE || info->n_attrs > 0)
     if (!parse_attrs(p, info, attrs)) return false;

@@ -1,4 +1,5 @@
-/* Deterministic random numbers for parameter initialisation.
+/* Deterministic random numbers: parameter initialisation, and the counter-
+ * based bits of dropout (ir_rand24, at the end).
  *
  * Same seed, same weights: the integer part is exact everywhere; normals go
  * through libm's sqrt, log and cos, so a different libm may change the last
@@ -51,6 +52,33 @@ uint64_t ir_rng_next(ir_rng *r) {
 }
 
 double ir_rng_uniform(ir_rng *r) { return (double)(ir_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* splitmix64's output function (Steele, Lea, Flood: "Fast splittable
+ * pseudorandom number generators"): a bijection of 64-bit words whose
+ * outputs over a Weyl sequence pass BigCrush. */
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/* rand24(seed, c) = top 24 bits of mix64(mix64(seed) + c * gamma): element c
+ * of the Weyl sequence that splitmix64 would walk from the mixed seed, so the
+ * counters of one seed never collide and two seeds' sequences are unrelated.
+ * Every operation is on unsigned 64-bit words (wrapping); kernels spell
+ * the same steps (codegen/llvm.c, kernels/helpers.cuh). */
+int64_t ir_rand24(int64_t seed, int64_t counter) {
+  uint64_t z = mix64((uint64_t)seed) + (uint64_t)counter * 0x9e3779b97f4a7c15ULL;
+  return (int64_t)(mix64(z) >> (64 - IR_RAND24_BITS));
+}
+
+dsc_node *dsc_dropout(dsc_graph *g, dsc_node *x, dsc_node *seed, double p, int64_t stream) {
+  dsc_attr a[2] = {dsc_attr_float("p", p), dsc_attr_int("stream", stream)};
+  dsc_node *in[2] = {x, seed};
+  return dsc_build(g, DSC_OP_DROPOUT, in, 2, a, 2);
+}
+
+int64_t ir_dropout_threshold(double p) { return (int64_t)nearbyint(ldexp(p, IR_RAND24_BITS)); }
 
 double ir_rng_normal(ir_rng *r) {
   double u1 = 1.0 - ir_rng_uniform(r); /* (0, 1] */

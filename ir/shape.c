@@ -165,6 +165,16 @@ bool ir_shape_binary(const ir_node *n, dsc_type *out, char *err, size_t errlen) 
   return finish(&r, out, err, errlen);
 }
 
+bool ir_shape_rand24(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
+  if (!need_inputs(n, 2, err, errlen)) return false;
+  const dsc_type *a = &n->in[0]->type, *b = &n->in[1]->type;
+  if (a->dtype != DSC_I64 || b->dtype != DSC_I64)
+    return FAIL("seed and counter must be i64, got %s and %s", fmt(a).s, fmt(b).s);
+  dsc_type r;
+  if (!broadcast2(a, b, &r, err, errlen)) return false;
+  return finish(&r, out, err, errlen);
+}
+
 bool ir_shape_compare(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
   if (!need_inputs(n, 2, err, errlen)) return false;
   const dsc_type *a = &n->in[0]->type, *b = &n->in[1]->type;
@@ -468,6 +478,20 @@ bool ir_shape_rope(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
                 (long long)heads, (long long)C, fmt(x).s);
   double theta = ir_attr_float(n, "theta");
   if (!(theta > 1) || !isfinite(theta)) return FAIL("theta must be above 1, got %g", theta);
+  if (!need_attr(n, "factor", DSC_ATTR_FLOAT, err, errlen) ||
+      !need_attr(n, "low_freq_factor", DSC_ATTR_FLOAT, err, errlen) ||
+      !need_attr(n, "high_freq_factor", DSC_ATTR_FLOAT, err, errlen) ||
+      !need_attr(n, "original_context", DSC_ATTR_INT, err, errlen))
+    return false;
+  double factor = ir_attr_float(n, "factor"), lo = ir_attr_float(n, "low_freq_factor"),
+         hi = ir_attr_float(n, "high_freq_factor");
+  if (!(factor >= 1) || !isfinite(factor))
+    return FAIL("factor must be at least 1 (1: no scaling), got %g", factor);
+  if (factor > 1 && !(lo > 0 && hi > lo && isfinite(hi) && ir_attr_int(n, "original_context") > 0))
+    return FAIL(
+        "scaled frequencies need 0 < low_freq_factor < high_freq_factor and a positive "
+        "original_context, got %g, %g and %lld",
+        lo, hi, (long long)ir_attr_int(n, "original_context"));
   if (p->dtype != DSC_I32 && p->dtype != DSC_I64)
     return FAIL("positions must be i32 or i64, got %s", fmt(p).s);
   bool ok = p->rank <= x->rank - 1;
@@ -478,6 +502,28 @@ bool ir_shape_rope(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
   if (!ok)
     return FAIL("positions %s must broadcast to the shape of x %s without its last axis", fmt(p).s,
                 fmt(x).s);
+  return finish(x, out, err, errlen);
+}
+
+bool ir_shape_dropout(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
+  if (!need_inputs(n, 2, err, errlen)) return false;
+  if (!need_attr(n, "p", DSC_ATTR_FLOAT, err, errlen) ||
+      !need_attr(n, "stream", DSC_ATTR_INT, err, errlen))
+    return false;
+  const dsc_type *x = &n->in[0]->type, *s = &n->in[1]->type;
+  if (!need_float(x, "x", err, errlen)) return false;
+  if (s->dtype != DSC_I64 || dsc_type_numel(s) != 1 || s->rank > 1)
+    return FAIL("seed must be i64[] or i64[1], got %s", fmt(s).s);
+  double p = ir_attr_float(n, "p");
+  if (!(p >= 0 && p < 1)) return FAIL("p must be in [0, 1), got %g", p);
+  int64_t stream = ir_attr_int(n, "stream");
+  if (stream < 0 || stream >= IR_DROPOUT_MAX_STREAMS)
+    return FAIL("stream %lld is outside [0, %d): a model has at most %d dropouts",
+                (long long)stream, IR_DROPOUT_MAX_STREAMS, IR_DROPOUT_MAX_STREAMS);
+  int64_t numel;
+  if (!numel_ok(x, &numel) || numel > ((int64_t)1 << IR_DROPOUT_STREAM_SHIFT))
+    return FAIL("x %s has more than 2^%d elements, dropout's counter per stream", fmt(x).s,
+                IR_DROPOUT_STREAM_SHIFT);
   return finish(x, out, err, errlen);
 }
 

@@ -1,5 +1,5 @@
 /* The decompose pass: rewrites every composite op (softmax, log_softmax,
- * layernorm, rmsnorm, attention, cross_entropy) into primitive IR ops, so
+ * layernorm, rmsnorm, attention, rope, dropout, cross_entropy) into primitive IR ops, so
  * that code generation only meets elementwise ops, reductions, layout ops,
  * matmul, embedding and embedding_grad. embedding_grad (a scatter-add) stays.
  *
@@ -16,6 +16,8 @@
  *                d = logits - max(logits); the pick is a one-hot reduction
  *                sum(where(equal(iota over V, target), d, 0)) that fuses into the
  *                row kernel of the max and the sum.
+ *   dropout      where(rand24(seed, stream 2^40 + row-major index) < round(p 2^24),
+ *                0, x * 1/(1-p))
  * Compute dtype: the interpreter computes every composite in doubles and
  * rounds the result once, so f64 nodes decompose in f64 and f32 nodes in f32
  * (the accepted approximation); bf16/f16 norms, softmaxes and losses cast
@@ -50,6 +52,7 @@ bool pass_decompose_op(dsc_op op) {
     case DSC_OP_RMSNORM:
     case DSC_OP_ATTENTION:
     case DSC_OP_ROPE:
+    case DSC_OP_DROPOUT:
     case DSC_OP_CROSS_ENTROPY:
       return true;
     default:
@@ -158,6 +161,22 @@ static ir_node *decompose_rope(ir_graph *g, const ir_node *n) {
   ir_node *f = un(g, DSC_OP_EXP,
                   bin(g, DSC_OP_MUL, iota(g, 0, DSC_F64, &half, 1),
                       scalar(g, -2.0 * log(ir_attr_float(n, "theta")) / (double)hd, DSC_F64)));
+  double factor = ir_attr_float(n, "factor");
+  if (factor != 1) { /* llama3: as ir_rope_freq, on the wavelengths 2 pi / f */
+    double lo = ir_attr_float(n, "low_freq_factor"), hi = ir_attr_float(n, "high_freq_factor");
+    double old = (double)ir_attr_int(n, "original_context");
+    ir_node *wl = bin(g, DSC_OP_DIV, scalar(g, 2 * M_PI, DSC_F64), f);
+    ir_node *slow = bin(g, DSC_OP_DIV, f, scalar(g, factor, DSC_F64));
+    ir_node *s = bin(
+        g, DSC_OP_DIV,
+        bin(g, DSC_OP_SUB, bin(g, DSC_OP_DIV, scalar(g, old, DSC_F64), wl), scalar(g, lo, DSC_F64)),
+        scalar(g, hi - lo, DSC_F64));
+    ir_node *mid =
+        bin(g, DSC_OP_ADD, bin(g, DSC_OP_MUL, bin(g, DSC_OP_SUB, scalar(g, 1, DSC_F64), s), slow),
+            bin(g, DSC_OP_MUL, s, f));
+    f = where(g, bin(g, DSC_OP_LESS, wl, scalar(g, old / hi, DSC_F64)), f,
+              where(g, bin(g, DSC_OP_GREATER, wl, scalar(g, old / lo, DSC_F64)), slow, mid));
+  }
   /* angles [..., T, 1, 1, hd/2] or [..., T, 1, hd/2, 1] over the positions' axes */
   int64_t pshape[DSC_MAX_RANK], fshape[3] = {1, inter ? half : 1, inter ? 1 : half};
   for (int d = 0; d < pt->rank; d++) pshape[d] = pt->dims[d];
@@ -201,6 +220,31 @@ static ir_node *decompose_cross_entropy(ir_graph *g, const ir_node *n) {
   return to(g, dsc_reduce(g, DSC_OP_MEAN, per_pos, axes, r, 0), n->type.dtype);
 }
 
+/* dropout: where(rand24(seed, counter) < threshold, 0, x * 1/(1-p)), the
+ * counter stream 2^40 + the row-major index built from one iota per axis;
+ * all elementwise, so it fuses into the kernels around it, forward and
+ * backward alike. */
+static ir_node *decompose_dropout(ir_graph *g, const ir_node *n) {
+  const dsc_type *t = &n->type;
+  double p = ir_attr_float(n, "p");
+  dsc_dtype cd = compute_dtype(t->dtype);
+  ir_node *ctr = scalar(g, (double)(ir_attr_int(n, "stream") << IR_DROPOUT_STREAM_SHIFT), DSC_I64);
+  int64_t stride = 1;
+  for (int d = t->rank - 1; d >= 0; d--) {
+    if (t->dims[d] > 1) {
+      ir_node *ix = iota(g, d, DSC_I64, t->dims, t->rank);
+      if (stride > 1) ix = bin(g, DSC_OP_MUL, ix, scalar(g, (double)stride, DSC_I64));
+      ctr = bin(g, DSC_OP_ADD, ctr, ix);
+    }
+    stride *= t->dims[d];
+  }
+  ir_node *seed = dsc_reshape(g, n->in[1], NULL, 0);
+  ir_node *drop = bin(g, DSC_OP_LESS, bin(g, DSC_OP_RAND24, seed, ctr),
+                      scalar(g, (double)ir_dropout_threshold(p), DSC_I64));
+  ir_node *y = bin(g, DSC_OP_MUL, to(g, n->in[0], cd), scalar(g, 1.0 / (1.0 - p), cd));
+  return to(g, where(g, drop, scalar(g, 0, cd), y), t->dtype);
+}
+
 /* Builds the replacement of composite n (its inputs already redirected in
  * `in`) at the end of g. */
 static ir_node *decompose_node(ir_graph *g, const ir_node *n) {
@@ -215,6 +259,8 @@ static ir_node *decompose_node(ir_graph *g, const ir_node *n) {
       return decompose_attention(g, n);
     case DSC_OP_ROPE:
       return decompose_rope(g, n);
+    case DSC_OP_DROPOUT:
+      return decompose_dropout(g, n);
     case DSC_OP_CROSS_ENTROPY:
       return decompose_cross_entropy(g, n);
     default:

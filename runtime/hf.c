@@ -595,11 +595,32 @@ dsc_status dsc_hf_check_config(dsc_context *ctx, const char *dir, const dsc_modu
       const cJSON *rt =
           cJSON_IsObject(rs) ? cJSON_GetObjectItemCaseSensitive(rs, "rope_type") : NULL;
       if (!rt && cJSON_IsObject(rp)) rt = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
-      if (st == DSC_OK && cJSON_IsString(rt) && strcmp(rt->valuestring, "default") != 0) {
+      const char *type = cJSON_IsString(rt) ? rt->valuestring : "default";
+      if (st == DSC_OK && strcmp(type, "default") == 0) {
+        st = check_attr(ctx, cfg, g, DSC_OP_ROPE, "factor", "the rope scaling factor (none)", 1);
+      } else if (st == DSC_OK && strcmp(type, "llama3") == 0) {
+        /* Llama 3.1: the model's rope must scale its frequencies alike */
+        const cJSON *sc = cJSON_IsObject(rs) ? rs : rp;
+        static const char *const keys[4][2] = {
+            {"factor", "factor"},
+            {"low_freq_factor", "low_freq_factor"},
+            {"high_freq_factor", "high_freq_factor"},
+            {"original_context", "original_max_position_embeddings"}};
+        for (int k = 0; st == DSC_OK && k < 4; k++) {
+          char what[96];
+          snprintf(what, sizeof what, "rope_scaling.%s", keys[k][1]);
+          if (!cfg_num(sc, keys[k][1], &v)) {
+            ir_error(ctx, rt_loc(cfg), "rope_type \"llama3\" without %s", what);
+            st = DSC_ERR_USER;
+          } else {
+            st = check_attr(ctx, cfg, g, DSC_OP_ROPE, keys[k][0], what, v);
+          }
+        }
+      } else if (st == DSC_OK) {
         ir_error(ctx, rt_loc(cfg),
-                 "rope_type \"%s\" scales the rotary frequencies; dsc's rope has the default "
-                 "frequencies only",
-                 rt->valuestring);
+                 "rope_type \"%s\" scales the rotary frequencies in a way dsc's rope does not "
+                 "(it has the default frequencies and \"llama3\"'s)",
+                 type);
         st = DSC_ERR_USER;
       }
       double hidden, nh, hd;
@@ -781,12 +802,26 @@ static cJSON *hf_config(const hf_arch *a, const dsc_module *m, dsc_dtype dt, int
     cJSON_AddNumberToObject(c, "head_dim", heads > 0 ? (double)d / heads : 0);
     cJSON_AddNumberToObject(c, "rms_norm_eps", eps);
     cJSON_AddNumberToObject(c, "rope_theta", theta);
+    double factor = 1, lo = 0, hi = 0, old = 0;
+    graph_attr(g, DSC_OP_ROPE, "factor", &factor);
+    cJSON *rs = factor != 1 ? cJSON_AddObjectToObject(c, "rope_scaling") : NULL;
+    if (rs) { /* Llama 3.1's */
+      graph_attr(g, DSC_OP_ROPE, "low_freq_factor", &lo);
+      graph_attr(g, DSC_OP_ROPE, "high_freq_factor", &hi);
+      graph_attr(g, DSC_OP_ROPE, "original_context", &old);
+      cJSON_AddStringToObject(rs, "rope_type", "llama3");
+      cJSON_AddNumberToObject(rs, "factor", factor);
+      cJSON_AddNumberToObject(rs, "low_freq_factor", lo);
+      cJSON_AddNumberToObject(rs, "high_freq_factor", hi);
+      cJSON_AddNumberToObject(rs, "original_max_position_embeddings", old);
+    }
     cJSON_AddNumberToObject(c, "max_position_embeddings", (double)(seq > 2048 ? seq : 2048));
     cJSON_AddStringToObject(c, "hidden_act", "silu");
     cJSON_AddBoolToObject(c, "attention_bias",
                           dsc_module_find_param(m, "layers.0.q_proj_bias") >= 0);
     cJSON_AddBoolToObject(c, "tie_word_embeddings", dsc_module_find_param(m, "lm_head") < 0);
-  } else { /* GPT-2: a tied head, the tanh GELU, no dropout (dsc has none) */
+  } else { /* GPT-2: a tied head, the tanh GELU; dropout 0 (inference does not
+            * drop, and where a .dsm drops is not what transformers' keys say) */
     graph_attr(g, DSC_OP_LAYERNORM, "eps", &eps);
     cJSON_AddNumberToObject(c, "vocab_size", (double)dim_of(m, "wte", 0));
     cJSON_AddNumberToObject(c, "n_embd", (double)dim_of(m, "wte", 1));

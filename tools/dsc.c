@@ -191,7 +191,7 @@ dsc_status cli_load_module(dsc_context *ctx, const char *path, const cli_dims *d
     free(text);
     return st;
   }
-  dsc_frontend_options opts = {dims->dims, dims->n};
+  dsc_frontend_options opts = {dims->dims, dims->n, false};
   return dsc_compile_file(ctx, path, &opts, out);
 }
 

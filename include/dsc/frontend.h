@@ -25,6 +25,10 @@ typedef struct {
 typedef struct {
   const dsc_dim_binding *dims;
   int n_dims;
+  /* Evaluation (validation, sampling): every dropout is the identity and the
+   * graph has no "dropout_seed" input. Training (false): a model with a
+   * dropout of p > 0 gets that input, i64[1], after its own. */
+  bool eval;
 } dsc_frontend_options;
 
 /* Reads and compiles a model file. Diagnostics (file:line:col) go to ctx.

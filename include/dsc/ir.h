@@ -165,6 +165,20 @@ dsc_node *dsc_attention(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int
  * (Llama, NeoX) or, interleaved, adjacent pairs (GPT-J); angle p theta^(-2i/hd). */
 dsc_node *dsc_rope(dsc_graph *g, dsc_node *x, dsc_node *positions, int64_t heads, double theta,
                    bool interleaved);
+/* Llama 3.1's frequency scaling (transformers' rope_type "llama3"): the
+ * frequencies whose wavelength exceeds original_context / low_freq_factor
+ * are divided by factor, those under original_context / high_freq_factor
+ * kept, the ones between interpolated. factor 1: none. */
+typedef struct {
+  double factor, low_freq_factor, high_freq_factor;
+  int64_t original_context;
+} dsc_rope_scaling;
+dsc_node *dsc_rope_scaled(dsc_graph *g, dsc_node *x, dsc_node *positions, int64_t heads,
+                          double theta, bool interleaved, const dsc_rope_scaling *scaling);
+/* Dropout of x with probability p in [0, 1): seed is i64 [] or [1] (a
+ * graph input, drawn per micro-batch by the trainer), stream in [0, 8192)
+ * distinct per dropout of a model (docs/ir.md "dropout"). */
+dsc_node *dsc_dropout(dsc_graph *g, dsc_node *x, dsc_node *seed, double p, int64_t stream);
 
 /* ---- nodes ---- */
 dsc_op dsc_node_op(const dsc_node *n);

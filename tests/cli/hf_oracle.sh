@@ -23,8 +23,14 @@ if ! "$PY" -c 'import torch, transformers, safetensors' >/dev/null 2>&1; then
   exit
 fi
 
-for arch in llama gpt2; do
+# llama3: the same Llama with Llama 3.1's rope scaling, in transformers'
+# config and in the model's rope calls
+sed 's/theta = theta)/theta = theta, factor = 8, low_freq_factor = 1, high_freq_factor = 4, original_context = 64)/' \
+  "$SRC/examples/llama-tiny.dsm" >"$TMP/llama3-tiny.dsm"
+[ "$(grep -c 'original_context = 64' "$TMP/llama3-tiny.dsm")" -eq 2 ] && pass || fail "llama3-tiny.dsm: 2 ropes to scale"
+for arch in llama llama3 gpt2; do
   model="$SRC/examples/llama-tiny.dsm"
+  [ $arch = llama3 ] && model="$TMP/llama3-tiny.dsm"
   [ $arch = gpt2 ] && model="$SRC/examples/gpt-tiny.dsm"
   W="$TMP/$arch"
   mkdir -p "$W"
@@ -47,4 +53,11 @@ for arch in llama gpt2; do
     --eval-every 0 --backend cpu --threads 2 --precision f32 --log "$W/reimport.jsonl" --quiet
   "$PY" "$ORACLE" reload $arch "$W" && pass || fail "$arch: the export does not reload in transformers"
 done
+# weights of the unscaled Llama into the scaled model, and back: refused
+expect_exit 1 "$DSC" train "$TMP/llama3-tiny.dsm" --init-from "$TMP/llama/model" --data "$TMP/llama/data" \
+  --batch 4 --seq 32 --steps 1 --out "$TMP/never" --quiet &&
+  expect_grep "config.json: error: the rope scaling factor \(none\) is 1, but the model's rope has factor = 8" "$TMP/err"
+expect_exit 1 "$DSC" train "$SRC/examples/llama-tiny.dsm" --init-from "$TMP/llama3/model" \
+  --data "$TMP/llama/data" --batch 4 --seq 32 --steps 1 --out "$TMP/never" --quiet &&
+  expect_grep "config.json: error: rope_scaling.factor is 8, but the model's rope has factor = 1" "$TMP/err"
 finish

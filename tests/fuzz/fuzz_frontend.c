@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* small dims keep graphs small; relative imports resolve in a directory
    * that does not exist, so the fuzzer does not read the file system */
   dsc_dim_binding dims[2] = {{"B", 2}, {"T", 8}};
-  dsc_frontend_options opts = {dims, 2};
+  dsc_frontend_options opts = {dims, 2, false};
   dsc_module *m = NULL;
   dsc_status s = dsc_compile_string(ctx, (const char *)data, size,
                                     "/nonexistent-dsc-fuzz/input.dsm", &opts, &m);

@@ -30,7 +30,7 @@ dsc_module *piped(dsc_context *ctx, int64_t B, int64_t K, const char *stop, int6
                   int64_t stage = 0, bool each = true,
                   dsc_precision precision = DSC_PRECISION_F32) {
   dsc_dim_binding dims[1] = {{"B", B}};
-  dsc_frontend_options fo = {dims, 1};
+  dsc_frontend_options fo = {dims, 1, false};
   dsc_module *m = nullptr;
   EXPECT_EQ(dsc_compile_file(ctx, kMlp.c_str(), &fo, &m), DSC_OK) << diags(ctx);
   if (!m) return nullptr;

@@ -540,6 +540,27 @@ TEST(AutodiffGrad, Rope) {
   }
 }
 
+// Llama 3.1's scaled frequencies: the gradient rotates back at the same ones.
+TEST(AutodiffGrad, RopeLlama3Scaling) {
+  Harness h;
+  dsc_node *x = h.param("x", {2, 3, 32}, normal);
+  dsc_node *pos = h.ids("pos", {3}, 300);
+  dsc_rope_scaling sc = {8.0, 1.0, 4.0, 256};
+  h.weighted_sum_loss(dsc_rope_scaled(h.g, x, pos, 1, 10000.0, false, &sc));
+  h.check();
+}
+
+// dropout's gradient is the same dropout of dy: the finite differences of a
+// fixed seed's mask, half of the elements dropped.
+TEST(AutodiffGrad, Dropout) {
+  Harness h;
+  dsc_node *x = h.param("x", {3, 4, 5}, normal);
+  dsc_node *seed = h.ids("seed", {1}, (int64_t)1 << 40, DSC_I64);
+  dsc_node *y = dsc_dropout(h.g, x, seed, 0.5, 3);
+  h.weighted_sum_loss(dsc_binary(h.g, DSC_OP_MUL, y, y));
+  h.check();
+}
+
 TEST(AutodiffGrad, CrossEntropy) {
   Harness h;
   dsc_node *lg = h.param("logits", {2, 3, 5}, normal);

@@ -125,7 +125,7 @@ TEST(Cse, TinyGptStepIsBitIdenticalAndSharesTheLossStatistics) {
   } a, b;
   for (Step *s : {&a, &b}) {
     dsc_dim_binding dims[2] = {{"B", 2}, {"T", 8}};
-    dsc_frontend_options o = {dims, 2};
+    dsc_frontend_options o = {dims, 2, false};
     std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
     ASSERT_EQ(dsc_compile_file(s->ctx, path.c_str(), &o, &s->m), DSC_OK) << diags(s->ctx);
     dsc_train_config cfg;

@@ -147,6 +147,7 @@ kir_kernel *Binary(ir_arena *a, const char *name, dsc_dtype t, int64_t N) {
     b.Store(Acc(out, N * i++, {1}), kir_un(a, KIR_NEG, xv));
     b.Store(Acc(out, N * i++, {1}), kir_un(a, KIR_ABS, xv));
   }
+  if (t == DSC_I64) b.Store(Acc(out, N * i++, {1}), kir_bin(a, KIR_RAND24, xv, yv));
   b.Store(Acc(cmp, 0, {1}), lt);
   b.Store(Acc(cmp, N, {1}), gt);
   b.Store(Acc(cmp, 2 * N, {1}), kir_bin(a, KIR_EQ, xv, yv));

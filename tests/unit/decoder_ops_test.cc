@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dsc/dsc.h"
+#include "ir/ir.h"
 #include "tests/unit/test_util.h"
 
 namespace {
@@ -93,6 +94,49 @@ TEST(DecoderOps, RopeIsTransformersRotateHalfAndGptJInterleaved) {
 // attention(q, k, v, heads = 6, kv_heads = 2) equals multi-head attention
 // on k and v with each key/value head repeated for its 3 query heads
 // (transformers' repeat_kv: query head h reads key/value head h / 3).
+// Llama 3.1's scaled frequencies as transformers' _compute_llama3_parameters
+// writes them (wavelength 2 pi / f against original_context / low and /
+// high freq factor; between them (1 - s) f / factor + s f with s =
+// (original_context / wavelength - low) / (high - low)), here over a head
+// of 32 whose 16 frequencies fall in all three bands; the rotation is
+// rope's at those frequencies.
+TEST(DecoderOps, RopeLlama3ScalingIsTransformersFrequencies) {
+  const int64_t T = 7, H = 1, hd = 32, half = hd / 2;
+  const double theta = 10000.0, factor = 8, lo = 1, hi = 4, old = 256;
+  Graph t;
+  dsc_node *x = t.input("x", DSC_F64, {T, H * hd}, -2, 2);
+  dsc_node *p = t.input("p", DSC_I64, {T}, 0, 5000, true);
+  dsc_rope_scaling sc = {factor, lo, hi, (int64_t)old};
+  std::vector<dsc_tensor *> r = t.run({dsc_rope_scaled(t.g, x, p, H, theta, false, &sc)});
+  ASSERT_EQ(r.size(), 1u);
+  int bands[3] = {0, 0, 0};
+  double worst = 0;
+  for (int64_t i = 0; i < half; i++) {
+    double f = 1.0 / std::pow(theta, (double)(2 * i) / (double)hd), wl = 2 * M_PI / f, g;
+    if (wl < old / hi) {
+      g = f, bands[0]++;
+    } else if (wl > old / lo) {
+      g = f / factor, bands[2]++;
+    } else {
+      double s = (old / wl - lo) / (hi - lo);
+      g = (1 - s) * f / factor + s * f, bands[1]++;
+    }
+    for (int64_t s = 0; s < T; s++) {
+      const double *row = t.in[0]->data + s * hd;
+      double a = t.in[1]->data[s] * g;
+      double y0 = row[i] * std::cos(a) - row[i + half] * std::sin(a);
+      double y1 = row[i + half] * std::cos(a) + row[i] * std::sin(a);
+      worst = std::fmax(worst, std::fabs(r[0]->data[s * hd + i] - y0));
+      worst = std::fmax(worst, std::fabs(r[0]->data[s * hd + i + half] - y1));
+    }
+  }
+  EXPECT_GT(bands[0], 0);
+  EXPECT_GT(bands[1], 0);
+  EXPECT_GT(bands[2], 0);
+  EXPECT_LE(worst, 1e-9);
+  dsc_tensor_free(t.ctx, r[0]);
+}
+
 TEST(DecoderOps, GroupedQueryAttentionIsRepeatedKeyValueHeads) {
   for (bool causal : {true, false}) {
     Graph t;
@@ -171,6 +215,21 @@ TEST(DecoderOps, BuiltinErrorsNameTheArgument) {
       {"rope(x, heads = 2, positions = p)", "rope: positions must be i32 or i64, got f32[4]"},
       {"rope(x, heads = 2, interleaved = 1)", "argument 'interleaved' of 'rope' must be"},
       {"sin(x, x)", "'sin' takes 1 argument, got 2"},
+      {"rope(x, heads = 2, factor = 0.5)", "'factor' must be at least 1 (1: no scaling), got 0.5"},
+      {"rope(x, heads = 2, factor = 8, low_freq_factor = 1, high_freq_factor = 4)",
+       "'rope' with factor 8 needs 'original_context' too (Llama 3.1's scaling)"},
+      {"rope(x, heads = 2, low_freq_factor = 1)",
+       "'low_freq_factor' scales the frequencies only with a 'factor' above 1"},
+      {"rope(x, heads = 2, factor = 8, low_freq_factor = 4, high_freq_factor = 4, "
+       "original_context = 64)",
+       "'high_freq_factor' must be above 'low_freq_factor' > 0, got 4 and 4"},
+      {"rope(x, heads = 2, factor = 8, low_freq_factor = 1, high_freq_factor = 4, "
+       "original_context = 0)",
+       "'original_context' must be positive, got 0"},
+      {"dropout(x, p = 1)", "'p' must be in [0, 1), got 1"},
+      {"dropout(x, p = -0.1)", "'p' must be in [0, 1), got -0.1"},
+      {"dropout(x)", "'dropout'"},
+      {"dropout(x < x, p = 0.1)", "'dropout' needs a float tensor, got bool"},
   };
   for (const auto &c : cases) {
     std::string d = compile_error(c.call);
@@ -178,6 +237,81 @@ TEST(DecoderOps, BuiltinErrorsNameTheArgument) {
   }
   EXPECT_EQ(compile_error("attention(x, y, y, heads = 6, kv_heads = 2) + rope(x, heads = 3)"),
             "compiled");
+}
+
+// dropout(x, p): an element drops when rand24(seed, stream 2^40 + i) falls
+// under round(p 2^24), the rest are x / (1 - p) rounded to f32; over 2^16
+// elements the dropped share is p within 5 standard deviations, for a seed
+// near 0 and one near 2^53; streams and seeds give different masks, the
+// same pair the same mask.
+TEST(DecoderOps, DropoutDropsAShareOfPAndScalesTheRest) {
+  const int64_t N = 1 << 16;
+  for (double p : {0.1, 0.5, 0.9})
+    for (double seed : {3.0, 9007199254740991.0}) {
+      Graph t;
+      dsc_node *x = t.input("x", DSC_F32, {N}, 0.5, 2.0);
+      for (int64_t i = 0; i < N; i++) t.in[0]->data[i] = (double)(float)t.in[0]->data[i];
+      dsc_node *s = t.input("seed", DSC_I64, {1}, 0, 1, true);
+      t.in[1]->data[0] = seed;
+      std::vector<dsc_tensor *> r =
+          t.run({dsc_dropout(t.g, x, s, p, 0), dsc_dropout(t.g, x, s, p, 1),
+                 dsc_dropout(t.g, x, s, p, 0)});
+      ASSERT_EQ(r.size(), 3u);
+      float scale = (float)(1.0 / (1.0 - p));
+      int64_t dropped = 0, differ = 0, bad = 0;
+      for (int64_t i = 0; i < N; i++) {
+        double y = r[0]->data[i], xi = t.in[0]->data[i];
+        bool drop = ir_rand24((int64_t)seed, i) < ir_dropout_threshold(p);
+        dropped += y == 0;
+        bad += drop ? y != 0 : y != (double)(float)(xi * (double)scale);
+        differ += (r[1]->data[i] == 0) != (y == 0);
+        EXPECT_EQ(r[2]->data[i], y);
+      }
+      double sd = std::sqrt(p * (1 - p) * (double)N);
+      EXPECT_NEAR((double)dropped, p * (double)N, 5 * sd) << "p " << p << " seed " << seed;
+      EXPECT_EQ(bad, 0);
+      // two independent masks disagree on 2p(1-p) of the elements
+      EXPECT_NEAR((double)differ, 2 * p * (1 - p) * (double)N, 10 * sd);
+      for (dsc_tensor *o : r) dsc_tensor_free(t.ctx, o);
+    }
+}
+
+// The frontend gives each dropout instance (a block's loop unrolls one per
+// layer) its own stream and the graph one "dropout_seed" input, i64[1],
+// after the model's own; an evaluation compile (opts.eval) or p = 0 leaves
+// no dropout and no seed.
+TEST(DecoderOps, DropoutStreamsSeedInputAndEval) {
+  const char *text =
+      "model m {\n  block h[3] {\n    param w: f32[4] = ones\n"
+      "    fn forward(x: [2, 4]) -> [2, 4] { return dropout(x * w, p = 0.25) }\n  }\n"
+      "  fn forward(x: f32[2, 4]) {\n    for l in h { x = l.forward(x) }\n"
+      "    return sum(dropout(x, p = 0.0) + dropout(x, p = 0.5))\n  }\n}\n";
+  for (bool eval : {false, true}) {
+    dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+    dsc_frontend_options o = {nullptr, 0, eval};
+    dsc_module *m = nullptr;
+    ASSERT_EQ(dsc_compile_string(ctx, text, strlen(text), "m.dsm", &o, &m), DSC_OK) << diags(ctx);
+    const dsc_graph *g = dsc_module_find_graph(m, "forward");
+    std::vector<int64_t> streams;
+    for (int i = 0; i < dsc_graph_node_count(g); i++) {
+      const dsc_node *n = dsc_graph_node(g, i);
+      if (dsc_node_op(n) != DSC_OP_DROPOUT) continue;
+      streams.push_back(dsc_node_attr(n, "stream")->u.i);
+      EXPECT_EQ(dsc_node_input(n, 1), dsc_graph_input_at(g, 1));
+    }
+    if (eval) {
+      EXPECT_TRUE(streams.empty());
+      EXPECT_EQ(dsc_graph_input_count(g), 1);
+    } else {
+      EXPECT_EQ(streams, (std::vector<int64_t>{0, 1, 2, 3}));
+      ASSERT_EQ(dsc_graph_input_count(g), 2);
+      dsc_type st = dsc_node_type(dsc_graph_input_at(g, 1));
+      EXPECT_STREQ(dsc_node_name(dsc_graph_input_at(g, 1)), "dropout_seed");
+      EXPECT_TRUE(st.dtype == DSC_I64 && st.rank == 1 && st.dims[0] == 1);
+    }
+    dsc_module_free(m);
+    dsc_context_free(ctx);
+  }
 }
 
 TEST(DecoderOps, SinAndCosFoldAndEvaluate) {

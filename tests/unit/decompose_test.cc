@@ -293,6 +293,51 @@ TEST(Decompose, RopeRotatesPairsAtTheirPositions) {
       }
 }
 
+// dropout's elementwise form (rand24 over an index built from iotas, where,
+// the scaled x) equals the interpreter's kernel bit for bit: the same
+// elements drop, the kept ones are rounded alike (bf16 through f32, as the
+// interpreter's f32 scale and product); ranks 0 to 4, seeds [1] and [],
+// streams past the first, p from 0.05 to 0.9.
+TEST(Decompose, DropoutDropsTheInterpretersElements) {
+  std::vector<std::vector<int64_t>> shapes = {{}, {7}, {3, 5}, {2, 3, 4}, {2, 1, 3, 5}};
+  const double ps[] = {0.05, 0.5, 0.9};
+  uint64_t seed = 500;
+  for (dsc_dtype dt : {DSC_F32, DSC_F64, DSC_BF16})
+    for (size_t s = 0; s < shapes.size(); s++) {
+      double p = ps[s % 3];
+      SCOPED_TRACE(std::string(dsc_dtype_name(dt)) + " rank " + std::to_string(shapes[s].size()) +
+                   " p " + std::to_string(p));
+      Case c(seed++);
+      dsc_node *x = c.input("x", make_type(dt, shapes[s]));
+      std::vector<int64_t> sd = s % 2 ? std::vector<int64_t>{1} : std::vector<int64_t>{};
+      dsc_node *sv = c.ids("seed", make_type(DSC_I64, sd), (int64_t)1 << 53);
+      dsc_node *y = c.op(DSC_OP_DROPOUT, {x, sv},
+                         {dsc_attr_float("p", p), dsc_attr_int("stream", (int64_t)s * 1000)});
+      c.check({y}, 0.0);
+    }
+}
+
+// Llama 3.1's scaled frequencies (all three bands over a head of 32, an
+// original context of 256): the decomposition's wavelength test and
+// interpolation in f64 against the interpreter's ir_rope_freq.
+TEST(Decompose, RopeLlama3Scaling) {
+  uint64_t seed = 450;
+  for (dsc_dtype dt : kFloats)
+    for (bool inter : {false, true}) {
+      SCOPED_TRACE(std::string(inter ? "interleaved" : "rotate-half") +
+                   (dt == DSC_F64 ? " f64" : " f32"));
+      Case c(seed++);
+      dsc_node *x = c.input("x", make_type(dt, {2, 5, 64}));
+      dsc_node *pos = c.ids("p", make_type(DSC_I64, {5}), 4096);
+      dsc_rope_scaling sc = {8.0, 1.0, 4.0, 256};
+      dsc_graph_set_loc(c.g, c.op_loc);
+      dsc_node *y = dsc_rope_scaled(c.g, x, pos, 2, 500000.0, inter, &sc);
+      dsc_graph_set_loc(c.g, c.in_loc);
+      ASSERT_NE(y, nullptr) << diags(c.ctx);
+      c.check({y}, dt == DSC_F64 ? 1e-12 : 2e-4);
+    }
+}
+
 // Self-attention on one value (q = k = v) and masked positions that are
 // exactly zero: a huge value at a future key must not leak into earlier rows.
 TEST(Decompose, AttentionCausalMaskIsExact) {
@@ -506,7 +551,7 @@ struct Step {
   // `decompose` also runs the pass on the result (for stops before it).
   void open(const char *stop_after, const char *graph, bool decompose, bool sgd = false) {
     dsc_dim_binding b[2] = {{"B", 2}, {"T", 8}};
-    dsc_frontend_options o = {b, 2};
+    dsc_frontend_options o = {b, 2, false};
     std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
     ASSERT_EQ(dsc_compile_file(ctx, path.c_str(), &o, &m), DSC_OK) << diags(ctx);
     ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK) << diags(ctx);

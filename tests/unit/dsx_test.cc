@@ -130,7 +130,7 @@ std::string tiny_model_path() {
 cg_program *lowered_forward(dsc_context *ctx, ir_arena *a, dsc_module **m) {
   std::string path = tiny_model_path();
   dsc_dim_binding dims[2] = {{"B", 2}, {"T", 4}};
-  dsc_frontend_options fo = {dims, 2};
+  dsc_frontend_options fo = {dims, 2, false};
   if (dsc_compile_file(ctx, path.c_str(), &fo, m) != DSC_OK) return nullptr;
   if (dsc_run_codegen_passes(*m) != DSC_OK) return nullptr;
   cg_program *p = nullptr;

@@ -32,7 +32,7 @@ struct Compiled {
 };
 
 void CompileText(Compiled &c, const std::string &text, std::vector<dsc_dim_binding> dims = {}) {
-  dsc_frontend_options o = {dims.data(), (int)dims.size()};
+  dsc_frontend_options o = {dims.data(), (int)dims.size(), false};
   c.status = dsc_compile_string(c.ctx, text.data(), text.size(), "test.dsm", &o, &c.m);
 }
 
@@ -269,7 +269,7 @@ TEST(FrontendLower, DimsFromOptionsOverrideTrainSection) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_module *m = nullptr;
   dsc_dim_binding dims[2] = {{"B", 2}, {"T", 16}};
-  dsc_frontend_options o = {dims, 2};
+  dsc_frontend_options o = {dims, 2, false};
   ASSERT_EQ(dsc_compile_file(ctx, Src("examples/gpt-tiny.dsm").c_str(), &o, &m), DSC_OK)
       << diags(ctx);
   dsc_graph *g = dsc_module_find_graph(m, "forward");
@@ -286,7 +286,7 @@ TEST(FrontendLower, Gpt2Has124MParameters) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_module *m = nullptr;
   dsc_dim_binding dims[2] = {{"B", 1}, {"T", 8}};  // small graph; params do not depend on it
-  dsc_frontend_options o = {dims, 2};
+  dsc_frontend_options o = {dims, 2, false};
   ASSERT_EQ(dsc_compile_file(ctx, Src("examples/gpt2.dsm").c_str(), &o, &m), DSC_OK) << diags(ctx);
   // V = 50304, C = 1024, d = 768, L = 12:
   //   wte V*d = 38,633,472; wpe C*d = 786,432; lnf 2d = 1,536

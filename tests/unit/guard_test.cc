@@ -246,7 +246,7 @@ const std::string kMlp = std::string(DSC_SOURCE_DIR) + "/examples/mlp.dsm";
 
 dsc_module *zenflow_step(dsc_context *ctx, bool delayed) {
   dsc_dim_binding b = {"B", 4};
-  dsc_frontend_options fo = {&b, 1};
+  dsc_frontend_options fo = {&b, 1, false};
   dsc_module *m = nullptr;
   if (dsc_compile_file(ctx, kMlp.c_str(), &fo, &m) != DSC_OK) return nullptr;
   dsc_train_config c;

@@ -145,6 +145,8 @@ dsc_module *BuildEverything(dsc_context *ctx) {
   outs.push_back(Build(g, DSC_OP_RMSNORM, {emb, lw}, {dsc_attr_float("eps", 1e-6)}));
   outs.push_back(dsc_attention(g, emb, emb, emb, 2, 2, true, 0));
   outs.push_back(dsc_rope(g, emb, ids, 2, 10000, false));
+  dsc_rope_scaling llama3 = {8.0, 1.0, 4.0, 8192};
+  outs.push_back(dsc_rope_scaled(g, emb, ids, 2, 500000, true, &llama3));
   outs.push_back(Build(g, DSC_OP_CROSS_ENTROPY, {emb, ids}, {}));
   outs.push_back(odd);
   // floats that are hard to print: negative zero, tiny, huge, inf, nan
@@ -229,7 +231,13 @@ TEST(IrText, RoundTripEveryOpAttrInitAndName) {
                     "f32[2,3,4]\n"),
             std::string::npos);
   EXPECT_NE(s1.find(" = rope(%"), std::string::npos);
-  EXPECT_NE(s1.find("{heads = 2, theta = 1e+04, interleaved = false} : f32[2,3,4]\n"),
+  EXPECT_NE(s1.find("{heads = 2, theta = 1e+04, interleaved = false, factor = 1.0, "
+                    "low_freq_factor = 0.0, high_freq_factor = 0.0, original_context = 0} : "
+                    "f32[2,3,4]\n"),
+            std::string::npos);
+  EXPECT_NE(s1.find("{heads = 2, theta = 5e+05, interleaved = true, factor = 8.0, "
+                    "low_freq_factor = 1.0, high_freq_factor = 4.0, original_context = 8192} : "
+                    "f32[2,3,4]\n"),
             std::string::npos);
   EXPECT_NE(s1.find("{value = -0.0, dtype = f64, shape = [2]}"), std::string::npos);
   EXPECT_NE(s1.find("{value = nan, dtype = f64, shape = [2]}"), std::string::npos);

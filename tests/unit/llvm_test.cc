@@ -267,6 +267,19 @@ TEST_F(LlvmTest, ElementwiseChainWithBroadcastMatchesEval) {
   }
 }
 
+// Dropout's bits: rand24(seed, counter) in LLVM's wrapping i64 operations
+// equals ir_rand24 (kir_eval's), for seeds of either sign up to 2^53 and
+// counters past 2^40 (a later dropout's stream), vectorised or not.
+TEST_F(LlvmTest, Rand24IsIrRand24) {
+  KB kb("rand24", {3, 1031}, 1);
+  int S = kb.arg(DSC_I64, 3, true, false), O = kb.arg(DSC_I64, 3 * 1031, false, true);
+  kir_expr *ctr = bin(KIR_ADD, kir_index(&arena, 1), c(DSC_I64, 4097.0 * 1099511627776.0));
+  kb.store(acc(O, 0, {1031, 1}), bin(KIR_RAND24, ld(DSC_I64, acc(S, 0, {1, 0})), ctr));
+  check(kb.done(), -9.0e15, 9.0e15);
+  EXPECT_EQ(ir_rand24(0, 0), ir_rand24(0, 0));
+  EXPECT_NE(ir_rand24(1, 5), ir_rand24(2, 5));
+}
+
 // Three-stage softmax (REDUCE max, REDUCE sum of exp, LET 1/sum, STORE);
 // the exp node is shared by the sum and the store.
 static kir_kernel *softmax_kernel(ir_arena *ar, KB &kb, int64_t C) {

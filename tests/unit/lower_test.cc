@@ -294,7 +294,7 @@ TEST_F(Lower, OneValueAssignedToTwoParams) {
 TEST(LowerPipeline, TinyGptTrainStepMatchesInterpreter) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_dim_binding dims[] = {{"B", 2}, {"T", 8}};
-  dsc_frontend_options fo = {dims, 2};
+  dsc_frontend_options fo = {dims, 2, false};
   dsc_module *m = nullptr;
   std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
   ASSERT_EQ(dsc_compile_file(ctx, path.c_str(), &fo, &m), DSC_OK) << diags(ctx);

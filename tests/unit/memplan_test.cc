@@ -190,7 +190,7 @@ TEST(MemPlan, TinyGptModelStatesMatchTheFormulas) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_module *m = nullptr;
   dsc_dim_binding dims[2] = {{"B", 4}, {"T", 16}};
-  dsc_frontend_options fo = {dims, 2};
+  dsc_frontend_options fo = {dims, 2, false};
   std::string path = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
   ASSERT_EQ(dsc_compile_file(ctx, path.c_str(), &fo, &m), DSC_OK) << diags(ctx);
   dsc_train_config cfg;

@@ -48,7 +48,7 @@ model mlp {
 
 dsc_module *compile(dsc_context *ctx, int64_t batch, const char *src = kMlp) {
   dsc_dim_binding b = {"B", batch};
-  dsc_frontend_options o = {&b, 1};
+  dsc_frontend_options o = {&b, 1, false};
   dsc_module *m = nullptr;
   EXPECT_EQ(dsc_compile_string(ctx, src, strlen(src), "mlp.dsm", &o, &m), DSC_OK) << diags(ctx);
   return m;

@@ -30,7 +30,7 @@ struct Fixture {
   dsc_train_config cfg;
   Fixture() {
     dsc_dim_binding b = {"B", 2};
-    dsc_frontend_options o = {&b, 1};
+    dsc_frontend_options o = {&b, 1, false};
     EXPECT_EQ(dsc_compile_string(ctx, kModel, strlen(kModel), "tiny.dsm", &o, &m), DSC_OK);
     EXPECT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK);
   }

@@ -72,7 +72,7 @@ struct Ctx {
 
 dsc_module *compile(dsc_context *ctx, const std::string &src, int64_t B, int64_t T = 0) {
   dsc_dim_binding b[2] = {{"B", B}, {"T", T}};
-  dsc_frontend_options o = {b, T ? 2 : 1};
+  dsc_frontend_options o = {b, T ? 2 : 1, false};
   dsc_module *m = nullptr;
   EXPECT_EQ(dsc_compile_string(ctx, src.c_str(), src.size(), "t.dsm", &o, &m), DSC_OK)
       << diags(ctx);

@@ -30,7 +30,7 @@ struct Built {
 // gpt-tiny with activation offload through pass "schedule".
 void build(Built *r, dsc_switch overlap, double copy_gbps, int64_t budget) {
   dsc_dim_binding dims[2] = {{"B", 4}, {"T", 32}};
-  dsc_frontend_options fo = {dims, 2};
+  dsc_frontend_options fo = {dims, 2, false};
   ASSERT_EQ(dsc_compile_file(r->ctx, kTiny.c_str(), &fo, &r->m), DSC_OK) << diags(r->ctx);
   ASSERT_EQ(dsc_train_config_from_module(r->m, &r->cfg), DSC_OK) << diags(r->ctx);
   r->cfg.remat = DSC_REMAT_OFFLOAD;

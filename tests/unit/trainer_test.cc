@@ -22,7 +22,7 @@ struct Ctx {
 
 dsc_module *compile_tiny(dsc_context *ctx, int64_t B, int64_t T) {
   dsc_dim_binding dims[2] = {{"B", B}, {"T", T}};
-  dsc_frontend_options fo = {dims, 2};
+  dsc_frontend_options fo = {dims, 2, false};
   dsc_module *m = nullptr;
   EXPECT_EQ(dsc_compile_file(ctx, kTiny.c_str(), &fo, &m), DSC_OK);
   return m;

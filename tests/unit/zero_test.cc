@@ -27,7 +27,7 @@ struct Ctx {
 
 dsc_module *compile(dsc_context *ctx, const std::string &path, int64_t B) {
   dsc_dim_binding dims[2] = {{"B", B}, {"T", 8}};
-  dsc_frontend_options fo = {dims, 2};
+  dsc_frontend_options fo = {dims, 2, false};
   dsc_module *m = nullptr;
   EXPECT_EQ(dsc_compile_file(ctx, path.c_str(), &fo, &m), DSC_OK);
   return m;

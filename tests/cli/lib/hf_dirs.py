@@ -146,7 +146,10 @@ def make(work):
     make_dir(os.path.join(work, "bad_theta"), dict(LLAMA_CONFIG, rope_theta=500000.0), base)
     make_dir(os.path.join(work, "bad_kv"), dict(LLAMA_CONFIG, num_key_value_heads=4), base)
     make_dir(os.path.join(work, "bad_scaling"), dict(LLAMA_CONFIG, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0}), base)
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}), base)
+    make_dir(os.path.join(work, "bad_yarn"), dict(LLAMA_CONFIG, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0}), base)
     make_dir(os.path.join(work, "no_config"), None, base)
     make_dir(os.path.join(work, "bad_json"), None, base)
     open(os.path.join(work, "bad_json", "config.json"), "w").write(

@@ -56,13 +56,19 @@ def make(arch, work):
     from safetensors.torch import save_file
 
     torch.manual_seed(1234)
-    if arch == "llama":
+    if arch.startswith("llama"):
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        # llama3: Llama 3.1's rope scaling over an original context of 64,
+        # so that the frequencies of a head of 16 fall in all three bands
+        # (kept, interpolated, divided by the factor)
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
         cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                          max_position_embeddings=256, attn_implementation="eager")
+                          max_position_embeddings=256, attn_implementation="eager",
+                          rope_scaling=scaling if arch == "llama3" else None)
         model = LlamaForCausalLM(cfg)
     else:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -127,7 +133,7 @@ def make(arch, work):
 
 def dsc_name(arch, hf):
     """transformers' name -> (dsc's param, transposed) as runtime/hf.c maps it"""
-    if arch == "llama":
+    if arch.startswith("llama"):
         n = hf[len("model."):] if hf.startswith("model.") else hf
         n = n.replace("self_attn.", "").replace("mlp.", "")
         n = n[: -len(".weight")] if n.endswith(".weight") else n
