@@ -449,7 +449,8 @@ static fe_value lower_norm(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_
   return fe_tensor(st, dsc_build(st->g, bi->op, in, nt, &a, 1), loc);
 }
 
-/* attention(q, k, v, heads, causal = true, kv_heads = heads, scale = 1/sqrt(hd)) */
+/* attention(q, k, v, heads, causal = true, kv_heads = heads, scale = 1/sqrt(hd),
+ *           window = 0): window > 0, Mistral's sliding window */
 static fe_value lower_attention(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_binding *b,
                                 dsc_loc loc) {
   IR_UNUSED(bi);
@@ -465,6 +466,13 @@ static fe_value lower_attention(fe_state *st, fe_frame *fr, const fe_builtin *bi
   kv_heads = heads;
   if (b->slots[5] && !fe_arg_int(st, fr, b, 5, &kv_heads)) return verr;
   if (b->slots[6] && !fe_arg_num(st, fr, b, 6, &scale)) return verr;
+  int64_t window = 0;
+  if (b->slots[7] && !fe_arg_int(st, fr, b, 7, &window)) return verr;
+  if (window < 0 || (window > 0 && !causal)) {
+    ERR(b->slot_loc[7], "'window' must be 0 (none) or positive with causal = true, got %lld%s",
+        (long long)window, causal ? "" : " and causal = false");
+    return verr;
+  }
   if (heads <= 0) {
     ERR(b->slot_loc[3], "'heads' must be positive, got %lld", (long long)heads);
     return verr;
@@ -479,8 +487,10 @@ static fe_value lower_attention(fe_state *st, fe_frame *fr, const fe_builtin *bi
     return verr;
   }
   fe_at(st, loc);
-  return fe_tensor(st, dsc_attention(st->g, x.node, y.node, z.node, heads, kv_heads, causal, scale),
-                   loc);
+  return fe_tensor(
+      st,
+      dsc_attention_windowed(st->g, x.node, y.node, z.node, heads, kv_heads, causal, scale, window),
+      loc);
 }
 
 /* rope(x, heads, theta = 10000, positions = iota(T), interleaved = false,
@@ -627,7 +637,7 @@ static const fe_builtin builtins[] = {
     B("layernorm", lower_norm, DSC_OP_LAYERNORM, 3, 1e-5, "x", "w", "b", "eps"),
     B("rmsnorm", lower_norm, DSC_OP_RMSNORM, 2, 1e-6, "x", "w", "eps"),
     B("attention", lower_attention, DSC_OP_ATTENTION, 4, 0, "q", "k", "v", "heads", "causal",
-      "kv_heads", "scale"),
+      "kv_heads", "scale", "window"),
     B("rope", lower_rope, DSC_OP_ROPE, 2, 0, "x", "heads", "theta", "positions", "interleaved",
       "factor", "low_freq_factor", "high_freq_factor", "original_context"),
     B("dropout", lower_dropout, DSC_OP_DROPOUT, 2, 0, "x", "p"),

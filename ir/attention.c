@@ -8,7 +8,8 @@
  * [B, KVH, G, T, hd] and k, v as [B, KVH, 1, S, hd]: every matmul broadcasts
  * over the group axis and no key or value is copied G times. With G = 1 the
  * group axis is left out ([B, H, T, hd]). Causal: query t sees keys s <= t +
- * S - T (the last T of S positions, as with a KV cache).
+ * S - T (the last T of S positions, as with a KV cache); with a sliding
+ * window W > 0 (Mistral's sliding_window) only those with t + S - T - s < W.
  *
  * rope(x, positions) {heads, theta, interleaved}: x [..., T, heads hd]; in
  * each head, pair (i, i + hd/2) (Llama/NeoX: rotate-half) or (2i, 2i + 1)
@@ -19,15 +20,21 @@
 
 #include "ir/ir.h"
 
-dsc_node *dsc_attention(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int64_t heads,
-                        int64_t kv_heads, bool causal, double scale) {
+dsc_node *dsc_attention_windowed(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int64_t heads,
+                                 int64_t kv_heads, bool causal, double scale, int64_t window) {
   if (!q) return NULL;
   if (!(scale > 0) && q->type.rank == 3 && heads > 0 && q->type.dims[2] % heads == 0)
     scale = 1.0 / sqrt((double)(q->type.dims[2] / heads));
-  dsc_attr a[4] = {dsc_attr_int("heads", heads), dsc_attr_int("kv_heads", kv_heads),
-                   dsc_attr_bool("causal", causal), dsc_attr_float("scale", scale)};
+  dsc_attr a[5] = {dsc_attr_int("heads", heads), dsc_attr_int("kv_heads", kv_heads),
+                   dsc_attr_bool("causal", causal), dsc_attr_float("scale", scale),
+                   dsc_attr_int("window", window)};
   dsc_node *in[3] = {q, k, v};
-  return dsc_build(g, DSC_OP_ATTENTION, in, 3, a, 4);
+  return dsc_build(g, DSC_OP_ATTENTION, in, 3, a, 5);
+}
+
+dsc_node *dsc_attention(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int64_t heads,
+                        int64_t kv_heads, bool causal, double scale) {
+  return dsc_attention_windowed(g, q, k, v, heads, kv_heads, causal, scale, 0);
 }
 
 dsc_node *dsc_rope_scaled(dsc_graph *g, dsc_node *x, dsc_node *positions, int64_t heads,
@@ -95,7 +102,7 @@ ir_node *ir_attn_merge(ir_graph *g, ir_node *x) {
   return dsc_reshape(g, dsc_permute(g, x, perm, 5), shape, 3);
 }
 
-ir_node *ir_attn_future(ir_graph *g, int64_t T, int64_t S) {
+ir_node *ir_attn_masked(ir_graph *g, int64_t T, int64_t S, int64_t window) {
   int64_t ts[2] = {T, S};
   dsc_attr as[3] = {dsc_attr_int("axis", 1), dsc_attr_dtype("dtype", DSC_I32),
                     dsc_attr_ints("shape", ts, 2)};
@@ -109,5 +116,15 @@ ir_node *ir_attn_future(ir_graph *g, int64_t T, int64_t S) {
     i32.dtype = DSC_I32;
     t = dsc_binary(g, DSC_OP_ADD, t, dsc_const(g, (double)(S - T), i32));
   }
-  return dsc_binary(g, DSC_OP_GREATER, s, t);
+  ir_node *future = dsc_binary(g, DSC_OP_GREATER, s, t);
+  if (window <= 0 || window >= S) return future;
+  /* sliding window: also masked where t' - s >= window, the key window or
+   * more positions back: where(future, future, t' - s > window - 1) */
+  dsc_type i32;
+  memset(&i32, 0, sizeof i32);
+  i32.dtype = DSC_I32;
+  ir_node *back = dsc_binary(g, DSC_OP_SUB, t, s);
+  ir_node *gone = dsc_binary(g, DSC_OP_GREATER, back, dsc_const(g, (double)(window - 1), i32));
+  ir_node *in[3] = {future, future, gone};
+  return dsc_build(g, DSC_OP_WHERE, in, 3, NULL, 0);
 }

@@ -474,7 +474,8 @@ bool ir_grad_rmsnorm(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
 
 /* Recomputes the probabilities in IR ops, per head (the layout of
  * ir/attention.c: q [B, KVH, G, T, hd], k and v [B, KVH, 1, S, hd]):
- *   S = Q K^T scale, masked where s > t + S - T when causal, P = softmax(S)
+ *   S = Q K^T scale, masked where s > t + S - T when causal (and where s <=
+ *   t + S - T - window with a window), P = softmax(S)
  * and backpropagates: dV = P^T dO, dP = dO V^T, dS = P (dP - sum(dP P)),
  * dQ = dS K scale, dK = dS^T Q scale, dK and dV summed over the G query
  * heads that share them. Masked entries have P = 0, so they get no gradient
@@ -493,7 +494,9 @@ bool ir_grad_attention(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx)
   int64_t ax = grouped ? 4 : 3;
   if (ir_attr_bool(n, "causal"))
     s = dsc_build(g, DSC_OP_WHERE,
-                  (ir_node *[]){ir_attn_future(g, T, S), scalar(g, -INFINITY, dt), s}, 3, NULL, 0);
+                  (ir_node *[]){ir_attn_masked(g, T, S, ir_attr_int(n, "window")),
+                                scalar(g, -INFINITY, dt), s},
+                  3, NULL, 0);
   dsc_attr axa = dsc_attr_int("axis", ax);
   ir_node *p = dsc_build(g, DSC_OP_SOFTMAX, &s, 1, &axa, 1);
   ir_node *dv = dsc_matmul(g, transpose(g, p), dout);

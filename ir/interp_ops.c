@@ -441,7 +441,8 @@ bool interp_rmsnorm(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *
 }
 
 /* Per batch and query head h (key/value head h / G): scores = q.k scale,
- * causal mask s > t + S - T, stable softmax over s, weighted sum of v. Two
+ * causal mask s > t + S - T (and s <= t + S - T - window with a sliding
+ * window), stable softmax over s, weighted sum of v. Two
  * passes over s (max, then exp-weighted accumulation) so that no scratch
  * memory is needed. */
 bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
@@ -451,7 +452,7 @@ bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor
   int64_t B = t->dims[0], T = t->dims[1], C = t->dims[2], H = ir_attr_int(n, "heads");
   int64_t S = in[1]->type.dims[1], Ckv = in[1]->type.dims[2], G = ir_attn_groups(n);
   bool causal = ir_attr_bool(n, "causal");
-  int64_t hd = C / H;
+  int64_t hd = C / H, window = ir_attr_int(n, "window");
   double scale = ir_attr_float(n, "scale");
   const double *q = in[0]->data, *k = in[1]->data, *v = in[2]->data;
   for (int64_t b = 0; b < B; b++)
@@ -460,8 +461,9 @@ bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor
         const double *qr = q + (b * T + tq) * C + h * hd;
         double *orow = out->data + (b * T + tq) * C + h * hd;
         int64_t kv = (h / G) * hd, n_s = causal ? tq + 1 + S - T : S;
+        int64_t s0 = causal && window > 0 && n_s > window ? n_s - window : 0;
         double m = -INFINITY;
-        for (int64_t s = 0; s < n_s; s++) {
+        for (int64_t s = s0; s < n_s; s++) {
           const double *kr = k + (b * S + s) * Ckv + kv;
           double dot = 0;
           for (int64_t j = 0; j < hd; j++) dot += qr[j] * kr[j];
@@ -469,7 +471,7 @@ bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor
         }
         double denom = 0;
         for (int64_t j = 0; j < hd; j++) orow[j] = 0;
-        for (int64_t s = 0; s < n_s; s++) {
+        for (int64_t s = s0; s < n_s; s++) {
           const double *kr = k + (b * S + s) * Ckv + kv;
           const double *vr = v + (b * S + s) * Ckv + kv;
           double dot = 0;

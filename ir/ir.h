@@ -401,8 +401,9 @@ ir_node *ir_attn_split(ir_graph *g, ir_node *x, int64_t kv_heads, int64_t groups
                        bool transposed);
 /* The inverse of ir_attn_split (not transposed): back to [B, L, n hd]. */
 ir_node *ir_attn_merge(ir_graph *g, ir_node *x);
-/* bool [T, S]: key s is after query t (s > t + S - T), the causal mask. */
-ir_node *ir_attn_future(ir_graph *g, int64_t T, int64_t S);
+/* bool [T, S]: key s is after query t (s > t + S - T), the causal mask, or
+ * with window W > 0 also W or more positions before it. */
+ir_node *ir_attn_masked(ir_graph *g, int64_t T, int64_t S, int64_t window);
 /* rope node n's frequency i of a head of size hd: theta^(-2i/hd), scaled by
  * its llama3 attributes when factor > 1 (the interpreter's; the
  * decomposition builds the same in IR ops). */

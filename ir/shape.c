@@ -430,7 +430,8 @@ bool ir_shape_attention(const ir_node *n, dsc_type *out, char *err, size_t errle
   if (!need_attr(n, "heads", DSC_ATTR_INT, err, errlen) ||
       !need_attr(n, "kv_heads", DSC_ATTR_INT, err, errlen) ||
       !need_attr(n, "causal", DSC_ATTR_BOOL, err, errlen) ||
-      !need_attr(n, "scale", DSC_ATTR_FLOAT, err, errlen))
+      !need_attr(n, "scale", DSC_ATTR_FLOAT, err, errlen) ||
+      !need_attr(n, "window", DSC_ATTR_INT, err, errlen))
     return false;
   const dsc_type *q = &n->in[0]->type, *k = &n->in[1]->type, *v = &n->in[2]->type;
   if (!need_float(q, "q", err, errlen)) return false;
@@ -457,6 +458,10 @@ bool ir_shape_attention(const ir_node *n, dsc_type *out, char *err, size_t errle
         (long long)k->dims[1], (long long)q->dims[1]);
   double scale = ir_attr_float(n, "scale");
   if (!(scale > 0) || !isfinite(scale)) return FAIL("scale must be positive, got %g", scale);
+  int64_t window = ir_attr_int(n, "window");
+  if (window < 0 || (window > 0 && !ir_attr_bool(n, "causal")))
+    return FAIL("window must be 0 (none) or positive with causal attention, got %lld%s",
+                (long long)window, ir_attr_bool(n, "causal") ? "" : " (not causal)");
   return finish(q, out, err, errlen);
 }
 

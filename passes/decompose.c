@@ -138,7 +138,7 @@ static ir_node *decompose_attention(ir_graph *g, const ir_node *n) {
   ir_node *s = to(g, dsc_matmul(g, q, kt), cd);
   s = bin(g, DSC_OP_MUL, s, scalar(g, ir_attr_float(n, "scale"), cd));
   if (ir_attr_bool(n, "causal")) /* the diagonal is never masked: finite max */
-    s = where(g, ir_attn_future(g, T, S), scalar(g, -INFINITY, cd), s);
+    s = where(g, ir_attn_masked(g, T, S, ir_attr_int(n, "window")), scalar(g, -INFINITY, cd), s);
   ir_node *p = to(g, softmax_in(g, s, grouped ? 4 : 3, false), dt);
   return ir_attn_merge(g, dsc_matmul(g, p, v));
 }

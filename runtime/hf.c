@@ -635,6 +635,20 @@ dsc_status dsc_hf_check_config(dsc_context *ctx, const char *dir, const dsc_modu
       }
       if (st == DSC_OK && cfg_num(d.config, "rms_norm_eps", &v))
         st = check_attr(ctx, cfg, g, DSC_OP_RMSNORM, "eps", "rms_norm_eps", v);
+      /* Mistral's sliding window (null: none); Qwen2's per-layer windows
+       * (use_sliding_window with max_window_layers) are not modelled */
+      const cJSON *usw = cJSON_GetObjectItemCaseSensitive(d.config, "use_sliding_window");
+      double window = 0;
+      if (st == DSC_OK && strcmp(a->model_type, "qwen2") == 0 && cJSON_IsTrue(usw)) {
+        ir_error(ctx, rt_loc(cfg),
+                 "use_sliding_window: Qwen2's sliding windows on the layers from "
+                 "max_window_layers on are not modelled; dsc's attention window is per call");
+        st = DSC_ERR_USER;
+      }
+      if (strcmp(a->model_type, "mistral") == 0) cfg_num(d.config, "sliding_window", &window);
+      if (st == DSC_OK)
+        st = check_attr(ctx, cfg, g, DSC_OP_ATTENTION, "window",
+                        window > 0 ? "sliding_window" : "the sliding window (none)", window);
     } else if (st == DSC_OK && cfg_num(d.config, "layer_norm_epsilon", &v)) {
       st = check_attr(ctx, cfg, g, DSC_OP_LAYERNORM, "eps", "layer_norm_epsilon", v);
     }
@@ -802,6 +816,9 @@ static cJSON *hf_config(const hf_arch *a, const dsc_module *m, dsc_dtype dt, int
     cJSON_AddNumberToObject(c, "head_dim", heads > 0 ? (double)d / heads : 0);
     cJSON_AddNumberToObject(c, "rms_norm_eps", eps);
     cJSON_AddNumberToObject(c, "rope_theta", theta);
+    double window = 0;
+    if (graph_attr(g, DSC_OP_ATTENTION, "window", &window) && window > 0)
+      cJSON_AddNumberToObject(c, "sliding_window", window);
     double factor = 1, lo = 0, hi = 0, old = 0;
     graph_attr(g, DSC_OP_ROPE, "factor", &factor);
     cJSON *rs = factor != 1 ? cJSON_AddObjectToObject(c, "rope_scaling") : NULL;
@@ -942,6 +959,12 @@ dsc_status dsc_hf_export(dsc_context *ctx, const dsc_module *m, const dsc_tensor
     st = rt_write_json(ctx, p, index);
     ir_free(ctx, p, strlen(p) + 1);
   }
+  /* a sliding window is Mistral's: LlamaConfig would drop it */
+  double window = 0;
+  const dsc_graph *fg = dsc_module_find_graph(m, "forward");
+  if (fg && graph_attr(fg, DSC_OP_ATTENTION, "window", &window) && window > 0 &&
+      strcmp(a->model_type, "llama") == 0)
+    a = find_arch("mistral");
   cJSON *cfg = st == DSC_OK ? hf_config(a, m, dt, seq) : NULL;
   if (cfg) {
     char *cp = join(ctx, out_dir, "config.json");

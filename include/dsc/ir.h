@@ -160,6 +160,11 @@ dsc_node *dsc_cast(dsc_graph *g, dsc_node *x, dsc_dtype to);
  * scale <= 0 means 1/sqrt(hd). */
 dsc_node *dsc_attention(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int64_t heads,
                         int64_t kv_heads, bool causal, double scale);
+/* The same with a sliding window (Mistral's sliding_window): causal, and
+ * query t sees only the keys fewer than window positions back (t + S - T -
+ * s < window); window 0: all of them. */
+dsc_node *dsc_attention_windowed(dsc_graph *g, dsc_node *q, dsc_node *k, dsc_node *v, int64_t heads,
+                                 int64_t kv_heads, bool causal, double scale, int64_t window);
 /* Rotary position embedding of x [..., T, heads hd] at integer positions
  * (shape [T], or x's without the last axis, broadcast): rotate-half pairs
  * (Llama, NeoX) or, interleaved, adjacent pairs (GPT-J); angle p theta^(-2i/hd). */

@@ -28,9 +28,13 @@ fi
 sed 's/theta = theta)/theta = theta, factor = 8, low_freq_factor = 1, high_freq_factor = 4, original_context = 64)/' \
   "$SRC/examples/llama-tiny.dsm" >"$TMP/llama3-tiny.dsm"
 [ "$(grep -c 'original_context = 64' "$TMP/llama3-tiny.dsm")" -eq 2 ] && pass || fail "llama3-tiny.dsm: 2 ropes to scale"
-for arch in llama llama3 gpt2; do
+# mistral: the same Llama with Mistral's sliding window of 8 on its attention
+sed 's/causal = true)/causal = true, window = 8)/' "$SRC/examples/llama-tiny.dsm" >"$TMP/mistral-tiny.dsm"
+[ "$(grep -c 'window = 8' "$TMP/mistral-tiny.dsm")" -eq 1 ] && pass || fail "mistral-tiny.dsm: 1 attention to window"
+for arch in llama llama3 mistral gpt2; do
   model="$SRC/examples/llama-tiny.dsm"
   [ $arch = llama3 ] && model="$TMP/llama3-tiny.dsm"
+  [ $arch = mistral ] && model="$TMP/mistral-tiny.dsm"
   [ $arch = gpt2 ] && model="$SRC/examples/gpt-tiny.dsm"
   W="$TMP/$arch"
   mkdir -p "$W"
@@ -53,6 +57,10 @@ for arch in llama llama3 gpt2; do
     --eval-every 0 --backend cpu --threads 2 --precision f32 --log "$W/reimport.jsonl" --quiet
   "$PY" "$ORACLE" reload $arch "$W" && pass || fail "$arch: the export does not reload in transformers"
 done
+# Mistral's window into a model without one: refused
+expect_exit 1 "$DSC" train "$SRC/examples/llama-tiny.dsm" --init-from "$TMP/mistral/model" \
+  --data "$TMP/llama/data" --batch 4 --seq 32 --steps 1 --out "$TMP/never" --quiet &&
+  expect_grep "config.json: error: sliding_window is 8, but the model's attention has window = 0" "$TMP/err"
 # weights of the unscaled Llama into the scaled model, and back: refused
 expect_exit 1 "$DSC" train "$TMP/llama3-tiny.dsm" --init-from "$TMP/llama/model" --data "$TMP/llama/data" \
   --batch 4 --seq 32 --steps 1 --out "$TMP/never" --quiet &&

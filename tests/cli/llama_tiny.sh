@@ -12,7 +12,7 @@ expect_exit 0 "$DSC" check "$MODEL"
 expect_exit 0 "$DSC" dump "$MODEL" -o "$TMP/llama.dsir"
 expect_grep ' = rope\(%.*\{heads = 4, theta = 1e\+04, interleaved = false, factor = 1.0, ' "$TMP/llama.dsir"
 expect_grep ' = rope\(%.*\{heads = 2, theta = 1e\+04, interleaved = false, factor = 1.0, ' "$TMP/llama.dsir"
-expect_grep ' = attention\(%.*\{heads = 4, kv_heads = 2, causal = true, scale = 0.25\}' "$TMP/llama.dsir"
+expect_grep ' = attention\(%.*\{heads = 4, kv_heads = 2, causal = true, scale = 0.25, window = 0\}' "$TMP/llama.dsir"
 expect_grep '^param layers\.1\.k_proj: f32\[64,32\]' "$TMP/llama.dsir"
 
 if ! "$DSC" run "$MODEL" --backend cpu --quiet >/dev/null 2>&1; then

@@ -527,6 +527,18 @@ TEST(AutodiffGrad, AttentionMultiQuery) { grouped_case(3, 1, 3, false, 0); }
 TEST(AutodiffGrad, AttentionLongerKeysCausalScaled) { grouped_case(2, 2, 5, true, 0.3); }
 TEST(AutodiffGrad, AttentionGroupedLongerKeys) { grouped_case(4, 1, 4, true, 0); }
 
+// A sliding window of 2 over 4 keys (3 queries): the masked keys get no
+// gradient, the others their share.
+TEST(AutodiffGrad, AttentionSlidingWindow) {
+  Harness h;
+  const int64_t hd = 2, T = 3, S = 4;
+  dsc_node *q = h.param("q", {2, T, 4 * hd}, normal);
+  dsc_node *k = h.param("k", {2, S, 2 * hd}, normal);
+  dsc_node *v = h.param("v", {2, S, 2 * hd}, normal);
+  h.weighted_sum_loss(dsc_attention_windowed(h.g, q, k, v, 4, 2, true, 0, 2));
+  h.check(-1, kRelTol, kStep * 10);
+}
+
 // rope's gradient is the rotation back: checked in both pairings, with
 // positions per batch row.
 TEST(AutodiffGrad, Rope) {

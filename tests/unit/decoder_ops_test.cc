@@ -169,6 +169,51 @@ TEST(DecoderOps, GroupedQueryAttentionIsRepeatedKeyValueHeads) {
 
 // Causal with S > T: the queries are the last T of S positions, so query t
 // sees keys 0 .. t + S - T; the key after that must not matter.
+// Mistral's sliding window, as transformers masks it: query i sees key j
+// when j <= i and i - j < window (here with more keys than queries, the
+// queries being the last T); against a softmax written out over the keys
+// that survive.
+TEST(DecoderOps, SlidingWindowAttentionSeesTheLastWindowKeys) {
+  const int64_t B = 2, T = 5, S = 7, H = 2, KVH = 1, hd = 3, W = 3;
+  Graph t;
+  dsc_node *q = t.input("q", DSC_F64, {B, T, H * hd}, -1, 1);
+  dsc_node *k = t.input("k", DSC_F64, {B, S, KVH * hd}, -1, 1);
+  dsc_node *v = t.input("v", DSC_F64, {B, S, KVH * hd}, -1, 1);
+  double scale = 0.7;
+  std::vector<dsc_tensor *> r =
+      t.run({dsc_attention_windowed(t.g, q, k, v, H, KVH, true, scale, W)});
+  ASSERT_EQ(r.size(), 1u);
+  const double *qv = t.in[0]->data, *kv = t.in[1]->data, *vv = t.in[2]->data;
+  double worst = 0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < T; i++) {
+        int64_t qi = i + S - T;  // the query's position among the keys
+        std::vector<double> w(S, 0.0);
+        double mx = -INFINITY, den = 0;
+        for (int64_t j = 0; j < S; j++) {
+          if (j > qi || qi - j >= W) continue;
+          double d = 0;
+          for (int64_t c = 0; c < hd; c++)
+            d += qv[(b * T + i) * H * hd + h * hd + c] * kv[(b * S + j) * KVH * hd + c];
+          w[j] = d * scale;
+          mx = std::fmax(mx, w[j]);
+        }
+        for (int64_t j = 0; j < S; j++)
+          if (j <= qi && qi - j < W)
+            den += (w[j] = std::exp(w[j] - mx));
+          else
+            w[j] = 0;
+        for (int64_t c = 0; c < hd; c++) {
+          double o = 0;
+          for (int64_t j = 0; j < S; j++) o += w[j] / den * vv[(b * S + j) * KVH * hd + c];
+          worst = std::fmax(worst, std::fabs(o - r[0]->data[(b * T + i) * H * hd + h * hd + c]));
+        }
+      }
+  EXPECT_LE(worst, 1e-12);
+  dsc_tensor_free(t.ctx, r[0]);
+}
+
 TEST(DecoderOps, CausalAttentionWithMoreKeysSeesThePast) {
   Graph t;
   const int64_t T = 3, S = 5, C = 4;
@@ -226,6 +271,10 @@ TEST(DecoderOps, BuiltinErrorsNameTheArgument) {
       {"rope(x, heads = 2, factor = 8, low_freq_factor = 1, high_freq_factor = 4, "
        "original_context = 0)",
        "'original_context' must be positive, got 0"},
+      {"attention(x, x, x, heads = 3, window = -1)",
+       "'window' must be 0 (none) or positive with causal = true, got -1"},
+      {"attention(x, x, x, heads = 3, causal = false, window = 2)",
+       "'window' must be 0 (none) or positive with causal = true, got 2 and causal = false"},
       {"dropout(x, p = 1)", "'p' must be in [0, 1), got 1"},
       {"dropout(x, p = -0.1)", "'p' must be in [0, 1), got -0.1"},
       {"dropout(x)", "'dropout'"},

@@ -317,6 +317,30 @@ TEST(Decompose, DropoutDropsTheInterpretersElements) {
     }
 }
 
+// Mistral's sliding window: windows shorter than, equal to and longer than
+// the keys, grouped and not, more keys than queries.
+TEST(Decompose, SlidingWindowAttention) {
+  struct W {
+    int64_t T, S, H, KVH, window;
+  } cases[] = {{6, 6, 2, 2, 2}, {5, 8, 4, 2, 3}, {4, 4, 2, 1, 4}, {4, 6, 2, 2, 9}};
+  uint64_t seed = 600;
+  for (dsc_dtype dt : kFloats)
+    for (const W &w : cases) {
+      SCOPED_TRACE("T" + std::to_string(w.T) + " S" + std::to_string(w.S) + " window " +
+                   std::to_string(w.window) + (dt == DSC_F64 ? " f64" : " f32"));
+      Case c(seed++);
+      const int64_t hd = 3;
+      dsc_node *q = c.input("q", make_type(dt, {2, w.T, w.H * hd}), 1.5);
+      dsc_type kt = make_type(dt, {2, w.S, w.KVH * hd});
+      dsc_node *k = c.input("k", kt, 1.5), *v = c.input("v", kt);
+      dsc_graph_set_loc(c.g, c.op_loc);
+      dsc_node *y = dsc_attention_windowed(c.g, q, k, v, w.H, w.KVH, true, 0, w.window);
+      dsc_graph_set_loc(c.g, c.in_loc);
+      ASSERT_NE(y, nullptr) << diags(c.ctx);
+      c.check({y}, tol_for(dt));
+    }
+}
+
 // Llama 3.1's scaled frequencies (all three bands over a head of 32, an
 // original context of 256): the decomposition's wavelength test and
 // interpolation in f64 against the interpreter's ir_rope_freq.

@@ -227,8 +227,8 @@ TEST(IrText, RoundTripEveryOpAttrInitAndName) {
             std::string::npos);
   EXPECT_NE(s1.find(" = max(%x) {axes = [], keepdims = false} : f32[2,3,4]\n"), std::string::npos);
   EXPECT_NE(s1.find(" = attention(%"), std::string::npos);
-  EXPECT_NE(s1.find("{heads = 2, kv_heads = 2, causal = true, scale = 0.7071067811865475} : "
-                    "f32[2,3,4]\n"),
+  EXPECT_NE(s1.find("{heads = 2, kv_heads = 2, causal = true, scale = 0.7071067811865475, "
+                    "window = 0} : f32[2,3,4]\n"),
             std::string::npos);
   EXPECT_NE(s1.find(" = rope(%"), std::string::npos);
   EXPECT_NE(s1.find("{heads = 2, theta = 1e+04, interleaved = false, factor = 1.0, "

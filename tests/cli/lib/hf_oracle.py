@@ -70,6 +70,16 @@ def make(arch, work):
                           max_position_embeddings=256, attn_implementation="eager",
                           rope_scaling=scaling if arch == "llama3" else None)
         model = LlamaForCausalLM(cfg)
+    elif arch == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        # a sliding window of 8 over sequences of 32: most keys are outside it
+        cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=176,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                            max_position_embeddings=256, sliding_window=8,
+                            attn_implementation="eager")
+        model = MistralForCausalLM(cfg)
     else:
         from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -133,7 +143,7 @@ def make(arch, work):
 
 def dsc_name(arch, hf):
     """transformers' name -> (dsc's param, transposed) as runtime/hf.c maps it"""
-    if arch.startswith("llama"):
+    if arch.startswith("llama") or arch == "mistral":
         n = hf[len("model."):] if hf.startswith("model.") else hf
         n = n.replace("self_attn.", "").replace("mlp.", "")
         n = n[: -len(".weight")] if n.endswith(".weight") else n
