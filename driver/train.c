@@ -245,21 +245,24 @@ static dsc_status sync_params(dsc_trainer *t) {
   return st;
 }
 
+/* Param i's full value from every rank's chunk (collective). */
+static dsc_status gather_param(dsc_trainer *t, int i) {
+  dsc_tensor *full = t->full_t[i], *chunk = dsc_params_get(t->params, i);
+  int64_t s = dsc_type_numel(&chunk->type), n = dsc_type_numel(&full->type);
+  size_t bytes = sizeof(double) * (size_t)(s * t->shard_world);
+  double *all = ir_alloc(t->ctx, bytes);
+  if (!all) return oom(t->ctx);
+  dsc_status st = dsc_comm_all_gather(t->comm, chunk->data, all, s, DSC_F64, t->step);
+  if (st == DSC_OK) memcpy(full->data, all, sizeof(double) * (size_t)n);
+  ir_free(t->ctx, all, bytes);
+  return st;
+}
+
 dsc_status dsc_trainer_gather(dsc_trainer *t) {
   dsc_status st = sync_params(t);
   if (st != DSC_OK || !t->shard_world || t->full_fresh) return st;
-  const dsc_module *m = t->m;
-  for (int i = 0; st == DSC_OK && i < dsc_module_param_count(m); i++) {
-    dsc_tensor *full = t->full_t[i], *chunk = dsc_params_get(t->params, i);
-    if (!full) continue;
-    int64_t s = dsc_type_numel(&chunk->type), n = dsc_type_numel(&full->type);
-    size_t bytes = sizeof(double) * (size_t)(s * t->shard_world);
-    double *all = ir_alloc(t->ctx, bytes);
-    if (!all) return oom(t->ctx);
-    st = dsc_comm_all_gather(t->comm, chunk->data, all, s, DSC_F64, t->step);
-    if (st == DSC_OK) memcpy(full->data, all, sizeof(double) * (size_t)n);
-    ir_free(t->ctx, all, bytes);
-  }
+  for (int i = 0; st == DSC_OK && i < dsc_module_param_count(t->m); i++)
+    if (t->full_t[i]) st = gather_param(t, i);
   if (st == DSC_OK) t->full_fresh = true;
   return st;
 }
@@ -1039,16 +1042,26 @@ static dsc_status open_graphs(dsc_trainer *t, open_state *s) {
 
 /* --init-from: the published weights into the model params' full tensors
  * (rounded to each param's dtype, as initializers are), and every copy()
- * state (the master weights) made again from its param. */
+ * state (the master weights) made again from its param. Under ZeRO-3 each
+ * rank reads only its chunk of the sharded params and the ranks gather the
+ * full values (every rank opens its trainer, so all of them are here). */
 static dsc_status import_weights(dsc_trainer *t, const char *dir) {
   const dsc_module *m = t->m;
   int np = dsc_module_param_count(m);
   dsc_tensor **dst = ir_arena_alloc(&t->arena, sizeof *dst * (size_t)(np > 0 ? np : 1));
-  if (!dst) return oom(t->ctx);
-  for (int i = 0; i < np; i++) dst[i] = NULL;
-  for (int k = 0; k < t->n_model; k++)
-    dst[dsc_module_find_param(m, t->model_names[k])] = t->model_t[k];
-  dsc_status st = dsc_hf_import(t->ctx, dir, m, dst);
+  dsc_tensor **chunk = ir_arena_alloc(&t->arena, sizeof *chunk * (size_t)(np > 0 ? np : 1));
+  if (!dst || !chunk) return oom(t->ctx);
+  for (int i = 0; i < np; i++) dst[i] = chunk[i] = NULL;
+  for (int k = 0; k < t->n_model; k++) {
+    int i = dsc_module_find_param(m, t->model_names[k]);
+    dst[i] = t->model_t[k];
+    if (t->full_t[i]) chunk[i] = dsc_params_get(t->params, i);
+  }
+  int world = t->shard_world ? (int)t->shard_world : 1;
+  dsc_status st = dsc_hf_import_sharded(t->ctx, dir, m, dst, chunk, t->shard_world ? t->rank : 0,
+                                        world, &t->info.import_bytes);
+  for (int i = 0; st == DSC_OK && i < np; i++)
+    if (chunk[i]) st = gather_param(t, i);
   if (st != DSC_OK) return st;
   for (int k = 0; k < t->n_model; k++) ir_round_to_dtype(t->model_t[k]);
   for (int k = 0; k < t->n_opt; k++) {

@@ -289,6 +289,15 @@ static char *join(dsc_context *ctx, const char *dir, const char *name) {
 }
 
 /* A file name of the index: a plain name in the directory, nothing else. */
+/* Param i's whole type, also in a module the ZeRO pass sharded (there the
+ * module's type is a rank's chunk). */
+static dsc_type param_type(const dsc_module *m, int i) {
+  dsc_type full;
+  int64_t world;
+  if (dsc_module_param_shard(m, i, &full, &world) > 0) return full;
+  return dsc_module_param_type(m, i);
+}
+
 static bool plain_name(const char *s) {
   return *s && strcmp(s, ".") != 0 && strcmp(s, "..") != 0 && !strchr(s, '/');
 }
@@ -477,7 +486,7 @@ static dsc_status plan(hf_dir *d, const dsc_module *m) {
         st = DSC_ERR_USER;
         break;
       }
-      dsc_type pt = dsc_module_param_type(m, p), want, got = rt_st_type(d->files[f], e);
+      dsc_type pt = param_type(m, p), want, got = rt_st_type(d->files[f], e);
       stored_shape(&pt, r->layout, &want);
       bool fits = got.rank == want.rank;
       for (int k = 0; fits && k < got.rank; k++)
@@ -501,7 +510,7 @@ static dsc_status plan(hf_dir *d, const dsc_module *m) {
   if (st == DSC_OK && a->tied_head) {
     int h = dsc_module_find_param(m, a->tied_head), e = dsc_module_find_param(m, a->embedding);
     if (h >= 0 && owner[h] < 0 && e >= 0 && owner[e] >= 0 && tie_word_embeddings(d)) {
-      dsc_type ht = dsc_module_param_type(m, h), et = dsc_module_param_type(m, e);
+      dsc_type ht = param_type(m, h), et = param_type(m, e);
       if (ht.rank != 2 || et.rank != 2 || ht.dims[0] != et.dims[1] || ht.dims[1] != et.dims[0]) {
         ir_error(ctx, rt_loc(d->dir),
                  "tie_word_embeddings: param '%s' is not the transpose of '%s'", a->tied_head,
@@ -696,47 +705,100 @@ dsc_status dsc_hf_list(dsc_context *ctx, const char *dir, const dsc_module *m, F
   return st;
 }
 
-dsc_status dsc_hf_import(dsc_context *ctx, const char *dir, const dsc_module *m,
-                         dsc_tensor *const *dst) {
+/* Param it->param's elements [a, b) of its flattened value (dsc's layout)
+ * into out[0 .. b - a), reading only the file bytes that hold them: a plain
+ * tensor's are contiguous (the elements past a padded vocabulary's rows are
+ * zero); a transposed one's (file [R, C], param [C, R], element c R + r) are
+ * columns c_lo..c_hi of each file row, one read per row (row: scratch of a
+ * file row). */
+static dsc_status read_span(const hf_dir *d, const plan_item *it, int64_t a, int64_t b, double *out,
+                            double *row) {
+  rt_st_file *f = d->files[it->file];
+  dsc_type ft = rt_st_type(f, it->entry);
+  int64_t got = dsc_type_numel(&ft);
+  if (!(it->tied || it->rule->layout == HF_TRANSPOSE)) {
+    int64_t end = b < got ? b : got;
+    for (int64_t k = end > a ? end - a : 0; k < b - a; k++) out[k] = 0; /* padded rows */
+    return end > a ? rt_st_read_range(f, it->entry, a, end - a, out) : DSC_OK;
+  }
+  int64_t R = ft.dims[0], C = ft.dims[1], c_lo = a / R, c_hi = (b - 1) / R;
+  for (int64_t r = 0; r < R; r++) {
+    dsc_status st = rt_st_read_range(f, it->entry, r * C + c_lo, c_hi - c_lo + 1, row);
+    if (st != DSC_OK) return st;
+    for (int64_t c = c_lo; c <= c_hi; c++) {
+      int64_t j = c * R + r;
+      if (j >= a && j < b) out[j - a] = row[c - c_lo];
+    }
+  }
+  return DSC_OK;
+}
+
+dsc_status dsc_hf_import_sharded(dsc_context *ctx, const char *dir, const dsc_module *m,
+                                 dsc_tensor *const *dst, dsc_tensor *const *chunk, int rank,
+                                 int world, int64_t *bytes_read) {
   hf_dir d;
+  if (bytes_read) *bytes_read = 0;
+  if (world < 1 || rank < 0 || rank >= world) {
+    ir_error(ctx, ir_no_loc, "import: rank %d of a world of %d", rank, world);
+    return DSC_ERR_USER;
+  }
   dsc_status st = dir_open(ctx, dir, &d);
   if (st == DSC_OK) st = plan(&d, m);
-  /* the largest tensor read, for one scratch buffer */
-  int64_t most = 1;
-  for (int i = 0; st == DSC_OK && i < d.n_items; i++) {
-    dsc_type t = rt_st_type(d.files[d.items[i].file], d.items[i].entry);
-    if (d.items[i].param >= 0 && dsc_type_numel(&t) > most) most = dsc_type_numel(&t);
-  }
-  double *buf = st == DSC_OK ? ir_alloc(ctx, sizeof(double) * (size_t)most) : NULL;
-  if (st == DSC_OK && !buf) st = oom(ctx, dir);
+  /* the largest span read, and the longest file row, for two scratch buffers */
+  int64_t most = 1, widest = 1;
   for (int i = 0; st == DSC_OK && i < d.n_items; i++) {
     const plan_item *it = &d.items[i];
-    if (it->param < 0 || !dst[it->param]) continue;
-    if ((st = ir_check_interrupt(ctx, "reading %s", dir)) != DSC_OK) break;
+    if (it->param < 0) continue;
     dsc_type ft = rt_st_type(d.files[it->file], it->entry);
-    if ((st = rt_st_read(d.files[it->file], it->entry, buf)) != DSC_OK) break;
-    dsc_tensor *t = dst[it->param];
-    int64_t n = dsc_type_numel(&t->type), got = dsc_type_numel(&ft);
-    bool transpose = it->tied || it->rule->layout == HF_TRANSPOSE;
-    if (transpose) { /* file [R, C] -> param [C, R] */
-      int64_t R = ft.dims[0], C = ft.dims[1];
-      for (int64_t r = 0; r < R; r++)
-        for (int64_t c = 0; c < C; c++) t->data[c * R + r] = buf[r * C + c];
-    } else {
-      memcpy(t->data, buf, sizeof(double) * (size_t)got);
-      for (int64_t k = got; k < n; k++) t->data[k] = 0; /* padded rows */
+    dsc_type pt = param_type(m, it->param);
+    int64_t n = dsc_type_numel(&pt), s = (n + world - 1) / world;
+    int64_t span = chunk && chunk[it->param] ? s : n;
+    if (span > most) most = span;
+    if (ft.rank == 2 && ft.dims[1] > widest) widest = ft.dims[1];
+  }
+  double *buf = st == DSC_OK ? ir_alloc(ctx, sizeof(double) * (size_t)most) : NULL;
+  double *row = st == DSC_OK ? ir_alloc(ctx, sizeof(double) * (size_t)widest) : NULL;
+  if (st == DSC_OK && (!buf || !row)) st = oom(ctx, dir);
+  for (int i = 0; st == DSC_OK && i < d.n_items; i++) {
+    const plan_item *it = &d.items[i];
+    if (it->param < 0) continue;
+    dsc_tensor *t = chunk && chunk[it->param] ? chunk[it->param] : dst[it->param];
+    if (!t) continue;
+    if ((st = ir_check_interrupt(ctx, "reading %s", dir)) != DSC_OK) break;
+    dsc_type pt = param_type(m, it->param);
+    int64_t n = dsc_type_numel(&pt);
+    int64_t s = t == dst[it->param] ? n : (n + world - 1) / world;
+    int64_t a = t == dst[it->param] ? 0 : (int64_t)rank * s, b = a + s < n ? a + s : n;
+    if (dsc_type_numel(&t->type) != s) {
+      ir_error(ctx, ir_no_loc,
+               "import: param '%s' has %" PRId64 " elements here, expected %" PRId64,
+               dsc_module_param_name(m, it->param), dsc_type_numel(&t->type), s);
+      st = DSC_ERR_INTERNAL;
+      break;
     }
-    for (int64_t k = 0; k < n; k++)
-      if (!isfinite(t->data[k])) {
+    for (int64_t k = b > a ? b - a : 0; k < s; k++) t->data[k] = 0; /* the chunk's padding */
+    if (b > a && (st = read_span(&d, it, a, b, buf, row)) != DSC_OK) break;
+    for (int64_t k = 0; k < b - a; k++) {
+      if (!isfinite(buf[k])) {
         ir_error(ctx, rt_loc(d.paths[it->file]), "tensor '%s': element %" PRId64 " is %s", it->hf,
-                 k, isnan(t->data[k]) ? "NaN" : "infinite");
+                 a + k, isnan(buf[k]) ? "NaN" : "infinite");
         st = DSC_ERR_USER;
         break;
       }
+      t->data[k] = buf[k];
+    }
   }
+  for (int i = 0; bytes_read && st == DSC_OK && i < d.n_files; i++)
+    *bytes_read += rt_st_bytes_read(d.files[i]);
   if (buf) ir_free(ctx, buf, sizeof(double) * (size_t)most);
+  if (row) ir_free(ctx, row, sizeof(double) * (size_t)widest);
   dir_close(&d);
   return st;
+}
+
+dsc_status dsc_hf_import(dsc_context *ctx, const char *dir, const dsc_module *m,
+                         dsc_tensor *const *dst) {
+  return dsc_hf_import_sharded(ctx, dir, m, dst, NULL, 0, 1, NULL);
 }
 
 /* ------------------------------------------------------------ export */
@@ -771,7 +833,7 @@ static bool graph_attr(const dsc_graph *g, dsc_op op, const char *key, double *o
 static int64_t dim_of(const dsc_module *m, const char *param, int axis) {
   int i = dsc_module_find_param(m, param);
   if (i < 0) return 0;
-  dsc_type t = dsc_module_param_type(m, i);
+  dsc_type t = param_type(m, i);
   return axis < t.rank ? t.dims[axis] : 0;
 }
 

@@ -133,6 +133,11 @@ const char *rt_st_meta(const rt_st_file *f, const char *key);
 int rt_st_find(const rt_st_file *f, const char *name); /* -1: none */
 /* Tensor i's values, converted to doubles, into dst (numel of its type). */
 dsc_status rt_st_read(rt_st_file *f, int i, double *dst);
+/* Its elements [first, first + count) (row-major) only: one pread of their
+ * bytes (ZeRO-3 imports read a rank's chunk). */
+dsc_status rt_st_read_range(rt_st_file *f, int i, int64_t first, int64_t count, double *dst);
+/* The tensor bytes the reads above took from the file so far. */
+int64_t rt_st_bytes_read(const rt_st_file *f);
 
 /* ======================= runtime/rundir.c =======================
  * One writer per run directory: flock on RUN/.lock, which holds the

@@ -777,6 +777,7 @@ struct rt_st_file {
   rt_tensor_set *set; /* names and metadata (its tensors stay NULL) */
   st_entry *ents;
   int n;
+  int64_t bytes_read; /* tensor bytes read so far (rt_st_read, rt_st_read_range) */
 };
 
 void rt_st_close(rt_st_file *f) {
@@ -902,8 +903,36 @@ dsc_status rt_st_read(rt_st_file *f, int i, double *dst) {
   r->fd = f->fd, r->pos = f->data_at + f->ents[i].begin, r->end = f->size, r->len = r->at = 0;
   dsc_status st = read_entry(f, r, &f->ents[i], dst);
   ir_free(f->ctx, r, sizeof *r);
+  if (st == DSC_OK) f->bytes_read += (int64_t)(f->ents[i].end - f->ents[i].begin);
   return st;
 }
+
+dsc_status rt_st_read_range(rt_st_file *f, int i, int64_t first, int64_t count, double *dst) {
+  const st_entry *e = &f->ents[i];
+  size_t es = dsc_dtype_size(e->type.dtype);
+  if (count <= 0) return DSC_OK;
+  if (first < 0 || (uint64_t)(first + count) * es > e->end - e->begin) {
+    ir_error(f->ctx, rt_loc(f->path),
+             "tensor '%s': elements [%" PRId64 ", %" PRId64 ") are outside it", e->name, first,
+             first + count);
+    return DSC_ERR_INTERNAL;
+  }
+  size_t bytes = (size_t)count * es;
+  unsigned char *buf = ir_alloc(f->ctx, bytes);
+  if (!buf) {
+    ir_error(f->ctx, rt_loc(f->path), "out of memory");
+    return DSC_ERR_INTERNAL;
+  }
+  dsc_status st = DSC_OK;
+  if (!rt_pread_full(f->fd, buf, bytes, f->data_at + e->begin + (uint64_t)first * es))
+    st = rt_io_error(f->ctx, f->path, "read failed");
+  for (int64_t k = 0; st == DSC_OK && k < count; k++) dst[k] = decode(e->type.dtype, buf + k * es);
+  ir_free(f->ctx, buf, bytes);
+  if (st == DSC_OK) f->bytes_read += (int64_t)bytes;
+  return st;
+}
+
+int64_t rt_st_bytes_read(const rt_st_file *f) { return f->bytes_read; }
 
 dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_set **out) {
   *out = NULL;

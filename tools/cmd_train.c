@@ -356,7 +356,9 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
              info->kernels_prebuilt, info->kernels_compiled);
     if (info->resumed_from)
       printf("resumed from %s at step %" PRId64 "\n", info->resumed_from, info->start_step);
-    if (o.init_from) printf("weights from %s\n", o.init_from);
+    if (o.init_from)
+      printf("weights from %s (%.3f MB read%s)\n", o.init_from, (double)info->import_bytes / 1e6,
+             cfg->zero.stage == 3 && info->world > 1 ? " by rank 0: its ZeRO-3 chunks" : "");
     if (info->offload_auto) printf("%s\n", info->offload_auto);
     fflush(stdout);
   }

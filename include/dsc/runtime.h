@@ -155,11 +155,21 @@ dsc_status dsc_safetensors_read(dsc_context *ctx, const char *path, dsc_tensor_s
  * types; NULL: skipped). */
 dsc_status dsc_hf_import(dsc_context *ctx, const char *dir, const dsc_module *m,
                          dsc_tensor *const *dst);
+/* ZeRO-3's import: param i into the full dst[i], or, where chunk[i] is set,
+ * only this rank's chunk of it: ceil(n / world) elements from rank x that
+ * of its flattened value (dsc's layout), zero past its end, reading only
+ * the file bytes that hold them (a transposed weight's: the columns the
+ * chunk covers, in each file row). *bytes_read (may be NULL): the tensor
+ * bytes read from the files. */
+dsc_status dsc_hf_import_sharded(dsc_context *ctx, const char *dir, const dsc_module *m,
+                                 dsc_tensor *const *dst, dsc_tensor *const *chunk, int rank,
+                                 int world, int64_t *bytes_read);
 /* How each tensor of dir maps onto m, a line each (`dsc import --list`). */
 dsc_status dsc_hf_list(dsc_context *ctx, const char *dir, const dsc_module *m, FILE *out);
 /* config.json against the model's ops (m before the passes: its forward
  * graph still has attention, rope and the norms): heads, key/value heads,
- * rope_theta, the norms' eps; rotary frequency scaling is refused. */
+ * rope_theta and Llama 3.1's rope scaling, Mistral's sliding window, the
+ * norms' eps; other rotary frequency scalings are refused. */
 dsc_status dsc_hf_check_config(dsc_context *ctx, const char *dir, const dsc_module *m);
 /* The model params in params (full tensors under m's names) written to
  * out_dir (made if missing) for transformers' from_pretrained: config.json

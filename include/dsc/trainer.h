@@ -137,6 +137,9 @@ typedef struct {
   /* --offload-optimizer/--offload-param auto: one line saying what was
    * offloaded for the memory budget ("offload auto: ..."); NULL otherwise */
   const char *offload_auto;
+  /* --init-from: the tensor bytes this rank read from the directory (under
+   * ZeRO-3 only its chunk of each sharded param); 0 otherwise */
+  int64_t import_bytes;
 } dsc_trainer_info;
 
 /* One finished optimizer step. step counts completed steps (1..steps), as

@@ -31,6 +31,41 @@ done
 import_run "$GPT" "$TMP/gpt2" "$TMP/out_gpt2"
 python3 "$MK" --compare "$TMP/gpt2" "$TMP/out_gpt2" && pass || fail "gpt2: the checkpoint is not the import"
 
+# ZeRO-3: each rank reads only its chunk of each param (rank 0 of 3 reads a
+# third of the bytes) and the ranks gather the rest; the first step's loss
+# over the same 6 sequences is the one-rank run's (1e-6: the ranks' mean of
+# means rounds apart from one mean; a wrong weight moves it by far more),
+# for transposed, tied, bf16 and padded-vocabulary (GPT-2) weights
+zero3_run() { # MODEL DIR WORLD BACKEND: the first loss into $TMP/z3_*.jsonl, the header into $TMP/out
+  expect_exit 0 "$DSC" train "$1" --init-from "$2" --data "$TMP/data" --deepspeed "$TMP/still.json" \
+    --batch $((6 / $3)) --seq 16 --grad-accum 1 --steps 1 --save-every 0 --eval-every 0 \
+    --precision f32 --backend "$4" --threads 1 --ranks "$3" --zero-stage 3 \
+    --log "$TMP/z3_$(basename "$2")_$3_$4.jsonl"
+}
+first_loss() { sed -n 's/^{"step":1,"loss":\([^,]*\),.*/\1/p' "$1"; }
+mb_read() { sed -n 's/^weights from .* (\([0-9.]*\) MB read.*/\1/p' "$TMP/out"; }
+for d in llama llama_tied llama_bf16 gpt2; do
+  model=$LLAMA
+  [ $d = gpt2 ] && model=$GPT
+  zero3_run "$model" "$TMP/$d" 1 interp && one=$(mb_read)
+  zero3_run "$model" "$TMP/$d" 3 interp && third=$(mb_read)
+  expect_grep "MB read by rank 0: its ZeRO-3 chunks" "$TMP/out"
+  python3 -c 'import sys; one, third = map(float, sys.argv[1:]); sys.exit(0 if one > 0 and abs(third - one / 3) <= 0.03 * one else 1)' \
+    "${one:-0}" "${third:-0}" && pass || fail "$d: rank 0 of 3 read ${third:-?} MB of ${one:-?}"
+  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-6 * abs(a))' \
+    "$(first_loss "$TMP/z3_${d}_1_interp.jsonl")" "$(first_loss "$TMP/z3_${d}_3_interp.jsonl")" &&
+    pass || fail "$d: ZeRO-3 at 3 ranks imports other weights than 1 rank"
+done
+zero3_run "$LLAMA" "$TMP/llama" 2 cpu
+python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-5 * abs(a))' \
+  "$(first_loss "$TMP/z3_llama_1_interp.jsonl")" "$(first_loss "$TMP/z3_llama_2_cpu.jsonl")" &&
+  pass || fail "ZeRO-3 import: the cpu backend at 2 ranks differs"
+# a bad value in one rank's chunk: that rank names it, none hangs, nothing is trained
+expect_exit 1 timeout 120 "$DSC" train "$LLAMA" --init-from "$TMP/nan" --data "$TMP/data" --batch 2 \
+  --seq 16 --steps 1 --backend interp --ranks 2 --zero-stage 3 --out "$TMP/never_z3" --quiet &&
+  expect_grep "nan/model.safetensors: error: tensor 'model.norm.weight': element 3 is NaN" "$TMP/err"
+[ ! -e "$TMP/never_z3/step-000001" ] && pass || fail "ZeRO-3 with a NaN: trained anyway"
+
 # dsc run --init-from: the forward on the imported weights, the same on both backends
 expect_exit 0 "$DSC" run "$LLAMA" --quiet && cp "$TMP/out" "$TMP/run_init"
 expect_exit 0 "$DSC" run "$LLAMA" --init-from "$TMP/llama" --quiet && cp "$TMP/out" "$TMP/run_hf"
