@@ -66,7 +66,7 @@ dsc_status drv_check_forward(dsc_context *ctx, const char *path, const dsc_graph
   if (n_in == 3) { /* the seed the frontend adds for dropout */
     dsc_node *s = dsc_graph_input_at(g, 2);
     dsc_type st = dsc_node_type(s);
-    if (strcmp(dsc_node_name(s), "dropout_seed") == 0 && st.dtype == DSC_I64 && st.rank == 1 &&
+    if (strcmp(dsc_node_name(s), DSC_DROPOUT_SEED) == 0 && st.dtype == DSC_I64 && st.rank == 1 &&
         st.dims[0] == 1)
       n_in = 2;
   }
@@ -164,7 +164,7 @@ bool drv_step_has_seed(const dsc_module *m) {
   const dsc_graph *g = micro ? micro : dsc_module_find_graph(m, "train_step");
   if (!g || dsc_graph_input_count(g) != 4) return false;
   const char *name = dsc_node_name(dsc_graph_input_at(g, 2));
-  return name && strcmp(name, "dropout_seed") == 0;
+  return name && strcmp(name, DSC_DROPOUT_SEED) == 0;
 }
 
 /* train_step(tokens[rows, T], targets[rows, T][, dropout_seed[K]], lr) ->

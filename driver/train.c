@@ -1424,8 +1424,10 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   for (int64_t k = 0; t->in_seed && k < dsc_type_numel(&t->in_seed->type); k++)
     t->in_seed->data[k] =
         (double)(((ir_rng_next(&t->rng) >> 11) + (uint64_t)t->rank) & IR_RAND_MAX_SEED);
-  const dsc_tensor *ins[4] = {t->in_tok, t->in_tgt, t->in_seed ? t->in_seed : t->in_lr, t->in_lr};
-  int n_ins = t->in_seed ? 4 : 3;
+  const dsc_tensor *ins[4] = {t->in_tok, t->in_tgt};
+  int n_ins = 2;
+  if (t->in_seed) ins[n_ins++] = t->in_seed;
+  ins[n_ins++] = t->in_lr;
   dsc_tensor *outs[3] = {NULL, NULL, NULL}; /* loss, grad_norm (, skipped: fp16) */
   int64_t rss0 = t->rss_stepped || !t->info.mem_planned ? -1 : rss_now(), heap0 = heap_now();
   st = dsc_exec_run_step(t->step_x, ins, n_ins, outs);

@@ -571,7 +571,7 @@ static fe_value lower_rope(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_
 }
 
 /* dropout(x, p): each instance (a block's loop unrolls into several) its own
- * stream; the seed is the graph input "dropout_seed", made on first use.
+ * stream; the seed is the graph input DSC_DROPOUT_SEED, made on first use.
  * Evaluation modules (opts->eval) and p = 0 leave x as it is. */
 static fe_value lower_dropout(fe_state *st, fe_frame *fr, const fe_builtin *bi, fe_binding *b,
                               dsc_loc loc) {
@@ -595,16 +595,16 @@ static fe_value lower_dropout(fe_state *st, fe_frame *fr, const fe_builtin *bi, 
   }
   if (!st->dropout_seed) {
     for (int i = 0; i < dsc_graph_input_count(st->g); i++)
-      if (strcmp(dsc_node_name(dsc_graph_input_at(st->g, i)), "dropout_seed") == 0) {
-        ERR(loc,
-            "'dropout' adds the graph input 'dropout_seed': the model's forward already "
-            "has an argument of that name");
+      if (strcmp(dsc_node_name(dsc_graph_input_at(st->g, i)), DSC_DROPOUT_SEED) == 0) {
+        ERR(loc, "'dropout' adds the graph input '" DSC_DROPOUT_SEED
+                 "': the model's forward "
+                 "already has an argument of that name");
         return verr;
       }
     int64_t one = 1;
     fe_at(st, loc);
     if (!(st->dropout_seed =
-              dsc_graph_input(st->g, "dropout_seed", dsc_type_make(DSC_I64, 1, &one)))) {
+              dsc_graph_input(st->g, DSC_DROPOUT_SEED, dsc_type_make(DSC_I64, 1, &one)))) {
       st->oom = true;
       return verr;
     }

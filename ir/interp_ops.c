@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir/ir.h"
@@ -490,11 +491,13 @@ bool interp_attention(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor
  * p the row's position (broadcast from its shape). */
 bool interp_rope(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out, char *err,
                  size_t errlen) {
-  IR_UNUSED(err), IR_UNUSED(errlen);
   const dsc_type *xt = &in[0]->type, *pt = &in[1]->type;
   int64_t C = xt->dims[xt->rank - 1], H = ir_attr_int(n, "heads"), hd = C / H, half = hd / 2;
   int64_t rows = numel(in[0]) / C;
   bool inter = ir_attr_bool(n, "interleaved");
+  double *f = malloc(sizeof(double) * (size_t)(half > 0 ? half : 1)); /* the frequencies, once */
+  if (!f) return ir_fail(err, errlen, "out of memory");
+  for (int64_t i = 0; i < half; i++) f[i] = ir_rope_freq(n, i, hd);
   int lead = xt->rank - 1 - pt->rank; /* x's row axes the positions lack */
   for (int64_t r = 0; r < rows; r++) {
     /* the position of row r: its index over x's row axes, broadcast */
@@ -513,13 +516,14 @@ bool interp_rope(const dsc_node *n, const dsc_tensor *const *in, dsc_tensor *out
     double *y = out->data + r * C;
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < half; i++) {
-        double a = p * ir_rope_freq(n, i, hd), c = cos(a), s = sin(a);
+        double a = p * f[i], c = cos(a), s = sin(a);
         int64_t j0 = h * hd + (inter ? 2 * i : i), j1 = h * hd + (inter ? 2 * i + 1 : i + half);
         double x0 = x[j0], x1 = x[j1];
         y[j0] = x0 * c - x1 * s;
         y[j1] = x1 * c + x0 * s;
       }
   }
+  free(f);
   return true;
 }
 

@@ -66,7 +66,7 @@ static uint64_t mix64(uint64_t z) {
  * of the Weyl sequence that splitmix64 would walk from the mixed seed, so the
  * counters of one seed never collide and two seeds' sequences are unrelated.
  * Every operation is on unsigned 64-bit words (wrapping); kernels spell
- * the same steps (codegen/llvm.c, kernels/helpers.cuh). */
+ * the same steps (codegen/llvm.c, codegen/cuda.c's prelude). */
 int64_t ir_rand24(int64_t seed, int64_t counter) {
   uint64_t z = mix64((uint64_t)seed) + (uint64_t)counter * 0x9e3779b97f4a7c15ULL;
   return (int64_t)(mix64(z) >> (64 - IR_RAND24_BITS));

@@ -288,7 +288,6 @@ static char *join(dsc_context *ctx, const char *dir, const char *name) {
   return p;
 }
 
-/* A file name of the index: a plain name in the directory, nothing else. */
 /* Param i's whole type, also in a module the ZeRO pass sharded (there the
  * module's type is a rank's chunk). */
 static dsc_type param_type(const dsc_module *m, int i) {
@@ -298,6 +297,7 @@ static dsc_type param_type(const dsc_module *m, int i) {
   return dsc_module_param_type(m, i);
 }
 
+/* A file name of the index: a plain name in the directory, nothing else. */
 static bool plain_name(const char *s) {
   return *s && strcmp(s, ".") != 0 && strcmp(s, "..") != 0 && !strchr(s, '/');
 }
@@ -706,22 +706,32 @@ dsc_status dsc_hf_list(dsc_context *ctx, const char *dir, const dsc_module *m, F
 }
 
 /* Param it->param's elements [a, b) of its flattened value (dsc's layout)
- * into out[0 .. b - a), reading only the file bytes that hold them: a plain
- * tensor's are contiguous (the elements past a padded vocabulary's rows are
- * zero); a transposed one's (file [R, C], param [C, R], element c R + r) are
- * columns c_lo..c_hi of each file row, one read per row (row: scratch of a
- * file row). */
-static dsc_status read_span(const hf_dir *d, const plan_item *it, int64_t a, int64_t b, double *out,
-                            double *row) {
+ * into out[0 .. b - a), zero past a padded vocabulary's rows. The whole
+ * param (a = 0, b = n) is one streamed read of its tensor (a transposed one,
+ * file [R, C] -> param [C, R], through whole[], R C doubles). A rank's chunk
+ * reads only the file bytes that hold it: one range of a plain tensor; of a
+ * transposed one, where element c R + r is file element r C + c, columns
+ * c_lo..c_hi of each file row, one read per row through row[]. */
+static dsc_status read_span(const hf_dir *d, const plan_item *it, int64_t a, int64_t b, int64_t n,
+                            double *out, double *whole, double *row) {
   rt_st_file *f = d->files[it->file];
   dsc_type ft = rt_st_type(f, it->entry);
   int64_t got = dsc_type_numel(&ft);
+  bool full = a == 0 && b == n;
   if (!(it->tied || it->rule->layout == HF_TRANSPOSE)) {
     int64_t end = b < got ? b : got;
     for (int64_t k = end > a ? end - a : 0; k < b - a; k++) out[k] = 0; /* padded rows */
-    return end > a ? rt_st_read_range(f, it->entry, a, end - a, out) : DSC_OK;
+    if (end <= a) return DSC_OK;
+    return full ? rt_st_read(f, it->entry, out) : rt_st_read_range(f, it->entry, a, end - a, out);
   }
-  int64_t R = ft.dims[0], C = ft.dims[1], c_lo = a / R, c_hi = (b - 1) / R;
+  int64_t R = ft.dims[0], C = ft.dims[1];
+  if (full) {
+    dsc_status st = rt_st_read(f, it->entry, whole);
+    for (int64_t r = 0; st == DSC_OK && r < R; r++)
+      for (int64_t c = 0; c < C; c++) out[c * R + r] = whole[r * C + c];
+    return st;
+  }
+  int64_t c_lo = a / R, c_hi = (b - 1) / R;
   for (int64_t r = 0; r < R; r++) {
     dsc_status st = rt_st_read_range(f, it->entry, r * C + c_lo, c_hi - c_lo + 1, row);
     if (st != DSC_OK) return st;
@@ -744,31 +754,32 @@ dsc_status dsc_hf_import_sharded(dsc_context *ctx, const char *dir, const dsc_mo
   }
   dsc_status st = dir_open(ctx, dir, &d);
   if (st == DSC_OK) st = plan(&d, m);
-  /* the largest span read, and the longest file row, for two scratch buffers */
+  /* scratch: the largest transposed tensor read whole, the longest file row
+   * a chunk reads from */
   int64_t most = 1, widest = 1;
   for (int i = 0; st == DSC_OK && i < d.n_items; i++) {
     const plan_item *it = &d.items[i];
     if (it->param < 0) continue;
     dsc_type ft = rt_st_type(d.files[it->file], it->entry);
-    dsc_type pt = param_type(m, it->param);
-    int64_t n = dsc_type_numel(&pt), s = (n + world - 1) / world;
-    int64_t span = chunk && chunk[it->param] ? s : n;
-    if (span > most) most = span;
-    if (ft.rank == 2 && ft.dims[1] > widest) widest = ft.dims[1];
+    if (chunk && chunk[it->param]) {
+      if (ft.rank == 2 && ft.dims[1] > widest) widest = ft.dims[1];
+    } else if (dsc_type_numel(&ft) > most) {
+      most = dsc_type_numel(&ft);
+    }
   }
-  double *buf = st == DSC_OK ? ir_alloc(ctx, sizeof(double) * (size_t)most) : NULL;
+  double *whole = st == DSC_OK ? ir_alloc(ctx, sizeof(double) * (size_t)most) : NULL;
   double *row = st == DSC_OK ? ir_alloc(ctx, sizeof(double) * (size_t)widest) : NULL;
-  if (st == DSC_OK && (!buf || !row)) st = oom(ctx, dir);
+  if (st == DSC_OK && (!whole || !row)) st = oom(ctx, dir);
   for (int i = 0; st == DSC_OK && i < d.n_items; i++) {
     const plan_item *it = &d.items[i];
     if (it->param < 0) continue;
-    dsc_tensor *t = chunk && chunk[it->param] ? chunk[it->param] : dst[it->param];
+    bool part = chunk && chunk[it->param];
+    dsc_tensor *t = part ? chunk[it->param] : dst[it->param];
     if (!t) continue;
     if ((st = ir_check_interrupt(ctx, "reading %s", dir)) != DSC_OK) break;
     dsc_type pt = param_type(m, it->param);
-    int64_t n = dsc_type_numel(&pt);
-    int64_t s = t == dst[it->param] ? n : (n + world - 1) / world;
-    int64_t a = t == dst[it->param] ? 0 : (int64_t)rank * s, b = a + s < n ? a + s : n;
+    int64_t n = dsc_type_numel(&pt), s = part ? (n + world - 1) / world : n;
+    int64_t a = part ? (int64_t)rank * s : 0, b = a + s < n ? a + s : n;
     if (dsc_type_numel(&t->type) != s) {
       ir_error(ctx, ir_no_loc,
                "import: param '%s' has %" PRId64 " elements here, expected %" PRId64,
@@ -777,20 +788,18 @@ dsc_status dsc_hf_import_sharded(dsc_context *ctx, const char *dir, const dsc_mo
       break;
     }
     for (int64_t k = b > a ? b - a : 0; k < s; k++) t->data[k] = 0; /* the chunk's padding */
-    if (b > a && (st = read_span(&d, it, a, b, buf, row)) != DSC_OK) break;
-    for (int64_t k = 0; k < b - a; k++) {
-      if (!isfinite(buf[k])) {
+    if (b > a && (st = read_span(&d, it, a, b, n, t->data, whole, row)) != DSC_OK) break;
+    for (int64_t k = 0; k < b - a; k++)
+      if (!isfinite(t->data[k])) {
         ir_error(ctx, rt_loc(d.paths[it->file]), "tensor '%s': element %" PRId64 " is %s", it->hf,
-                 a + k, isnan(buf[k]) ? "NaN" : "infinite");
+                 a + k, isnan(t->data[k]) ? "NaN" : "infinite");
         st = DSC_ERR_USER;
         break;
       }
-      t->data[k] = buf[k];
-    }
   }
   for (int i = 0; bytes_read && st == DSC_OK && i < d.n_files; i++)
     *bytes_read += rt_st_bytes_read(d.files[i]);
-  if (buf) ir_free(ctx, buf, sizeof(double) * (size_t)most);
+  if (whole) ir_free(ctx, whole, sizeof(double) * (size_t)most);
   if (row) ir_free(ctx, row, sizeof(double) * (size_t)widest);
   dir_close(&d);
   return st;

@@ -26,10 +26,13 @@ typedef struct {
   const dsc_dim_binding *dims;
   int n_dims;
   /* Evaluation (validation, sampling): every dropout is the identity and the
-   * graph has no "dropout_seed" input. Training (false): a model with a
+   * graph has no DSC_DROPOUT_SEED input. Training (false): a model with a
    * dropout of p > 0 gets that input, i64[1], after its own. */
   bool eval;
 } dsc_frontend_options;
+
+/* The name of the graph input that carries dropout's seed. */
+#define DSC_DROPOUT_SEED "dropout_seed"
 
 /* Reads and compiles a model file. Diagnostics (file:line:col) go to ctx.
  * On success *out is a verified module owned by the caller. */

@@ -50,7 +50,9 @@ for d in llama llama_tied llama_bf16 gpt2; do
   zero3_run "$model" "$TMP/$d" 1 interp && one=$(mb_read)
   zero3_run "$model" "$TMP/$d" 3 interp && third=$(mb_read)
   expect_grep "MB read by rank 0: its ZeRO-3 chunks" "$TMP/out"
-  python3 -c 'import sys; one, third = map(float, sys.argv[1:]); sys.exit(0 if one > 0 and abs(third - one / 3) <= 0.03 * one else 1)' \
+  # within 2% of a third: a transposed weight's chunk reads its first and
+  # last columns whole (measured: 0.171 of 0.501 MB, 0.085 of 0.250 for bf16)
+  python3 -c 'import sys; one, third = map(float, sys.argv[1:]); sys.exit(0 if one > 0 and abs(third - one / 3) <= 0.02 * one else 1)' \
     "${one:-0}" "${third:-0}" && pass || fail "$d: rank 0 of 3 read ${third:-?} MB of ${one:-?}"
   python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-6 * abs(a))' \
     "$(first_loss "$TMP/z3_${d}_1_interp.jsonl")" "$(first_loss "$TMP/z3_${d}_3_interp.jsonl")" &&

@@ -276,8 +276,12 @@ TEST_F(LlvmTest, Rand24IsIrRand24) {
   kir_expr *ctr = bin(KIR_ADD, kir_index(&arena, 1), c(DSC_I64, 4097.0 * 1099511627776.0));
   kb.store(acc(O, 0, {1031, 1}), bin(KIR_RAND24, ld(DSC_I64, acc(S, 0, {1, 0})), ctr));
   check(kb.done(), -9.0e15, 9.0e15);
-  EXPECT_EQ(ir_rand24(0, 0), ir_rand24(0, 0));
-  EXPECT_NE(ir_rand24(1, 5), ir_rand24(2, 5));
+  // and ir_rand24 is docs/ir.md's formula: values from a Python replica of
+  // top24(mix(mix(s) + c * 0x9e3779b97f4a7c15)) in 64-bit wrapping arithmetic
+  EXPECT_EQ(ir_rand24(0, 0), 0);
+  EXPECT_EQ(ir_rand24(1, 5), 3389999);
+  EXPECT_EQ(ir_rand24(2, 5), 9011819);
+  EXPECT_EQ(ir_rand24(9007199254740991LL, (3LL << 40) + 17), 995906);
 }
 
 // Three-stage softmax (REDUCE max, REDUCE sum of exp, LET 1/sum, STORE);
