@@ -15,7 +15,9 @@
 # venv (--venv DIR, else $BENCH_VENV, else build/bench-venv) with torch from
 # PyPI if missing, then runs in one go: fma_peak; dsc cpu once on an empty
 # kernel cache (cold compile, 1 step) and timed on the same cache (warm);
-# dsc cpu bf16; PyTorch f32 and bf16 (autocast); with --load (one busy
+# dsc cpu bf16, then f32 and bf16 in one process with their steps
+# alternating (the bf16/f32 ratio, free of the machine's drift between
+# processes); PyTorch f32 and bf16 (autocast); with --load (one busy
 # process per core) or --background N (N of them) dsc's and PyTorch's steps
 # again under that load, the busy processes started before and killed after
 # each timed part; last the dsc interp step (slow: --interp-steps defaults to
@@ -201,6 +203,11 @@ if t("dsc-cpu") and t("pytorch"):
           f"{'met' if sp >= 1.3 else 'NOT met'}){mark}")
 if t("dsc-cpu-bf16") and t("pytorch-bf16"):
     print(f"dsc-cpu-bf16 vs pytorch-bf16: {t('pytorch-bf16') / t('dsc-cpu-bf16'):.2f}x{mark}")
+pair = rows.get("dsc-bf16-pair", {}).get("step_ratio_median")
+if pair:
+    n = rows["dsc-bf16-pair"].get("steps", "?")
+    print(f"dsc bf16 / f32, steps alternating in one process (median of {n} pairs): "
+          f"{pair:.3f} (target <= 1: {'met' if pair <= 1 else 'NOT met'}){mark}")
 if t("dsc-cpu") and gflop and peak:
     frac = gflop / t("dsc-cpu") / peak
     frac374 = gflop / t("dsc-cpu") / ISSUE_PEAK
@@ -385,6 +392,12 @@ dsc_step() { # ROW PRECISION
     --precision "$2"
 }
 # shellcheck disable=SC2317
+dsc_pair() { # ROW: f32 and bf16 in one process, their steps alternating
+  run "$1" "${DSC_ENV[@]}" "DSC_CACHE_DIR=$CACHE" "$BUILD/bench/train_step" "$MODEL" \
+    --backend cpu --threads "$THREADS" --batch "$B" --seq "$T" --steps "$((2 * STEPS))" \
+    --warmup 1 --precision f32,bf16
+}
+# shellcheck disable=SC2317
 pytorch_step() { # ROW DTYPE
   run "$1" "${TORCH_ENV[@]}" "$VENV/bin/python" "$SRC/bench/pytorch_gpt2_step.py" \
     --model "$MODEL_NAME" --threads "$THREADS" --batch "$B" --seq "$T" --steps "$STEPS" \
@@ -402,6 +415,9 @@ timed_parts() { # SUFFIX
   if [ $HAVE_DSC = 1 ]; then
     part $loaded dsc_step "dsc-cpu$sfx" f32
     [ $RUN_BF16 = 1 ] && part $loaded dsc_step "dsc-cpu-bf16$sfx" bf16
+    # the rows above are processes a minute apart; the ratio bf16 / f32 from
+    # steps alternating in one process does not move with the machine's drift
+    [ $RUN_BF16 = 1 ] && [ -z "$sfx" ] && part 0 dsc_pair "dsc-bf16-pair"
   fi
   if [ $RUN_PYTORCH = 1 ]; then
     part $loaded pytorch_step "pytorch$sfx" f32

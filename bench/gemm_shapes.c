@@ -5,8 +5,11 @@
  * plans run with f32 operands on the AVX-512 kernel ("avx512") and on the
  * AVX2 one (planned under DSC_CPU_ISA=avx2: "avx2"), and with bf16 operands
  * (f32 C) widened to f32 on both ("bf16", "avx2bf16") and on AVX512-BF16
- * hosts through vdpbf16ps ("dpbf16"); the ratios compare AVX2 with oneDNN
- * and bf16 with f32 on the same kernel.
+ * hosts through vdpbf16ps ("dpbf16"), and with bf16 operands and a bf16 C
+ * on the host's own kernel ("bf16c", what a bf16 step's forward runs); the
+ * ratios compare AVX2 with oneDNN and bf16 with f32 on the same kernel. On
+ * a host without AVX-512 (or AVX512-BF16) those columns print "-" and the
+ * FMA probe runs its AVX2 chains.
  *
  *   gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time] [--best]
  *               [--huge] [--dnnl-avx2]
@@ -75,7 +78,17 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* ---- the FMA peak (bench/fma_peak.c's probe, AVX-512 only) ---- */
+/* ---- the FMA peak (bench/fma_peak.c's probe: AVX-512 or AVX2 chains) ---- */
+
+static bool have_avx512;
+
+/* One probe run; flops per iteration: fma_flops_per_iter(). */
+static float fma_chains(int64_t iters, float seed) {
+  return have_avx512 ? fma_chains_avx512(iters, seed) : fma_chains_avx2(iters, seed);
+}
+static double fma_flops_per_iter(void) {
+  return have_avx512 ? FMA_CHAINS * 32.0 : FMA_CHAINS_AVX2 * 16.0;
+}
 
 typedef struct {
   pthread_barrier_t *start, *stop;
@@ -88,7 +101,7 @@ static void *peak_main(void *p) {
   peak_worker *w = p;
   for (int t = 0; t < w->trials; t++) {
     pthread_barrier_wait(w->start);
-    w->result += fma_chains_avx512(w->iters, (float)t);
+    w->result += fma_chains(w->iters, (float)t);
     pthread_barrier_wait(w->stop);
   }
   return NULL;
@@ -99,7 +112,7 @@ static double fma_peak(int threads, double ms) {
   int64_t iters = 1 << 16;
   for (;;) {
     double t0 = now_s();
-    volatile float sink = fma_chains_avx512(iters, 1);
+    volatile float sink = fma_chains(iters, 1);
     (void)sink;
     double dt = now_s() - t0;
     if (dt > ms * 1e-3 / 4 || iters > ((int64_t)1 << 40)) {
@@ -124,7 +137,7 @@ static double fma_peak(int threads, double ms) {
     pthread_barrier_wait(&start);
     double t0 = now_s();
     pthread_barrier_wait(&stop);
-    double gf = FMA_CHAINS * 32.0 * (double)iters * threads / (now_s() - t0) * 1e-9;
+    double gf = fma_flops_per_iter() * (double)iters * threads / (now_s() - t0) * 1e-9;
     if (gf > best) best = gf;
   }
   for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
@@ -187,6 +200,20 @@ static cg_gemm make_gemm(const shape *s) {
   return g;
 }
 
+/* A GFLOP/s cell, "-" for an implementation the host does not run (t 0). */
+static void gflops_cell(char *out, size_t n, double flop, double t) {
+  if (t > 0)
+    snprintf(out, n, "%.1f", flop / t * 1e-9);
+  else
+    snprintf(out, n, "-");
+}
+static void ratio_cell(char *out, size_t n, double num, double den) {
+  if (num > 0 && den > 0)
+    snprintf(out, n, "%.2fx", num / den);
+  else
+    snprintf(out, n, "-");
+}
+
 static int usage(void) {
   fputs(
       "usage: gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time] "
@@ -239,8 +266,10 @@ int main(int argc, char **argv) {
   if (threads < 1 || threads > 64 || reps < 1 || reps > 1000 || !(ms > 0 && ms < 60000))
     return usage();
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512f"))
-    return fputs("gemm_shapes: needs AVX-512 (the FMA probe and dsc's sgemm)\n", stderr), 1;
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    return fputs("gemm_shapes: needs AVX2 and FMA (the FMA probe and dsc's sgemm)\n", stderr), 1;
+  have_avx512 = __builtin_cpu_supports("avx512f");
+  bool have_dpbf16 = have_avx512 && __builtin_cpu_supports("avx512bf16");
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   rt_pool *pool = ctx ? rt_pool_new(ctx, threads) : NULL;
@@ -257,12 +286,21 @@ int main(int argc, char **argv) {
          (unsigned)dnnl_get_effective_cpu_isa(), (unsigned)dnnl_cpu_isa_avx2,
          (unsigned)dnnl_cpu_isa_avx512_core);
 #endif
-  printf("%-14s %-22s %-6s %8s %6s %8s %8s %8s %8s %8s %6s %6s %6s %6s\n", "gemm",
+  printf("%-14s %-22s %-6s %8s %6s %8s %8s %8s %8s %8s %8s %6s %6s %6s %6s %6s\n", "gemm",
          "m x n x k (batch)", "layout", "avx512", "%peak", "avx2", "dnnl", "bf16", "avx2bf16",
-         "dpbf16", "2/dnnl", "bf/512", "bf/2", "dp/512");
-  /* avx512, avx2, dnnl, bf16 widened (avx512), bf16 widened (avx2), bf16 vdpbf16ps */
-  enum { N_IMPL = 6 };
-  static const char *const isa_of[N_IMPL] = {"avx512", "avx2", NULL, "avx512", "avx2", "avx512"};
+         "dpbf16", "bf16c", "2/dnnl", "bf/512", "bf/2", "dp/512", "c/f32");
+  /* avx512, avx2, dnnl, bf16 widened (avx512), bf16 widened (avx2), bf16
+   * vdpbf16ps, bf16 operands and C on the host's kernel (isa NULL: the
+   * planner's own choice) */
+  enum { N_IMPL = 7, DNNL = 2, BF16C = 6 };
+  static const char *const isa_of[N_IMPL] = {"avx512", "avx2",   NULL, "avx512",
+                                             "avx2",   "avx512", NULL};
+  /* which implementations this host runs (the others print "-") */
+  bool runs[N_IMPL];
+  for (int q = 0; q < N_IMPL; q++)
+    runs[q] = q == 5 ? have_dpbf16 : !isa_of[q] || strcmp(isa_of[q], "avx512") != 0 || have_avx512;
+  /* the f32 column the host's own kernel is compared with */
+  int host_f32 = have_avx512 ? 0 : 1;
   double tot_flop = 0, tot[N_IMPL] = {0};
   int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int si = 0; si < n_shapes; si++) {
@@ -273,7 +311,7 @@ int main(int argc, char **argv) {
     size_t na = (size_t)(nb * s->m * s->k), nbb = (size_t)(nb * s->k * s->n);
     size_t nc = (size_t)(nb * s->m * s->n);
     float *a = alloc_operand(na * 4, huge), *b = alloc_operand(nbb * 4, huge);
-    float *c = alloc_operand(nc * 4, huge);
+    float *c = alloc_operand(nc * 4, huge); /* also the bf16 C (half of it) */
     uint16_t *ah = alloc_operand(na * 2, huge), *bh = alloc_operand(nbb * 2, huge);
     if (!a || !b || !c || !ah || !bh) return fputs("gemm_shapes: out of memory\n", stderr), 1;
     for (size_t i = 0; i < na; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
@@ -282,13 +320,13 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < nbb; i++) bh[i] = ir_bf16_bits(b[i]);
     rt_gemm_plan *pl[N_IMPL] = {NULL};
     for (int q = 0; q < N_IMPL; q++) {
-      if (!isa_of[q]) continue;
-      setenv("DSC_CPU_ISA", isa_of[q], 1); /* the kernel is fixed at planning */
-      pl[q] = rt_gemm_plan_new(eng, &g, q >= 3 ? DSC_BF16 : DSC_F32, DSC_F32,
-                               q == 5 ? RT_GEMM_DPBF16 : 0);
+      if (q == DNNL || !runs[q]) continue;
+      if (isa_of[q]) setenv("DSC_CPU_ISA", isa_of[q], 1); /* the kernel is fixed at planning */
+      pl[q] = rt_gemm_plan_new(eng, &g, q >= 3 ? DSC_BF16 : DSC_F32,
+                               q == BF16C ? DSC_BF16 : DSC_F32, q == 5 ? RT_GEMM_DPBF16 : 0);
+      unsetenv("DSC_CPU_ISA");
       if (!pl[q]) return fputs("gemm_shapes: planning failed\n", stderr), 1;
     }
-    unsetenv("DSC_CPU_ISA");
     double flop = 2.0 * (double)nb * (double)s->m * (double)s->n * (double)s->k;
     /* each timed repetition lasts >= ~20 ms: inner loops of the call */
     int inner = best ? 1 : (int)(4e9 / flop) + 1;
@@ -298,6 +336,7 @@ int main(int argc, char **argv) {
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
       for (int q = 0; q < N_IMPL; q++) {
         double t0 = now_s();
+        if (!runs[q]) continue;
         if (pl[q]) {
           const void *pa = q >= 3 ? (const void *)ah : a, *pb = q >= 3 ? (const void *)bh : b;
           for (int it = 0; it < inner; it++) rt_gemm_run(pl[q], pa, pb, c, err, sizeof err);
@@ -315,25 +354,35 @@ int main(int argc, char **argv) {
     }
     double d[N_IMPL];
     for (int q = 0; q < N_IMPL; q++) {
+      if (!runs[q]) {
+        d[q] = 0;
+        continue;
+      }
       qsort(t[q], (size_t)reps, sizeof(double), cmp_double);
       d[q] = t[q][best ? 0 : reps / 2];
     }
 #ifndef DSC_HAVE_LLVM
-    d[2] = d[0]; /* no oneDNN in this build: its column repeats dsc's */
+    d[DNNL] = d[host_f32]; /* no oneDNN in this build: its column repeats dsc's */
 #endif
     char dims[64];
     snprintf(dims, sizeof dims, "%" PRId64 "x%" PRId64 "x%" PRId64 " (%" PRId64 ")", s->m, s->n,
              s->k, nb);
-    printf(
-        "%-14s %-22s %-6s %8.1f %5.1f%% %8.1f %8.1f %8.1f %8.1f %8.1f %5.2fx %5.2fx %5.2fx "
-        "%5.2fx  [%s]\n",
-        s->what, dims,
-        s->ta   ? "AtB"
-        : s->tb ? "ABt"
-                : "AB",
-        flop / d[0] * 1e-9, 100 * flop / d[0] * 1e-9 / peak, flop / d[1] * 1e-9, flop / d[2] * 1e-9,
-        flop / d[3] * 1e-9, flop / d[4] * 1e-9, flop / d[5] * 1e-9, d[2] / d[1], d[0] / d[3],
-        d[1] / d[4], d[0] / d[5], rt_gemm_plan_impl(pl[5]));
+    char col[N_IMPL][16], ratio[5][16];
+    for (int q = 0; q < N_IMPL; q++) gflops_cell(col[q], sizeof col[q], flop, d[q]);
+    ratio_cell(ratio[0], sizeof ratio[0], d[DNNL], d[1]);
+    ratio_cell(ratio[1], sizeof ratio[1], d[0], d[3]);
+    ratio_cell(ratio[2], sizeof ratio[2], d[1], d[4]);
+    ratio_cell(ratio[3], sizeof ratio[3], d[0], d[5]);
+    ratio_cell(ratio[4], sizeof ratio[4], d[host_f32], d[BF16C]);
+    char pct[16]; /* the host's f32 kernel against the probe's peak */
+    snprintf(pct, sizeof pct, "%.1f", 100 * flop / d[host_f32] * 1e-9 / peak);
+    printf("%-14s %-22s %-6s %8s %5s%% %8s %8s %8s %8s %8s %8s %6s %6s %6s %6s %6s  [%s]\n",
+           s->what, dims,
+           s->ta   ? "AtB"
+           : s->tb ? "ABt"
+                   : "AB",
+           col[0], pct, col[1], col[2], col[3], col[4], col[5], col[6], ratio[0], ratio[1],
+           ratio[2], ratio[3], ratio[4], pl[5] ? rt_gemm_plan_impl(pl[5]) : "-");
     tot_flop += flop;
     for (int q = 0; q < N_IMPL; q++) tot[q] += d[q];
     for (int q = 0; q < N_IMPL; q++) {
@@ -342,14 +391,16 @@ int main(int argc, char **argv) {
     }
     free(a), free(b), free(c), free(ah), free(bh);
   }
+  /* the JSON summary: GFLOP/s over all shapes, 0 where the host cannot run it */
+  double gf[N_IMPL];
+  for (int q = 0; q < N_IMPL; q++) gf[q] = tot[q] > 0 ? tot_flop / tot[q] * 1e-9 : 0;
   printf(
-      "{\"impl\":\"gemm_shapes\",\"threads\":%d,\"peak_gflops\":%.1f,\"dsc_gflops\":%.1f,"
-      "\"dsc_avx2_gflops\":%.1f,\"dnnl_gflops\":%.1f,\"dsc_bf16_gflops\":%.1f,"
-      "\"dsc_avx2_bf16_gflops\":%.1f,\"dsc_dpbf16_gflops\":%.1f,\"dsc_pct_peak\":%.1f,"
-      "\"dnnl_pct_peak\":%.1f}\n",
-      threads, peak, tot_flop / tot[0] * 1e-9, tot_flop / tot[1] * 1e-9, tot_flop / tot[2] * 1e-9,
-      tot_flop / tot[3] * 1e-9, tot_flop / tot[4] * 1e-9, tot_flop / tot[5] * 1e-9,
-      100 * tot_flop / tot[0] * 1e-9 / peak, 100 * tot_flop / tot[2] * 1e-9 / peak);
+      "{\"impl\":\"gemm_shapes\",\"threads\":%d,\"avx512\":%s,\"peak_gflops\":%.1f,"
+      "\"dsc_gflops\":%.1f,\"dsc_avx2_gflops\":%.1f,\"dnnl_gflops\":%.1f,"
+      "\"dsc_bf16_gflops\":%.1f,\"dsc_avx2_bf16_gflops\":%.1f,\"dsc_dpbf16_gflops\":%.1f,"
+      "\"dsc_bf16c_gflops\":%.1f,\"dsc_pct_peak\":%.1f,\"dnnl_pct_peak\":%.1f}\n",
+      threads, have_avx512 ? "true" : "false", peak, gf[0], gf[1], gf[DNNL], gf[3], gf[4], gf[5],
+      gf[BF16C], 100 * gf[host_f32] / peak, 100 * gf[DNNL] / peak);
   rt_gemm_engine_free(eng);
   rt_pool_free(pool);
   dsc_context_free(ctx);

@@ -1,8 +1,8 @@
 /* train_step: times one GPT training step of a model file on a backend.
  *
  *   train_step [MODEL.dsm] [--backend interp|cpu|cuda] [--threads N] [--batch B]
- *              [--seq T] [--steps N] [--warmup W] [--seed S] [--precision P]
- *              [--count-only]
+ *              [--seq T] [--steps N] [--warmup W] [--seed S] [--precision P[,P2]]
+ *              [--count-only] [--profile]
  *
  * Loads the model through the frontend (B and T bound as `dsc train` does),
  * takes the train section's settings with grad_accum 1 and precision f32
@@ -26,7 +26,14 @@
  *
  * Prints one JSON line:
  *   {"impl":"dsc-<backend>","step_s_median":..,"gflop":..,"gflop_matmul":..,...}
- * (cuda adds "peak_mem_bytes": dsc_exec_device_bytes). */
+ * (cuda adds "peak_mem_bytes": dsc_exec_device_bytes).
+ *
+ * --precision f32,bf16 builds both in one process and alternates their
+ * steps (f32 bf16, bf16 f32, ...) on the same tokens: a line per precision,
+ * then {"impl":"dsc-pair","step_ratio_median":..}, the median over steps of
+ * bf16's time over f32's. Separate processes minutes apart compare a
+ * machine whose speed drifts with its other tenants (on the 2-core guests
+ * here, 5-10% from one run to the next); steps back to back do not. */
 #define _POSIX_C_SOURCE 200809L
 #include <inttypes.h>
 #include <math.h>
@@ -128,9 +135,10 @@ static int usage(const char *msg) {
   if (msg) fprintf(stderr, "train_step: %s\n", msg);
   fputs(
       "usage: train_step [MODEL.dsm] [--backend interp|cpu|cuda] [--threads N] [--batch B]\n"
-      "                  [--seq T] [--steps N] [--warmup W] [--seed S] [--precision P]\n"
+      "                  [--seq T] [--steps N] [--warmup W] [--seed S] [--precision P[,P2]]\n"
       "                  [--count-only] [--profile]   (--profile: the slowest\n"
-      "                  instructions of the timed steps, to stderr)\n",
+      "                  instructions of the timed steps, to stderr; --precision f32,bf16:\n"
+      "                  both, steps alternating, and the median ratio of P2's to P's)\n",
       stderr);
   return 2;
 }
@@ -151,20 +159,201 @@ static int fail(dsc_context *ctx, const char *what) {
   return 1;
 }
 
+/* One precision's model, executor and inputs. */
+typedef struct {
+  dsc_module *m;
+  dsc_exec *e;
+  dsc_params *params;
+  dsc_tensor *in[3];
+  dsc_train_config cfg;
+  flop_count fc;
+  int64_t vocab;
+  double compile_s, exec_new_s;
+  double *times;
+  double loss_first, loss_last, norm_first;
+} run_state;
+
+typedef struct {
+  const char *model;
+  dsc_backend backend;
+  const char *backend_name;
+  int64_t threads, B, T;
+  bool count_only;
+} run_options;
+
+static void run_free(dsc_context *ctx, run_state *r) {
+  free(r->times);
+  for (int k = 0; k < 3; k++)
+    if (r->in[k]) dsc_tensor_free(ctx, r->in[k]);
+  dsc_params_free(r->params);
+  dsc_exec_free(r->e);
+  dsc_module_free(r->m);
+  memset(r, 0, sizeof *r);
+}
+
+/* Compiles the model at one precision, runs the pipeline and (unless
+ * count_only) builds the executor, the params and the inputs. Returns 0, or
+ * the exit code after printing why. */
+static int run_setup(dsc_context *ctx, const run_options *o, const char *precision, int64_t seed,
+                     int64_t steps, run_state *r) {
+  memset(r, 0, sizeof *r);
+  r->loss_first = r->loss_last = r->norm_first = NAN;
+  dsc_dim_binding dims[2] = {{"B", o->B}, {"T", o->T}};
+  dsc_frontend_options fo = {dims, 2, false};
+  double t0 = now_s();
+  if (dsc_compile_file(ctx, o->model, &fo, &r->m) != DSC_OK)
+    return fail(ctx, "compiling the model");
+  /* The vocabulary, from the forward graph before the pipeline decomposes
+   * its cross_entropy: the class axis of the loss's logits. */
+  dsc_graph *fg = dsc_module_find_graph(r->m, "forward");
+  for (int i = 0; fg && i < dsc_graph_node_count(fg) && !r->vocab; i++) {
+    const dsc_node *n = dsc_graph_node(fg, i);
+    if (dsc_node_op(n) == DSC_OP_CROSS_ENTROPY) {
+      dsc_type lt = dsc_node_type(dsc_node_input(n, 0));
+      r->vocab = lt.dims[lt.rank - 1];
+    }
+  }
+  if (r->vocab <= 0)
+    return fputs(
+               "train_step: the model's forward has no cross_entropy: cannot tell the "
+               "vocabulary\n",
+               stderr),
+           1;
+  if (dsc_train_config_from_module(r->m, &r->cfg) != DSC_OK)
+    return fail(ctx, "reading the train section");
+  r->cfg.batch = o->B, r->cfg.seq = o->T, r->cfg.grad_accum = 1;
+  if (dsc_precision_from_name(precision, &r->cfg.precision) != 0)
+    return usage("--precision must be f32, bf16 or fp16 (or two of them: f32,bf16)");
+  dsc_pipeline_options po;
+  memset(&po, 0, sizeof po);
+  po.train = &r->cfg;
+  if (dsc_run_pipeline(r->m, &po) != DSC_OK) return fail(ctx, "the pass pipeline");
+  dsc_graph *g = dsc_module_find_graph(r->m, "train_step");
+  if (!g || dsc_graph_input_count(g) != 3 || dsc_graph_output_count(g) < 2)
+    return fputs("train_step: the pipeline made no train_step(tokens, targets, lr) graph\n",
+                 stderr),
+           1;
+  r->compile_s = now_s() - t0;
+  r->fc = count_flops(g);
+  if (o->count_only) return 0;
+
+  dsc_exec_options eo = {o->backend, (int)o->threads, NULL};
+  t0 = now_s();
+  if (dsc_exec_new(r->m, &eo, &r->e) != DSC_OK) return fail(ctx, "building the executor");
+  r->exec_new_s = now_s() - t0;
+  if (!(r->params = dsc_params_init(r->m, (uint64_t)seed)))
+    return fail(ctx, "initialising the params");
+  if (dsc_exec_set_params(r->e, r->params) != DSC_OK) return fail(ctx, "setting the params");
+  dsc_type tok_t = dsc_node_type(dsc_graph_input_at(g, 0));
+  dsc_type tgt_t = dsc_node_type(dsc_graph_input_at(g, 1));
+  dsc_type lr_t = dsc_node_type(dsc_graph_input_at(g, 2));
+  if ((tok_t.dtype != DSC_I32 && tok_t.dtype != DSC_I64) || !dsc_type_equal(&tok_t, &tgt_t))
+    return fputs(
+               "train_step: not a token model: forward(tokens, targets) must take two "
+               "integer tensors of one shape\n",
+               stderr),
+           1;
+  for (int k = 0; k < 2; k++)
+    if (!(r->in[k] = dsc_tensor_new(ctx, tok_t))) goto oom;
+  if (!(r->in[2] = dsc_tensor_new(ctx, lr_t))) goto oom;
+  r->in[2]->data[0] = r->cfg.opt.lr;
+  if (!(r->times = calloc((size_t)steps, sizeof *r->times))) goto oom;
+  return 0;
+oom:
+  fputs("train_step: out of memory\n", stderr);
+  return 1;
+}
+
+/* One timed step of r on the tokens drawn from the stream state rs (the
+ * same draw for both precisions of a pair). Returns 0, or the exit code. */
+static int run_one(dsc_context *ctx, const run_options *o, run_state *r, uint64_t rs, int64_t s,
+                   int64_t warmup, bool profile) {
+  /* Tokens below the real GPT-2 vocabulary (50257) when the model's is
+   * padded beyond it, as data would be. */
+  int64_t draw = r->vocab > 50257 ? 50257 : r->vocab;
+  dsc_type tok_t = r->in[0]->type;
+  int64_t ntok = dsc_type_numel(&tok_t);
+  for (int k = 0; k < 2; k++)
+    for (int64_t j = 0; j < ntok; j++) r->in[k]->data[j] = (double)(rng_next(&rs) % (uint64_t)draw);
+  if (profile && s == warmup) dsc_exec_set_profiling(r->e, true);
+  dsc_graph *g = dsc_module_find_graph(r->m, "train_step");
+  int n_out = dsc_graph_output_count(g);
+  dsc_tensor *outs[8] = {NULL};
+  if (n_out > 8) return fputs("train_step: the step has more than 8 outputs\n", stderr), 1;
+  double ts = now_s();
+  dsc_status st = dsc_exec_run_step(r->e, (const dsc_tensor *const *)r->in, 3, outs);
+  double dt = now_s() - ts;
+  if (st != DSC_OK) return fail(ctx, "dsc_exec_run");
+  double loss = outs[0]->data[0];
+  if (s == 0) r->loss_first = loss, r->norm_first = outs[1]->data[0];
+  r->loss_last = loss;
+  for (int k = 0; k < n_out; k++) dsc_tensor_free(ctx, outs[k]);
+  if (!isfinite(loss))
+    return fprintf(stderr, "train_step: step %" PRId64 " gave a non-finite loss\n", s), 1;
+  if (s >= warmup) r->times[s - warmup] = dt;
+  fprintf(stderr, "train_step: %s %s step %" PRId64 ": %.3f s, loss %.4f\n", o->backend_name,
+          dsc_precision_name(r->cfg.precision), s, dt, loss);
+  return 0;
+}
+
+static double median_of(double *v, int64_t n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The JSON line of one precision's timed steps. */
+static void print_result(const run_options *o, run_state *r, int64_t steps, int64_t warmup) {
+  double sum = 0, best = r->times[0];
+  for (int64_t s = 0; s < steps; s++)
+    sum += r->times[s], best = r->times[s] < best ? r->times[s] : best;
+  double *sorted = malloc(sizeof(double) * (size_t)steps);
+  double median = r->times[0];
+  if (sorted) {
+    memcpy(sorted, r->times, sizeof(double) * (size_t)steps);
+    median = median_of(sorted, steps);
+    free(sorted);
+  }
+  int64_t n_params = 0; /* trainable: the optimizer's states are params too */
+  for (int i = 0; i < dsc_module_param_count(r->m); i++) {
+    if (dsc_module_param_is_state(r->m, i)) continue;
+    dsc_type pt = dsc_module_param_type(r->m, i);
+    n_params += dsc_type_numel(&pt);
+  }
+  const flop_count *fc = &r->fc;
+  double gflop = (fc->matmul + fc->attention + fc->other) * 1e-9;
+  printf(
+      "{\"impl\":\"dsc-%s\",\"step_s_median\":%.6f,\"step_s_mean\":%.6f,\"step_s_min\":%.6f,"
+      "\"steps\":%" PRId64 ",\"warmup\":%" PRId64
+      ",\"gflop\":%.3f,\"gflop_matmul\":%.3f,"
+      "\"gflop_attention\":%.3f,\"gflop_other\":%.3f,\"gflops\":%.2f,\"batch\":%" PRId64
+      ",\"seq\":%" PRId64 ",\"threads\":%" PRId64 ",\"precision\":\"%s\",\"params\":%" PRId64
+      ",\"loss_first\":%.5f,\"grad_norm_first\":%.5f,\"loss_last\":%.5f,"
+      "\"pipeline_s\":%.3f,\"exec_new_s\":%.3f",
+      o->backend_name, median, sum / (double)steps, best, steps, warmup, gflop, fc->matmul * 1e-9,
+      fc->attention * 1e-9, fc->other * 1e-9, gflop / median, o->B, o->T, o->threads,
+      dsc_precision_name(r->cfg.precision), n_params, r->loss_first, r->norm_first, r->loss_last,
+      r->compile_s, r->exec_new_s);
+  /* cuda: everything the step uses on the GPU is allocated with the executor */
+  if (o->backend == DSC_BACKEND_CUDA)
+    printf(",\"peak_mem_bytes\":%" PRId64, dsc_exec_device_bytes(r->e));
+  printf("}\n");
+}
+
 int main(int argc, char **argv) {
-  const char *model = "examples/gpt2.dsm", *backend_name = "cpu", *precision = "f32";
-  int64_t threads = 2, B = 4, T = 64, steps = 5, warmup = 1, seed = 1;
-  bool count_only = false, profile = false;
+  const char *precision = "f32";
+  run_options o = {"examples/gpt2.dsm", DSC_BACKEND_CPU, "cpu", 2, 4, 64, false};
+  int64_t steps = 5, warmup = 1, seed = 1;
+  bool profile = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     bool ok = true;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(NULL), 0;
     if (a[0] != '-') {
-      model = a;
+      o.model = a;
       continue;
     }
     if (strcmp(a, "--count-only") == 0) {
-      count_only = true;
+      o.count_only = true;
       continue;
     }
     if (strcmp(a, "--profile") == 0) {
@@ -172,15 +361,15 @@ int main(int argc, char **argv) {
       continue;
     }
     if (strcmp(a, "--backend") == 0)
-      ok = (backend_name = v) != NULL;
+      ok = (o.backend_name = v) != NULL;
     else if (strcmp(a, "--precision") == 0)
       ok = (precision = v) != NULL;
     else if (strcmp(a, "--threads") == 0)
-      ok = parse_i64(v, 0, &threads) && threads < 4096;
+      ok = parse_i64(v, 0, &o.threads) && o.threads < 4096;
     else if (strcmp(a, "--batch") == 0)
-      ok = parse_i64(v, 1, &B);
+      ok = parse_i64(v, 1, &o.B);
     else if (strcmp(a, "--seq") == 0)
-      ok = parse_i64(v, 1, &T);
+      ok = parse_i64(v, 1, &o.T);
     else if (strcmp(a, "--steps") == 0)
       ok = parse_i64(v, 1, &steps) && steps < 100000;
     else if (strcmp(a, "--warmup") == 0)
@@ -195,198 +384,78 @@ int main(int argc, char **argv) {
     }
     i++;
   }
-  dsc_backend backend;
-  if (dsc_backend_from_name(backend_name, &backend) != 0) return usage("unknown backend");
+  if (dsc_backend_from_name(o.backend_name, &o.backend) != 0) return usage("unknown backend");
+  /* --precision A,B: both in one process, their steps alternating (A B, then
+   * B A, ...) on the same tokens, so that a machine whose speed drifts (other
+   * tenants) slows both alike; prints a line per precision, then their ratio */
+  char prec[2][16];
+  int n_runs = 1;
+  const char *comma = strchr(precision, ',');
+  if (strlen(precision) >= sizeof prec) return usage("--precision: f32, bf16, fp16 or two of them");
+  snprintf(prec[0], sizeof prec[0], "%.*s",
+           comma ? (int)(comma - precision) : (int)strlen(precision), precision);
+  if (comma) snprintf(prec[1], sizeof prec[1], "%s", comma + 1), n_runs = 2;
+  if (n_runs == 2 && o.count_only) return usage("two precisions time steps: not with --count-only");
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("train_step: out of memory\n", stderr), 1;
   int code = 1;
-  dsc_module *m = NULL;
-  dsc_exec *e = NULL;
-  dsc_params *params = NULL;
-  dsc_tensor *in[3] = {NULL, NULL, NULL};
-  double *times = NULL;
-
-  dsc_dim_binding dims[2] = {{"B", B}, {"T", T}};
-  dsc_frontend_options fo = {dims, 2, false};
-  double t0 = now_s();
-  if (dsc_compile_file(ctx, model, &fo, &m) != DSC_OK) {
-    code = fail(ctx, "compiling the model");
+  run_state r[2];
+  memset(r, 0, sizeof r);
+  if (!o.count_only && !dsc_backend_available(o.backend)) {
+    fprintf(stderr, "train_step: backend '%s' is not in this build\n", o.backend_name);
     goto done;
   }
-  /* The vocabulary, from the forward graph before the pipeline decomposes
-   * its cross_entropy: the class axis of the loss's logits. */
-  int64_t vocab = 0;
-  dsc_graph *fg = dsc_module_find_graph(m, "forward");
-  for (int i = 0; fg && i < dsc_graph_node_count(fg) && !vocab; i++) {
-    const dsc_node *n = dsc_graph_node(fg, i);
-    if (dsc_node_op(n) == DSC_OP_CROSS_ENTROPY) {
-      dsc_type lt = dsc_node_type(dsc_node_input(n, 0));
-      vocab = lt.dims[lt.rank - 1];
-    }
-  }
-  if (vocab <= 0) {
-    fputs("train_step: the model's forward has no cross_entropy: cannot tell the vocabulary\n",
-          stderr);
-    goto done;
-  }
-  dsc_train_config cfg;
-  if (dsc_train_config_from_module(m, &cfg) != DSC_OK) {
-    code = fail(ctx, "reading the train section");
-    goto done;
-  }
-  cfg.batch = B, cfg.seq = T, cfg.grad_accum = 1;
-  if (dsc_precision_from_name(precision, &cfg.precision) != 0) {
-    code = usage("--precision must be f32, bf16 or fp16");
-    goto done;
-  }
-  dsc_pipeline_options po;
-  memset(&po, 0, sizeof po);
-  po.train = &cfg;
-  if (dsc_run_pipeline(m, &po) != DSC_OK) {
-    code = fail(ctx, "the pass pipeline");
-    goto done;
-  }
-  dsc_graph *g = dsc_module_find_graph(m, "train_step");
-  if (!g || dsc_graph_input_count(g) != 3 || dsc_graph_output_count(g) < 2) {
-    fputs("train_step: the pipeline made no train_step(tokens, targets, lr) graph\n", stderr);
-    goto done;
-  }
-  double compile_s = now_s() - t0;
-  flop_count fc = count_flops(g);
-  if (count_only) {
+  for (int k = 0; k < n_runs; k++)
+    if ((code = run_setup(ctx, &o, prec[k], seed, steps, &r[k])) != 0) goto done;
+  code = 1;
+  if (o.count_only) {
+    const flop_count *fc = &r[0].fc;
     printf(
         "{\"impl\":\"dsc-count\",\"gflop\":%.3f,\"gflop_matmul\":%.3f,"
         "\"gflop_attention\":%.3f,\"gflop_other\":%.3f,\"nodes\":%d,\"batch\":%" PRId64
         ",\"seq\":%" PRId64 ",\"precision\":\"%s\",\"pipeline_s\":%.3f}\n",
-        (fc.matmul + fc.attention + fc.other) * 1e-9, fc.matmul * 1e-9, fc.attention * 1e-9,
-        fc.other * 1e-9, dsc_graph_node_count(g), B, T, dsc_precision_name(cfg.precision),
-        compile_s);
+        (fc->matmul + fc->attention + fc->other) * 1e-9, fc->matmul * 1e-9, fc->attention * 1e-9,
+        fc->other * 1e-9, dsc_graph_node_count(dsc_module_find_graph(r[0].m, "train_step")), o.B,
+        o.T, dsc_precision_name(r[0].cfg.precision), r[0].compile_s);
     code = 0;
     goto done;
   }
-
-  if (!dsc_backend_available(backend)) {
-    fprintf(stderr, "train_step: backend '%s' is not in this build\n", backend_name);
-    goto done;
-  }
-  dsc_exec_options eo = {backend, (int)threads, NULL};
-  t0 = now_s();
-  if (dsc_exec_new(m, &eo, &e) != DSC_OK) {
-    code = fail(ctx, "building the executor");
-    goto done;
-  }
-  double exec_new_s = now_s() - t0;
-  if (!(params = dsc_params_init(m, (uint64_t)seed))) {
-    code = fail(ctx, "initialising the params");
-    goto done;
-  }
-  if (dsc_exec_set_params(e, params) != DSC_OK) {
-    code = fail(ctx, "setting the params");
-    goto done;
-  }
-
-  /* Tokens below the real GPT-2 vocabulary (50257) when the model's is
-   * padded beyond it, as data would be. */
-  dsc_type tok_t = dsc_node_type(dsc_graph_input_at(g, 0));
-  dsc_type tgt_t = dsc_node_type(dsc_graph_input_at(g, 1));
-  dsc_type lr_t = dsc_node_type(dsc_graph_input_at(g, 2));
-  if ((tok_t.dtype != DSC_I32 && tok_t.dtype != DSC_I64) || !dsc_type_equal(&tok_t, &tgt_t)) {
-    fputs(
-        "train_step: not a token model: forward(tokens, targets) must take two integer "
-        "tensors of one shape\n",
-        stderr);
-    goto done;
-  }
-  int64_t draw = vocab > 50257 ? 50257 : vocab;
-  for (int k = 0; k < 2; k++)
-    if (!(in[k] = dsc_tensor_new(ctx, tok_t))) goto oom;
-  if (!(in[2] = dsc_tensor_new(ctx, lr_t))) goto oom;
-  in[2]->data[0] = cfg.opt.lr;
-  int n_out = dsc_graph_output_count(g);
-  dsc_tensor **outs = calloc((size_t)n_out, sizeof *outs);
-  times = calloc((size_t)steps, sizeof *times);
-  if (!outs || !times) {
-    free(outs);
-    goto oom;
-  }
-
   uint64_t rs = (uint64_t)seed * 0x2545F4914F6CDD1Dull + 7;
-  int64_t ntok = dsc_type_numel(&tok_t);
-  double loss_first = NAN, loss_last = NAN, norm_first = NAN;
-  bool run_ok = true;
-  for (int64_t s = 0; s < warmup + steps && run_ok; s++) {
-    for (int k = 0; k < 2; k++)
-      for (int64_t j = 0; j < ntok; j++) in[k]->data[j] = (double)(rng_next(&rs) % (uint64_t)draw);
-    if (profile && s == warmup) dsc_exec_set_profiling(e, true);
-    double ts = now_s();
-    dsc_status st = dsc_exec_run_step(e, (const dsc_tensor *const *)in, 3, outs);
-    double dt = now_s() - ts;
-    if (st != DSC_OK) {
-      code = fail(ctx, "dsc_exec_run");
-      run_ok = false;
-      break;
+  for (int64_t s = 0; s < warmup + steps; s++) {
+    for (int q = 0; q < n_runs; q++) {
+      int k = n_runs == 2 && s % 2 ? 1 - q : q;
+      if ((code = run_one(ctx, &o, &r[k], rs, s, warmup, profile)) != 0) goto done;
     }
-    double loss = outs[0]->data[0];
-    if (s == 0) loss_first = loss, norm_first = outs[1]->data[0];
-    loss_last = loss;
-    if (!isfinite(loss)) {
-      fprintf(stderr, "train_step: step %" PRId64 " gave a non-finite loss\n", s);
-      run_ok = false;
+    /* the next step's tokens: the stream after this step's draws */
+    dsc_type tok_t = r[0].in[0]->type;
+    for (int64_t j = 0; j < 2 * dsc_type_numel(&tok_t); j++) rng_next(&rs);
+  }
+  code = 1;
+  for (int k = 0; k < n_runs && profile; k++) {
+    if (n_runs == 2) fprintf(stderr, "train_step: %s\n", dsc_precision_name(r[k].cfg.precision));
+    if (dsc_exec_print_profile(r[k].e, "train_step", getenv("TOPN") ? atoi(getenv("TOPN")) : 25,
+                               stderr) != DSC_OK) {
+      code = fail(ctx, "printing the profile");
+      goto done;
     }
-    for (int k = 0; k < n_out; k++) {
-      dsc_tensor_free(ctx, outs[k]);
-      outs[k] = NULL;
-    }
-    if (s >= warmup) times[s - warmup] = dt;
-    fprintf(stderr, "train_step: %s step %" PRId64 ": %.3f s, loss %.4f\n", backend_name, s, dt,
-            loss);
   }
-  free(outs);
-  if (!run_ok) goto done;
-  if (profile && dsc_exec_print_profile(e, "train_step", getenv("TOPN") ? atoi(getenv("TOPN")) : 25, stderr) != DSC_OK) {
-    code = fail(ctx, "printing the profile");
-    goto done;
+  for (int k = 0; k < n_runs; k++) print_result(&o, &r[k], steps, warmup);
+  if (n_runs == 2) {
+    /* the median of the per-step ratios: each pair of steps ran back to back */
+    double *ratio = malloc(sizeof(double) * (size_t)steps);
+    if (!ratio) goto done;
+    for (int64_t s = 0; s < steps; s++) ratio[s] = r[1].times[s] / r[0].times[s];
+    printf(
+        "{\"impl\":\"dsc-pair\",\"precisions\":\"%s,%s\",\"step_ratio_median\":%.4f,\"steps\":"
+        "%" PRId64 "}\n",
+        dsc_precision_name(r[0].cfg.precision), dsc_precision_name(r[1].cfg.precision),
+        median_of(ratio, steps), steps);
+    free(ratio);
   }
-
-  double sum = 0, best = times[0];
-  for (int64_t s = 0; s < steps; s++) sum += times[s], best = times[s] < best ? times[s] : best;
-  qsort(times, (size_t)steps, sizeof *times, cmp_double);
-  double median = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
-  int64_t n_params = 0; /* trainable: the optimizer's states are params too */
-  for (int i = 0; i < dsc_module_param_count(m); i++) {
-    if (dsc_module_param_is_state(m, i)) continue;
-    dsc_type pt = dsc_module_param_type(m, i);
-    n_params += dsc_type_numel(&pt);
-  }
-  double gflop = (fc.matmul + fc.attention + fc.other) * 1e-9;
-  printf(
-      "{\"impl\":\"dsc-%s\",\"step_s_median\":%.6f,\"step_s_mean\":%.6f,\"step_s_min\":%.6f,"
-      "\"steps\":%" PRId64 ",\"warmup\":%" PRId64
-      ",\"gflop\":%.3f,\"gflop_matmul\":%.3f,"
-      "\"gflop_attention\":%.3f,\"gflop_other\":%.3f,\"gflops\":%.2f,\"batch\":%" PRId64
-      ",\"seq\":%" PRId64 ",\"threads\":%" PRId64 ",\"precision\":\"%s\",\"params\":%" PRId64
-      ",\"loss_first\":%.5f,\"grad_norm_first\":%.5f,\"loss_last\":%.5f,"
-      "\"pipeline_s\":%.3f,\"exec_new_s\":%.3f",
-      backend_name, median, sum / (double)steps, best, steps, warmup, gflop, fc.matmul * 1e-9,
-      fc.attention * 1e-9, fc.other * 1e-9, gflop / median, B, T, threads,
-      dsc_precision_name(cfg.precision), n_params, loss_first, norm_first, loss_last, compile_s,
-      exec_new_s);
-  /* cuda: everything the step uses on the GPU is allocated with the executor */
-  if (backend == DSC_BACKEND_CUDA)
-    printf(",\"peak_mem_bytes\":%" PRId64, dsc_exec_device_bytes(e));
-  printf("}\n");
   code = 0;
-  goto done;
-oom:
-  fputs("train_step: out of memory\n", stderr);
 done:
-  free(times);
-  for (int k = 0; k < 3; k++)
-    if (in[k]) dsc_tensor_free(ctx, in[k]);
-  dsc_params_free(params);
-  dsc_exec_free(e);
-  dsc_module_free(m);
+  for (int k = 0; k < 2; k++) run_free(ctx, &r[k]);
   dsc_context_free(ctx);
   return code;
 }

@@ -1768,10 +1768,11 @@ static dsc_status lower_scan_nodes(L *l) {
     l->alias[i] = false;
     bool all = x->n_in > 0;
     for (int j = 0; j < x->n_in; j++) all = all && l->pure[x->in[j]->id];
-    /* a gather fusion left out of groups (passes/fuse.c) is recomputed by
-     * its readers, loading its table and ids from their buffers */
-    l->pure[i] = x->group == 0 && (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA ||
-                                   (all && ir_inlinable_op(x)) || ir_recomputed_gather(x));
+    /* a gather or a cast fusion left out of groups (passes/fuse.c) is
+     * recomputed by its readers, loading its inputs from their buffers */
+    l->pure[i] = x->group == 0 &&
+                 (x->op == DSC_OP_CONST || x->op == DSC_OP_IOTA || (all && ir_inlinable_op(x)) ||
+                  ir_recomputed_gather(x) || ir_recomputed_cast(x));
     for (int j = 0; j < x->n_in; j++) l->users[x->in[j]->id]++;
     if (x->guard) l->users[x->guard->id]++; /* read to skip it: stored by its kernel */
   }

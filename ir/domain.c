@@ -36,6 +36,15 @@ bool ir_reduction_mask(const ir_node *n, uint32_t *mask) {
   return true;
 }
 
+/* Same dims, whatever the dtypes: a kernel's members may differ in dtype
+ * (a cast inside the group), its domain is a shape. */
+static bool same_shape(const dsc_type *a, const dsc_type *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dims[i] != b->dims[i]) return false;
+  return true;
+}
+
 bool ir_group_domain(ir_node *const *members, int n, ir_domain *d) {
   const dsc_type *full = NULL;
   uint32_t rmask = 0;
@@ -44,26 +53,19 @@ bool ir_group_domain(ir_node *const *members, int n, ir_domain *d) {
     uint32_t m;
     if (!ir_reduction_mask(members[i], &m)) continue;
     const dsc_type *t = &members[i]->in[0]->type;
-    if (reduces && (m != rmask || !dsc_type_equal(t, full))) return false;
+    if (reduces && (m != rmask || !same_shape(t, full))) return false;
     reduces = true, rmask = m, full = t;
   }
   if (!reduces) {
     if (n <= 0) return false;
     full = &members[0]->type;
     for (int i = 1; i < n; i++)
-      if (!dsc_type_equal(&members[i]->type, full)) return false;
+      if (!same_shape(&members[i]->type, full)) return false;
   }
-  /* dtypes differ between members: compare shapes only from here on */
+  /* dtypes differ between members: the domain is a shape */
   dsc_type shape = *full;
   shape.dtype = DSC_F32;
   ir_domain_make(&shape, rmask, reduces, d);
-  return true;
-}
-
-static bool same_shape(const dsc_type *a, const dsc_type *b) {
-  if (a->rank != b->rank) return false;
-  for (int i = 0; i < a->rank; i++)
-    if (a->dims[i] != b->dims[i]) return false;
   return true;
 }
 
@@ -239,4 +241,16 @@ bool ir_inlinable_op(const ir_node *n) {
 bool ir_recomputed_gather(const ir_node *x) {
   return x->op == DSC_OP_EMBEDDING && x->n_in == 2 && !x->guard && !x->in[0]->guard &&
          !x->in[1]->guard;
+}
+
+static bool is_float_storage(dsc_dtype t) {
+  return t == DSC_F32 || t == DSC_BF16 || t == DSC_F16 || t == DSC_F64;
+}
+
+bool ir_recomputed_cast(const ir_node *x) {
+  /* a gradient stays a buffer: it is a model state the memory plan holds
+   * (2 bytes a param in bf16) and what the ranks reduce */
+  return x->op == DSC_OP_CAST && x->n_in == 1 && !x->guard && !x->in[0]->guard &&
+         x->role != IR_ROLE_GRAD && is_float_storage(x->type.dtype) &&
+         is_float_storage(x->in[0]->type.dtype);
 }

@@ -330,6 +330,15 @@ bool ir_group_domain(ir_node *const *members, int n, ir_domain *d);
  * a guard may have skipped). passes/fuse.c leaves such a gather out of
  * groups when every reader is a permute; codegen/lower.c then inlines it. */
 bool ir_recomputed_gather(const ir_node *x);
+/* Whether cast x, between float dtypes, may likewise be recomputed by each
+ * kernel that reads it (no guards on it or its input; not a gradient, which
+ * the memory plan holds as a model state): passes/fuse.c leaves
+ * it out of groups when its input is a stored buffer (a matmul's result, a
+ * param, a collective's, a lone reduction's), codegen/lower.c then inlines
+ * it. Mixed precision casts each bf16 gradient up for the norm and the
+ * update: stored, the f32 copy cost more traffic than the readers' own
+ * conversions. */
+bool ir_recomputed_cast(const ir_node *x);
 /* A sum/mean/max over a non-empty axis list: sets *mask and returns true. */
 bool ir_reduction_mask(const ir_node *n, uint32_t *mask);
 /* The natural position of a value of type t in domain d: a full value

@@ -31,6 +31,15 @@
  *       (ir_recomputed_gather; not when its table is itself recomputed
  *       or inlined): stored, each element of a transposed read would
  *       come from another row;
+ *     - a cast between float dtypes of a stored buffer (a matmul's result,
+ *       a param, a collective's, a lone reduction's), where it, its input
+ *       and its readers run in one place, stays out of groups too and each
+ *       reader converts the buffer itself (ir_recomputed_cast): a bf16
+ *       gradient read in f32 by the norm and by the update is read twice
+ *       in bf16 instead of written and read twice as an f32 copy;
+ *     - a cast that is a gradient (a bias's f32 sum rounded to bf16) stays
+ *       alone: stored in its dtype, it is the model state that the memory
+ *       plan counts and the ranks reduce; its readers convert it;
  *     - a reduction whose axes do not include the last axis (bias
  *       gradients: sum over [0,1] of [B,T,C]) stays alone: outer = kept
  *       dims, inner = reduced dims;
@@ -94,6 +103,7 @@ typedef struct {
   ir_node **tmp; /* members of a candidate union */
   ir_affine *pts;
   bool *only_permuted; /* per node: every reader is a permute (not an output) */
+  bool *same_place;    /* per node: its readers and (one) input are where it is */
 } fuse_state;
 
 static bool is_view(dsc_op op) {
@@ -352,6 +362,16 @@ static bool partition(fuse_state *s) {
     for (int j = 0; j < g->nodes[i]->n_in; j++)
       if (g->nodes[i]->op != DSC_OP_PERMUTE) only_permuted[g->nodes[i]->in[j]->id] = false;
   for (int k = 0; k < g->n_outputs; k++) only_permuted[g->outputs[k]->id] = false;
+  /* casts read where they and their input live (a recomputed load must
+   * not cross between host and device) */
+  bool *same_place = s->same_place;
+  memset(same_place, 1, (size_t)(n ? n : 1));
+  for (int i = 0; i < n; i++) {
+    const ir_node *x = g->nodes[i];
+    for (int j = 0; j < x->n_in; j++)
+      if (x->in[j]->place != x->place) same_place[x->in[j]->id] = false;
+    if (x->n_in == 1 && x->in[0]->place != x->place) same_place[i] = false;
+  }
   for (int i = 0; i < n; i++) {
     ir_node *x = g->nodes[i];
     x->group = 0;
@@ -368,8 +388,13 @@ static bool partition(fuse_state *s) {
       s->kind[i] = K_ALONE;
     else if (x->op == DSC_OP_EMBEDDING && gathers_a_gradient(x))
       s->kind[i] = K_ALONE; /* rows of a gradient (ZenFlow): gathered right after it */
+    else if (x->op == DSC_OP_CAST && x->role == IR_ROLE_GRAD)
+      s->kind[i] = K_ALONE; /* a gradient rounded to bf16: stored as such (a model state) */
     else if (only_permuted[i] && ir_recomputed_gather(x) && !recomputed_table(s, x))
       s->kind[i] = K_RECOMPUTE;
+    else if (ir_recomputed_cast(x) && same_place[i] &&
+             (s->kind[x->in[0]->id] == K_NONE || s->kind[x->in[0]->id] == K_ALONE))
+      s->kind[i] = K_RECOMPUTE; /* a stored buffer's conversion: each reader converts */
     else if (groupable(x))
       s->kind[i] = K_GROUP;
     else
@@ -438,9 +463,10 @@ dsc_status pass_fuse_graph(ir_graph *g) {
   s.stack = ir_arena_alloc(a, isz);
   s.tmp = ir_arena_alloc(a, sizeof(ir_node *) * (size_t)(n ? n : 1));
   s.only_permuted = ir_arena_alloc(a, (size_t)(n ? n : 1));
+  s.same_place = ir_arena_alloc(a, (size_t)(n ? n : 1));
   int *unit = ir_arena_alloc(a, isz);
-  if (!s.kind || !s.parent || !s.next || !s.tail || !s.size || !s.minpos || !s.maxpos ||
-      !s.mark || !s.stack || !s.tmp || !s.only_permuted || !unit) {
+  if (!s.kind || !s.parent || !s.next || !s.tail || !s.size || !s.minpos || !s.maxpos || !s.mark ||
+      !s.stack || !s.tmp || !s.only_permuted || !s.same_place || !unit) {
     ir_error(m->ctx, ir_no_loc, "fuse: out of memory");
     return DSC_ERR_INTERNAL;
   }

@@ -424,55 +424,6 @@ __attribute__((target("avx512f,fma"))) static void kernel512(int64_t kc, const f
   store512(acc, c, ldc, mr, nr, alpha, beta);
 }
 
-/* BLIS's Haswell shape (transposed): 6 x 16, 12 ymm accumulators + 2 B
- * vectors + 1 broadcast of the 16 ymm registers; 12 independent FMA chains
- * (4-5 cycles latency x 2 ports: 8-10 needed); 8 loads per 12 FMAs. Edge
- * columns go element by element (AVX2 has no cheap masked loads). */
-__attribute__((target("avx2,fma"))) static void kernel256(int64_t kc, const float *restrict a,
-                                                          const float *restrict b, float *c,
-                                                          int64_t ldc, int mr, int nr, float alpha,
-                                                          float beta) {
-  __m256 acc[MR256][2];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR256; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < kc; k++) {
-    __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR256; r++) {
-      __m256 av = _mm256_broadcast_ss(a + r);
-      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
-    }
-    a += MR256;
-    b += NR256;
-  }
-  /* the sums leave the registers once, through constant indices (indexing
-   * acc by the runtime mr made GCC keep acc in memory, stored every k) */
-  float t[MR256 * NR256];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR256; r++) {
-    _mm256_storeu_ps(t + r * NR256, acc[r][0]);
-    _mm256_storeu_ps(t + r * NR256 + 8, acc[r][1]);
-  }
-  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  if (nr == NR256) {
-    for (int r = 0; r < mr; r++)
-      for (int v = 0; v < 2; v++) {
-        float *p = c + r * ldc + v * 8;
-        __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(t + r * NR256 + v * 8));
-        if (beta != 0) x = _mm256_fmadd_ps(vb, _mm256_loadu_ps(p), x);
-        _mm256_storeu_ps(p, x);
-      }
-    return;
-  }
-  for (int r = 0; r < mr; r++)
-    for (int j = 0; j < nr; j++) {
-      float *p = c + r * ldc + j, x = alpha * t[r * NR256 + j];
-      *p = beta != 0 ? _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(beta), _mm_set_ss(*p), _mm_set_ss(x)))
-                     : x;
-    }
-}
-
 /* ---- bf16 pairs for AVX512-BF16 (vdpbf16ps) ----
  * vdpbf16ps adds to each f32 lane the products of one pair of bf16 from
  * each operand (the odd element's product first, then the even one's, each
@@ -562,11 +513,38 @@ __attribute__((target("avx512f,avx512bf16,fma"))) static void kernel512_dp(
   store512(acc, c, ldc, mr, nr, alpha, beta);
 }
 
+/* 8 f32 lanes as 8 bf16, rounded as cg_bf16_of_f32 (to nearest even; a
+ * NaN stays a quiet NaN of its sign). */
+__attribute__((target("avx2,fma"))) SG_INLINE __m128i bf16x8_of(__m256 x) {
+  const __m256i one = _mm256_set1_epi32(1), round = _mm256_set1_epi32(0x7fff);
+  const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i sign = _mm256_set1_epi32(0x8000), qnan = _mm256_set1_epi32(0x7fc0);
+  __m256i u = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, round), lsb), 16);
+  /* unsigned ax > inf: both are below 2^31, so the signed compare is right */
+  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+  __m256i nanv = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), sign), qnan);
+  r = _mm256_blendv_epi8(r, nanv, nan);
+  /* 8 x 32 -> 8 x 16: values fit 16 bits, so the saturating pack is exact */
+  __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+/* 8 bf16 at p widened to f32 (exact) */
+__attribute__((target("avx2,fma"))) SG_INLINE __m256 f32x8_of_bf16(const uint16_t *p) {
+  __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+
 /* ---- a row of a bf16 C ----
  * dst[q] = bf16(alpha * src[q] + beta * dst[q]) for q < n (beta == 0 never
  * reads dst): update()'s operations and cg_bf16_of_f32's bits, vectorised
  * (a scalar loop here cost a small bf16 GEMM three times its f32 time). */
 typedef void sg_store_bf16_fn(uint16_t *dst, const float *src, int n, float alpha, float beta);
+/* the microkernel's contract with a bf16 C: c[r * ldc + j] = bf16(alpha *
+ * sum + beta * c[...]), one rounding, as store_bf16 rounds a row */
+typedef void sg_kernel_bf16c_fn(int64_t kc, const float *restrict a, const float *restrict b,
+                                uint16_t *c, int64_t ldc, int mr, int nr, float alpha, float beta);
 
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) static void store_bf16_512(
     uint16_t *dst, const float *src, int n, float alpha, float beta) {
@@ -594,30 +572,96 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) static void store_bf16_
 __attribute__((target("avx2,fma"))) static void store_bf16_256(uint16_t *dst, const float *src,
                                                                int n, float alpha, float beta) {
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  const __m256i one = _mm256_set1_epi32(1), round = _mm256_set1_epi32(0x7fff);
-  const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i sign = _mm256_set1_epi32(0x8000), qnan = _mm256_set1_epi32(0x7fc0);
   int q = 0;
   for (; q + 8 <= n; q += 8) {
     __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(src + q));
-    if (beta != 0) {
-      __m256i old = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(dst + q)));
-      x = _mm256_fmadd_ps(vb, _mm256_castsi256_ps(_mm256_slli_epi32(old, 16)), x);
-    }
-    __m256i u = _mm256_castps_si256(x);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, round), lsb), 16);
-    /* unsigned ax > inf: both are below 2^31, so the signed compare is right */
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
-    __m256i nanv = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), sign), qnan);
-    r = _mm256_blendv_epi8(r, nanv, nan);
-    /* 8 x 32 -> 8 x 16: values fit 16 bits, so the saturating pack is exact */
-    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128((__m128i *)(dst + q), _mm256_castsi256_si128(packed));
+    if (beta != 0) x = _mm256_fmadd_ps(vb, f32x8_of_bf16(dst + q), x);
+    _mm_storeu_si128((__m128i *)(dst + q), bf16x8_of(x));
   }
   for (; q < n; q++)
     dst[q] = cg_bf16_of_f32(beta != 0 ? __builtin_fmaf(beta, cg_f32_of_bf16(dst[q]), alpha * src[q])
                                    : alpha * src[q]);
+}
+
+/* BLIS's Haswell shape (transposed): 6 x 16, 12 ymm accumulators + 2 B
+ * vectors + 1 broadcast of the 16 ymm registers; 12 independent FMA chains
+ * (4-5 cycles latency x 2 ports: 8-10 needed); 8 loads per 12 FMAs. Edge
+ * columns go element by element (AVX2 has no cheap masked loads). C is f32
+ * or, with c_bf16, bf16: the sums are rounded once, from the registers'
+ * spill, as store_bf16_256 rounds a row (the tile buffer and a second pass
+ * over it cost small bf16 GEMMs, k = 64 or 256, 5-20% against f32). */
+__attribute__((target("avx2,fma"))) SG_INLINE void kernel256_t(int64_t kc, const float *restrict a,
+                                                               const float *restrict b, void *cv,
+                                                               int64_t ldc, int mr, int nr,
+                                                               float alpha, float beta,
+                                                               bool c_bf16) {
+  __m256 acc[MR256][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR256; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; k++) {
+    __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR256; r++) {
+      __m256 av = _mm256_broadcast_ss(a + r);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+    a += MR256;
+    b += NR256;
+  }
+  /* the sums leave the registers once, through constant indices (indexing
+   * acc by the runtime mr made GCC keep acc in memory, stored every k) */
+  float t[MR256 * NR256];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR256; r++) {
+    _mm256_storeu_ps(t + r * NR256, acc[r][0]);
+    _mm256_storeu_ps(t + r * NR256 + 8, acc[r][1]);
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  if (c_bf16) {
+    uint16_t *c = cv;
+    if (nr < NR256) {
+      for (int r = 0; r < mr; r++) store_bf16_256(c + r * ldc, t + r * NR256, nr, alpha, beta);
+      return;
+    }
+    for (int r = 0; r < mr; r++)
+      for (int v = 0; v < 2; v++) {
+        uint16_t *p = c + r * ldc + v * 8;
+        __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(t + r * NR256 + v * 8));
+        if (beta != 0) x = _mm256_fmadd_ps(vb, f32x8_of_bf16(p), x);
+        _mm_storeu_si128((__m128i *)p, bf16x8_of(x));
+      }
+    return;
+  }
+  float *c = cv;
+  if (nr == NR256) {
+    for (int r = 0; r < mr; r++)
+      for (int v = 0; v < 2; v++) {
+        float *p = c + r * ldc + v * 8;
+        __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(t + r * NR256 + v * 8));
+        if (beta != 0) x = _mm256_fmadd_ps(vb, _mm256_loadu_ps(p), x);
+        _mm256_storeu_ps(p, x);
+      }
+    return;
+  }
+  for (int r = 0; r < mr; r++)
+    for (int j = 0; j < nr; j++) {
+      float *p = c + r * ldc + j, x = alpha * t[r * NR256 + j];
+      *p = beta != 0 ? _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(beta), _mm_set_ss(*p), _mm_set_ss(x)))
+                     : x;
+    }
+}
+__attribute__((target("avx2,fma"))) static void kernel256(int64_t kc, const float *restrict a,
+                                                          const float *restrict b, float *c,
+                                                          int64_t ldc, int mr, int nr, float alpha,
+                                                          float beta) {
+  kernel256_t(kc, a, b, c, ldc, mr, nr, alpha, beta, false);
+}
+__attribute__((target("avx2,fma"))) static void kernel256_bf16c(int64_t kc, const float *restrict a,
+                                                                const float *restrict b,
+                                                                uint16_t *c, int64_t ldc, int mr,
+                                                                int nr, float alpha, float beta) {
+  kernel256_t(kc, a, b, c, ldc, mr, nr, alpha, beta, true);
 }
 
 typedef struct {
@@ -627,6 +671,7 @@ typedef struct {
   sg_pack_b_fn *pack_b[2];
   sg_kernel_fn *kernel;
   sg_store_bf16_fn *store_bf16;
+  sg_kernel_bf16c_fn *kernel_bf16c; /* NULL: a bf16 C goes through the tile */
 } sg_kernel;
 
 static const sg_kernel kernels[3] = {
@@ -636,7 +681,8 @@ static const sg_kernel kernels[3] = {
                        {pack256_a_f32, pack256_a_bf16},
                        {pack256_b_f32, pack256_b_bf16},
                        kernel256,
-                       store_bf16_256},
+                       store_bf16_256,
+                       kernel256_bf16c},
     [RT_SGEMM_AVX512] = {"avx512",
                          MR512,
                          NR512,
@@ -645,9 +691,13 @@ static const sg_kernel kernels[3] = {
                          kernel512,
                          store_bf16_512},
     /* bf16 operands only */
-    [RT_SGEMM_AVX512_DPBF16] =
-        {"avx512-dpbf16", MR512,        NR512,         {NULL, pack_a_pairs},
-         {NULL, pack_b_pairs}, kernel512_dp, store_bf16_512},
+    [RT_SGEMM_AVX512_DPBF16] = {"avx512-dpbf16",
+                                MR512,
+                                NR512,
+                                {NULL, pack_a_pairs},
+                                {NULL, pack_b_pairs},
+                                kernel512_dp,
+                                store_bf16_512},
 };
 
 rt_sgemm_kernel rt_sgemm_kernel_for(cg_cpu_isa isa, dsc_dtype ab, bool dpbf16) {
@@ -746,6 +796,11 @@ static void gemm_block(const rt_sgemm_job *j, rt_view a, rt_view b, void *c, int
             int64_t at = (ib + ir) * crs + (jb + jr) * ccs;
             if (ccs == 1 && !j->c_bf16) {
               kernel(kc, apanel, bp + jr * kc, (float *)c + at, crs, mr, nr, alpha, beta);
+              continue;
+            }
+            if (ccs == 1 && kr->kernel_bf16c) {
+              kr->kernel_bf16c(kc, apanel, bp + jr * kc, (uint16_t *)c + at, crs, mr, nr, alpha,
+                               beta);
               continue;
             }
             /* strided or bf16 C: the tile in a buffer, then the update

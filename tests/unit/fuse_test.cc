@@ -295,7 +295,14 @@ TEST_F(Fuse, BadGroupNumberIsAParseError) {
 // The AdamW update of the tiny GPT's largest param (wte, [256, 64]) is one
 // group: it stores the new param and both moments, and the program writes
 // all three in place into the STATE arena.
-TEST(FusePipeline, AdamwUpdateOfLargestParamIsOneInPlaceKernel) {
+// The AdamW update of gpt-tiny's largest param as one kernel writing its
+// states in place: p, m, v in f32; with bf16 master weights also the f32
+// master and the param's bf16 rounding (a cast inside the update's group:
+// once fused apart, the rounding read the whole master back), and the bf16
+// gradients of the matmul weights are converted by their readers (the norm
+// and the update), never stored as f32 copies.
+void adamw_update_is_one_in_place_kernel(const char *precision) {
+  SCOPED_TRACE(precision);
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_dim_binding dims[] = {{"B", 1}, {"T", 4}};
   dsc_frontend_options fo = {dims, 2, false};
@@ -305,6 +312,8 @@ TEST(FusePipeline, AdamwUpdateOfLargestParamIsOneInPlaceKernel) {
   dsc_train_config cfg;
   ASSERT_EQ(dsc_train_config_from_module(m, &cfg), DSC_OK);
   cfg.batch = 1, cfg.seq = 4;
+  ASSERT_EQ(dsc_precision_from_name(precision, &cfg.precision), 0);
+  bool bf16 = cfg.precision == DSC_PRECISION_BF16;
   dsc_pipeline_options po = {};
   po.train = &cfg;
   ASSERT_EQ(dsc_run_pipeline(m, &po), DSC_OK) << diags(ctx);
@@ -317,11 +326,20 @@ TEST(FusePipeline, AdamwUpdateOfLargestParamIsOneInPlaceKernel) {
   }
   std::string name = dsc_module_param_name(m, largest);
   std::set<std::string> targets = {name, "opt.m." + name, "opt.v." + name};
+  if (bf16) targets.insert("opt.master." + name);
+  const int n_targets = (int)targets.size();
   std::set<int> grp;
+  int matmul_casts = 0;
   for (int i = 0; i < g->n_nodes; i++) {
     const dsc_node *n = g->nodes[i];
     if (n->op == DSC_OP_ASSIGN && targets.count(ir_attr_str(n, "name"))) grp.insert(n->in[0]->group);
+    if (n->op == DSC_OP_CAST && n->type.dtype == DSC_F32 && n->in[0]->op == DSC_OP_MATMUL) {
+      matmul_casts++;
+      EXPECT_EQ(n->group, 0) << "the f32 reading of a bf16 matmul result at node " << i
+                             << " is stored by a kernel";
+    }
   }
+  EXPECT_EQ(matmul_casts > 0, bf16);
   ASSERT_EQ(grp.size(), 1u) << name;
   EXPECT_NE(*grp.begin(), 0);
   ir_arena a;
@@ -334,7 +352,7 @@ TEST(FusePipeline, AdamwUpdateOfLargestParamIsOneInPlaceKernel) {
     EXPECT_TRUE(p->assigns[s].in_place) << dsc_module_param_name(m, p->assigns[s].param);
     n_in_place += p->assigns[s].in_place;
   }
-  EXPECT_EQ(n_in_place, 3);
+  EXPECT_EQ(n_in_place, n_targets);
   for (int i = 0; i < p->n_instrs; i++) {
     const cg_instr *in = &p->instrs[i];
     if (in->kind != CG_INS_LAUNCH) continue;
@@ -346,19 +364,54 @@ TEST(FusePipeline, AdamwUpdateOfLargestParamIsOneInPlaceKernel) {
         written++;
     }
     if (written) {
-      EXPECT_EQ(written, 3);
+      EXPECT_EQ(written, n_targets);
       EXPECT_EQ(kernel_instr, -1) << "two kernels write the update";
       kernel_instr = i;
       const kir_kernel *k = p->kernels[in->kernel];
       int stores = 0;
       for (int s = 0; s < k->n_stages; s++) stores += k->stages[s].kind == KIR_STAGE_STORE;
-      EXPECT_EQ(stores, 3);
+      EXPECT_EQ(stores, n_targets);
     }
   }
   EXPECT_GE(kernel_instr, 0);
   ir_arena_release(&a);
   dsc_module_free(m);
   dsc_context_free(ctx);
+}
+
+TEST(FusePipeline, AdamwUpdateOfLargestParamIsOneInPlaceKernel) {
+  adamw_update_is_one_in_place_kernel("f32");
+  adamw_update_is_one_in_place_kernel("bf16");
+}
+
+// A cast inside an elementwise chain joins its group (a kernel's members
+// may differ in dtype; the domain is their common shape), and a cast of a
+// stored buffer (here an input; in training a matmul's bf16 result) read by
+// two kernels is converted by each of them, never stored as an f32 copy.
+TEST_F(Fuse, CastsJoinTheirChainAndABufferCastIsRecomputed) {
+  dsc_type t = ty(DSC_F32, {6, 8}), tb = ty(DSC_BF16, {6, 8});
+  dsc_node *x = dsc_graph_input(g, "x", t), *xb = dsc_graph_input(g, "xb", tb);
+  dsc_node *y = op(DSC_OP_MUL, {op(DSC_OP_ADD, {x, x}), x});  // 2x^2: one rounding
+  dsc_node *yl = dsc_cast(g, y, DSC_BF16);
+  dsc_node *up = dsc_cast(g, xb, DSC_F32);
+  dsc_node *s = reduce(DSC_OP_SUM, op(DSC_OP_MUL, {up, up}), {1}, true);  // a norm's rows
+  dsc_node *z = op(DSC_OP_TANH, {op(DSC_OP_SUB, {up, x})});               // another reader
+  fuse({yl, s, z});
+  EXPECT_NE(y->group, 0);
+  EXPECT_EQ(yl->group, y->group);
+  EXPECT_EQ(up->group, 0);
+  EXPECT_NE(s->group, 0);
+  EXPECT_NE(z->group, 0);
+  EXPECT_NE(s->group, z->group);
+  dsc_tensor *xbv = random_tensor(ctx, tb, rng);
+  for (int64_t i = 0; i < 48; i++) xbv->data[i] = ir_bf16_value(ir_bf16_bits(xbv->data[i]));
+  Result r = lower_and_check({random_tensor(ctx, t, rng), xbv});
+  ASSERT_NE(r.prog, nullptr);
+  for (int b = 0; b < r.prog->n_buffers; b++)  // no f32 copy of xb
+    EXPECT_FALSE(r.prog->buffers[b].kind == CG_BUF_TEMP && r.prog->buffers[b].dtype == DSC_F32 &&
+                 r.prog->buffers[b].numel == 48 && r.prog->buffers[b].first_use >= 0 &&
+                 r.prog->outputs[2].buffer != b)
+        << "buffer " << b << " holds the f32 copy";
 }
 
 }  // namespace

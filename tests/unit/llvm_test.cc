@@ -12,13 +12,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <elf.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <dirent.h>
-#include <elf.h>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -506,6 +507,73 @@ TEST_F(LlvmTest, DistinctArgumentsVectoriseWithoutRuntimeOverlapChecks) {
       EXPECT_TRUE(checked || !vector_loads) << "may-alias pointers vectorised without checks";
     }
   }
+}
+
+// Stores over the inner dims run in one loop nest, so what they share is
+// computed once per point: an AdamW-like update storing m, the param in
+// place (its readers first) and the param's bf16 rounding, all from one
+// sqrt, has the sqrt calls of a single store. A stage reading what an
+// earlier one wrote (here Y, at a shifted index) starts a loop of its own:
+// the values stay the evaluator's, which runs the stages one after another.
+TEST_F(LlvmTest, StoresOverTheInnerDimsShareOneLoop) {
+  const int64_t n = 1024;
+  // the optimised IR's vectorised loops and its sqrt calls
+  auto shape = [&](kir_kernel *k, int *loops, int *sqrts) {
+    char *ir = cg_llvm_print_optimized_ir(ctx, &k, 1);
+    ASSERT_NE(ir, nullptr) << diags();
+    std::istringstream in(ir);
+    free(ir);
+    *loops = *sqrts = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("vector.body", 0) == 0 && line.find(':') != std::string::npos) ++*loops;
+      if (line.find("call") != std::string::npos && line.find("@llvm.sqrt") != std::string::npos)
+        ++*sqrts;
+    }
+  };
+  KB one("upd_one", {4, n}, 1);
+  {
+    int G = one.arg(DSC_F32, 4 * n, true, false), V = one.arg(DSC_F32, 4 * n, true, false),
+        P = one.arg(DSC_F32, 4 * n, true, true);
+    auto at = [&](int arg) { return ld(DSC_F32, acc(arg, 0, {n, 1})); };
+    kir_expr *upd = bin(KIR_SUB, at(P), bin(KIR_DIV, at(G), un(KIR_SQRT, at(V))));
+    one.store(acc(P, 0, {n, 1}), upd);
+  }
+  KB three("upd_three", {4, n}, 1);
+  {
+    int G = three.arg(DSC_F32, 4 * n, true, false), V = three.arg(DSC_F32, 4 * n, true, false),
+        P = three.arg(DSC_F32, 4 * n, true, true), M = three.arg(DSC_F32, 4 * n, false, true),
+        H = three.arg(DSC_BF16, 4 * n, false, true);
+    auto at = [&](int arg) { return ld(DSC_F32, acc(arg, 0, {n, 1})); };
+    // each stage its own expression objects, as the lowering builds them
+    auto upd = [&]() { return bin(KIR_SUB, at(P), bin(KIR_DIV, at(G), un(KIR_SQRT, at(V)))); };
+    three.store(acc(H, 0, {n, 1}), upd());  // reads P: before P's store
+    three.store(acc(M, 0, {n, 1}), bin(KIR_MUL, c(DSC_F32, 0.5), upd()));  // reads P too
+    three.store(acc(P, 0, {n, 1}), upd());                                 // P in place
+  }
+  kir_kernel *k1 = one.done(), *k3 = three.done();
+  k1->distinct_args = k3->distinct_args = true; /* as the lowering marks them */
+  check(k1, 0.5, 2);
+  check(k3, 0.5, 2);
+  int loops1, sqrts1, loops3, sqrts3;
+  shape(k1, &loops1, &sqrts1);
+  shape(k3, &loops3, &sqrts3);
+  if (!host_f32_vector().empty()) {
+    EXPECT_EQ(loops1, 1);
+    EXPECT_EQ(loops3, 1) << "the three stores run in loops of their own";
+  }
+  EXPECT_GT(sqrts3, 0);
+  // once per vector of the loop: as many as the loads of V
+  EXPECT_LE(sqrts3, sqrts1) << "the stores compute the sqrt apart";
+
+  // a reader of an earlier store's argument, one element further on
+  KB split("upd_split", {4, n - 1}, 1);
+  {
+    int X = split.arg(DSC_F32, 4 * n, true, false), Z = split.arg(DSC_F32, 4 * n, true, true);
+    int W = split.arg(DSC_F32, 4 * n, false, true);
+    split.store(acc(Z, 0, {n, 1}), un(KIR_SQRT, ld(DSC_F32, acc(X, 0, {n, 1}))));
+    split.store(acc(W, 0, {n, 1}), ld(DSC_F32, acc(Z, 1, {n, 1})));  // Z[i + 1]: the earlier loop's
+  }
+  check(split.done(), 0.5, 2);
 }
 
 // Embedding-style gather: out[n, d] = table[ids[n], d]; an id of 11 (V = 11)

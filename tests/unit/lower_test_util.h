@@ -21,6 +21,8 @@ inline double load_el(const void *base, dsc_dtype t, int64_t i) {
   switch (t) {
     case DSC_F32: return ((const float *)base)[i];
     case DSC_F64: return ((const double *)base)[i];
+    case DSC_BF16:
+      return ir_bf16_value(((const uint16_t *)base)[i]);
     case DSC_I32: return ((const int32_t *)base)[i];
     case DSC_I64: return (double)((const int64_t *)base)[i];
     case DSC_BOOL: return ((const uint8_t *)base)[i] != 0;
@@ -32,6 +34,9 @@ inline void store_el(void *base, dsc_dtype t, int64_t i, double v) {
   switch (t) {
     case DSC_F32: ((float *)base)[i] = (float)v; break;
     case DSC_F64: ((double *)base)[i] = v; break;
+    case DSC_BF16:
+      ((uint16_t *)base)[i] = ir_bf16_bits(v);
+      break;
     case DSC_I32: ((int32_t *)base)[i] = (int32_t)v; break;
     case DSC_I64: ((int64_t *)base)[i] = (int64_t)v; break;
     case DSC_BOOL: ((uint8_t *)base)[i] = v != 0; break;
