@@ -32,7 +32,8 @@
  *       or inlined): stored, each element of a transposed read would
  *       come from another row;
  *     - a cast between float dtypes of a stored buffer (a matmul's result,
- *       a param, a collective's, a lone reduction's), where it, its input
+ *       a param, a collective's, a lone reduction's, a tied embedding's
+ *       gradient add(head dW, embedding_grad)), where it, its input
  *       and its readers run in one place, stays out of groups too and each
  *       reader converts the buffer itself (ir_recomputed_cast): a bf16
  *       gradient read in f32 by the norm and by the update is read twice
@@ -351,6 +352,14 @@ static bool recomputed_table(const fuse_state *s, const ir_node *x) {
   return s->kind[t->id] == K_RECOMPUTE || s->kind[t->id] == K_INLINE;
 }
 
+/* A tied embedding's gradient, add(head's weight gradient, embedding_grad):
+ * the lowering scatter-adds into the GEMM's buffer (codegen/lower.c,
+ * embedding_grad_base), or else stores the add alone; a buffer either way. */
+static bool tied_embedding_grad(const ir_node *x) {
+  return x->op == DSC_OP_ADD && x->n_in == 2 &&
+         (x->in[0]->op == DSC_OP_EMBEDDING_GRAD || x->in[1]->op == DSC_OP_EMBEDDING_GRAD);
+}
+
 /* Partitions the nodes into groups (rules 1-2 of the header); false when
  * interrupted (the context's callback). */
 static bool partition(fuse_state *s) {
@@ -393,7 +402,8 @@ static bool partition(fuse_state *s) {
     else if (only_permuted[i] && ir_recomputed_gather(x) && !recomputed_table(s, x))
       s->kind[i] = K_RECOMPUTE;
     else if (ir_recomputed_cast(x) && same_place[i] &&
-             (s->kind[x->in[0]->id] == K_NONE || s->kind[x->in[0]->id] == K_ALONE))
+             (s->kind[x->in[0]->id] == K_NONE || s->kind[x->in[0]->id] == K_ALONE ||
+              tied_embedding_grad(x->in[0])))
       s->kind[i] = K_RECOMPUTE; /* a stored buffer's conversion: each reader converts */
     else if (groupable(x))
       s->kind[i] = K_GROUP;

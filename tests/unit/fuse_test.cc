@@ -333,7 +333,12 @@ void adamw_update_is_one_in_place_kernel(const char *precision) {
   for (int i = 0; i < g->n_nodes; i++) {
     const dsc_node *n = g->nodes[i];
     if (n->op == DSC_OP_ASSIGN && targets.count(ir_attr_str(n, "name"))) grp.insert(n->in[0]->group);
-    if (n->op == DSC_OP_CAST && n->type.dtype == DSC_F32 && n->in[0]->op == DSC_OP_MATMUL) {
+    if (n->op != DSC_OP_CAST || n->type.dtype != DSC_F32) continue;
+    const dsc_node *src = n->in[0];
+    bool tied =
+        src->op == DSC_OP_ADD && src->n_in == 2 &&
+        (src->in[0]->op == DSC_OP_EMBEDDING_GRAD || src->in[1]->op == DSC_OP_EMBEDDING_GRAD);
+    if (src->op == DSC_OP_MATMUL || tied) {
       matmul_casts++;
       EXPECT_EQ(n->group, 0) << "the f32 reading of a bf16 matmul result at node " << i
                              << " is stored by a kernel";
