@@ -165,6 +165,8 @@ typedef struct {
   dsc_exec *e;
   dsc_params *params;
   dsc_tensor *in[3];
+  dsc_tensor **outs; /* the step's outputs, n_out of them */
+  int n_out;
   dsc_train_config cfg;
   flop_count fc;
   int64_t vocab;
@@ -183,6 +185,7 @@ typedef struct {
 
 static void run_free(dsc_context *ctx, run_state *r) {
   free(r->times);
+  free(r->outs);
   for (int k = 0; k < 3; k++)
     if (r->in[k]) dsc_tensor_free(ctx, r->in[k]);
   dsc_params_free(r->params);
@@ -258,6 +261,8 @@ static int run_setup(dsc_context *ctx, const run_options *o, const char *precisi
   if (!(r->in[2] = dsc_tensor_new(ctx, lr_t))) goto oom;
   r->in[2]->data[0] = r->cfg.opt.lr;
   if (!(r->times = calloc((size_t)steps, sizeof *r->times))) goto oom;
+  r->n_out = dsc_graph_output_count(g);
+  if (!(r->outs = calloc((size_t)r->n_out, sizeof *r->outs))) goto oom;
   return 0;
 oom:
   fputs("train_step: out of memory\n", stderr);
@@ -276,10 +281,7 @@ static int run_one(dsc_context *ctx, const run_options *o, run_state *r, uint64_
   for (int k = 0; k < 2; k++)
     for (int64_t j = 0; j < ntok; j++) r->in[k]->data[j] = (double)(rng_next(&rs) % (uint64_t)draw);
   if (profile && s == warmup) dsc_exec_set_profiling(r->e, true);
-  dsc_graph *g = dsc_module_find_graph(r->m, "train_step");
-  int n_out = dsc_graph_output_count(g);
-  dsc_tensor *outs[8] = {NULL};
-  if (n_out > 8) return fputs("train_step: the step has more than 8 outputs\n", stderr), 1;
+  dsc_tensor **outs = r->outs;
   double ts = now_s();
   dsc_status st = dsc_exec_run_step(r->e, (const dsc_tensor *const *)r->in, 3, outs);
   double dt = now_s() - ts;
@@ -287,7 +289,10 @@ static int run_one(dsc_context *ctx, const run_options *o, run_state *r, uint64_
   double loss = outs[0]->data[0];
   if (s == 0) r->loss_first = loss, r->norm_first = outs[1]->data[0];
   r->loss_last = loss;
-  for (int k = 0; k < n_out; k++) dsc_tensor_free(ctx, outs[k]);
+  for (int k = 0; k < r->n_out; k++) {
+    dsc_tensor_free(ctx, outs[k]);
+    outs[k] = NULL;
+  }
   if (!isfinite(loss))
     return fprintf(stderr, "train_step: step %" PRId64 " gave a non-finite loss\n", s), 1;
   if (s >= warmup) r->times[s - warmup] = dt;

@@ -798,7 +798,9 @@ static LLVMValueRef reduce_init(emitter *e, dsc_dtype t, kir_reduce_op op) {
 static bool expr_reads_written(const kir_expr *x, const bool *written, int depth) {
   if (!x) return false;
   if (depth > 10000) return true; /* too deep to tell: assume it does */
-  if (x->kind == KIR_LOAD && written[x->access.arg]) return true;
+  if (x->kind == KIR_LOAD &&
+      (written[x->access.arg] || expr_reads_written(x->access.gather, written, depth + 1)))
+    return true;
   return expr_reads_written(x->a, written, depth + 1) ||
          expr_reads_written(x->b, written, depth + 1) ||
          expr_reads_written(x->c, written, depth + 1);
@@ -822,7 +824,9 @@ static int store_run(emitter *e, int s) {
     const kir_stage *st = &k->stages[t];
     if (st->kind != KIR_STAGE_STORE || !st->over_inner || !st->expr) break;
     if (st->dst.arg < 0 || st->dst.arg >= k->n_args) break;
-    if (n > 0 && expr_reads_written(st->expr, written, 0)) break;
+    if (n > 0 && (expr_reads_written(st->expr, written, 0) ||
+                  expr_reads_written(st->dst.gather, written, 0)))
+      break;
     written[st->dst.arg] = true;
   }
   free(written);
