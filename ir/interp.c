@@ -295,6 +295,7 @@ void dsc_params_free(dsc_params *p) {
 }
 
 int dsc_params_count(const dsc_params *p) { return p ? p->n : 0; }
+const dsc_module *dsc_params_module(const dsc_params *p) { return p->m; }
 
 dsc_tensor *dsc_params_get(const dsc_params *p, int i) {
   return p && i >= 0 && i < p->n ? p->t[i] : NULL;

@@ -125,22 +125,30 @@ static ir_node *decompose_norm(ir_graph *g, const ir_node *n) {
 
 /* The heads as ir/attention.c lays them out: grouped-query attention keeps
  * one copy of each key/value head, broadcast over its G query heads. */
-static ir_node *decompose_attention(ir_graph *g, const ir_node *n) {
-  int64_t G = ir_attn_groups(n), KVH = ir_attr_int(n, "kv_heads");
-  int64_t T = n->type.dims[1], S = n->in[1]->type.dims[1];
+ir_node *pass_attention_form(ir_graph *g, const ir_node *attn, ir_node *q, ir_node *k, ir_node *v,
+                             ir_node *masked) {
+  int64_t G = ir_attn_groups(attn), KVH = ir_attr_int(attn, "kv_heads");
   bool grouped = G > 1;
-  dsc_dtype dt = n->type.dtype, cd = compute_dtype(dt);
-  ir_node *q = ir_attn_split(g, n->in[0], KVH, G, grouped, false);
-  ir_node *kt = ir_attn_split(g, n->in[1], KVH, 1, grouped, true);
-  ir_node *v = ir_attn_split(g, n->in[2], KVH, 1, grouped, false);
+  dsc_dtype dt = attn->type.dtype, cd = compute_dtype(dt);
+  q = ir_attn_split(g, q, KVH, G, grouped, false);
+  ir_node *kt = ir_attn_split(g, k, KVH, 1, grouped, true);
+  v = ir_attn_split(g, v, KVH, 1, grouped, false);
   /* scores [B, KVH, G, T, S] or [B, H, T, S]: the matmul in the node's
    * dtype, the rest in cd */
   ir_node *s = to(g, dsc_matmul(g, q, kt), cd);
-  s = bin(g, DSC_OP_MUL, s, scalar(g, ir_attr_float(n, "scale"), cd));
-  if (ir_attr_bool(n, "causal")) /* the diagonal is never masked: finite max */
-    s = where(g, ir_attn_masked(g, T, S, ir_attr_int(n, "window")), scalar(g, -INFINITY, cd), s);
+  s = bin(g, DSC_OP_MUL, s, scalar(g, ir_attr_float(attn, "scale"), cd));
+  if (masked) /* no row is all masked: a finite max */
+    s = where(g, masked, scalar(g, -INFINITY, cd), s);
   ir_node *p = to(g, softmax_in(g, s, grouped ? 4 : 3, false), dt);
   return ir_attn_merge(g, dsc_matmul(g, p, v));
+}
+
+static ir_node *decompose_attention(ir_graph *g, const ir_node *n) {
+  int64_t T = n->type.dims[1], S = n->in[1]->type.dims[1];
+  ir_node *masked = NULL;
+  if (ir_attr_bool(n, "causal")) /* the diagonal is never masked */
+    masked = ir_attn_masked(g, T, S, ir_attr_int(n, "window"));
+  return pass_attention_form(g, n, n->in[0], n->in[1], n->in[2], masked);
 }
 
 /* rope: x viewed as [..., T, heads, 2, hd/2] (rotate-half) or [..., T,

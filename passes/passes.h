@@ -79,6 +79,29 @@ dsc_status pass_autodiff_run_with_rules(ir_module *m, ir_graph *g, const ir_grad
 dsc_status pass_decompose_run(ir_module *m);
 /* Whether the pass rewrites ops of this kind. */
 bool pass_decompose_op(dsc_op op);
+/* attention(q, k, v) as the pass writes it, with the op `attn`'s heads and
+ * scale: `masked` (bool, broadcast to the scores [B, KVH, G, T, S] when
+ * grouped, else [B, H, T, S]; NULL: none) is true where a key is hidden
+ * from a query. passes/kv_cache.c gives it a mask of runtime positions. */
+ir_node *pass_attention_form(ir_graph *g, const ir_node *attn, ir_node *q, ir_node *k, ir_node *v,
+                             ir_node *masked);
+
+/* ======================= passes/kv_cache.c =======================
+ * The inference graph of a token model (issue 23): from `fwd`, a forward
+ * graph compiled at [B, t] that ends in cross_entropy(logits, targets),
+ * builds graph `name` in `dst`:
+ *   name(tokens: [B, t], pos: i32[B], last: i32[B]) -> logits [B, V]
+ * Row b holds t tokens of sequence b at positions pos[b] .. pos[b] + t - 1;
+ * the result is the logits after token last[b] of the row. Each attention
+ * keeps its keys and values in states kv.<i>.k and kv.<i>.v [B, context,
+ * C] (zeros at first): the run writes the row's keys at their positions
+ * and attends to every position up to each query's own. Positions past
+ * context are not written (padding of a last chunk). dst takes fwd's
+ * params when it has none; a second graph (another t) must agree with the
+ * first on params and B. The model's positions must be iota(T) read by
+ * embedding or rope, its attentions causal. */
+dsc_status pass_kv_cache_graph(ir_module *dst, const ir_graph *fwd, const char *name,
+                               int64_t context);
 
 /* ======================= passes/cse.c =======================
  * Common subexpression elimination: equal reductions, matmuls and

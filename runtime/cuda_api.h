@@ -118,6 +118,8 @@ void rt_cuda_exec_free(rt_cuda_exec *e);
  * match the module (the caller checks). */
 dsc_status rt_cuda_exec_set_params(rt_cuda_exec *e, const dsc_params *p);
 dsc_status rt_cuda_exec_get_params(rt_cuda_exec *e, dsc_params *p);
+/* Param or state i alone in. */
+dsc_status rt_cuda_exec_set_param(rt_cuda_exec *e, int i, const dsc_tensor *t);
 /* Runs graph gi of the module as dsc_exec_run does (graph named `graph`). */
 dsc_status rt_cuda_exec_run(rt_cuda_exec *e, int gi, const dsc_tensor *const *inputs, int n_inputs,
                             dsc_tensor **outputs);

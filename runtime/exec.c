@@ -292,6 +292,34 @@ dsc_status dsc_exec_set_params(dsc_exec *e, const dsc_params *p) {
   return st;
 }
 
+dsc_status dsc_exec_load_params(dsc_exec *e, const dsc_params *src) {
+  const dsc_module *sm = dsc_params_module(src);
+  for (int k = 0; k < dsc_module_param_count(sm); k++) {
+    const char *name = dsc_module_param_name(sm, k);
+    int i = dsc_module_find_param(e->m, name);
+    dsc_type want = i >= 0 ? dsc_module_param_type(e->m, i) : dsc_module_param_type(sm, k);
+    const dsc_tensor *t = dsc_params_get(src, k);
+    if (i < 0 || !dsc_type_equal(&want, &t->type)) {
+      char t1[96], t2[96];
+      dsc_type_format(&want, t1, sizeof t1);
+      dsc_type_format(&t->type, t2, sizeof t2);
+      ir_error(e->ctx, ir_no_loc,
+               i < 0 ? "executor: module '%s' has no param '%s'"
+                     : "executor: param '%s' of module '%s' is %s, given %s",
+               i < 0 ? dsc_module_name(e->m) : name, i < 0 ? name : dsc_module_name(e->m), t1, t2);
+      return DSC_ERR_USER;
+    }
+    if (e->tiers && e->tiers[i] == CG_TIER_DISK) {
+      ir_error(e->ctx, ir_no_loc,
+               "executor: param '%s' is on the disk tier; load it with the others", name);
+      return DSC_ERR_USER;
+    }
+    dsc_status st = e->be->set_param(e->impl, i, t);
+    if (st != DSC_OK) return st;
+  }
+  return DSC_OK;
+}
+
 dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p) {
   dsc_status st = check_params(e, p);
   if (st == DSC_OK) st = e->be->get_params(e->impl, p);

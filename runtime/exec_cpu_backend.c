@@ -88,6 +88,15 @@ static dsc_status cpu_set_params(void *impl, const dsc_params *p) {
 
 static dsc_status cpu_get_params(void *impl, dsc_params *p) { return copy_params(impl, p, false); }
 
+static dsc_status cpu_set_param(void *impl, int i, const dsc_tensor *t) {
+  cpu_exec *x = impl;
+  size_t es = dsc_dtype_size(t->type.dtype);
+  char *slot = (char *)rt_cpu_exec_tier(x->cpu, x->tiers[i]) + x->tier_offsets[i];
+  for (int64_t j = 0; j < dsc_type_numel(&t->type); j++)
+    cg_store_elem(t->type.dtype, slot + j * (int64_t)es, t->data[j]);
+  return DSC_OK;
+}
+
 static dsc_status cpu_run(void *impl, int gi, const dsc_tensor *const *inputs, int n_inputs,
                           dsc_tensor **outputs) {
   cpu_exec *x = impl;
@@ -333,14 +342,16 @@ const rt_executor rt_exec_cpu = {
     .name = "cpu",
     .id = DSC_BACKEND_CPU,
     .available = cpu_available,
-    .not_built = "backend cpu is not built in (configure with LLVM and oneDNN: "
-                 "scripts/install-deps.sh)",
+    .not_built =
+        "backend cpu is not built in (configure with LLVM and oneDNN: "
+        "scripts/install-deps.sh)",
     .compiled = true,
     .target = CG_TARGET_CPU,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .set_params = cpu_set_params,
     .get_params = cpu_get_params,
+    .set_param = cpu_set_param,
     .run = cpu_run,
     .set_comm = cpu_set_comm,
     .set_tag = cpu_set_tag,

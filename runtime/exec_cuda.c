@@ -57,6 +57,10 @@ dsc_status rt_cuda_exec_get_params(rt_cuda_exec *e, dsc_params *p) {
   (void)e, (void)p;
   return DSC_ERR_INTERNAL;
 }
+dsc_status rt_cuda_exec_set_param(rt_cuda_exec *e, int i, const dsc_tensor *t) {
+  (void)e, (void)i, (void)t;
+  return DSC_ERR_INTERNAL;
+}
 dsc_status rt_cuda_exec_run(rt_cuda_exec *e, int gi, const dsc_tensor *const *inputs, int n_inputs,
                             dsc_tensor **outputs) {
   (void)e, (void)gi, (void)inputs, (void)n_inputs, (void)outputs;
@@ -695,6 +699,25 @@ dsc_status rt_cuda_exec_set_params(rt_cuda_exec *e, const dsc_params *p) {
 
 dsc_status rt_cuda_exec_get_params(rt_cuda_exec *e, dsc_params *p) {
   return params_io(e, p, false);
+}
+
+dsc_status rt_cuda_exec_set_param(rt_cuda_exec *e, int i, const dsc_tensor *t) {
+  if (!usable(e)) return DSC_ERR_USER;
+  size_t es = dsc_dtype_size(t->type.dtype);
+  int64_t n = dsc_type_numel(&t->type);
+  size_t bytes = (size_t)n * es + 1;
+  void *host = NULL;
+  if (!CU(e->api->MemAllocHost(&host, bytes), "cuMemAllocHost(%zu bytes to copy a param in)",
+          bytes))
+    return DSC_ERR_USER;
+  for (int64_t j = 0; j < n; j++)
+    cg_store_elem(t->type.dtype, (char *)host + j * (int64_t)es, t->data[j]);
+  bool ok = n == 0 || (CU(e->api->MemcpyHtoDAsync(e->state + (CUdeviceptr)e->state_offsets[i], host,
+                                                  (size_t)n * es, e->copy),
+                          "cuMemcpyHtoDAsync(param %d in)", i) &&
+                       sync_stream(e, e->copy, "copy: a param in"));
+  e->api->MemFreeHost(host);
+  return ok ? DSC_OK : DSC_ERR_USER;
 }
 
 /* The executor, rebuilt on device `ordinal` with the params and states
@@ -1375,6 +1398,9 @@ static dsc_status cuda_set_params(void *impl, const dsc_params *p) {
 static dsc_status cuda_get_params(void *impl, dsc_params *p) {
   return rt_cuda_exec_get_params(impl, p);
 }
+static dsc_status cuda_set_param(void *impl, int i, const dsc_tensor *t) {
+  return rt_cuda_exec_set_param(impl, i, t);
+}
 static dsc_status cuda_run(void *impl, int gi, const dsc_tensor *const *inputs, int n_inputs,
                            dsc_tensor **outputs) {
   return rt_cuda_exec_run(impl, gi, inputs, n_inputs, outputs);
@@ -1396,8 +1422,9 @@ const rt_executor rt_exec_cuda = {
     .name = "cuda",
     .id = DSC_BACKEND_CUDA,
     .available = cuda_available,
-    .not_built = "backend cuda is not built in (configure with the CUDA toolkit: "
-                 "-DDSC_ENABLE_CUDA=ON)",
+    .not_built =
+        "backend cuda is not built in (configure with the CUDA toolkit: "
+        "-DDSC_ENABLE_CUDA=ON)",
     .compiled = true,
     .target = CG_TARGET_CUDA,
     .run_label = "cuda",
@@ -1406,6 +1433,7 @@ const rt_executor rt_exec_cuda = {
     .destroy = cuda_destroy,
     .set_params = cuda_set_params,
     .get_params = cuda_get_params,
+    .set_param = cuda_set_param,
     .run = cuda_run,
     .set_comm = cuda_set_comm,
     .set_profiling = cuda_set_profiling,

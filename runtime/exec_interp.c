@@ -52,6 +52,13 @@ static dsc_status interp_get_params(void *impl, dsc_params *p) {
   return copy_values(x, p, x->params);
 }
 
+static dsc_status interp_set_param(void *impl, int i, const dsc_tensor *t) {
+  interp_exec *x = impl;
+  memcpy(dsc_params_get(x->params, i)->data, t->data,
+         sizeof(double) * (size_t)dsc_type_numel(&t->type));
+  return DSC_OK;
+}
+
 static dsc_params *interp_values(void *impl) { return ((interp_exec *)impl)->params; }
 
 static dsc_status interp_run(void *impl, int graph, const dsc_tensor *const *inputs, int n_inputs,
@@ -77,6 +84,7 @@ const rt_executor rt_exec_interp = {
     .destroy = interp_destroy,
     .set_params = interp_set_params,
     .get_params = interp_get_params,
+    .set_param = interp_set_param,
     .values = interp_values,
     .run = interp_run,
     .set_comm = interp_set_comm,

@@ -546,6 +546,8 @@ typedef struct {
   /* params and states in and out, except the disk tier's (exec.c) */
   dsc_status (*set_params)(void *impl, const dsc_params *p);
   dsc_status (*get_params)(void *impl, dsc_params *p);
+  /* param or state i alone in (not the disk tier's) */
+  dsc_status (*set_param)(void *impl, int i, const dsc_tensor *t);
   /* the doubles it runs on, when it keeps every value itself (then exec.c
    * moves the disk tier's values around each run); NULL: it streams them */
   dsc_params *(*values)(void *impl);

@@ -67,6 +67,12 @@ dsc_backend dsc_exec_backend(const dsc_exec *e);
 /* Copies every param and state in (p from dsc_params_init(m, ...)) or out. */
 dsc_status dsc_exec_set_params(dsc_exec *e, const dsc_params *p);
 dsc_status dsc_exec_get_params(dsc_exec *e, dsc_params *p);
+/* Copies the values of src, the params of another module, into this
+ * executor's params and states of the same names and types (an error
+ * names any that it lacks); the others keep their values. An inference
+ * module (driver/infer.c) takes a checkpoint's weights this way without a
+ * double copy of its KV cache. */
+dsc_status dsc_exec_load_params(dsc_exec *e, const dsc_params *src);
 
 /* Memory tiers (passes/offload.c, module meta tier.<name>; docs/memory.md
  * "Offload"): host-tier values live in an arena of their own; disk-tier

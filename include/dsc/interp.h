@@ -42,6 +42,7 @@ dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed);
 dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank);
 void dsc_params_free(dsc_params *p);
 int dsc_params_count(const dsc_params *p);
+const dsc_module *dsc_params_module(const dsc_params *p); /* the module it was made for */
 dsc_tensor *dsc_params_get(const dsc_params *p, int i); /* module's i-th param */
 dsc_tensor *dsc_params_find(const dsc_params *p, const char *name);
 

@@ -253,15 +253,23 @@ typedef struct {
   const char *checkpoint; /* OUT or OUT/step-N */
   const char *model_path; /* NULL: the one recorded in the checkpoint */
   uint64_t seed;
+  const dsc_exec_options *exec; /* NULL: the default backend */
+  int64_t chunk;                /* prompt tokens per step; 0: 16 */
 } dsc_sampler_options;
 
 dsc_status dsc_sampler_open(dsc_context *ctx, const dsc_sampler_options *opts, dsc_sampler **out);
 void dsc_sampler_free(dsc_sampler *s);
 int64_t dsc_sampler_context(const dsc_sampler *s); /* T: tokens the window holds */
 int64_t dsc_sampler_vocab(const dsc_sampler *s);
-/* Appends a token to the window (dropping the oldest when full). */
+/* Appends a token to the window. A full window keeps its newer half, which
+ * is run again from position 0 at the next draw (a KV cache holds absolute
+ * positions, so it cannot slide by one). */
 dsc_status dsc_sampler_push(dsc_sampler *s, int64_t token);
-/* Runs the model on the window and draws the next token (not pushed). */
+/* The engine's time in prompt chunks and one-token steps (dsc_infer_times). */
+void dsc_sampler_times(const dsc_sampler *s, double *prefill_s, int64_t *prefills, double *decode_s,
+                       int64_t *decodes);
+/* Runs the tokens pushed since the last draw through the model (the KV
+ * cache holds the earlier ones) and draws the next token (not pushed). */
 dsc_status dsc_sampler_next(dsc_sampler *s, double temperature, int64_t top_k, int64_t *token);
 
 #ifdef __cplusplus

@@ -1,4 +1,5 @@
-# dsc sample: generation from a briefly trained checkpoint.
+# dsc generate (and its alias dsc sample): generation from a briefly
+# trained checkpoint through the KV-cache engine.
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/corpus.bash"
 MODEL="$SRC/examples/gpt-tiny.dsm"
@@ -7,7 +8,10 @@ expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
 # 60 steps as in train.sh: loss about 1.75, enough for the corpus' letters
 expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --batch 4 --seq 32 --steps 60 --lr 3e-3 --out "$TMP/run" --quiet
 
-expect_exit 0 "$DSC" sample --help && expect_grep '^usage: dsc sample DIR --tokens N' "$TMP/out"
+expect_exit 0 "$DSC" sample --help && expect_grep '^usage: dsc generate DIR --tokens N' "$TMP/out"
+expect_exit 0 "$DSC" generate --help && expect_grep 'dsc sample \.\.\.   \(the same\)' "$TMP/out"
+expect_exit 1 "$DSC" generate "$TMP/run" --tokens 5 --chunk 0 && expect_grep 'chunk needs an integer in 1..4096' "$TMP/err"
+expect_exit 1 "$DSC" generate "$TMP/run" --tokens 5 --backend gpu && expect_grep 'backend needs one of' "$TMP/err"
 expect_exit 1 "$DSC" sample "$TMP/run" && expect_grep 'missing --tokens N' "$TMP/err"
 expect_exit 1 "$DSC" sample --tokens 5 && expect_grep 'missing checkpoint DIR' "$TMP/err"
 expect_exit 1 "$DSC" sample "$TMP/run" --tokens 5 --temperature -1 && expect_grep 'temperature needs a number >= 0' "$TMP/err"
@@ -43,4 +47,17 @@ LC_ALL=C grep -qv '^[a-z .]*$' "$TMP/g1" && fail "greedy text has bytes outside 
 # corpus' letters far more likely than any other byte, no odd bytes appear
 expect_exit 0 "$DSC" sample "$TMP/run" --tokens 64 --top-k 3 --temperature 2 --seed 1
 LC_ALL=C grep -qv '^[a-z .]*$' "$TMP/out" && fail "top-k 3 sampled an unlikely byte: $(od -c "$TMP/out" | head -3)" || pass
+# the cache changes nothing: greedy text is the same on the interpreter
+# (doubles), compiled, one prompt token a step or 16, and past the context
+# (64 positions: the text wraps twice, re-running its newer half)
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --backend interp && cp "$TMP/out" "$TMP/gi"
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --backend cpu --chunk 1 && cp "$TMP/out" "$TMP/gc1"
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --backend cpu --chunk 16 --stats && cp "$TMP/out" "$TMP/gc16"
+cmp "$TMP/gi" "$TMP/gc1" && cmp "$TMP/gi" "$TMP/gc16" && pass || fail "greedy text differs between backends or chunks"
+head -c 48 "$TMP/g1" | cmp - <(head -c 48 "$TMP/gi") && pass || fail "generate and sample differ"
+expect_grep '^generate: 1 prompt steps in [0-9.]+ s, 39 one-token steps in [0-9.]+ s \([0-9.]+ tokens/s\)' "$TMP/err"
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 150 --temperature 0 --prompt "the cat " --stats
+[ "$(wc -c <"$TMP/out")" -eq 158 ] && pass || fail "150 tokens and the prompt gave $(wc -c <"$TMP/out") bytes"
+# the prompt, then 3 wraps (at the 65th, 97th and 129th of 158 tokens) of 32 tokens in 2 chunks each
+expect_grep '^generate: 7 prompt steps' "$TMP/err"
 finish

@@ -1,5 +1,6 @@
-/* dsc sample: generate tokens from a trained checkpoint (bytes, or the
- * run's tokenizer). */
+/* dsc generate (alias dsc sample): generate tokens from a trained
+ * checkpoint (bytes, or the run's tokenizer) through the KV-cache engine
+ * (include/dsc/infer.h). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -9,22 +10,31 @@
 
 #include "tools/cli.h"
 
-static const char sample_help[] =
-    "usage: dsc sample DIR --tokens N [--temperature X] [--top-k K] [--seed S]\n"
-    "                  [--prompt TEXT] [--model FILE] [--tokenizer FILE]\n"
+static const char generate_help[] =
+    "usage: dsc generate DIR --tokens N [--temperature X] [--top-k K] [--seed S]\n"
+    "                    [--prompt TEXT] [--model FILE] [--tokenizer FILE]\n"
+    "                    [--backend interp|cpu|cuda] [--threads N] [--chunk C] [--stats]\n"
+    "       dsc sample ...   (the same)\n"
     "\n"
     "Loads the checkpoint DIR (a step directory, or an output directory: its\n"
-    "'latest'), recompiles the model file recorded in it (or --model FILE) for one\n"
-    "sequence of the model's context length, and generates N tokens, written to\n"
-    "standard output as they come. The window holds the last T tokens, the\n"
-    "prompt's first (a newline when there is no prompt); the prompt is printed\n"
-    "first, then what follows it. Tokens are bytes, unless the run has a\n"
-    "tokenizer.json (dsc train copies the one of dsc data --tokenizer or of\n"
-    "--init-from) or --tokenizer FILE names one: then the prompt is encoded and\n"
-    "the text decoded with it, as the tokenizers library does.\n"
+    "'latest'), compiles the model file recorded in it (or --model FILE) into two\n"
+    "inference graphs with a KV cache (docs/inference.md): one runs the prompt C\n"
+    "tokens at a time, the other one token per step, each reading the keys and\n"
+    "values of the tokens before it from the cache. Generates N tokens, written to\n"
+    "standard output as they come; the prompt is printed first (a newline when\n"
+    "there is none). The cache holds the model's context (its position table, else\n"
+    "the trained sequence length); when the text fills it, the newer half is run\n"
+    "again from position 0. Tokens are bytes, unless the run has a tokenizer.json\n"
+    "(dsc train copies the one of dsc data --tokenizer or of --init-from) or\n"
+    "--tokenizer FILE names one: then the prompt is encoded and the text decoded\n"
+    "with it, as the tokenizers library does.\n"
     "  --temperature X   softmax temperature (default 1.0; 0 = greedy)\n"
     "  --top-k K         sample among the K most likely tokens (default: all; 1 = greedy)\n"
-    "  --seed S          seed of the sampling generator (default 0): same seed, same text\n";
+    "  --seed S          seed of the sampling generator (default 0): same seed, same text\n"
+    "  --backend B       interp, cpu or cuda (default: cpu where built, else interp)\n"
+    "  --threads N       cpu worker threads (default: one per core)\n"
+    "  --chunk C         prompt tokens per step (default 16)\n"
+    "  --stats           print the prompt's and the generation's time to standard error\n";
 
 static dsc_status flush_stdout(void) {
   if (fflush(stdout) == 0) return DSC_OK;
@@ -83,8 +93,11 @@ static dsc_status sample_tokenized(dsc_sampler *s, dsc_tokenizer *tok, const cha
   return st;
 }
 
-int cli_sample(int argc, char **argv) {
-  dsc_sampler_options o = {NULL, NULL, 0};
+int cli_generate(int argc, char **argv) {
+  dsc_sampler_options o = {NULL, NULL, 0, NULL, 0};
+  dsc_exec_options xo = {dsc_backend_default(), 0, NULL};
+  int64_t threads = 0, chunk = 0;
+  bool stats = false;
   int64_t n_tokens = -1, top_k = 0, seed = 0;
   double temperature = 1.0;
   const char *prompt = NULL, *tok_path = NULL;
@@ -92,44 +105,59 @@ int cli_sample(int argc, char **argv) {
     const char *a = argv[i];
     bool has_val = i + 1 < argc;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(sample_help, stdout);
+      fputs(generate_help, stdout);
       return CLI_EXIT_OK;
     } else if (strcmp(a, "--tokens") == 0) {
       if (!has_val || !cli_parse_i64(argv[++i], &n_tokens) || n_tokens < 0)
-        return cli_usage_error("sample", "--tokens needs a non-negative integer"), CLI_EXIT_USER;
+        return cli_usage_error("generate", "--tokens needs a non-negative integer"), CLI_EXIT_USER;
     } else if (strcmp(a, "--top-k") == 0) {
       if (!has_val || !cli_parse_i64(argv[++i], &top_k) || top_k < 1)
-        return cli_usage_error("sample", "--top-k needs a positive integer"), CLI_EXIT_USER;
+        return cli_usage_error("generate", "--top-k needs a positive integer"), CLI_EXIT_USER;
     } else if (strcmp(a, "--seed") == 0) {
       if (!has_val || !cli_parse_i64(argv[++i], &seed) || seed < 0)
-        return cli_usage_error("sample", "--seed needs a non-negative integer"), CLI_EXIT_USER;
+        return cli_usage_error("generate", "--seed needs a non-negative integer"), CLI_EXIT_USER;
     } else if (strcmp(a, "--temperature") == 0) {
       const char *s = has_val ? argv[++i] : "";
       char *end = NULL;
       errno = 0;
       temperature = strtod(s, &end);
       if (!*s || *end || errno || !(temperature >= 0) || !isfinite(temperature))
-        return cli_usage_error("sample", "--temperature needs a number >= 0"), CLI_EXIT_USER;
+        return cli_usage_error("generate", "--temperature needs a number >= 0"), CLI_EXIT_USER;
     } else if (strcmp(a, "--prompt") == 0) {
-      if (!has_val) return cli_usage_error("sample", "--prompt needs a value"), CLI_EXIT_USER;
+      if (!has_val) return cli_usage_error("generate", "--prompt needs a value"), CLI_EXIT_USER;
       prompt = argv[++i];
     } else if (strcmp(a, "--tokenizer") == 0) {
-      if (!has_val) return cli_usage_error("sample", "--tokenizer needs a file"), CLI_EXIT_USER;
+      if (!has_val) return cli_usage_error("generate", "--tokenizer needs a file"), CLI_EXIT_USER;
       tok_path = argv[++i];
+    } else if (strcmp(a, "--backend") == 0) {
+      if (!has_val || dsc_backend_from_name(argv[++i], &xo.backend) != 0)
+        return cli_usage_error("generate", "--backend needs one of interp, cpu, cuda"),
+               CLI_EXIT_USER;
+    } else if (strcmp(a, "--threads") == 0) {
+      if (!has_val || !cli_parse_i64(argv[++i], &threads) || threads < 1 || threads > 1024)
+        return cli_usage_error("generate", "--threads needs a positive integer"), CLI_EXIT_USER;
+    } else if (strcmp(a, "--chunk") == 0) {
+      if (!has_val || !cli_parse_i64(argv[++i], &chunk) || chunk < 1 || chunk > 4096)
+        return cli_usage_error("generate", "--chunk needs an integer in 1..4096"), CLI_EXIT_USER;
+    } else if (strcmp(a, "--stats") == 0) {
+      stats = true;
     } else if (strcmp(a, "--model") == 0) {
-      if (!has_val) return cli_usage_error("sample", "--model needs a file"), CLI_EXIT_USER;
+      if (!has_val) return cli_usage_error("generate", "--model needs a file"), CLI_EXIT_USER;
       o.model_path = argv[++i];
     } else if (a[0] == '-' && a[1]) {
-      return cli_usage_error("sample", "unknown option '%s'", a), CLI_EXIT_USER;
+      return cli_usage_error("generate", "unknown option '%s'", a), CLI_EXIT_USER;
     } else if (o.checkpoint) {
-      return cli_usage_error("sample", "one checkpoint at a time"), CLI_EXIT_USER;
+      return cli_usage_error("generate", "one checkpoint at a time"), CLI_EXIT_USER;
     } else {
       o.checkpoint = a;
     }
   }
-  if (!o.checkpoint) return cli_usage_error("sample", "missing checkpoint DIR"), CLI_EXIT_USER;
-  if (n_tokens < 0) return cli_usage_error("sample", "missing --tokens N"), CLI_EXIT_USER;
+  if (!o.checkpoint) return cli_usage_error("generate", "missing checkpoint DIR"), CLI_EXIT_USER;
+  if (n_tokens < 0) return cli_usage_error("generate", "missing --tokens N"), CLI_EXIT_USER;
   o.seed = (uint64_t)seed;
+  xo.threads = (int)threads;
+  o.exec = &xo;
+  o.chunk = chunk;
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;
@@ -139,7 +167,8 @@ int cli_sample(int argc, char **argv) {
   char found[4096];
   if (!tok_path) { /* the run's own: in DIR, or in the run holding step DIR */
     snprintf(found, sizeof found, "%s/tokenizer.json", o.checkpoint);
-    if (access(found, F_OK) != 0) snprintf(found, sizeof found, "%s/../tokenizer.json", o.checkpoint);
+    if (access(found, F_OK) != 0)
+      snprintf(found, sizeof found, "%s/../tokenizer.json", o.checkpoint);
     if (access(found, F_OK) == 0) tok_path = found;
   }
   if (tok_path) st = dsc_tokenizer_load(ctx, tok_path, &tok);
@@ -168,6 +197,17 @@ int cli_sample(int argc, char **argv) {
     }
   }
   if (st == DSC_OK && n_tokens > 0 && isatty(STDOUT_FILENO)) putchar('\n'); /* tidy prompt */
+  if (st == DSC_OK && stats) {
+    double ps, ds;
+    int64_t pn, dn;
+    dsc_sampler_times(s, &ps, &pn, &ds, &dn);
+    fflush(stdout);
+    fprintf(stderr,
+            "generate: %" PRId64 " prompt steps in %.3f s, %" PRId64
+            " one-token steps in %.3f s "
+            "(%.1f tokens/s)\n",
+            pn, ps, dn, ds, ds > 0 ? (double)dn / ds : 0.0);
+  }
   dsc_diag_print(ctx, stderr);
   dsc_sampler_free(s);
   dsc_tokenizer_free(tok);
