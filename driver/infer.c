@@ -18,6 +18,9 @@ struct dsc_infer {
   dsc_exec *exec;
   int64_t slots, chunk, context, vocab;
   dsc_tensor *in[2][3]; /* per graph (0 prefill, 1 decode): tokens, pos, last */
+  /* no cache (a model pass kv_cache cannot rewrite): graph `window`, the
+   * forward over every slot's tokens so far, run whole at each step */
+  dsc_tensor *window, *targets;
   double seconds[2];
   int64_t runs[2];
 };
@@ -43,6 +46,8 @@ void dsc_infer_free(dsc_infer *e) {
   if (!e) return;
   for (int g = 0; g < 2; g++)
     for (int i = 0; i < 3; i++) dsc_tensor_free(e->ctx, e->in[g][i]);
+  dsc_tensor_free(e->ctx, e->window);
+  dsc_tensor_free(e->ctx, e->targets);
   dsc_exec_free(e->exec);
   dsc_module_free(e->m);
   ir_free(e->ctx, e, sizeof *e);
@@ -123,6 +128,38 @@ static dsc_status checkpoint_params(dsc_context *ctx, dsc_checkpoint *ck, const 
   return st;
 }
 
+/* The model has nothing pass kv_cache can cache (no attention, or positions
+ * it cannot offset): its reason becomes a warning, and the engine runs the
+ * forward over each slot's whole window (graph `forward` made a logits
+ * graph, [slots, context]) at every step. *fwd, the failed attempt's
+ * module, is freed. */
+static dsc_status no_cache(dsc_infer *e, const char *model, dsc_module **fwd) {
+  dsc_context *ctx = e->ctx;
+  const dsc_diag *d = dsc_diag_get(ctx, dsc_diag_count(ctx) - 1);
+  char why[512], file[PATH_MAX];
+  dsc_loc loc = d->loc;
+  snprintf(why, sizeof why, "%s", d->message);
+  snprintf(file, sizeof file, "%s", loc.file ? loc.file : "");
+  loc.file = loc.file ? file : NULL; /* the diagnostics own theirs */
+  dsc_diag_clear(ctx);
+  ir_diag(ctx, DSC_DIAG_WARNING, loc,
+          "%s; generating without a KV cache (the whole window each token)",
+          strncmp(why, "kv cache: ", 10) == 0 ? why + 10 : why);
+  dsc_module_free(e->m);
+  e->m = NULL;
+  dsc_module_free(*fwd);
+  *fwd = NULL;
+  e->chunk = e->context;
+  dsc_graph *g = NULL;
+  dsc_status st = forward_at(ctx, model, e->slots, e->context, &e->m, &g);
+  if (st == DSC_OK) st = dsc_make_logits_graph(g);
+  if (st == DSC_OK && !(e->window = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(g, 0)))))
+    st = oom(ctx);
+  if (st == DSC_OK && !(e->targets = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(g, 1)))))
+    st = oom(ctx);
+  return st;
+}
+
 static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
   dsc_context *ctx = e->ctx;
   dsc_checkpoint *ck = NULL;
@@ -162,24 +199,35 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
     goto done;
   }
   static const char *const names[2] = {"prefill", "decode"};
+  int errors = dsc_error_count(ctx);
   for (int g = 0; g < graphs && st == DSC_OK; g++) {
     int64_t t = g == 0 ? e->chunk : 1;
     st = forward_at(ctx, model, e->slots, t, &fm[g], &fg[g]);
     if (st == DSC_OK)
       st = pass_kv_cache_graph(e->m, fg[g], graphs == 2 ? names[g] : "decode", e->context);
+    else
+      fg[g] = NULL; /* the model itself is wrong: no fallback */
+    if (st == DSC_ERR_USER && fg[g] && errors == 0) {
+      graphs = 1;
+      st = no_cache(e, model, &fm[g]);
+      break;
+    }
   }
   if (st != DSC_OK) goto done;
-  e->vocab = dsc_node_type(dsc_graph_output_at(dsc_module_graph(e->m, 0), 0)).dims[1];
+  dsc_type lt = dsc_node_type(dsc_graph_output_at(dsc_module_graph(e->m, 0), 0));
+  e->vocab = lt.dims[lt.rank - 1];
   if ((st = dsc_module_verify(e->m)) != DSC_OK) goto done;
   dsc_exec_options eo = {dsc_backend_default(), 0, NULL};
   if (o->exec) eo = *o->exec;
   if (eo.backend != DSC_BACKEND_INTERP && (st = dsc_run_codegen_passes(e->m)) != DSC_OK) goto done;
-  if ((st = checkpoint_params(ctx, ck, fm[graphs - 1], &params)) != DSC_OK) goto done;
+  /* the weights by the module they were compiled for: a forward's params */
+  const dsc_module *pm = e->window ? e->m : fm[graphs - 1];
+  if ((st = checkpoint_params(ctx, ck, pm, &params)) != DSC_OK) goto done;
   dsc_checkpoint_free(ctx, ck);
   ck = NULL;
   if ((st = dsc_exec_new(e->m, &eo, &e->exec)) != DSC_OK) goto done;
   if ((st = dsc_exec_load_params(e->exec, params)) != DSC_OK) goto done;
-  for (int g = 0; g < 2; g++) {
+  for (int g = 0; g < 2 && !e->window; g++) {
     const dsc_graph *gr = dsc_module_find_graph(e->m, g == 0 && graphs == 2 ? "prefill" : "decode");
     for (int i = 0; i < 3; i++)
       if (!(e->in[g][i] = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(gr, i))))) {
@@ -209,6 +257,35 @@ dsc_status dsc_infer_open(dsc_context *ctx, const dsc_infer_options *o, dsc_infe
   return DSC_OK;
 }
 
+/* A step without a cache: the slots' tokens written into the window at
+ * their positions (the later ones zeroed, as a new sequence expects), the
+ * forward run over all of it. */
+static dsc_status window_step(dsc_infer *e, const int64_t *n, const int64_t *pos,
+                              const int64_t *tokens, double *logits) {
+  int64_t T = e->context;
+  double *w = e->window->data;
+  bool pre = false;
+  for (int64_t b = 0; b < e->slots; b++) {
+    if (n[b] == 0) continue;
+    for (int64_t j = 0; j < n[b]; j++) w[b * T + pos[b] + j] = (double)tokens[b * e->chunk + j];
+    for (int64_t p = pos[b] + n[b]; p < T; p++) w[b * T + p] = 0;
+    pre |= n[b] > 1;
+  }
+  const dsc_tensor *in[2] = {e->window, e->targets};
+  dsc_tensor *out = NULL;
+  double t0 = now_s();
+  dsc_status st = dsc_exec_run(e->exec, "forward", in, 2, &out);
+  e->seconds[pre ? 0 : 1] += now_s() - t0;
+  e->runs[pre ? 0 : 1]++;
+  if (st != DSC_OK) return st;
+  for (int64_t b = 0; b < e->slots; b++)
+    if (n[b] > 0)
+      memcpy(logits + b * e->vocab, out->data + (b * T + pos[b] + n[b] - 1) * e->vocab,
+             sizeof(double) * (size_t)e->vocab);
+  dsc_tensor_free(e->ctx, out);
+  return DSC_OK;
+}
+
 dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, const int64_t *tokens,
                           double *logits) {
   bool any = false, prefill = false;
@@ -230,6 +307,7 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
     prefill |= n[b] > 1;
   }
   if (!any) return DSC_OK;
+  if (e->window) return window_step(e, n, pos, tokens, logits);
   int g = prefill ? 0 : 1;
   dsc_tensor **in = e->in[g];
   int64_t t = in[0]->type.dims[1];

@@ -56,6 +56,13 @@ expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "t
 cmp "$TMP/gi" "$TMP/gc1" && cmp "$TMP/gi" "$TMP/gc16" && pass || fail "greedy text differs between backends or chunks"
 head -c 48 "$TMP/g1" | cmp - <(head -c 48 "$TMP/gi") && pass || fail "generate and sample differ"
 expect_grep '^generate: 1 prompt steps in [0-9.]+ s, 39 one-token steps in [0-9.]+ s \([0-9.]+ tokens/s\)' "$TMP/err"
+# a model whose positions the cache cannot offset (iota read by a reshape)
+# runs its whole window each token, with a warning, to the same greedy text
+sed 's/embedding(wpe, iota(T))/embedding(wpe, reshape(iota(T), [T]))/' "$MODEL" >"$TMP/m/window.dsm"
+grep -q 'reshape(iota(T)' "$TMP/m/window.dsm" && pass || fail "sed did not rewrite the positions"
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --model "$TMP/m/window.dsm"
+expect_grep 'window.dsm:[0-9]+:[0-9]+: warning: iota\([0-9]+\) is read by reshape.*generating without a KV cache' "$TMP/err"
+cmp "$TMP/out" "$TMP/gi" && pass || fail "the window's greedy text differs from the cache's"
 expect_exit 0 "$DSC" generate "$TMP/run" --tokens 150 --temperature 0 --prompt "the cat " --stats
 [ "$(wc -c <"$TMP/out")" -eq 158 ] && pass || fail "150 tokens and the prompt gave $(wc -c <"$TMP/out") bytes"
 # the prompt, then 3 wraps (at the 65th, 97th and 129th of 158 tokens) of 32 tokens in 2 chunks each
