@@ -371,7 +371,7 @@ dsc_status dsc_sampler_open(dsc_context *ctx, const dsc_sampler_options *o, dsc_
   if (!s) return oom(ctx);
   memset(s, 0, sizeof *s);
   s->ctx = ctx;
-  dsc_infer_options io = {o->checkpoint, o->model_path, o->exec, 1, o->chunk, 0};
+  dsc_infer_options io = {o->checkpoint, o->model_path, o->exec, 1, o->chunk, o->context};
   dsc_status st = dsc_infer_open(ctx, &io, &s->e);
   if (st == DSC_OK) {
     s->window = ir_alloc(ctx, sizeof(int64_t) * (size_t)dsc_infer_context(s->e));

@@ -13,7 +13,8 @@
 static const char generate_help[] =
     "usage: dsc generate DIR --tokens N [--temperature X] [--top-k K] [--seed S]\n"
     "                    [--prompt TEXT] [--model FILE] [--tokenizer FILE]\n"
-    "                    [--backend interp|cpu|cuda] [--threads N] [--chunk C] [--stats]\n"
+    "                    [--backend interp|cpu|cuda] [--threads N] [--chunk C] [--context N]\n"
+    "                    [--stats]\n"
     "       dsc sample ...   (the same)\n"
     "\n"
     "Loads the checkpoint DIR (a step directory, or an output directory: its\n"
@@ -34,6 +35,8 @@ static const char generate_help[] =
     "  --backend B       interp, cpu or cuda (default: cpu where built, else interp)\n"
     "  --threads N       cpu worker threads (default: one per core)\n"
     "  --chunk C         prompt tokens per step (default 16)\n"
+    "  --context N       positions the cache holds (default: the model's position table,\n"
+    "                    else the trained sequence length; at most the table)\n"
     "  --stats           print the prompt's and the generation's time to standard error\n";
 
 static dsc_status flush_stdout(void) {
@@ -94,9 +97,9 @@ static dsc_status sample_tokenized(dsc_sampler *s, dsc_tokenizer *tok, const cha
 }
 
 int cli_generate(int argc, char **argv) {
-  dsc_sampler_options o = {NULL, NULL, 0, NULL, 0};
+  dsc_sampler_options o = {NULL, NULL, 0, NULL, 0, 0};
   dsc_exec_options xo = {dsc_backend_default(), 0, NULL};
-  int64_t threads = 0, chunk = 0;
+  int64_t threads = 0, chunk = 0, context = 0;
   bool stats = false;
   int64_t n_tokens = -1, top_k = 0, seed = 0;
   double temperature = 1.0;
@@ -139,6 +142,9 @@ int cli_generate(int argc, char **argv) {
     } else if (strcmp(a, "--chunk") == 0) {
       if (!has_val || !cli_parse_i64(argv[++i], &chunk) || chunk < 1 || chunk > 4096)
         return cli_usage_error("generate", "--chunk needs an integer in 1..4096"), CLI_EXIT_USER;
+    } else if (strcmp(a, "--context") == 0) {
+      if (!has_val || !cli_parse_i64(argv[++i], &context) || context < 1 || context > (1 << 24))
+        return cli_usage_error("generate", "--context needs a positive integer"), CLI_EXIT_USER;
     } else if (strcmp(a, "--stats") == 0) {
       stats = true;
     } else if (strcmp(a, "--model") == 0) {
@@ -158,6 +164,7 @@ int cli_generate(int argc, char **argv) {
   xo.threads = (int)threads;
   o.exec = &xo;
   o.chunk = chunk;
+  o.context = context;
 
   dsc_context *ctx = dsc_context_new(NULL, NULL);
   if (!ctx) return fputs("dsc: out of memory\n", stderr), CLI_EXIT_INTERNAL;

@@ -255,6 +255,7 @@ typedef struct {
   uint64_t seed;
   const dsc_exec_options *exec; /* NULL: the default backend */
   int64_t chunk;                /* prompt tokens per step; 0: 16 */
+  int64_t context;              /* positions the window holds; 0: the model's */
 } dsc_sampler_options;
 
 dsc_status dsc_sampler_open(dsc_context *ctx, const dsc_sampler_options *opts, dsc_sampler **out);

@@ -12,6 +12,8 @@ expect_exit 0 "$DSC" sample --help && expect_grep '^usage: dsc generate DIR --to
 expect_exit 0 "$DSC" generate --help && expect_grep 'dsc sample \.\.\.   \(the same\)' "$TMP/out"
 expect_exit 1 "$DSC" generate "$TMP/run" --tokens 5 --chunk 0 && expect_grep 'chunk needs an integer in 1..4096' "$TMP/err"
 expect_exit 1 "$DSC" generate "$TMP/run" --tokens 5 --backend gpu && expect_grep 'backend needs one of' "$TMP/err"
+expect_exit 1 "$DSC" generate "$TMP/run" --tokens 5 --context 0 && expect_grep 'context needs a positive integer' "$TMP/err"
+expect_exit 1 "$DSC" generate "$TMP/run" --tokens 5 --context 65 && expect_grep 'context of 65 positions is longer than the model.s position table \(64 rows\)' "$TMP/err"
 expect_exit 1 "$DSC" sample "$TMP/run" && expect_grep 'missing --tokens N' "$TMP/err"
 expect_exit 1 "$DSC" sample --tokens 5 && expect_grep 'missing checkpoint DIR' "$TMP/err"
 expect_exit 1 "$DSC" sample "$TMP/run" --tokens 5 --temperature -1 && expect_grep 'temperature needs a number >= 0' "$TMP/err"
@@ -63,6 +65,11 @@ grep -q 'reshape(iota(T)' "$TMP/m/window.dsm" && pass || fail "sed did not rewri
 expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --model "$TMP/m/window.dsm"
 expect_grep 'window.dsm:[0-9]+:[0-9]+: warning: iota\([0-9]+\) is read by reshape.*generating without a KV cache' "$TMP/err"
 cmp "$TMP/out" "$TMP/gi" && pass || fail "the window's greedy text differs from the cache's"
+# a smaller cache wraps sooner, to the same text as the window of that size
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --context 24 --stats && cp "$TMP/out" "$TMP/c24"
+expect_grep '^generate: 3 prompt steps' "$TMP/err"
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --context 24 --model "$TMP/m/window.dsm"
+cmp "$TMP/out" "$TMP/c24" && pass || fail "context 24: the cache's text differs from the window's"
 expect_exit 0 "$DSC" generate "$TMP/run" --tokens 150 --temperature 0 --prompt "the cat " --stats
 [ "$(wc -c <"$TMP/out")" -eq 158 ] && pass || fail "150 tokens and the prompt gave $(wc -c <"$TMP/out") bytes"
 # the prompt, then 3 wraps (at the 65th, 97th and 129th of 158 tokens) of 32 tokens in 2 chunks each
