@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+extern "C" {
+#include "codegen/codegen.h"
+}
 #include "dsc/dsc.h"
 #include "passes/passes.h"
 #include "tests/unit/test_util.h"
@@ -251,6 +254,46 @@ void check_greedy(const std::string &path) {
 
 TEST(KvCache, GptGreedyTokensEqualFullRecomputation) { check_greedy(kGpt); }
 TEST(KvCache, LlamaGreedyTokensEqualFullRecomputation) { check_greedy(kLlama); }
+
+// Every kernel of the prefill and decode graphs compiles with NVRTC for
+// sm_90 (no GPU needed): the graphs are plain IR, so the CUDA printer takes
+// them as it takes a training step.
+void check_nvrtc(const std::string &path) {
+#ifndef DSC_HAVE_CUDA
+  GTEST_SKIP() << "built without the CUDA toolkit";
+#else
+  Ctx c;
+  dsc_module *m = inference(&c, path, 2, 8, 64);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(dsc_run_codegen_passes(m), DSC_OK) << diags(c.ctx);
+  for (const char *name : {"prefill", "decode"}) {
+    ir_arena a;
+    ir_arena_init(&a, c.ctx);
+    cg_program *p = nullptr;
+    ASSERT_EQ(cg_lower_graph(dsc_module_find_graph(m, name), &a, &p), DSC_OK) << diags(c.ctx);
+    ASSERT_GT(p->n_kernels, 0);
+    char *src = cg_cuda_program_source(&a, p->kernels, p->n_kernels);
+    ASSERT_NE(src, nullptr) << diags(c.ctx);
+    char *ptx = nullptr;
+    void *cubin = nullptr;
+    size_t ptx_len = 0, cubin_len = 0;
+    EXPECT_EQ(cg_nvrtc_compile(c.ctx, src, "kv_cache.cu", 90, &ptx, &ptx_len, &cubin, &cubin_len),
+              DSC_OK)
+        << path << " " << name << ": " << diags(c.ctx).substr(0, 20000);
+    std::string text(ptx ? ptx : "");
+    for (int i = 0; i < p->n_kernels; i++)
+      EXPECT_NE(text.find(std::string(".visible .entry ") + p->kernels[i]->name + "("),
+                std::string::npos)
+          << name << ": " << p->kernels[i]->name;
+    free(ptx);
+    free(cubin);
+    ir_arena_release(&a);
+  }
+#endif
+}
+
+TEST(KvCache, GptKernelsCompileWithNvrtc) { check_nvrtc(kGpt); }
+TEST(KvCache, LlamaKernelsCompileWithNvrtc) { check_nvrtc(kLlama); }
 
 // What the pass refuses, naming why.
 TEST(KvCache, RefusesAModelWithoutItsLoss) {
