@@ -17,7 +17,10 @@ struct dsc_infer {
   dsc_module *m; /* params, the caches, graphs prefill and decode */
   dsc_exec *exec;
   int64_t slots, chunk, context, vocab;
-  dsc_tensor *in[2][3]; /* per graph (0 prefill, 1 decode): tokens, pos, last */
+  /* the graph of a step with prompt chunks (0) and of one with single
+   * tokens (1): prefill and decode, or decode twice when chunk is 1 */
+  const char *graph[2];
+  dsc_tensor *in[2][3]; /* per graph: tokens, pos, last */
   /* no cache (a model pass kv_cache cannot rewrite): graph `window`, the
    * forward over every slot's tokens so far, run whole at each step */
   dsc_tensor *window, *targets;
@@ -34,12 +37,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static const char *ck_extra(const dsc_checkpoint *c, const char *key) {
-  for (int i = 0; c && i < c->state.n_extra; i++)
-    if (strcmp(c->state.extra[i].key, key) == 0) return c->state.extra[i].value;
-  return NULL;
 }
 
 void dsc_infer_free(dsc_infer *e) {
@@ -67,7 +64,7 @@ void dsc_infer_times(const dsc_infer *e, double *prefill_s, int64_t *prefills, d
 /* The model file a checkpoint was trained from: a .dsx names its source. */
 static dsc_status model_source(dsc_context *ctx, const dsc_checkpoint *ck, const char *given,
                                char *out, size_t n) {
-  const char *model = given ? given : ck_extra(ck, "model");
+  const char *model = given ? given : dsc_checkpoint_extra(ck, "model");
   if (!model) {
     ir_error(ctx, rt_loc(ck->dir), "the checkpoint does not record its model file; give --model");
     return DSC_ERR_USER;
@@ -174,7 +171,7 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
   e->slots = o->slots > 0 ? o->slots : 1;
   /* the context: asked, else the position table's rows, else the trained seq */
   int64_t seq = 0;
-  const char *s = ck_extra(ck, "seq");
+  const char *s = dsc_checkpoint_extra(ck, "seq");
   if (s) seq = strtoll(s, NULL, 10);
   if ((st = forward_at(ctx, model, 1, seq > 0 ? seq : 0, &fm[0], &fg[0])) != DSC_OK) goto done;
   int64_t table = dsc_model_context(fg[0]);
@@ -214,6 +211,7 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
     }
   }
   if (st != DSC_OK) goto done;
+  e->graph[0] = graphs == 2 ? names[0] : names[1], e->graph[1] = names[1];
   dsc_type lt = dsc_node_type(dsc_graph_output_at(dsc_module_graph(e->m, 0), 0));
   e->vocab = lt.dims[lt.rank - 1];
   if ((st = dsc_module_verify(e->m)) != DSC_OK) goto done;
@@ -228,7 +226,7 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
   if ((st = dsc_exec_new(e->m, &eo, &e->exec)) != DSC_OK) goto done;
   if ((st = dsc_exec_load_params(e->exec, params)) != DSC_OK) goto done;
   for (int g = 0; g < 2 && !e->window; g++) {
-    const dsc_graph *gr = dsc_module_find_graph(e->m, g == 0 && graphs == 2 ? "prefill" : "decode");
+    const dsc_graph *gr = dsc_module_find_graph(e->m, e->graph[g]);
     for (int i = 0; i < 3; i++)
       if (!(e->in[g][i] = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(gr, i))))) {
         st = oom(ctx);
@@ -320,9 +318,7 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
   }
   dsc_tensor *out = NULL;
   double t0 = now_s();
-  dsc_status st =
-      dsc_exec_run(e->exec, g == 0 && dsc_module_find_graph(e->m, "prefill") ? "prefill" : "decode",
-                   (const dsc_tensor *const *)in, 3, &out);
+  dsc_status st = dsc_exec_run(e->exec, e->graph[g], (const dsc_tensor *const *)in, 3, &out);
   e->seconds[g] += now_s() - t0;
   e->runs[g]++;
   if (st != DSC_OK) return st;
@@ -395,8 +391,8 @@ dsc_status dsc_sampler_push(dsc_sampler *s, int64_t token) {
              token, V);
     return DSC_ERR_USER;
   }
-  if (s->n == T) { /* full: keep the newer half, run again from position 0 */
-    int64_t keep = T - T / 2;
+  if (s->n == T) { /* full: keep the newer half (room for the new token), run again from 0 */
+    int64_t keep = T / 2;
     memmove(s->window, s->window + (T - keep), sizeof(int64_t) * (size_t)keep);
     s->n = keep, s->done = 0;
   }

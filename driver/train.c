@@ -157,12 +157,6 @@ static bool parse_i64(const char *s, int64_t *out) {
   return true;
 }
 
-static const char *ck_extra(const dsc_checkpoint *c, const char *key) {
-  for (int i = 0; c && i < c->state.n_extra; i++)
-    if (strcmp(c->state.extra[i].key, key) == 0) return c->state.extra[i].value;
-  return NULL;
-}
-
 /* JSON number, or null when not finite (JSON has no NaN). */
 static void json_num(FILE *f, const char *key, double v, const char *fmt) {
   fprintf(f, ",\"%s\":", key);
@@ -335,7 +329,7 @@ void dsc_trainer_free(dsc_trainer *t) {
 /* Settings recorded in a checkpoint must agree with explicit flags. */
 static dsc_status agree(dsc_context *ctx, const dsc_checkpoint *c, const char *key,
                         int64_t *value) {
-  const char *s = ck_extra(c, key);
+  const char *s = dsc_checkpoint_extra(c, key);
   int64_t v;
   if (!s) return DSC_OK;
   if (!parse_i64(s, &v) || v <= 0) {
@@ -675,15 +669,16 @@ static dsc_status open_resume(dsc_trainer *t, open_state *s) {
     if (st != DSC_OK) return st;
     const dsc_checkpoint *ck = s->ck;
     t->info.resumed_from = ir_arena_strdup(&t->arena, ck->dir);
-    if (!s->model_path) s->model_path = ck_extra(ck, "model");
-    if (!s->prefix) s->prefix = ck_extra(ck, "data");
+    if (!s->model_path) s->model_path = dsc_checkpoint_extra(ck, "model");
+    if (!s->prefix) s->prefix = dsc_checkpoint_extra(ck, "data");
     if ((st = agree(ctx, ck, "batch", &s->B)) != DSC_OK ||
         (st = agree(ctx, ck, "seq", &s->T)) != DSC_OK ||
         (st = agree(ctx, ck, "grad_accum", &s->K)) != DSC_OK)
       return st;
     int64_t ck_w = 1, B = s->B, K = s->K;
-    if (ck_extra(ck, "world") && parse_i64(ck_extra(ck, "world"), &ck_w) && ck_w != t->world &&
-        o->grad_accum <= 0 && K > 0 && ck_w > 0 && B > 0 && K <= INT64_MAX / B / ck_w)
+    if (dsc_checkpoint_extra(ck, "world") && parse_i64(dsc_checkpoint_extra(ck, "world"), &ck_w) &&
+        ck_w != t->world && o->grad_accum <= 0 && K > 0 && ck_w > 0 && B > 0 &&
+        K <= INT64_MAX / B / ck_w)
       s->ck_global = B * K * ck_w, s->K = 0; /* grad_accum follows from the world */
     if (!s->model_path || !s->prefix) {
       ir_error(ctx, rt_loc(ck->dir), "the checkpoint does not record its %s; give it explicitly",
@@ -757,7 +752,7 @@ typedef struct {
 static void apply_layers(const setting_layer *rows, int n, const dsc_checkpoint *ck) {
   for (int i = 0; i < n; i++) {
     const setting_layer *r = &rows[i];
-    const char *s = ck && r->ck_key ? ck_extra(ck, r->ck_key) : NULL;
+    const char *s = ck && r->ck_key ? dsc_checkpoint_extra(ck, r->ck_key) : NULL;
     int64_t v = 0;
     uint64_t u = 0;
     if (s && r->kind == LAYER_RATE) {
@@ -790,7 +785,7 @@ static void apply_layers(const setting_layer *rows, int n, const dsc_checkpoint 
  * opt.master.* tensors. */
 static dsc_status resolve_master_weights(dsc_trainer *t, open_state *s) {
   if (!s->ck) return DSC_OK;
-  const char *v = ck_extra(s->ck, "master_weights");
+  const char *v = dsc_checkpoint_extra(s->ck, "master_weights");
   bool ck_mw = false;
   if (v && strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
     ir_error(t->ctx, rt_loc(s->ck->dir),
@@ -825,7 +820,7 @@ static dsc_status resolve_kept_setting(dsc_trainer *t, open_state *s, const char
                                        const char *marker, bool has_flag, bool flag, bool *field,
                                        const char *holds) {
   if (!s->ck) return DSC_OK;
-  const char *v = ck_extra(s->ck, key);
+  const char *v = dsc_checkpoint_extra(s->ck, key);
   bool ck_on = false;
   if (v && strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
     ir_error(t->ctx, rt_loc(s->ck->dir),
@@ -875,7 +870,7 @@ static dsc_status resolve_precision(dsc_trainer *t, open_state *s) {
     ir_error(ctx, ir_no_loc, "trainer: precision '%s' is not one of f32, bf16, fp16", flag);
     return DSC_ERR_USER;
   }
-  const char *ck_prec = s->ck ? ck_extra(s->ck, "precision") : NULL;
+  const char *ck_prec = s->ck ? dsc_checkpoint_extra(s->ck, "precision") : NULL;
   if (ck_prec) {
     dsc_precision p;
     if (dsc_precision_from_name(ck_prec, &p) != 0) {
@@ -941,7 +936,7 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
   if ((st = resolve_zenflow(t, s)) != DSC_OK) return st;
   if (s->ck) { /* checkpoints hold full tensors: any world and stage resumes them */
     int64_t ck_world = 1;
-    const char *w = ck_extra(s->ck, "world");
+    const char *w = dsc_checkpoint_extra(s->ck, "world");
     if (w && (!parse_i64(w, &ck_world) || ck_world <= 0)) {
       ir_error(ctx, rt_loc(s->ck->dir), "malformed checkpoint state: \"world\" is '%s'", w);
       return DSC_ERR_USER;
@@ -1110,7 +1105,7 @@ static dsc_status restore_checkpoint(dsc_trainer *t, open_state *s) {
   }
   memcpy(t->rng.s, ck->state.rng, sizeof t->rng.s);
   /* absent in checkpoints from before it was saved: none skipped */
-  const char *sk = ck_extra(ck, "skipped_steps");
+  const char *sk = dsc_checkpoint_extra(ck, "skipped_steps");
   if (sk && (!parse_i64(sk, &t->skipped) || t->skipped < 0 || t->skipped > t->step)) {
     ir_error(ctx, rt_loc(ck->dir),
              "malformed checkpoint state: \"skipped_steps\" is '%s' (0 to the step, %" PRId64 ")",

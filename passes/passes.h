@@ -99,7 +99,8 @@ ir_node *pass_attention_form(ir_graph *g, const ir_node *attn, ir_node *q, ir_no
  * context are not written (padding of a last chunk). dst takes fwd's
  * params when it has none; a second graph (another t) must agree with the
  * first on params and B. The model's positions must be iota(T) read by
- * embedding or rope, its attentions causal. */
+ * embedding or rope, its attentions causal. On an error dst may hold part
+ * of the graph and its states: discard it. */
 dsc_status pass_kv_cache_graph(ir_module *dst, const ir_graph *fwd, const char *name,
                                int64_t context);
 

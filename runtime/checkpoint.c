@@ -762,6 +762,12 @@ dsc_status dsc_checkpoint_load(dsc_context *ctx, const char *path,
   return DSC_OK;
 }
 
+const char *dsc_checkpoint_extra(const dsc_checkpoint *c, const char *key) {
+  for (int i = 0; c && i < c->state.n_extra; i++)
+    if (strcmp(c->state.extra[i].key, key) == 0) return c->state.extra[i].value;
+  return NULL;
+}
+
 dsc_status dsc_checkpoint_use_master_weights(dsc_context *ctx, dsc_checkpoint *c, int *n_replaced) {
   int n = 0;
   for (int i = 0; c && c->model && c->optimizer && i < c->model->n; i++) {

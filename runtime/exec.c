@@ -297,16 +297,19 @@ dsc_status dsc_exec_load_params(dsc_exec *e, const dsc_params *src) {
   for (int k = 0; k < dsc_module_param_count(sm); k++) {
     const char *name = dsc_module_param_name(sm, k);
     int i = dsc_module_find_param(e->m, name);
-    dsc_type want = i >= 0 ? dsc_module_param_type(e->m, i) : dsc_module_param_type(sm, k);
+    if (i < 0) {
+      ir_error(e->ctx, ir_no_loc, "executor: module '%s' has no param '%s'", dsc_module_name(e->m),
+               name);
+      return DSC_ERR_USER;
+    }
+    dsc_type want = dsc_module_param_type(e->m, i);
     const dsc_tensor *t = dsc_params_get(src, k);
-    if (i < 0 || !dsc_type_equal(&want, &t->type)) {
+    if (!dsc_type_equal(&want, &t->type)) {
       char t1[96], t2[96];
       dsc_type_format(&want, t1, sizeof t1);
       dsc_type_format(&t->type, t2, sizeof t2);
-      ir_error(e->ctx, ir_no_loc,
-               i < 0 ? "executor: module '%s' has no param '%s'"
-                     : "executor: param '%s' of module '%s' is %s, given %s",
-               i < 0 ? dsc_module_name(e->m) : name, i < 0 ? name : dsc_module_name(e->m), t1, t2);
+      ir_error(e->ctx, ir_no_loc, "executor: param '%s' of module '%s' is %s, given %s", name,
+               dsc_module_name(e->m), t1, t2);
       return DSC_ERR_USER;
     }
     if (e->tiers && e->tiers[i] == CG_TIER_DISK) {

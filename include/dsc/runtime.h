@@ -232,6 +232,9 @@ void dsc_checkpoint_free(dsc_context *ctx, dsc_checkpoint *c);
  * of it, so that export and sampling read the full-precision weights (as
  * DeepSpeed's zero_to_fp32.py); *n_replaced (may be NULL) counts them. */
 dsc_status dsc_checkpoint_use_master_weights(dsc_context *ctx, dsc_checkpoint *c, int *n_replaced);
+/* The value of key in the checkpoint's state.json extras ("model", "seq",
+ * "precision", ...); NULL when absent or c is NULL. */
+const char *dsc_checkpoint_extra(const dsc_checkpoint *c, const char *key);
 
 #ifdef __cplusplus
 }

@@ -70,6 +70,9 @@ expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "t
 expect_grep '^generate: 3 prompt steps' "$TMP/err"
 expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --context 24 --model "$TMP/m/window.dsm"
 cmp "$TMP/out" "$TMP/c24" && pass || fail "context 24: the cache's text differs from the window's"
+# a cache of one position: each token alone (its window wraps at every token)
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 5 --temperature 0 --context 1
+[ "$(wc -c <"$TMP/out")" -eq 5 ] && pass || fail "context 1: 5 tokens gave $(wc -c <"$TMP/out") bytes"
 expect_exit 0 "$DSC" generate "$TMP/run" --tokens 150 --temperature 0 --prompt "the cat " --stats
 [ "$(wc -c <"$TMP/out")" -eq 158 ] && pass || fail "150 tokens and the prompt gave $(wc -c <"$TMP/out") bytes"
 # the prompt, then 3 wraps (at the 65th, 97th and 129th of 158 tokens) of 32 tokens in 2 chunks each
