@@ -401,7 +401,7 @@ dsc_status dsc_sampler_push(dsc_sampler *s, int64_t token) {
   return DSC_OK;
 }
 
-dsc_status dsc_sampler_next(dsc_sampler *s, double temperature, int64_t top_k, int64_t *token) {
+dsc_status dsc_sampler_next(dsc_sampler *s, const dsc_sampling *how, int64_t *token) {
   if (s->n == 0) {
     ir_error(s->ctx, ir_no_loc, "sampler: the window is empty (push a first token)");
     return DSC_ERR_USER;
@@ -415,6 +415,6 @@ dsc_status dsc_sampler_next(dsc_sampler *s, double temperature, int64_t top_k, i
     s->done += k;
     s->fresh = s->done == s->n;
   }
-  *token = dsc_sample_logits(s->logits, dsc_infer_vocab(s->e), temperature, top_k, s->rng.s);
+  *token = dsc_sample_logits(s->logits, dsc_infer_vocab(s->e), how, s->rng.s);
   return DSC_OK;
 }

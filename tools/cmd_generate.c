@@ -11,7 +11,7 @@
 #include "tools/cli.h"
 
 static const char generate_help[] =
-    "usage: dsc generate DIR --tokens N [--temperature X] [--top-k K] [--seed S]\n"
+    "usage: dsc generate DIR --tokens N [--temperature X] [--top-k K] [--top-p P] [--seed S]\n"
     "                    [--prompt TEXT] [--model FILE] [--tokenizer FILE]\n"
     "                    [--backend interp|cpu|cuda] [--threads N] [--chunk C] [--context N]\n"
     "                    [--stats]\n"
@@ -31,6 +31,8 @@ static const char generate_help[] =
     "with it, as the tokenizers library does.\n"
     "  --temperature X   softmax temperature (default 1.0; 0 = greedy)\n"
     "  --top-k K         sample among the K most likely tokens (default: all; 1 = greedy)\n"
+    "  --top-p P         then among the fewest most likely whose probabilities reach P\n"
+    "                    (0 < P <= 1; default 1: all)\n"
     "  --seed S          seed of the sampling generator (default 0): same seed, same text\n"
     "  --backend B       interp, cpu or cuda (default: cpu where built, else interp)\n"
     "  --threads N       cpu worker threads (default: one per core)\n"
@@ -52,7 +54,7 @@ static dsc_status flush_stdout(void) {
  * character (decoders work on whole texts: a space or a byte sequence may
  * only resolve with the next token). */
 static dsc_status sample_tokenized(dsc_sampler *s, dsc_tokenizer *tok, const char *prompt,
-                                   int64_t n_tokens, double temperature, int64_t top_k) {
+                                   int64_t n_tokens, const dsc_sampling *how) {
   const char *p = prompt && *prompt ? prompt : "";
   uint32_t *ids = NULL, *grown;
   int64_t n = 0;
@@ -71,7 +73,7 @@ static dsc_status sample_tokenized(dsc_sampler *s, dsc_tokenizer *tok, const cha
   for (int64_t i = 0; st == DSC_OK && i < n; i++) st = dsc_sampler_push(s, ids[i]);
   for (int64_t k = 0; st == DSC_OK && k < n_tokens; k++) {
     int64_t id;
-    if ((st = dsc_sampler_next(s, temperature, top_k, &id)) != DSC_OK) break;
+    if ((st = dsc_sampler_next(s, how, &id)) != DSC_OK) break;
     if (!(grown = realloc(ids, (size_t)(n + 1) * sizeof *ids))) {
       fputs("dsc: out of memory\n", stderr);
       st = DSC_ERR_INTERNAL;
@@ -101,8 +103,8 @@ int cli_generate(int argc, char **argv) {
   dsc_exec_options xo = {dsc_backend_default(), 0, NULL};
   int64_t threads = 0, chunk = 0, context = 0;
   bool stats = false;
-  int64_t n_tokens = -1, top_k = 0, seed = 0;
-  double temperature = 1.0;
+  int64_t n_tokens = -1, seed = 0;
+  dsc_sampling how = {1.0, 0, 1.0};
   const char *prompt = NULL, *tok_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -114,8 +116,11 @@ int cli_generate(int argc, char **argv) {
       if (!has_val || !cli_parse_i64(argv[++i], &n_tokens) || n_tokens < 0)
         return cli_usage_error("generate", "--tokens needs a non-negative integer"), CLI_EXIT_USER;
     } else if (strcmp(a, "--top-k") == 0) {
-      if (!has_val || !cli_parse_i64(argv[++i], &top_k) || top_k < 1)
+      if (!has_val || !cli_parse_i64(argv[++i], &how.top_k) || how.top_k < 1)
         return cli_usage_error("generate", "--top-k needs a positive integer"), CLI_EXIT_USER;
+    } else if (strcmp(a, "--top-p") == 0) {
+      if (!has_val || !cli_parse_positive(argv[++i], &how.top_p) || how.top_p > 1)
+        return cli_usage_error("generate", "--top-p needs a number in (0, 1]"), CLI_EXIT_USER;
     } else if (strcmp(a, "--seed") == 0) {
       if (!has_val || !cli_parse_i64(argv[++i], &seed) || seed < 0)
         return cli_usage_error("generate", "--seed needs a non-negative integer"), CLI_EXIT_USER;
@@ -123,8 +128,8 @@ int cli_generate(int argc, char **argv) {
       const char *s = has_val ? argv[++i] : "";
       char *end = NULL;
       errno = 0;
-      temperature = strtod(s, &end);
-      if (!*s || *end || errno || !(temperature >= 0) || !isfinite(temperature))
+      how.temperature = strtod(s, &end);
+      if (!*s || *end || errno || !(how.temperature >= 0) || !isfinite(how.temperature))
         return cli_usage_error("generate", "--temperature needs a number >= 0"), CLI_EXIT_USER;
     } else if (strcmp(a, "--prompt") == 0) {
       if (!has_val) return cli_usage_error("generate", "--prompt needs a value"), CLI_EXIT_USER;
@@ -182,7 +187,7 @@ int cli_generate(int argc, char **argv) {
   dsc_sampler *s = NULL;
   if (st == DSC_OK) st = dsc_sampler_open(ctx, &o, &s);
   if (st == DSC_OK && tok) {
-    st = sample_tokenized(s, tok, prompt, n_tokens, temperature, top_k);
+    st = sample_tokenized(s, tok, prompt, n_tokens, &how);
   } else if (st == DSC_OK) {
     if (prompt && *prompt) {
       fputs(prompt, stdout); /* the text continues the prompt, so show both */
@@ -192,7 +197,7 @@ int cli_generate(int argc, char **argv) {
       st = dsc_sampler_push(s, '\n');
     for (int64_t k = 0; st == DSC_OK && k < n_tokens; k++) {
       int64_t id;
-      st = dsc_sampler_next(s, temperature, top_k, &id);
+      st = dsc_sampler_next(s, &how, &id);
       if (st != DSC_OK) break;
       if (id > 255) { /* a vocabulary above bytes, no tokenizer: print the id */
         printf("<%" PRId64 ">", id);

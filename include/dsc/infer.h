@@ -11,6 +11,9 @@
 #ifndef DSC_INFER_H
 #define DSC_INFER_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include "dsc/core.h"
 #include "dsc/exec.h"
 
@@ -47,9 +50,82 @@ int64_t dsc_infer_chunk(const dsc_infer *e);
 dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, const int64_t *tokens,
                           double *logits);
 
+/* How a token is drawn from a row of logits, as transformers' generate
+ * filters them: temperature 0 (or top_k 1) is greedy, the first maximum;
+ * else softmax(logits / temperature) over the top_k largest (top_k <= 0:
+ * all; ties at the k-th taken in index order), then over the fewest most
+ * likely of those whose probabilities reach top_p (top_p >= 1 or <= 0: all). */
+typedef struct {
+  double temperature;
+  int64_t top_k;
+  double top_p;
+} dsc_sampling;
+
+/* Draws a token from logits[0..V) (the candidates walked in index order
+ * against one uniform draw). rng: four words of xoshiro256** state, advanced
+ * by one draw unless greedy. */
+int64_t dsc_sample_logits(const double *logits, int64_t V, const dsc_sampling *how,
+                          uint64_t rng[4]);
+
 /* Seconds spent in each graph's runs and the runs, since open. */
 void dsc_infer_times(const dsc_infer *e, double *prefill_s, int64_t *prefills, double *decode_s,
                      int64_t *decodes);
+
+/* ---- continuous batching (driver/batcher.c) ----
+ * Requests queue for the engine's slots. Each step admits queued requests
+ * into free slots (oldest first), runs every slot's next tokens in one
+ * engine step (a prompt chunk, or the token drawn last), draws each
+ * sequence's next token with its own settings and generator, and frees the
+ * slot of a sequence that ends. A request's tokens are the same whatever
+ * runs beside it. Not thread-safe. */
+typedef struct dsc_batcher dsc_batcher;
+
+typedef struct {
+  dsc_sampling how;
+  uint64_t seed;      /* of the request's own generator */
+  int64_t max_tokens; /* >= 1; prompt + max_tokens <= the context */
+} dsc_request_options;
+
+typedef enum {
+  DSC_FINISH_NONE,      /* queued or running */
+  DSC_FINISH_LENGTH,    /* max_tokens generated */
+  DSC_FINISH_STOP,      /* a stop token was drawn (not kept) */
+  DSC_FINISH_CANCELLED, /* dsc_batcher_cancel */
+} dsc_finish;
+
+typedef struct {
+  int64_t slots, positions;    /* the cache: sequences and positions in all */
+  int64_t queued, running;     /* requests now */
+  int64_t positions_used;      /* cache positions the running sequences hold */
+  int64_t submitted, finished; /* requests since open */
+  int64_t prompt_tokens, generated_tokens, steps;
+} dsc_batcher_stats;
+
+/* e stays the caller's and must outlive the batcher. */
+dsc_status dsc_batcher_new(dsc_context *ctx, dsc_infer *e, dsc_batcher **out);
+void dsc_batcher_free(dsc_batcher *b);
+/* Drawing `token` ends a sequence (finish STOP), e.g. a tokenizer's end of text. */
+void dsc_batcher_set_stop(dsc_batcher *b, int64_t token, bool stops);
+/* Queues a request: *id names it from now on. A request that cannot run
+ * (empty prompt, a token outside the vocabulary, prompt + max_tokens over
+ * the context) is refused with DSC_ERR_USER and the reason in why. */
+dsc_status dsc_batcher_submit(dsc_batcher *b, const int64_t *prompt, int64_t n,
+                              const dsc_request_options *o, int64_t *id, char *why, size_t why_len);
+/* Ends a request now (finish CANCELLED); its slot is free for the next step. */
+void dsc_batcher_cancel(dsc_batcher *b, int64_t id);
+/* Forgets a request (cancelling it if it still runs). */
+void dsc_batcher_release(dsc_batcher *b, int64_t id);
+/* The tokens generated so far (valid until the next step or release) and
+ * how the request ended; an unknown id: NULL, 0 tokens, CANCELLED. */
+const int64_t *dsc_batcher_output(const dsc_batcher *b, int64_t id, int64_t *n,
+                                  dsc_finish *finished);
+/* Seconds from submission to the first token drawn; -1 before it. */
+double dsc_batcher_first_token_s(const dsc_batcher *b, int64_t id);
+bool dsc_batcher_idle(const dsc_batcher *b); /* nothing queued or running */
+void dsc_batcher_get_stats(const dsc_batcher *b, dsc_batcher_stats *s);
+/* One engine step over every running sequence (admitting first). An engine
+ * failure is returned; the requests stay as they were. */
+dsc_status dsc_batcher_step(dsc_batcher *b);
 
 #ifdef __cplusplus
 }

@@ -20,10 +20,11 @@
 
 #include "dsc/core.h"
 #include "dsc/exec.h"
+#include "dsc/infer.h"
 #include "dsc/interp.h"
 #include "dsc/ir.h"
-#include "dsc/train.h"
 #include "dsc/trace.h"
+#include "dsc/train.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -241,12 +242,6 @@ int64_t dsc_model_context(const dsc_graph *g);
 /* Makes the forward graph return its logits: its single output must be
  * cross_entropy(logits, targets); the output becomes `logits`. */
 dsc_status dsc_make_logits_graph(dsc_graph *g);
-/* Draws a token from logits[0..V): temperature 0 (or top_k 1) is greedy
- * (the first maximum); else softmax(logits / temperature) restricted to the
- * top_k largest (top_k <= 0: all). rng: four words of xoshiro256** state. */
-int64_t dsc_sample_logits(const double *logits, int64_t V, double temperature, int64_t top_k,
-                          uint64_t rng[4]);
-
 /* ---- sampling from a checkpoint ---- */
 typedef struct dsc_sampler dsc_sampler;
 typedef struct {
@@ -271,7 +266,7 @@ void dsc_sampler_times(const dsc_sampler *s, double *prefill_s, int64_t *prefill
                        int64_t *decodes);
 /* Runs the tokens pushed since the last draw through the model (the KV
  * cache holds the earlier ones) and draws the next token (not pushed). */
-dsc_status dsc_sampler_next(dsc_sampler *s, double temperature, int64_t top_k, int64_t *token);
+dsc_status dsc_sampler_next(dsc_sampler *s, const dsc_sampling *how, int64_t *token);
 
 #ifdef __cplusplus
 }

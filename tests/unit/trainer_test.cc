@@ -98,11 +98,17 @@ TEST(TrainerModel, LogitsGraphReturnsTheCrossEntropyInput) {
   dsc_module_free(m);
 }
 
+static int64_t sample(const double *l, int64_t V, double temperature, int64_t top_k,
+                      uint64_t rng[4], double top_p = 1.0) {
+  dsc_sampling how = {temperature, top_k, top_p};
+  return dsc_sample_logits(l, V, &how, rng);
+}
+
 TEST(TrainerSample, GreedyAndTopOneTakeTheFirstMaximum) {
   double l[6] = {0.5, 2.0, -1.0, 2.0, 1.9, 0.0};
   uint64_t rng[4] = {1, 2, 3, 4}, keep[4] = {1, 2, 3, 4};
-  EXPECT_EQ(dsc_sample_logits(l, 6, 0.0, 0, rng), 1);
-  EXPECT_EQ(dsc_sample_logits(l, 6, 5.0, 1, rng), 1);
+  EXPECT_EQ(sample(l, 6, 0.0, 0, rng), 1);
+  EXPECT_EQ(sample(l, 6, 5.0, 1, rng), 1);
   EXPECT_EQ(0, memcmp(rng, keep, sizeof rng));  // greedy draws nothing
 }
 
@@ -112,29 +118,55 @@ TEST(TrainerSample, FrequenciesFollowTheSoftmaxAndTopK) {
   uint64_t rng[4] = {0x9e3779b97f4a7c15ULL, 7, 11, 13};
   const int n = 30000;
   int count[4] = {0, 0, 0, 0};
-  for (int i = 0; i < n; i++) count[dsc_sample_logits(l, 4, 1.0, 0, rng)]++;
+  for (int i = 0; i < n; i++) count[sample(l, 4, 1.0, 0, rng)]++;
   for (int k = 0; k < 4; k++)  // tolerance: > 5 standard deviations of the count
     EXPECT_NEAR(count[k] / (double)n, (1 << k) / 15.0, 0.015) << k;
   // top-k 2: only the two largest, in ratio 4 : 8
   int c2[4] = {0, 0, 0, 0};
-  for (int i = 0; i < n; i++) c2[dsc_sample_logits(l, 4, 1.0, 2, rng)]++;
+  for (int i = 0; i < n; i++) c2[sample(l, 4, 1.0, 2, rng)]++;
   EXPECT_EQ(c2[0] + c2[1], 0);
   EXPECT_NEAR(c2[3] / (double)n, 2.0 / 3.0, 0.015);
   // temperature 0.5 squares the ratios: 1, 4, 16, 64 (of 85)
   int c3[4] = {0, 0, 0, 0};
-  for (int i = 0; i < n; i++) c3[dsc_sample_logits(l, 4, 0.5, 0, rng)]++;
+  for (int i = 0; i < n; i++) c3[sample(l, 4, 0.5, 0, rng)]++;
   EXPECT_NEAR(c3[3] / (double)n, 64.0 / 85.0, 0.015);
   // the same state draws the same sequence
   uint64_t r1[4] = {5, 6, 7, 8}, r2[4] = {5, 6, 7, 8};
-  for (int i = 0; i < 100; i++)
-    EXPECT_EQ(dsc_sample_logits(l, 4, 1.0, 3, r1), dsc_sample_logits(l, 4, 1.0, 3, r2));
+  for (int i = 0; i < 100; i++) EXPECT_EQ(sample(l, 4, 1.0, 3, r1), sample(l, 4, 1.0, 3, r2));
+}
+
+TEST(TrainerSample, TopPKeepsTheFewestThatReachP) {
+  // p = 1, 2, 4, 8 (of 15): top-p 0.5 keeps {8} (8/15 >= 0.5), 0.6 keeps
+  // {8, 4} (12/15), 0.85 keeps {8, 4, 2} (14/15); 1.0 keeps all
+  double l[4] = {0, std::log(2.0), std::log(4.0), std::log(8.0)};
+  uint64_t rng[4] = {3, 1, 4, 1};
+  const int n = 30000;
+  int c[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 500; i++) EXPECT_EQ(sample(l, 4, 1.0, 0, rng, 0.5), 3);
+  for (int i = 0; i < n; i++) c[sample(l, 4, 1.0, 0, rng, 0.6)]++;
+  EXPECT_EQ(c[0] + c[1], 0);
+  EXPECT_NEAR(c[3] / (double)n, 2.0 / 3.0, 0.015);
+  int c2[4] = {0, 0, 0, 0};
+  for (int i = 0; i < n; i++) c2[sample(l, 4, 1.0, 0, rng, 0.85)]++;
+  EXPECT_EQ(c2[0], 0);
+  EXPECT_NEAR(c2[1] / (double)n, 2.0 / 14.0, 0.015);
+  // after top-k 3 (2, 4, 8 of 14), 0.8 keeps {8, 4} (12/14)
+  int c3[4] = {0, 0, 0, 0};
+  for (int i = 0; i < n; i++) c3[sample(l, 4, 1.0, 3, rng, 0.8)]++;
+  EXPECT_EQ(c3[0] + c3[1], 0);
+  // temperature first: at 0.5 the probabilities are 1, 4, 16, 64 (of 85),
+  // so top-p 0.7 keeps {64} alone
+  for (int i = 0; i < 500; i++) EXPECT_EQ(sample(l, 4, 0.5, 0, rng, 0.7), 3);
+  // top-p 1 draws what no top-p draws, from the same state
+  uint64_t r1[4] = {5, 6, 7, 8}, r2[4] = {5, 6, 7, 8};
+  for (int i = 0; i < 100; i++) EXPECT_EQ(sample(l, 4, 1.0, 0, r1, 1.0), sample(l, 4, 1.0, 0, r2));
 }
 
 TEST(TrainerSample, TopKTiesAreTakenInIndexOrder) {
   double l[5] = {1, 3, 3, 3, 0};
   uint64_t rng[4] = {1, 2, 3, 4};
   for (int i = 0; i < 2000; i++) {
-    int64_t t = dsc_sample_logits(l, 5, 1.0, 2, rng);
+    int64_t t = sample(l, 5, 1.0, 2, rng);
     EXPECT_TRUE(t == 1 || t == 2) << t;
   }
 }
