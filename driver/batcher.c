@@ -227,7 +227,7 @@ static void admit(dsc_batcher *b) {
   }
 }
 
-dsc_status dsc_batcher_step(dsc_batcher *b) {
+bool dsc_batcher_step_begin(dsc_batcher *b) {
   admit(b);
   bool any = false;
   for (int64_t s = 0; s < b->slots; s++) {
@@ -244,13 +244,19 @@ dsc_status dsc_batcher_step(dsc_batcher *b) {
     }
     any = true;
   }
-  if (!any) return DSC_OK;
-  dsc_status st = dsc_infer_step(b->e, b->n, b->pos, b->tokens, b->logits);
-  if (st != DSC_OK) return st;
+  return any;
+}
+
+/* Reads only the step's own inputs: requests may come and go meanwhile. */
+dsc_status dsc_batcher_step_run(dsc_batcher *b) {
+  return dsc_infer_step(b->e, b->n, b->pos, b->tokens, b->logits);
+}
+
+void dsc_batcher_step_end(dsc_batcher *b) {
   b->st.steps++;
   double t = now_s();
   for (int64_t s = 0; s < b->slots; s++) {
-    request *r = b->slot[s];
+    request *r = b->slot[s]; /* NULL when it was cancelled during the run */
     if (!r || b->n[s] == 0) continue;
     if (r->fed < r->n_prompt) {
       r->fed += b->n[s];
@@ -266,5 +272,11 @@ dsc_status dsc_batcher_step(dsc_batcher *b) {
     b->st.generated_tokens++;
     if (r->n_out == r->o.max_tokens) finish(b, r, DSC_FINISH_LENGTH);
   }
-  return DSC_OK;
+}
+
+dsc_status dsc_batcher_step(dsc_batcher *b) {
+  if (!dsc_batcher_step_begin(b)) return DSC_OK;
+  dsc_status st = dsc_batcher_step_run(b);
+  if (st == DSC_OK) dsc_batcher_step_end(b);
+  return st;
 }

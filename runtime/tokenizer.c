@@ -618,6 +618,10 @@ void dsc_tokenizer_free(dsc_tokenizer *t) {
 
 int64_t dsc_tokenizer_vocab_size(const dsc_tokenizer *t) { return t->n_ids; }
 
+bool dsc_tokenizer_is_special(const dsc_tokenizer *t, int64_t id) {
+  return id >= 0 && id < t->n_ids && t->is_special[id];
+}
+
 const char *dsc_tokenizer_token(const dsc_tokenizer *t, int64_t id) {
   return id >= 0 && id < t->n_ids && t->tok[id] ? t->tok[id] : NULL;
 }

@@ -16,7 +16,7 @@
 #
 # Then, on the other machine (tests/gpu/run.sh does this):
 #   cmake -S . -B build-gpu -DDSC_GEN_FRONTEND_DIR=$KIT/gen/frontend \
-#         -DCMAKE_PREFIX_PATH=$KIT/deps -DDSC_ENABLE_LLVM=OFF -DDSC_ENABLE_MPI=OFF \
+#         -DCMAKE_PREFIX_PATH=$KIT/deps -DDSC_ENABLE_LLVM=OFF -DDSC_ENABLE_MPI=OFF -DDSC_ENABLE_SERVE=OFF \
 #         -DDSC_BUILD_TESTS=OFF
 set -euo pipefail
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,7 +36,7 @@ done
 
 # Only the generated sources are built: every optional backend off.
 cmake -S "$SRC" -B "$TMP" -G Ninja -DDSC_ENABLE_CUDA=OFF -DDSC_ENABLE_LLVM=OFF \
-  -DDSC_ENABLE_MPI=OFF -DDSC_BUILD_TESTS=OFF -DDSC_BUILD_BENCH=OFF >/dev/null
+  -DDSC_ENABLE_MPI=OFF -DDSC_ENABLE_SERVE=OFF -DDSC_BUILD_TESTS=OFF -DDSC_BUILD_BENCH=OFF >/dev/null
 ninja -C "$TMP" gen/frontend/parser.c gen/frontend/lexer.c >/dev/null
 
 rm -rf "$KIT"

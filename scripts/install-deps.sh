@@ -27,13 +27,17 @@ pkgs=(
   # libraries CMake finds: cJSON (safetensors headers, checkpoint state),
   # PCRE2 and utf8proc (the tokenizers' regexes and Unicode normalization),
   # LLVM + oneDNN (the CPU backend), Open MPI (the MPI backend, mpirun for
-  # the tests and dsc launch), GoogleTest (unit tests)
+  # the tests and dsc launch), GoogleTest (unit tests), libmicrohttpd (dsc
+  # serve's HTTP server)
   libcjson-dev libpcre2-dev libutf8proc-dev llvm-14-dev libdnnl-dev libopenmpi-dev openmpi-bin libgtest-dev
+  libmicrohttpd-dev
   # the fuzzers: clang with libFuzzer
   clang libclang-rt-14-dev
   # the tests' checks: python3 with numpy (Debian's), venv + certificates for
   # the PyPI packages Debian lacks (safetensors, tokenizers: below)
   python3 python3-numpy python3-venv ca-certificates
+  # an HTTP client for dsc serve (the README's example, tests/cli/serve.sh)
+  curl
   # the oracle of the Hugging Face import and export (tests/cli/hf_oracle.sh):
   # Debian's CPU-only torch (48 MB to download; PyPI's pulls several GB of
   # CUDA libraries), transformers over it in the --hf-venv below
@@ -56,7 +60,8 @@ fi
 # The Python safetensors package (not in Debian 12) for the test that reads
 # dsc's files with an independent reader, and tokenizers (Hugging Face's,
 # not in Debian 12), the oracle of dsc's tokenizer.json reader
-# (tests/cli/tokenizer_oracle.sh). Debian's pip refuses to install
+# (tests/cli/tokenizer_oracle.sh), and the openai client (tests/cli/serve.sh:
+# dsc serve answers what it parses). Debian's pip refuses to install
 # into the system Python, hence a venv, made from Debian's python3 so that it
 # sees Debian's numpy (another python3 first on PATH, such as pyenv's, sees
 # neither: then numpy comes from PyPI too).
@@ -69,14 +74,15 @@ make_venv() { # dir
   fi
 }
 if [ -n "$venv" ]; then
-  if python3 -c 'import safetensors, tokenizers, numpy' 2>/dev/null; then
-    echo "install-deps: python3 already has safetensors, tokenizers and numpy (no venv needed)"
+  if python3 -c 'import safetensors, tokenizers, numpy, openai' 2>/dev/null; then
+    echo "install-deps: python3 already has safetensors, tokenizers, numpy and openai (no venv needed)"
   else
     make_venv "$venv"
     want=()
     "$venv/bin/python3" -c 'import safetensors' 2>/dev/null || want+=(safetensors)
     "$venv/bin/python3" -c 'import tokenizers' 2>/dev/null || want+=(tokenizers)
     "$venv/bin/python3" -c 'import numpy' 2>/dev/null || want+=(numpy)
+    "$venv/bin/python3" -c 'import openai' 2>/dev/null || want+=(openai)
     if [ ${#want[@]} -gt 0 ]; then
       echo "install-deps: installing ${want[*]} from PyPI into $venv"
       "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${want[@]}"

@@ -82,6 +82,7 @@ int cli_run(int argc, char **argv);
 int cli_data(int argc, char **argv);
 int cli_train(int argc, char **argv);
 int cli_generate(int argc, char **argv); /* also dsc sample */
+int cli_serve(int argc, char **argv);
 int cli_compile(int argc, char **argv);
 int cli_plan(int argc, char **argv);
 int cli_launch(int argc, char **argv);

@@ -251,6 +251,7 @@ static const cli_command commands[] = {
     {"compile", cli_compile, "compile a model's training step and kernels into a .dsx program"},
     {"generate", cli_generate, "generate text from a trained checkpoint (KV cache)"},
     {"sample", cli_generate, "the same as generate"},
+    {"serve", cli_serve, "serve a checkpoint over HTTP (OpenAI completions, continuous batching)"},
     {"import", cli_import, "show how a Hugging Face model directory maps onto a model (--list)"},
     {"export", cli_export,
      "write a checkpoint's params (ZeRO shards consolidated) to one safetensors file"},

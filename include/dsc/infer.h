@@ -126,6 +126,15 @@ void dsc_batcher_get_stats(const dsc_batcher *b, dsc_batcher_stats *s);
 /* One engine step over every running sequence (admitting first). An engine
  * failure is returned; the requests stay as they were. */
 dsc_status dsc_batcher_step(dsc_batcher *b);
+/* The step in three parts, for a server that lets its connections in while
+ * the engine runs: begin (admits and takes the step's tokens; false: nothing
+ * to run) and end (draws the next tokens) under the caller's lock, run
+ * without it. During run, only submit, cancel, release, output, first_token_s,
+ * idle and get_stats may be called; a request cancelled meanwhile is
+ * skipped at end. */
+bool dsc_batcher_step_begin(dsc_batcher *b);
+dsc_status dsc_batcher_step_run(dsc_batcher *b);
+void dsc_batcher_step_end(dsc_batcher *b);
 
 #ifdef __cplusplus
 }

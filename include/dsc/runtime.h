@@ -64,6 +64,8 @@ int64_t dsc_tokenizer_vocab_size(const dsc_tokenizer *t);
 /* The token string of an id (the model's alphabet: Ġ for a space in a
  * byte-level vocabulary), NULL for an id without one. */
 const char *dsc_tokenizer_token(const dsc_tokenizer *t, int64_t id);
+/* An added token marked special (an end of text, a template's markers). */
+bool dsc_tokenizer_is_special(const dsc_tokenizer *t, int64_t id);
 /* text (UTF-8, else an error naming the byte) -> ids, as the library's
  * encode(text, add_special_tokens=add_special). *ids: free() it. */
 dsc_status dsc_tokenizer_encode(dsc_tokenizer *t, const char *text, size_t len, bool add_special,

@@ -78,7 +78,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >"$OUTDIR/nvidia-smi.log" 2
 else
   say "no GPU here (nvidia-smi found none): build and CPU parts only"
 fi
-CONF=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DDSC_ENABLE_LLVM=OFF -DDSC_ENABLE_MPI=OFF
+CONF=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DDSC_ENABLE_LLVM=OFF -DDSC_ENABLE_MPI=OFF -DDSC_ENABLE_SERVE=OFF
       -DDSC_BUILD_TESTS=OFF)
 if ! command -v flex >/dev/null || ! command -v bison >/dev/null; then
   [ -d "$KIT/gen/frontend" ] || {

@@ -214,6 +214,28 @@ TEST(Batcher, CancelFreesTheSlotAndStopTokensEnd) {
   dsc_batcher_release(x.b, ia);
 }
 
+TEST(Batcher, ARequestCancelledWhileTheEngineRunsIsSkipped) {
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  Checkpoint guard{make_checkpoint(ctx, kGpt, "midrun")};
+  dsc_context_free(ctx);
+  Batched x(guard.dir, DSC_BACKEND_INTERP, 2, 4, 32);
+  ASSERT_TRUE(x.b);
+  Req a{{65, 66}, {{0, 0, 1}, 1, 5}, 0};
+  int64_t ia = x.submit(a), ib = x.submit(a);
+  ASSERT_TRUE(dsc_batcher_step_begin(x.b));
+  dsc_batcher_release(x.b, ia);  // as a connection thread may, while the engine runs
+  int64_t ic = x.submit(a);      // queued: no slot is handed out during the run
+  ASSERT_EQ(dsc_batcher_step_run(x.b), DSC_OK);
+  dsc_batcher_step_end(x.b);
+  dsc_finish f;
+  EXPECT_EQ(x.output(ib).size(), 1u);
+  EXPECT_EQ(x.output(ia, &f).size(), 0u);
+  EXPECT_EQ(f, DSC_FINISH_CANCELLED);  // forgotten
+  EXPECT_EQ(x.output(ic).size(), 0u);
+  while (!dsc_batcher_idle(x.b)) ASSERT_EQ(dsc_batcher_step(x.b), DSC_OK);
+  EXPECT_EQ(x.output(ic), x.output(ib));  // c took a's slot and got b's tokens
+}
+
 TEST(Batcher, RefusesWhatCannotFit) {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   Checkpoint guard{make_checkpoint(ctx, kGpt, "refuse")};

@@ -1,0 +1,95 @@
+# dsc serve: an HTTP server over a briefly trained gpt-tiny, on loopback.
+# 64 concurrent requests of mixed lengths and kinds each get exactly their
+# answer alone (the interpreter: f64, so a row's result does not depend on
+# the rows beside it); a greedy completion equals dsc generate's text; the
+# openai package's client reads every answer; bad requests get a 4xx with a
+# JSON error; clients that leave free their slots; SIGTERM stops it cleanly.
+source "$(dirname "$0")/lib/common.bash"
+source "$(dirname "$0")/lib/corpus.bash"
+CLIENT="$SRC/tests/cli/lib/serve_client.py"
+SRV=""
+trap '[ -n "$SRV" ] && kill -9 "$SRV" 2>/dev/null; rm -rf "$TMP"' EXIT
+
+if ! python3 -c 'import openai' 2>/dev/null; then
+  if [ -n "${CI:-}" ]; then echo "FAIL: CI without the openai package (scripts/install-deps.sh --venv)"; exit 1; fi
+  echo "SKIP: python3 cannot import openai (scripts/install-deps.sh --venv DIR installs it)"
+  exit 0
+fi
+
+expect_exit 0 "$DSC" serve --help && expect_grep '^usage: dsc serve DIR' "$TMP/out"
+expect_exit 1 "$DSC" serve && expect_grep 'missing checkpoint DIR' "$TMP/err"
+expect_exit 1 "$DSC" serve "$TMP/absent" --port 70000 && expect_grep 'port needs a port number' "$TMP/err"
+expect_exit 1 "$DSC" serve "$TMP/absent" --host localhost && expect_grep 'host needs an IPv4 address' "$TMP/err"
+expect_exit 1 "$DSC" serve "$TMP/absent" --slots 0 && expect_grep 'slots needs an integer' "$TMP/err"
+expect_exit 1 "$DSC" serve "$TMP/absent" --bogus && expect_grep "unknown option '--bogus'" "$TMP/err"
+expect_exit 1 "$DSC" serve "$TMP/absent" --port 0 && expect_grep 'absent: error: cannot open checkpoint' "$TMP/err"
+
+make_corpus "$TMP/corpus.txt"
+expect_exit 0 "$DSC" data "$TMP/corpus.txt" -o "$TMP/c"
+expect_exit 0 "$DSC" train "$SRC/examples/gpt-tiny.dsm" --data "$TMP/c" --batch 4 --seq 32 --steps 60 --lr 3e-3 --out "$TMP/run" --quiet
+
+# start_server LOG ARGS...: dsc serve in the background; URL once it listens
+start_server() {
+  local log=$1
+  shift
+  "$DSC" serve "${SERVED:-$TMP/run}" --port 0 "$@" 2>"$log" &
+  SRV=$!
+  URL=""
+  for _ in $(seq 600); do
+    URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$log" 2>/dev/null) && break
+    kill -0 "$SRV" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$URL" ] && pass || { fail "dsc serve did not start"; cat "$log"; }
+}
+stop_server() { # LOG: SIGTERM ends it with exit 0
+  kill -TERM "$SRV"
+  local rc=0
+  wait "$SRV" || rc=$?
+  SRV=""
+  [ "$rc" -eq 0 ] && pass || { fail "dsc serve exited $rc after SIGTERM"; cat "$1"; }
+  expect_grep 'stopping \(signal\)' "$1"
+}
+
+start_server "$TMP/serve.log" --backend interp --slots 8 --chunk 4 --name tiny
+expect_grep "model 'tiny', 8 slots, context 64, chunk 4" "$TMP/serve.log"
+HOSTPORT=${URL#http://}
+# a second server on the same port is refused with a message
+expect_exit 1 "$DSC" serve "$TMP/run" --port "${HOSTPORT#*:}" --backend interp && expect_grep 'cannot listen on 127.0.0.1' "$TMP/err"
+
+timeout 600 python3 "$CLIENT" "$URL" concurrent 64 >"$TMP/conc" 2>&1 && pass || fail "concurrent requests"
+cat "$TMP/conc"
+timeout 300 python3 "$CLIENT" "$URL" openai tiny >"$TMP/oai" 2>&1 && pass || fail "the openai client"
+cat "$TMP/oai"
+timeout 300 python3 "$CLIENT" "$URL" errors >"$TMP/errs" 2>&1 && pass || fail "bad requests"
+cat "$TMP/errs"
+
+# a greedy completion is the text dsc generate writes after the prompt
+timeout 60 python3 "$CLIENT" "$URL" complete "the cat " 30 >"$TMP/served" && pass || fail "complete"
+expect_exit 0 "$DSC" generate "$TMP/run" --backend interp --temperature 0 --prompt "the cat " --tokens 30
+printf 'the cat ' | cat - "$TMP/served" | cmp -s - "$TMP/out" && pass ||
+  fail "served '$(cat "$TMP/served")', generate '$(cat "$TMP/out")'"
+# the README's curl
+expect_exit 0 curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' -d '{"prompt": "the cat ", "max_tokens": 30, "temperature": 0}'
+expect_grep '"text":"'"$(sed 's/[][\.*^$]/\\&/g' "$TMP/served")"'"' "$TMP/out"
+expect_exit 0 curl -sS "$URL/metrics"
+expect_grep '^dsc_cache_positions\{state="total"\} 512$' "$TMP/out"
+expect_grep '^dsc_requests_total\{endpoint="chat_completions"\} [1-9]' "$TMP/out"
+stop_server "$TMP/serve.log"
+
+# clients that leave free their slots: llama-tiny (rope) with a long context,
+# so that a sequence runs far longer than noticing its client left takes
+expect_exit 0 "$DSC" train "$SRC/examples/llama-tiny.dsm" --data "$TMP/c" --batch 2 --seq 32 --steps 3 --out "$TMP/llama" --quiet
+SERVED="$TMP/llama" start_server "$TMP/llama.log" --backend interp --slots 2 --context 2048
+timeout 300 python3 "$CLIENT" "$URL" disconnect 2000 >"$TMP/disc" 2>&1 && pass || fail "disconnects"
+cat "$TMP/disc"
+stop_server "$TMP/llama.log"
+
+# the compiled CPU backend serves too (the unit tests compare its batching)
+if "$DSC" run "$SRC/examples/mlp.dsm" --backend cpu >/dev/null 2>&1; then
+  start_server "$TMP/cpu.log" --slots 4
+  timeout 60 python3 "$CLIENT" "$URL" complete "the cat " 20 >"$TMP/cpu" && pass || fail "cpu complete"
+  [ "$(wc -c <"$TMP/cpu")" -eq 20 ] && pass || fail "cpu: 20 tokens gave '$(cat "$TMP/cpu")'"
+  stop_server "$TMP/cpu.log"
+fi
+finish
