@@ -100,7 +100,7 @@ static dsc_status forward_at(dsc_context *ctx, const char *path, int64_t B, int6
 static dsc_status checkpoint_params(dsc_context *ctx, dsc_checkpoint *ck, const dsc_module *m,
                                     dsc_params **out) {
   int n = dsc_module_param_count(m);
-  dsc_params *p = dsc_params_init(m, 0);
+  dsc_params *p = dsc_params_zeros(m);
   dsc_tensor_spec *spec = ir_alloc(ctx, sizeof *spec * (size_t)(n ? n : 1));
   char *path = ir_alloc(ctx, PATH_MAX);
   dsc_status st = p && spec && path ? DSC_OK : oom(ctx);

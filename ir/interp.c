@@ -186,11 +186,19 @@ static bool init_values(dsc_context *ctx, const ir_param *pa, uint64_t seed, dou
   }
 }
 
+static dsc_params *params_new(const dsc_module *m, uint64_t seed, int rank, bool init);
+
 dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed) {
-  return dsc_params_init_rank(m, seed, 0);
+  return params_new(m, seed, 0, true);
 }
 
 dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank) {
+  return params_new(m, seed, rank, true);
+}
+
+dsc_params *dsc_params_zeros(const dsc_module *m) { return params_new(m, 0, 0, false); }
+
+static dsc_params *params_new(const dsc_module *m, uint64_t seed, int rank, bool init) {
   if (!m) return NULL;
   dsc_context *ctx = m->ctx;
   dsc_params *p = ir_alloc(ctx, sizeof *p);
@@ -234,6 +242,7 @@ dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank) {
     }
     p->t[i] = t;
     p->n = i + 1;
+    if (!init) continue;
     /* A shard holds elements [first, first + cnt) of the full stream, the
      * ones past the full tensor's end stay zero. */
     dsc_type full;

@@ -863,6 +863,168 @@ static void gemm_block(const rt_sgemm_job *j, rt_view a, rt_view b, void *c, int
   }
 }
 
+/* ---- a few rows of C: B read once, unpacked ----
+ * A decode step multiplies one row per sequence by every weight: M is a
+ * few rows, and packing B (a copy of the whole weight, written and read
+ * again) costs more than the product. With M <= SMALL_M, f32 operands and
+ * C, and C contiguous along columns, the rows are computed straight from B,
+ * so that each weight is read once per call:
+ *   - row-major B: for each depth row k, the row's columns of B times A[m,
+ *     k], added to per-row sums kept in an L1 buffer, panels of PANEL
+ *     columns at a time;
+ *   - transposed B (W^T, W row-major: the tied LM head): 8 rows of W at
+ *     once, transposed 8 x 8 in registers, so that a vector holds 8
+ *     columns of one depth row.
+ * Either way every element of C gets the packed path's operations in the
+ * packed path's order: for each depth block of kc_of(g), the products in
+ * order of k fused into a sum from 0, then C = alpha * sum (+ beta * C by
+ * an FMA, beta 1 after the first block). So the results are bitwise those
+ * of the packed kernels (the tests compare them), whatever M. */
+#define SMALL_M 8
+#define PANEL 256
+
+typedef struct {
+  const cg_gemm *g;
+  const float *a, *b;
+  float *c;
+} sg_small_job;
+
+__attribute__((target("avx2,fma"))) static void small_update(float *c, const float *acc, int64_t n,
+                                                             float alpha, float beta) {
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  int64_t q = 0;
+  for (; q + 8 <= n; q += 8) {
+    __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(acc + q));
+    if (beta != 0) x = _mm256_fmadd_ps(vb, _mm256_loadu_ps(c + q), x);
+    _mm256_storeu_ps(c + q, x);
+  }
+  for (; q < n; q++) {
+    float x = alpha * acc[q];
+    c[q] = beta != 0
+               ? _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(beta), _mm_set_ss(c[q]), _mm_set_ss(x)))
+               : x;
+  }
+}
+
+/* Columns [j0, j1) of C = A B, B row-major (unit column stride). */
+__attribute__((target("avx2,fma"))) static void small_rows(const sg_small_job *sj, int64_t j0,
+                                                           int64_t j1) {
+  const cg_gemm *g = sj->g;
+  int64_t M = g->m, kcb = kc_of(g);
+  float acc[SMALL_M * PANEL] __attribute__((aligned(32)));
+  for (int64_t jb = j0; jb < j1; jb += PANEL) {
+    int64_t nb = min64(PANEL, j1 - jb), nv = nb / 8 * 8;
+    for (int64_t pb = 0; pb < g->k; pb += kcb) {
+      int64_t kc = min64(kcb, g->k - pb);
+      memset(acc, 0, sizeof(float) * (size_t)(M * PANEL));
+      for (int64_t k = pb; k < pb + kc; k++) {
+        const float *brow = sj->b + k * g->b.row_stride + jb;
+        for (int64_t m = 0; m < M; m++) {
+          float am = sj->a[m * g->a.row_stride + k * g->a.col_stride];
+          __m256 av = _mm256_set1_ps(am);
+          float *am_acc = acc + m * PANEL;
+          int64_t q = 0;
+          for (; q < nv; q += 8)
+            _mm256_store_ps(am_acc + q, _mm256_fmadd_ps(av, _mm256_loadu_ps(brow + q),
+                                                        _mm256_load_ps(am_acc + q)));
+          for (; q < nb; q++)
+            am_acc[q] = _mm_cvtss_f32(
+                _mm_fmadd_ss(_mm_set_ss(am), _mm_set_ss(brow[q]), _mm_set_ss(am_acc[q])));
+        }
+      }
+      for (int64_t m = 0; m < M; m++)
+        small_update(sj->c + m * g->c.row_stride + jb, acc + m * PANEL, nb, (float)g->alpha,
+                     pb == 0 ? (float)g->beta : 1.0f);
+    }
+  }
+}
+
+/* 8 x 8 transpose in registers: r[i] holds row i's 8 values on entry, column i's on exit. */
+__attribute__((target("avx2,fma"))) static inline void transpose8x8_regs(__m256 r[8]) {
+  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* Columns [j0, j1) of C = A W^T: B[k, n] = W[n, k] (unit row stride). */
+__attribute__((target("avx2,fma"))) static void small_rows_bt(const sg_small_job *sj, int64_t j0,
+                                                              int64_t j1) {
+  const cg_gemm *g = sj->g;
+  int64_t M = g->m, kcb = kc_of(g), ldw = g->b.col_stride;
+  for (int64_t n0 = j0; n0 < j1; n0 += 8) {
+    int cols = (int)min64(8, j1 - n0);
+    const float *w[8];
+    for (int r = 0; r < 8; r++) w[r] = sj->b + (n0 + (r < cols ? r : 0)) * ldw;
+    for (int64_t pb = 0; pb < g->k; pb += kcb) {
+      int64_t kc = min64(kcb, g->k - pb), k = pb;
+      __m256 acc[SMALL_M];
+      for (int m = 0; m < SMALL_M; m++) acc[m] = _mm256_setzero_ps();
+      for (; k + 8 <= pb + kc; k += 8) {
+        __m256 col[8];
+        for (int r = 0; r < 8; r++) col[r] = _mm256_loadu_ps(w[r] + k);
+        transpose8x8_regs(col);
+        for (int q = 0; q < 8; q++)
+          for (int64_t m = 0; m < M; m++)
+            acc[m] = _mm256_fmadd_ps(
+                _mm256_set1_ps(sj->a[m * g->a.row_stride + (k + q) * g->a.col_stride]), col[q],
+                acc[m]);
+      }
+      for (; k < pb + kc; k++) {
+        __m256 col =
+            _mm256_setr_ps(w[0][k], w[1][k], w[2][k], w[3][k], w[4][k], w[5][k], w[6][k], w[7][k]);
+        for (int64_t m = 0; m < M; m++)
+          acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(sj->a[m * g->a.row_stride + k * g->a.col_stride]),
+                                   col, acc[m]);
+      }
+      float t[8];
+      for (int64_t m = 0; m < M; m++) {
+        _mm256_storeu_ps(t, acc[m]);
+        small_update(sj->c + m * g->c.row_stride + n0, t, cols, (float)g->alpha,
+                     pb == 0 ? (float)g->beta : 1.0f);
+      }
+    }
+  }
+}
+
+static void small_chunk(void *arg, int64_t begin, int64_t end, int chunk) {
+  (void)chunk;
+  const sg_small_job *sj = arg;
+  int64_t j0 = begin * 16, j1 = min64(end * 16, sj->g->n);
+  if (sj->g->b.col_stride == 1)
+    small_rows(sj, j0, j1);
+  else
+    small_rows_bt(sj, j0, j1);
+}
+
+/* The canonical GEMM g (f32, C unit column stride) takes the unpacked path. */
+static bool small_fits(const cg_gemm *g, bool ab_bf16, bool c_bf16) {
+  return !ab_bf16 && !c_bf16 && g->m <= SMALL_M && g->c.col_stride == 1 &&
+         (g->b.col_stride == 1 || g->b.row_stride == 1);
+}
+
+/* Threads split the columns in blocks of 16, each thread's share at least
+ * 64 KiB of B (memory-bound: a few rows do 2M flops per 4 bytes read). */
+static void small_run(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, float *c) {
+  int64_t units = (g->n + 15) / 16, per_unit = 16 * g->k * 4;
+  int64_t min_units = per_unit >= 65536 ? 1 : (65536 + per_unit - 1) / per_unit;
+  for (int64_t bb = 0; bb < g->batch[0] * g->batch[1]; bb++) {
+    int64_t b0 = bb / g->batch[1], b1 = bb % g->batch[1];
+    sg_small_job sj = {g, a + g->a.offset + b0 * g->a.batch_stride[0] + b1 * g->a.batch_stride[1],
+                       b + g->b.offset + b0 * g->b.batch_stride[0] + b1 * g->b.batch_stride[1],
+                       c + g->c.offset + b0 * g->c.batch_stride[0] + b1 * g->c.batch_stride[1]};
+    rt_pool_parallel_for(pool, units, min_units, small_chunk, &sj);
+  }
+}
+
 static void run_batch(const rt_sgemm_job *j, int64_t bb, int64_t i0, int64_t i1, int64_t j0,
                       int64_t j1, float *scratch) {
   const cg_gemm *g = j->g;
@@ -900,6 +1062,10 @@ void rt_sgemm_typed(rt_pool *pool, const cg_gemm *g0, rt_sgemm_kernel kernel, ds
     const void *t = a; /* C^T = B^T A^T: the operands trade places */
     a = b;
     b = t;
+  }
+  if (small_fits(&g, ab == DSC_BF16, cdt == DSC_BF16)) {
+    small_run(pool, &g, a, b, c);
+    return;
   }
   const sg_kernel *kr = &kernels[kernel];
   int64_t MR = kr->mr, NR = kr->nr;

@@ -40,6 +40,9 @@ dsc_params *dsc_params_init(const dsc_module *m, uint64_t seed);
  * sharded param holds the rank's chunk of the full tensor's initial values
  * (the same values at any world size), zeros past its end. */
 dsc_params *dsc_params_init_rank(const dsc_module *m, uint64_t seed, int rank);
+/* Every parameter zero, for values that come from elsewhere (a checkpoint):
+ * no initializer runs (GPT-2's take seconds). */
+dsc_params *dsc_params_zeros(const dsc_module *m);
 void dsc_params_free(dsc_params *p);
 int dsc_params_count(const dsc_params *p);
 const dsc_module *dsc_params_module(const dsc_params *p); /* the module it was made for */

@@ -481,6 +481,62 @@ TEST_P(Sgemm, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
+// A few rows (a decode step's GEMMs: M <= 8 with f32 operands take the
+// unpacked path of runtime/sgemm.c) give bitwise the rows the packed path
+// gives them inside a 40-row GEMM: the same FMAs in the same order. Row-
+// major and transposed B, strided A, one and several depth blocks, column
+// edges off 8 and 16, alpha and beta, one and two threads.
+TEST_P(Sgemm, FewRowsEqualTheirRowsOfALargerGemm) {
+  struct Shape {
+    int64_t n, k;
+    Kind b;
+  };
+  const Shape shapes[] = {{37, 100, Kind::Rows}, {300, 769, Kind::Rows}, {600, 64, Kind::Rows},
+                          {37, 100, Kind::Cols}, {300, 700, Kind::Cols}, {90, 1000, Kind::Cols},
+                          {1, 9, Kind::Cols},    {1, 1, Kind::Rows}};
+  int compared = 0;
+  for (const Shape &sh : shapes)
+    for (int64_t m : {1, 3, 8})
+      for (int threads : {1, 2}) {
+        Case cs;
+        cs.m = 40, cs.n = sh.n, cs.k = sh.k;
+        cs.lb.kind = sh.b;
+        cs.la.kind = m == 3 ? Kind::Strided : Kind::Rows;
+        cs.alpha = m == 8 ? 0.5 : 1, cs.beta = m == 3 ? -1 : 0;
+        cs.name = std::to_string(m) + " of 40 rows x" + std::to_string(sh.n) + "x" +
+                  std::to_string(sh.k) + (sh.b == Kind::Cols ? " B^T" : "");
+        Ctx c;
+        rt_pool *pool = rt_pool_new(c.ctx, threads);
+        rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
+        ASSERT_NE(e, nullptr) << c.diags();
+        Prepared big;
+        big.cs = cs;
+        prepare(big, e, c);
+        if (::testing::Test::HasFatalFailure()) return;
+        Prepared few = big;  // the same operands; C's first m rows only
+        few.cs.m = m, few.g.m = m;
+        few.plan = rt_gemm_plan_new(e, &few.g, g_mode->ab, g_mode->c, mode_flags(*g_mode));
+        ASSERT_NE(few.plan, nullptr) << c.diags();
+        char err[256] = "";
+        ASSERT_TRUE(run(big, err, sizeof err)) << err;
+        ASSERT_TRUE(run(few, err, sizeof err)) << err;
+        check(few);
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t j = 0; j < cs.n; j++) {
+            int64_t at = index(big.c, 0, 0, i, j);
+            ASSERT_TRUE(big.c.same(few.c, at))
+                << cs.name << ", " << threads << " threads, at " << i << "," << j << ": "
+                << few.c.data[at] << " vs " << big.c.data[at];
+            compared++;
+          }
+        rt_gemm_plan_free(big.plan);
+        rt_gemm_plan_free(few.plan);
+        rt_gemm_engine_free(e);
+        rt_pool_free(pool);
+      }
+  EXPECT_GT(compared, 10000);
+}
+
 // k = 1 and wide: one product per element, one depth step per tile.
 TEST_P(Sgemm, DepthOne) {
   std::vector<Case> v;
