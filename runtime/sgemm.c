@@ -219,10 +219,9 @@ __attribute__((target("avx2"))) static inline __m256 load8(const void *p, bool b
 /* dst[i * dst_ld + j] = src[j * ld + i] for i, j < 8: a transposed B's
  * columns are contiguous, its packed panel wants rows (element by element
  * this cost the dx GEMMs 10-15% against oneDNN's AVX2 sgemm). */
-__attribute__((target("avx2"))) static void transpose8(const void *src, int64_t ld, bool bf16,
-                                                       float *dst, int64_t dst_ld) {
-  __m256 r[8];
-  for (int i = 0; i < 8; i++) r[i] = load8(elem_ptr(src, i * ld, bf16), bf16);
+/* 8 x 8 in registers: r[i] holds row i's 8 values on entry, column i's on
+ * exit (also the few-row path's transposed B, below). */
+__attribute__((target("avx2"))) static inline void transpose8x8_regs(__m256 r[8]) {
   __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
   __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -232,14 +231,18 @@ __attribute__((target("avx2"))) static void transpose8(const void *src, int64_t 
   __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
   __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
   __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(dst + 0 * dst_ld, _mm256_permute2f128_ps(s0, s4, 0x20));
-  _mm256_storeu_ps(dst + 1 * dst_ld, _mm256_permute2f128_ps(s1, s5, 0x20));
-  _mm256_storeu_ps(dst + 2 * dst_ld, _mm256_permute2f128_ps(s2, s6, 0x20));
-  _mm256_storeu_ps(dst + 3 * dst_ld, _mm256_permute2f128_ps(s3, s7, 0x20));
-  _mm256_storeu_ps(dst + 4 * dst_ld, _mm256_permute2f128_ps(s0, s4, 0x31));
-  _mm256_storeu_ps(dst + 5 * dst_ld, _mm256_permute2f128_ps(s1, s5, 0x31));
-  _mm256_storeu_ps(dst + 6 * dst_ld, _mm256_permute2f128_ps(s2, s6, 0x31));
-  _mm256_storeu_ps(dst + 7 * dst_ld, _mm256_permute2f128_ps(s3, s7, 0x31));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+__attribute__((target("avx2"))) static void transpose8(const void *src, int64_t ld, bool bf16,
+                                                       float *dst, int64_t dst_ld) {
+  __m256 r[8];
+  for (int i = 0; i < 8; i++) r[i] = load8(elem_ptr(src, i * ld, bf16), bf16);
+  transpose8x8_regs(r);
+  for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * dst_ld, r[i]);
 }
 
 /* ---- packing: AVX-512 register transposes ---- */
@@ -937,22 +940,6 @@ __attribute__((target("avx2,fma"))) static void small_rows(const sg_small_job *s
                      pb == 0 ? (float)g->beta : 1.0f);
     }
   }
-}
-
-/* 8 x 8 transpose in registers: r[i] holds row i's 8 values on entry, column i's on exit. */
-__attribute__((target("avx2,fma"))) static inline void transpose8x8_regs(__m256 r[8]) {
-  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
 /* Columns [j0, j1) of C = A W^T: B[k, n] = W[n, k] (unit row stride). */
