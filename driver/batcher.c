@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "driver/driver.h"
 #include "dsc/infer.h"
@@ -38,11 +37,7 @@ struct dsc_batcher {
   dsc_batcher_stats st;
 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)dsc_trace_now_ns() * 1e-9; }
 
 static void request_free(request *r) {
   if (!r) return;

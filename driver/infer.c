@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "driver/driver.h"
 #include "dsc/infer.h"
@@ -33,11 +32,7 @@ static dsc_status oom(dsc_context *ctx) {
   return DSC_ERR_INTERNAL;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)dsc_trace_now_ns() * 1e-9; }
 
 void dsc_infer_free(dsc_infer *e) {
   if (!e) return;

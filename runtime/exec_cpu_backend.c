@@ -65,19 +65,30 @@ static dsc_status cpu_create(const rt_exec_args *a, void **impl) {
   return DSC_OK;
 }
 
+/* Param i in (doubles -> native), t of its type. */
+static dsc_status cpu_set_param(void *impl, int i, const dsc_tensor *t) {
+  cpu_exec *x = impl;
+  size_t es = dsc_dtype_size(t->type.dtype);
+  char *slot = (char *)rt_cpu_exec_tier(x->cpu, x->tiers[i]) + x->tier_offsets[i];
+  for (int64_t j = 0; j < dsc_type_numel(&t->type); j++)
+    cg_store_elem(t->type.dtype, slot + j * (int64_t)es, t->data[j]);
+  return DSC_OK;
+}
+
 /* Params in (doubles -> native) or out; the disk tier's are the file's. */
 static dsc_status copy_params(cpu_exec *x, dsc_params *p, bool in) {
   for (int i = 0; i < dsc_module_param_count(x->m); i++) {
     if (x->tiers[i] == CG_TIER_DISK) continue; /* the file's (exec.c disk_xfer) */
+    dsc_tensor *t = dsc_params_get(p, i);
+    if (in) {
+      cpu_set_param(x, i, t);
+      continue;
+    }
     dsc_type ty = dsc_module_param_type(x->m, i);
     size_t es = dsc_dtype_size(ty.dtype);
-    char *slot = (char *)rt_cpu_exec_tier(x->cpu, x->tiers[i]) + x->tier_offsets[i];
-    dsc_tensor *t = dsc_params_get(p, i);
+    const char *slot = (const char *)rt_cpu_exec_tier(x->cpu, x->tiers[i]) + x->tier_offsets[i];
     int64_t n = dsc_type_numel(&ty);
-    if (in)
-      for (int64_t j = 0; j < n; j++) cg_store_elem(ty.dtype, slot + j * (int64_t)es, t->data[j]);
-    else
-      for (int64_t j = 0; j < n; j++) t->data[j] = cg_load_elem(ty.dtype, slot + j * (int64_t)es);
+    for (int64_t j = 0; j < n; j++) t->data[j] = cg_load_elem(ty.dtype, slot + j * (int64_t)es);
   }
   return DSC_OK;
 }
@@ -87,15 +98,6 @@ static dsc_status cpu_set_params(void *impl, const dsc_params *p) {
 }
 
 static dsc_status cpu_get_params(void *impl, dsc_params *p) { return copy_params(impl, p, false); }
-
-static dsc_status cpu_set_param(void *impl, int i, const dsc_tensor *t) {
-  cpu_exec *x = impl;
-  size_t es = dsc_dtype_size(t->type.dtype);
-  char *slot = (char *)rt_cpu_exec_tier(x->cpu, x->tiers[i]) + x->tier_offsets[i];
-  for (int64_t j = 0; j < dsc_type_numel(&t->type); j++)
-    cg_store_elem(t->type.dtype, slot + j * (int64_t)es, t->data[j]);
-  return DSC_OK;
-}
 
 static dsc_status cpu_run(void *impl, int gi, const dsc_tensor *const *inputs, int n_inputs,
                           dsc_tensor **outputs) {

@@ -886,6 +886,7 @@ static void gemm_block(const rt_sgemm_job *j, rt_view a, rt_view b, void *c, int
 #define SMALL_M 8
 #define PANEL 256
 
+/* One GEMM of a batch: its operands' first elements. */
 typedef struct {
   const cg_gemm *g;
   const float *a, *b;
@@ -982,14 +983,37 @@ __attribute__((target("avx2,fma"))) static void small_rows_bt(const sg_small_job
   }
 }
 
-static void small_chunk(void *arg, int64_t begin, int64_t end, int chunk) {
-  (void)chunk;
-  const sg_small_job *sj = arg;
-  int64_t j0 = begin * 16, j1 = min64(end * 16, sj->g->n);
+static void small_columns(const sg_small_job *sj, int64_t j0, int64_t j1) {
   if (sj->g->b.col_stride == 1)
     small_rows(sj, j0, j1);
   else
     small_rows_bt(sj, j0, j1);
+}
+
+/* Batch bb of the operands at a, b, c (their offsets not yet applied). */
+static sg_small_job small_batch(const sg_small_job *all, int64_t bb) {
+  const cg_gemm *g = all->g;
+  int64_t b0 = bb / g->batch[1], b1 = bb % g->batch[1];
+  return (sg_small_job){
+      g, all->a + g->a.offset + b0 * g->a.batch_stride[0] + b1 * g->a.batch_stride[1],
+      all->b + g->b.offset + b0 * g->b.batch_stride[0] + b1 * g->b.batch_stride[1],
+      all->c + g->c.offset + b0 * g->c.batch_stride[0] + b1 * g->c.batch_stride[1]};
+}
+
+/* A chunk of whole batches (the attention heads). */
+static void small_batches(void *arg, int64_t begin, int64_t end, int chunk) {
+  (void)chunk;
+  for (int64_t bb = begin; bb < end; bb++) {
+    sg_small_job sj = small_batch(arg, bb);
+    small_columns(&sj, 0, sj.g->n);
+  }
+}
+
+/* A chunk of one GEMM's columns, in blocks of 16. */
+static void small_chunk(void *arg, int64_t begin, int64_t end, int chunk) {
+  (void)chunk;
+  const sg_small_job *sj = arg;
+  small_columns(sj, begin * 16, min64(end * 16, sj->g->n));
 }
 
 /* The canonical GEMM g (f32, C unit column stride) takes the unpacked path. */
@@ -998,16 +1022,21 @@ static bool small_fits(const cg_gemm *g, bool ab_bf16, bool c_bf16) {
          (g->b.col_stride == 1 || g->b.row_stride == 1);
 }
 
-/* Threads split the columns in blocks of 16, each thread's share at least
+/* Threads take whole batches where they are many, as the packed path does;
+ * else they split the columns in blocks of 16, each thread's share at least
  * 64 KiB of B (memory-bound: a few rows do 2M flops per 4 bytes read). */
 static void small_run(rt_pool *pool, const cg_gemm *g, const float *a, const float *b, float *c) {
+  sg_small_job all = {g, a, b, c};
+  int threads = rt_pool_threads(pool);
+  int64_t nbatch = g->batch[0] * g->batch[1];
+  if (nbatch > 1 && threads > 1 && (nbatch % threads == 0 || nbatch >= 4 * threads)) {
+    rt_pool_parallel_for(pool, nbatch, 1, small_batches, &all);
+    return;
+  }
   int64_t units = (g->n + 15) / 16, per_unit = 16 * g->k * 4;
   int64_t min_units = per_unit >= 65536 ? 1 : (65536 + per_unit - 1) / per_unit;
-  for (int64_t bb = 0; bb < g->batch[0] * g->batch[1]; bb++) {
-    int64_t b0 = bb / g->batch[1], b1 = bb % g->batch[1];
-    sg_small_job sj = {g, a + g->a.offset + b0 * g->a.batch_stride[0] + b1 * g->a.batch_stride[1],
-                       b + g->b.offset + b0 * g->b.batch_stride[0] + b1 * g->b.batch_stride[1],
-                       c + g->c.offset + b0 * g->c.batch_stride[0] + b1 * g->c.batch_stride[1]};
+  for (int64_t bb = 0; bb < nbatch; bb++) {
+    sg_small_job sj = small_batch(&all, bb);
     rt_pool_parallel_for(pool, units, min_units, small_chunk, &sj);
   }
 }

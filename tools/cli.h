@@ -82,6 +82,9 @@ int cli_run(int argc, char **argv);
 int cli_data(int argc, char **argv);
 int cli_train(int argc, char **argv);
 int cli_generate(int argc, char **argv); /* also dsc sample */
+/* The tokenizer.json of the run a checkpoint belongs to (in DIR, or in the
+ * run holding step DIR), written into buf; NULL when there is none. */
+const char *cli_run_tokenizer(const char *checkpoint, char *buf, size_t n);
 int cli_serve(int argc, char **argv);
 int cli_compile(int argc, char **argv);
 int cli_plan(int argc, char **argv);

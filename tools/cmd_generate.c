@@ -98,6 +98,12 @@ static dsc_status sample_tokenized(dsc_sampler *s, dsc_tokenizer *tok, const cha
   return st;
 }
 
+const char *cli_run_tokenizer(const char *checkpoint, char *buf, size_t n) {
+  snprintf(buf, n, "%s/tokenizer.json", checkpoint);
+  if (access(buf, F_OK) != 0) snprintf(buf, n, "%s/../tokenizer.json", checkpoint);
+  return access(buf, F_OK) == 0 ? buf : NULL;
+}
+
 int cli_generate(int argc, char **argv) {
   dsc_sampler_options o = {NULL, NULL, 0, NULL, 0, 0};
   dsc_exec_options xo = {dsc_backend_default(), 0, NULL};
@@ -177,12 +183,7 @@ int cli_generate(int argc, char **argv) {
   dsc_tokenizer *tok = NULL;
   dsc_status st = DSC_OK;
   char found[4096];
-  if (!tok_path) { /* the run's own: in DIR, or in the run holding step DIR */
-    snprintf(found, sizeof found, "%s/tokenizer.json", o.checkpoint);
-    if (access(found, F_OK) != 0)
-      snprintf(found, sizeof found, "%s/../tokenizer.json", o.checkpoint);
-    if (access(found, F_OK) == 0) tok_path = found;
-  }
+  if (!tok_path) tok_path = cli_run_tokenizer(o.checkpoint, found, sizeof found);
   if (tok_path) st = dsc_tokenizer_load(ctx, tok_path, &tok);
   dsc_sampler *s = NULL;
   if (st == DSC_OK) st = dsc_sampler_open(ctx, &o, &s);

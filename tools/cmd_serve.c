@@ -112,11 +112,7 @@ typedef struct {
 
 static server g_server;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)dsc_trace_now_ns() * 1e-9; }
 
 /* ---------------------------------------------------------------- replies */
 
@@ -290,6 +286,7 @@ static char *chat_prompt(const cJSON *messages, char *why, size_t n) {
   }
   size_t cap = 64, len = 0;
   char *p = malloc(cap);
+  if (!p) return snprintf(why, n, "out of memory"), NULL;
   const cJSON *m;
   int i = 0;
   cJSON_ArrayForEach(m, messages) {
@@ -310,11 +307,10 @@ static char *chat_prompt(const cJSON *messages, char *why, size_t n) {
     size_t need = len + strlen(r) + strlen(content->valuestring) + 16;
     if (need > cap) {
       while (cap < need) cap *= 2;
-      char *grown = p ? realloc(p, cap) : NULL;
+      char *grown = realloc(p, cap);
       if (!grown) return free(p), snprintf(why, n, "out of memory"), NULL;
       p = grown;
     }
-    if (!p) return snprintf(why, n, "out of memory"), NULL;
     len += (size_t)sprintf(p + len, "%s: %s\n", r, content->valuestring);
     i++;
   }
@@ -580,9 +576,16 @@ static enum MHD_Result answer_whole(request *q) {
   char *text = NULL;
   pthread_mutex_lock(&s->lock);
   for (;;) {
-    free(text);
-    text = current_text(q, &finish, &pending, &n_tok);
-    if (!text || finish || !wait_step(q)) break;
+    /* the text only once it ended, unless a stop string may end it first */
+    int64_t n;
+    dsc_finish f;
+    dsc_batcher_output(s->b, q->id, &n, &f);
+    if (f != DSC_FINISH_NONE || q->n_stops > 0) {
+      free(text);
+      text = current_text(q, &finish, &pending, &n_tok);
+      if (!text || finish) break;
+    }
+    if (!wait_step(q)) break;
   }
   note_first_token(q);
   bool failed = s->engine_error[0] || s->stopping || !text || !finish;
@@ -752,9 +755,11 @@ static enum MHD_Result generate(request *q) {
   }
   pthread_mutex_unlock(&s->lock);
   free(p.prompt);
-  if (rc == DSC_ERR_USER)
-    return reply_error(q, 400, strstr(why, "context") ? "max_tokens" : NULL,
-                       strstr(why, "context") ? "context_length_exceeded" : NULL, "%s", why);
+  if (rc == DSC_ERR_USER) {
+    bool too_long = p.n_prompt > 0 && p.n_prompt + p.o.max_tokens > s->context;
+    return reply_error(q, 400, too_long ? "max_tokens" : NULL,
+                       too_long ? "context_length_exceeded" : NULL, "%s", why);
+  }
   if (rc != DSC_OK) return reply_error(q, 503, NULL, NULL, "%s", why);
   return q->stream ? answer_stream(q) : answer_whole(q);
 }
@@ -1060,12 +1065,7 @@ int cli_serve(int argc, char **argv) {
   cli_show_progress(ctx);
   cli_catch_signals(ctx);
   char found[4096];
-  if (!tok_path) { /* the run's own: in DIR, or in the run holding step DIR */
-    snprintf(found, sizeof found, "%s/tokenizer.json", io.checkpoint);
-    if (access(found, F_OK) != 0)
-      snprintf(found, sizeof found, "%s/../tokenizer.json", io.checkpoint);
-    if (access(found, F_OK) == 0) tok_path = found;
-  }
+  if (!tok_path) tok_path = cli_run_tokenizer(io.checkpoint, found, sizeof found);
   s->tok_ctx = dsc_context_new(NULL, NULL);
   dsc_status st = !s->tok_ctx ? DSC_ERR_INTERNAL
                   : tok_path  ? dsc_tokenizer_load(s->tok_ctx, tok_path, &s->tok)

@@ -26,32 +26,34 @@ const std::string kLlama = std::string(DSC_SOURCE_DIR) + "/examples/llama-tiny.d
 // A checkpoint of `model` with its initial weights (seed 7), removed at the end.
 struct Checkpoint {
   std::string dir;
+  Checkpoint(const std::string &model, const char *tag)
+      : dir(std::string(DSC_BINARY_DIR) + "/batcher_test_" + tag + "_" + std::to_string(getpid())) {
+    dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+    dsc_dim_binding dims[2] = {{"B", 1}, {"T", 8}};
+    dsc_frontend_options fo = {dims, 2, true};
+    dsc_module *m = nullptr;
+    EXPECT_EQ(dsc_compile_file(ctx, model.c_str(), &fo, &m), DSC_OK) << diags(ctx);
+    if (m) {
+      dsc_params *p = dsc_params_init(m, 7);
+      int n = dsc_module_param_count(m);
+      std::vector<const char *> names(n);
+      std::vector<dsc_tensor *> tensors(n);
+      for (int i = 0; i < n; i++)
+        names[i] = dsc_module_param_name(m, i), tensors[i] = dsc_params_get(p, i);
+      dsc_tensor_set set = {n, names.data(), tensors.data(), 0, nullptr};
+      dsc_kv extra[1] = {{"model", model.c_str()}};
+      dsc_checkpoint_state state{};
+      state.rng[0] = 1;  // any state but all zero
+      state.extra = extra, state.n_extra = 1;
+      EXPECT_EQ(dsc_checkpoint_save(ctx, dir.c_str(), &set, nullptr, &state, 0), DSC_OK)
+          << diags(ctx);
+      dsc_params_free(p);
+      dsc_module_free(m);
+    }
+    dsc_context_free(ctx);
+  }
   ~Checkpoint() { std::filesystem::remove_all(dir); }
 };
-std::string make_checkpoint(dsc_context *ctx, const std::string &model, const char *tag) {
-  std::string out =
-      std::string(DSC_BINARY_DIR) + "/batcher_test_" + tag + "_" + std::to_string(getpid());
-  dsc_dim_binding dims[2] = {{"B", 1}, {"T", 8}};
-  dsc_frontend_options fo = {dims, 2, true};
-  dsc_module *m = nullptr;
-  EXPECT_EQ(dsc_compile_file(ctx, model.c_str(), &fo, &m), DSC_OK) << diags(ctx);
-  if (!m) return out;
-  dsc_params *p = dsc_params_init(m, 7);
-  int n = dsc_module_param_count(m);
-  std::vector<const char *> names(n);
-  std::vector<dsc_tensor *> tensors(n);
-  for (int i = 0; i < n; i++)
-    names[i] = dsc_module_param_name(m, i), tensors[i] = dsc_params_get(p, i);
-  dsc_tensor_set set = {n, names.data(), tensors.data(), 0, nullptr};
-  dsc_kv extra[1] = {{"model", model.c_str()}};
-  dsc_checkpoint_state state{};
-  state.rng[0] = 1;  // any state but all zero
-  state.extra = extra, state.n_extra = 1;
-  EXPECT_EQ(dsc_checkpoint_save(ctx, out.c_str(), &set, nullptr, &state, 0), DSC_OK) << diags(ctx);
-  dsc_params_free(p);
-  dsc_module_free(m);
-  return out;
-}
 
 struct Req {
   std::vector<int64_t> prompt;
@@ -134,10 +136,8 @@ std::vector<Req> mixed_requests(int n, int64_t context, uint64_t seed) {
 }
 
 void check_alone(const std::string &model, dsc_backend be) {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  Checkpoint guard{make_checkpoint(ctx, model, be == DSC_BACKEND_INTERP ? "interp" : "cpu")};
+  Checkpoint guard(model, be == DSC_BACKEND_INTERP ? "interp" : "cpu");
   const std::string &ck = guard.dir;
-  dsc_context_free(ctx);
   const int64_t context = 40;
   std::vector<Req> reqs = mixed_requests(14, context, 11);
   std::vector<std::vector<int64_t>> together;
@@ -174,10 +174,8 @@ TEST(Batcher, GptRequestsTogetherGetTheirTokensAloneCompiled) {
 }
 
 TEST(Batcher, CancelFreesTheSlotAndStopTokensEnd) {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  Checkpoint guard{make_checkpoint(ctx, kGpt, "cancel")};
+  Checkpoint guard(kGpt, "cancel");
   const std::string &ck = guard.dir;
-  dsc_context_free(ctx);
   Batched x(ck, DSC_BACKEND_INTERP, 1, 4, 32);
   ASSERT_TRUE(x.b);
   Req a{{65, 66, 67}, {{0, 0, 1}, 1, 20}, 0}, c{{70, 71}, {{1.0, 0, 1}, 1, 3}, 0};
@@ -215,9 +213,7 @@ TEST(Batcher, CancelFreesTheSlotAndStopTokensEnd) {
 }
 
 TEST(Batcher, ARequestCancelledWhileTheEngineRunsIsSkipped) {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  Checkpoint guard{make_checkpoint(ctx, kGpt, "midrun")};
-  dsc_context_free(ctx);
+  Checkpoint guard(kGpt, "midrun");
   Batched x(guard.dir, DSC_BACKEND_INTERP, 2, 4, 32);
   ASSERT_TRUE(x.b);
   Req a{{65, 66}, {{0, 0, 1}, 1, 5}, 0};
@@ -237,10 +233,8 @@ TEST(Batcher, ARequestCancelledWhileTheEngineRunsIsSkipped) {
 }
 
 TEST(Batcher, RefusesWhatCannotFit) {
-  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
-  Checkpoint guard{make_checkpoint(ctx, kGpt, "refuse")};
+  Checkpoint guard(kGpt, "refuse");
   const std::string &ck = guard.dir;
-  dsc_context_free(ctx);
   Batched x(ck, DSC_BACKEND_INTERP, 1, 4, 16);
   ASSERT_TRUE(x.b);
   std::vector<int64_t> p(12, 65);

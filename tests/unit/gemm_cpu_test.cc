@@ -485,26 +485,32 @@ TEST_P(Sgemm, BitwiseIdenticalForAnyThreadCount) {
 // unpacked path of runtime/sgemm.c) give bitwise the rows the packed path
 // gives them inside a 40-row GEMM: the same FMAs in the same order. Row-
 // major and transposed B, strided A, one and several depth blocks, column
-// edges off 8 and 16, alpha and beta, one and two threads.
+// edges off 8 and 16, alpha and beta, one and two threads, and batches
+// (attention's heads: 12, split whole over the threads; 3, each split by
+// columns).
 TEST_P(Sgemm, FewRowsEqualTheirRowsOfALargerGemm) {
   struct Shape {
     int64_t n, k;
     Kind b;
+    int64_t batches;
   };
-  const Shape shapes[] = {{37, 100, Kind::Rows}, {300, 769, Kind::Rows}, {600, 64, Kind::Rows},
-                          {37, 100, Kind::Cols}, {300, 700, Kind::Cols}, {90, 1000, Kind::Cols},
-                          {1, 9, Kind::Cols},    {1, 1, Kind::Rows}};
+  const Shape shapes[] = {
+      {37, 100, Kind::Rows, 1}, {300, 769, Kind::Rows, 1}, {600, 64, Kind::Rows, 1},
+      {37, 100, Kind::Cols, 1}, {300, 700, Kind::Cols, 1}, {90, 1000, Kind::Cols, 1},
+      {1, 9, Kind::Cols, 1},    {1, 1, Kind::Rows, 1},     {70, 64, Kind::Cols, 12},
+      {64, 70, Kind::Rows, 12}, {500, 64, Kind::Rows, 3}};
   int compared = 0;
   for (const Shape &sh : shapes)
     for (int64_t m : {1, 3, 8})
       for (int threads : {1, 2}) {
         Case cs;
-        cs.m = 40, cs.n = sh.n, cs.k = sh.k;
+        cs.m = 40, cs.n = sh.n, cs.k = sh.k, cs.b1 = sh.batches;
         cs.lb.kind = sh.b;
         cs.la.kind = m == 3 ? Kind::Strided : Kind::Rows;
         cs.alpha = m == 8 ? 0.5 : 1, cs.beta = m == 3 ? -1 : 0;
         cs.name = std::to_string(m) + " of 40 rows x" + std::to_string(sh.n) + "x" +
-                  std::to_string(sh.k) + (sh.b == Kind::Cols ? " B^T" : "");
+                  std::to_string(sh.k) + (sh.b == Kind::Cols ? " B^T" : "") + " in " +
+                  std::to_string(sh.batches) + " batches";
         Ctx c;
         rt_pool *pool = rt_pool_new(c.ctx, threads);
         rt_gemm_engine *e = rt_gemm_engine_new(c.ctx, pool);
@@ -521,14 +527,15 @@ TEST_P(Sgemm, FewRowsEqualTheirRowsOfALargerGemm) {
         ASSERT_TRUE(run(big, err, sizeof err)) << err;
         ASSERT_TRUE(run(few, err, sizeof err)) << err;
         check(few);
-        for (int64_t i = 0; i < m; i++)
-          for (int64_t j = 0; j < cs.n; j++) {
-            int64_t at = index(big.c, 0, 0, i, j);
-            ASSERT_TRUE(big.c.same(few.c, at))
-                << cs.name << ", " << threads << " threads, at " << i << "," << j << ": "
-                << few.c.data[at] << " vs " << big.c.data[at];
-            compared++;
-          }
+        for (int64_t bb = 0; bb < sh.batches; bb++)
+          for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < cs.n; j++) {
+              int64_t at = index(big.c, 0, bb, i, j);
+              ASSERT_TRUE(big.c.same(few.c, at))
+                  << cs.name << ", " << threads << " threads, batch " << bb << " at " << i << ","
+                  << j << ": " << few.c.data[at] << " vs " << big.c.data[at];
+              compared++;
+            }
         rt_gemm_plan_free(big.plan);
         rt_gemm_plan_free(few.plan);
         rt_gemm_engine_free(e);
