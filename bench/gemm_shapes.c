@@ -12,7 +12,9 @@
  * FMA probe runs its AVX2 chains.
  *
  *   gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time] [--best]
- *               [--huge] [--dnnl-avx2]
+ *               [--huge] [--dnnl-avx2] [--f32]
+ *
+ * --f32 runs the f32 implementations only (avx512, avx2, dnnl).
  *
  * --cpu-time (with --threads 1) times with the process's CPU clock, for
  * comparing variants on a loaded machine (preemption does not count).
@@ -153,24 +155,34 @@ typedef struct {
   int64_t m, n, k;
   bool ta, tb; /* A stored [k, m] / B stored [n, k] (transposed views) */
   int64_t batch;
+  bool cold; /* B from memory, not the cache: calls cycle through copies of
+              * B of >= COLD_BYTES in all, as a decode step's weights */
 } shape;
+#define COLD_BYTES ((size_t)256 << 20)
 
 static const shape shapes[] = {
-    {"lm_head fwd", 256, 50304, 768, false, true, 1},
-    {"lm_head dx", 256, 768, 50304, false, false, 1},
-    {"lm_head dW", 50304, 768, 256, true, false, 1},
-    {"fc fwd", 256, 3072, 768, false, false, 1},
-    {"proj fwd", 256, 768, 3072, false, false, 1},
-    {"proj dW", 3072, 768, 256, true, false, 1},
-    {"fc dW", 768, 3072, 256, true, false, 1},
-    {"qkv fwd", 256, 2304, 768, false, false, 1},
-    {"qkv dW", 768, 2304, 256, true, false, 1},
-    {"attn proj fwd", 256, 768, 768, false, false, 1},
-    {"attn proj dW", 768, 768, 256, true, false, 1},
-    {"qkv dx", 256, 768, 2304, false, true, 1},
-    {"fc dx", 256, 768, 3072, false, true, 1},
-    {"attn q.k^T", 64, 64, 64, false, true, 48},
-    {"attn p.v", 64, 64, 64, false, false, 48},
+    {"lm_head fwd", 256, 50304, 768, false, true, 1, false},
+    {"lm_head dx", 256, 768, 50304, false, false, 1, false},
+    {"lm_head dW", 50304, 768, 256, true, false, 1, false},
+    {"fc fwd", 256, 3072, 768, false, false, 1, false},
+    {"proj fwd", 256, 768, 3072, false, false, 1, false},
+    {"proj dW", 3072, 768, 256, true, false, 1, false},
+    {"fc dW", 768, 3072, 256, true, false, 1, false},
+    {"qkv fwd", 256, 2304, 768, false, false, 1, false},
+    {"qkv dW", 768, 2304, 256, true, false, 1, false},
+    {"attn proj fwd", 256, 768, 768, false, false, 1, false},
+    {"attn proj dW", 768, 768, 256, true, false, 1, false},
+    {"qkv dx", 256, 768, 2304, false, true, 1, false},
+    {"fc dx", 256, 768, 3072, false, true, 1, false},
+    {"attn q.k^T", 64, 64, 64, false, true, 48, false},
+    {"attn p.v", 64, 64, 64, false, false, 48, false},
+    /* a batch-1 decode step (issue 23): one row, each weight read once
+     * from memory; GB/s of weights = 2 x the GFLOP/s */
+    {"decode qkv", 1, 2304, 768, false, false, 1, true},
+    {"decode attn proj", 1, 768, 768, false, false, 1, true},
+    {"decode fc", 1, 3072, 768, false, false, 1, true},
+    {"decode proj", 1, 768, 3072, false, false, 1, true},
+    {"decode lm_head", 1, 50304, 768, false, true, 1, true},
 };
 
 /* One shape as a cg_gemm over contiguous row-major storage of each operand
@@ -217,7 +229,7 @@ static void ratio_cell(char *out, size_t n, double num, double den) {
 static int usage(void) {
   fputs(
       "usage: gemm_shapes [--threads N] [--reps R] [--ms MS] [--only SUBSTRING] [--cpu-time] "
-      "[--best] [--huge] [--dnnl-avx2]\n",
+      "[--best] [--huge] [--dnnl-avx2] [--f32]\n",
       stderr);
   return 2;
 }
@@ -226,7 +238,7 @@ int main(int argc, char **argv) {
   int threads = 2, reps = 9;
   double ms = 200;
   const char *only = NULL; /* run the shapes whose name contains it */
-  bool best = false, huge = false;
+  bool best = false, huge = false, f32_only = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--cpu-time") == 0) {
       clock_id = CLOCK_PROCESS_CPUTIME_ID;
@@ -234,6 +246,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[i], "--best") == 0) {
       best = true;
+      continue;
+    }
+    if (strcmp(argv[i], "--f32") == 0) {
+      f32_only = true;
       continue;
     }
     if (strcmp(argv[i], "--huge") == 0) {
@@ -298,7 +314,9 @@ int main(int argc, char **argv) {
   /* which implementations this host runs (the others print "-") */
   bool runs[N_IMPL];
   for (int q = 0; q < N_IMPL; q++)
-    runs[q] = q == 5 ? have_dpbf16 : !isa_of[q] || strcmp(isa_of[q], "avx512") != 0 || have_avx512;
+    runs[q] =
+        !(f32_only && q >= 3) &&
+        (q == 5 ? have_dpbf16 : !isa_of[q] || strcmp(isa_of[q], "avx512") != 0 || have_avx512);
   /* the f32 column the host's own kernel is compared with */
   int host_f32 = have_avx512 ? 0 : 1;
   double tot_flop = 0, tot[N_IMPL] = {0};
@@ -310,14 +328,16 @@ int main(int argc, char **argv) {
     int64_t nb = g.batch[0] * g.batch[1];
     size_t na = (size_t)(nb * s->m * s->k), nbb = (size_t)(nb * s->k * s->n);
     size_t nc = (size_t)(nb * s->m * s->n);
-    float *a = alloc_operand(na * 4, huge), *b = alloc_operand(nbb * 4, huge);
+    size_t copies = s->cold ? (COLD_BYTES + nbb * 4 - 1) / (nbb * 4) : 1;
+    float *a = alloc_operand(na * 4, huge), *b = alloc_operand(copies * nbb * 4, huge);
     float *c = alloc_operand(nc * 4, huge); /* also the bf16 C (half of it) */
-    uint16_t *ah = alloc_operand(na * 2, huge), *bh = alloc_operand(nbb * 2, huge);
+    uint16_t *ah = alloc_operand(na * 2, huge), *bh = alloc_operand(copies * nbb * 2, huge);
     if (!a || !b || !c || !ah || !bh) return fputs("gemm_shapes: out of memory\n", stderr), 1;
     for (size_t i = 0; i < na; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
-    for (size_t i = 0; i < nbb; i++) b[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+    for (size_t i = 0; i < copies * nbb; i++)
+      b[i] = (float)((i % nbb * 104729) % 1000) * 1e-3f - 0.5f;
     for (size_t i = 0; i < na; i++) ah[i] = ir_bf16_bits(a[i]);
-    for (size_t i = 0; i < nbb; i++) bh[i] = ir_bf16_bits(b[i]);
+    for (size_t i = 0; i < copies * nbb; i++) bh[i] = ir_bf16_bits(b[i]);
     rt_gemm_plan *pl[N_IMPL] = {NULL};
     for (int q = 0; q < N_IMPL; q++) {
       if (q == DNNL || !runs[q]) continue;
@@ -330,6 +350,7 @@ int main(int argc, char **argv) {
     double flop = 2.0 * (double)nb * (double)s->m * (double)s->n * (double)s->k;
     /* each timed repetition lasts >= ~20 ms: inner loops of the call */
     int inner = best ? 1 : (int)(4e9 / flop) + 1;
+    if (s->cold && inner < (int)copies) inner = (int)copies;
     double *t[N_IMPL];
     for (int q = 0; q < N_IMPL; q++) t[q] = malloc(sizeof(double) * (size_t)reps);
     char err[256];
@@ -338,15 +359,20 @@ int main(int argc, char **argv) {
         double t0 = now_s();
         if (!runs[q]) continue;
         if (pl[q]) {
-          const void *pa = q >= 3 ? (const void *)ah : a, *pb = q >= 3 ? (const void *)bh : b;
-          for (int it = 0; it < inner; it++) rt_gemm_run(pl[q], pa, pb, c, err, sizeof err);
+          const void *pa = q >= 3 ? (const void *)ah : a;
+          for (int it = 0; it < inner; it++) {
+            size_t at = (size_t)it % copies * nbb;
+            const void *pb = q >= 3 ? (const void *)(bh + at) : b + at;
+            rt_gemm_run(pl[q], pa, pb, c, err, sizeof err);
+          }
         } else {
 #ifdef DSC_HAVE_LLVM
           for (int it = 0; it < inner; it++)
             for (int64_t bb = 0; bb < nb; bb++)
               dnnl_sgemm('N' + (s->ta ? 6 : 0), 'N' + (s->tb ? 6 : 0), s->m, s->n, s->k, 1.0f,
-                         a + bb * s->m * s->k, s->ta ? s->m : s->k, b + bb * s->k * s->n,
-                         s->tb ? s->k : s->n, 0.0f, c + bb * s->m * s->n, s->n);
+                         a + bb * s->m * s->k, s->ta ? s->m : s->k,
+                         b + (size_t)it % copies * nbb + bb * s->k * s->n, s->tb ? s->k : s->n,
+                         0.0f, c + bb * s->m * s->n, s->n);
 #endif
         }
         if (r >= 0) t[q][r] = (now_s() - t0) / inner;

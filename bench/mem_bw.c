@@ -4,6 +4,8 @@
  * Each thread streams over its own slice of arrays much larger than the
  * caches, timed from the first thread's start to the last one's end (each
  * thread reads the clock itself), best of K trials:
+ *   read   s += a[i]                                     4 bytes per element
+ *          (what a decode step does to its weights: bench/serve.sh's limit)
  *   copy   b[i] = a[i]                                   8 bytes per element
  *   triad  a[i] = b[i] + s * c[i]                        12 bytes per element
  *   adamw  p, m, v updated from g as AdamW does (decoupled decay, bias
@@ -31,14 +33,15 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { K_COPY, K_TRIAD, K_ADAMW, N_KERNELS };
-static const char *kernel_name[N_KERNELS] = {"copy", "triad", "adamw"};
-static const int kernel_arrays[N_KERNELS] = {2, 3, 4}; /* adamw: p g m v */
-static const int kernel_bytes[N_KERNELS] = {8, 12, 28};
+enum { K_READ, K_COPY, K_TRIAD, K_ADAMW, N_KERNELS };
+static const char *kernel_name[N_KERNELS] = {"read", "copy", "triad", "adamw"};
+static const int kernel_arrays[N_KERNELS] = {1, 2, 3, 4}; /* adamw: p g m v */
+static const int kernel_bytes[N_KERNELS] = {4, 8, 12, 28};
 
 typedef struct {
   float *arr[4];
-  size_t n; /* this thread's slice */
+  size_t n;  /* this thread's slice */
+  float sum; /* the read kernel's, kept so that its loads are not dropped */
 } slice;
 
 typedef struct {
@@ -77,11 +80,25 @@ WIDEST_ISA static void adamw(float *restrict p, const float *restrict gr, float 
   }
 }
 
-static void run_kernel(int kernel, const slice *s) {
+/* 16 independent sums (n is a multiple of 16): the adds' latency hidden,
+ * so that memory is the bound */
+WIDEST_ISA static float read_sum(const float *restrict a, size_t n) {
+  float acc[16] = {0};
+  for (size_t i = 0; i < n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += a[i + k];
+  float s = 0;
+  for (int k = 0; k < 16; k++) s += acc[k];
+  return s;
+}
+
+static void run_kernel(int kernel, slice *s) {
   float *restrict a = s->arr[0], *restrict b = s->arr[1], *restrict c = s->arr[2],
                   *restrict d = s->arr[3];
   size_t n = s->n;
   switch (kernel) {
+    case K_READ:
+      s->sum += read_sum(a, n);
+      break;
     case K_COPY:
       for (size_t i = 0; i < n; i++) b[i] = a[i];
       break;
@@ -155,7 +172,7 @@ int main(int argc, char **argv) {
     if (!w || !tid) return 1;
     size_t per = n / (size_t)threads;
     for (long t = 0; t < threads; t++) {
-      w[t] = (worker){&start, &stop, {{NULL, NULL, NULL, NULL}, per}, kernel, (int)trials, 0, 0};
+      w[t] = (worker){&start, &stop, {{NULL, NULL, NULL, NULL}, per, 0}, kernel, (int)trials, 0, 0};
       for (int k = 0; k < 4; k++) w[t].s.arr[k] = arr[k] ? arr[k] + (size_t)t * per : NULL;
       pthread_create(&tid[t], NULL, work, &w[t]);
     }
@@ -171,6 +188,7 @@ int main(int argc, char **argv) {
     for (long t = 0; t < threads; t++) pthread_join(tid[t], NULL);
     double sum = 0; /* keeps the stores live; also a check that they ran */
     for (size_t i = 0; i < n; i += 4096) sum += arr[0][i];
+    for (long t = 0; t < threads; t++) sum += w[t].s.sum;
     printf(
         "{\"impl\":\"mem_bw\",\"kernel\":\"%s\",\"threads\":%ld,\"mib\":%ld,\"elements\":%zu,"
         "\"huge_pages\":%s,\"ms\":%.3f,\"gbps\":%.2f,\"check\":%s}\n",

@@ -4,7 +4,8 @@
 # threads, at 1, 8 and 32 concurrent requests (transformers: static batches
 # of the same prompts), decode tokens/s and time to first token, and the
 # bandwidth limit of a batch-1 decode step (the weights once over this
-# machine's copy bandwidth, bench/mem_bw).
+# machine's bandwidth: the larger of bench/mem_bw's read and copy streams,
+# measured before and after the run, the best of the four).
 #
 #   bench/serve.sh [--build DIR] [--venv DIR] [--threads N] [--prompt P] [--new N]
 #                  [--conc 1,8,32]
@@ -52,13 +53,9 @@ if [ ! -e "$WORK/g2/latest" ]; then
     --steps 1 --precision f32 --eval-every 0 --threads "$THREADS" --out "$WORK/g2" --quiet
 fi
 [ -e "$WORK/g2-hf/config.json" ] || "$DSC" export "$WORK/g2" --format hf -o "$WORK/g2-hf" >/dev/null
-bw=$("$BUILD/bench/mem_bw" --threads "$THREADS" --mib 1024 | python3 -c '
-import json, sys
-rows = [json.loads(l) for l in sys.stdin]  # all of it: mem_bw must not die of a closed pipe
-print(next(r["gbps"] for r in rows if r["kernel"] == "copy"))')
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $THREADS threads; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "copy bandwidth (bench/mem_bw, $THREADS threads): $bw GB/s; prompt $PROMPT tokens, $NEW new, greedy, f32"
+echo "prompt $PROMPT tokens, $NEW new, greedy, f32"
 "$VENV/bin/python3" "$SRC/bench/serve_bench.py" --dsc "$DSC" --checkpoint "$WORK/g2" --hf "$WORK/g2-hf" \
-  --work "$WORK" --threads "$THREADS" --prompt "$PROMPT" --new "$NEW" --conc "$CONC" --mem-bw "$bw" \
-  --json "$SRC/build/bench/serve.json"
+  --work "$WORK" --threads "$THREADS" --prompt "$PROMPT" --new "$NEW" --conc "$CONC" \
+  --mem-bw "$BUILD/bench/mem_bw" --json "$SRC/build/bench/serve.json"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -2,7 +2,7 @@
 transformers' generate on the same weights, machine and threads.
 
   serve_bench.py --dsc DSC --checkpoint DIR --hf DIR --threads N --prompt P --new N
-                 --conc 1,8,32 --mem-bw GBPS [--json FILE]
+                 --conc 1,8,32 --mem-bw PATH/TO/bench/mem_bw [--json FILE]
 
 For each concurrency C:
   dsc       `dsc serve DIR --slots C`, C requests sent at once (greedy,
@@ -14,7 +14,8 @@ For each concurrency C:
             the time to first token.
 Decode tokens/s = C * (N - 1) / (wall - time to first token): the steps
 after the first token. The bandwidth limit at batch 1 is the memory
-bandwidth over the weight bytes a decode step reads (each weight once).
+bandwidth over the weight bytes a decode step reads (each weight once): the
+best of bench/mem_bw's read and copy streams, run before and after.
 """
 import argparse
 import http.client
@@ -122,6 +123,14 @@ def hf_run(torch, model, args, ps):
     return {"wall_s": wall, "ttft_s": ttft, "tokens": int((out.shape[1] - ids.shape[1]) * ids.shape[0])}
 
 
+def mem_bw(args):
+    """bench/mem_bw's read and copy GB/s on the bench's threads."""
+    out = subprocess.run([args.mem_bw, "--threads", str(args.threads), "--mib", "1024"],
+                         check=True, capture_output=True, text=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return {r["kernel"]: r["gbps"] for r in rows if r["kernel"] in ("read", "copy")}
+
+
 def main():
     ap = argparse.ArgumentParser()
     for a in ("--dsc", "--checkpoint", "--hf", "--work"):
@@ -130,13 +139,13 @@ def main():
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--conc", default="1,8,32")
-    ap.add_argument("--mem-bw", type=float, required=True, help="GB/s")
+    ap.add_argument("--mem-bw", required=True, help="bench/mem_bw, run before and after")
     ap.add_argument("--json")
     args = ap.parse_args()
+    bw = [mem_bw(args)]
     torch, model = hf_load(args)
     vocab = model.config.vocab_size
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: once
-    limit = args.mem_bw * 1e9 / weight_bytes
     rows = []
     for c in [int(x) for x in args.conc.split(",")]:
         ps = prompts(c, args.prompt, min(vocab, 50257))
@@ -151,16 +160,25 @@ def main():
               "TTFT %6.3f s | dsc/hf decode %.2fx, TTFT %.2fx"
               % (c, d["decode_tok_s"], d["ttft_s"], h["decode_tok_s"], h["ttft_s"],
                  d["decode_tok_s"] / h["decode_tok_s"], h["ttft_s"] / d["ttft_s"]), flush=True)
+    bw.append(mem_bw(args))
+    # the machine's bandwidth: the best stream of either run (a shared host's
+    # varies from minute to minute)
+    gbps = max(v for b in bw for v in b.values())
+    limit = gbps * 1e9 / weight_bytes
     off = {r["impl"]: limit / r["decode_tok_s"] for r in rows if r["concurrency"] == 1}
+    print("bench/mem_bw, %d threads, GB/s: before %s, after %s"
+          % (args.threads, " ".join("%s %.1f" % kv for kv in bw[0].items()),
+             " ".join("%s %.1f" % kv for kv in bw[1].items())))
     print("bandwidth limit at batch 1: %.1f tok/s (%.1f GB/s over %.1f MB of weights); "
           "dsc's decode %.2fx below it, transformers' %.2fx"
-          % (limit, args.mem_bw, weight_bytes / 1e6, off.get("dsc", float("nan")),
+          % (limit, gbps, weight_bytes / 1e6, off.get("dsc", float("nan")),
              off.get("hf", float("nan"))))
     if args.json:
         with open(args.json, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-            f.write(json.dumps({"impl": "limit", "weight_bytes": weight_bytes, "mem_bw_gbps": args.mem_bw,
+            f.write(json.dumps({"impl": "limit", "weight_bytes": weight_bytes, "mem_bw_gbps": gbps,
+                                "mem_bw_before": bw[0], "mem_bw_after": bw[1],
                                 "tok_s": limit}) + "\n")
 
 

@@ -56,6 +56,12 @@ void dsc_infer_times(const dsc_infer *e, double *prefill_s, int64_t *prefills, d
   *decode_s = e->seconds[1], *decodes = e->runs[1];
 }
 
+dsc_exec *dsc_infer_exec(dsc_infer *e) { return e->exec; }
+
+const char *dsc_infer_one_token_graph(const dsc_infer *e) {
+  return e->window ? "forward" : e->graph[1];
+}
+
 /* The model file a checkpoint was trained from: a .dsx names its source. */
 static dsc_status model_source(dsc_context *ctx, const dsc_checkpoint *ck, const char *given,
                                char *out, size_t n) {
@@ -351,6 +357,11 @@ void dsc_sampler_free(dsc_sampler *s) {
 
 int64_t dsc_sampler_context(const dsc_sampler *s) { return dsc_infer_context(s->e); }
 int64_t dsc_sampler_vocab(const dsc_sampler *s) { return dsc_infer_vocab(s->e); }
+dsc_exec *dsc_sampler_exec(dsc_sampler *s) { return dsc_infer_exec(s->e); }
+const char *dsc_sampler_one_token_graph(const dsc_sampler *s) {
+  return dsc_infer_one_token_graph(s->e);
+}
+
 void dsc_sampler_times(const dsc_sampler *s, double *prefill_s, int64_t *prefills, double *decode_s,
                        int64_t *decodes) {
   dsc_infer_times(s->e, prefill_s, prefills, decode_s, decodes);

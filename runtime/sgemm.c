@@ -910,23 +910,34 @@ __attribute__((target("avx2,fma"))) static void small_update(float *c, const flo
   }
 }
 
-/* Columns [j0, j1) of C = A B, B row-major (unit column stride). */
+/* Columns [j0, j1) of C = A B, B row-major (unit column stride), in
+ * panels of SMALL_M * PANEL / M columns (the sums' buffer stays SMALL_M *
+ * PANEL floats, in L1): one row reads 8 KiB of each depth row of B at a
+ * time. The panel's rows are prefetched into L2 SMALL_PREFETCH bytes ahead
+ * of their use: each is a run of a few KiB at a stride of the whole row,
+ * which the hardware's prefetchers find late. */
+#define SMALL_PREFETCH 32768
 __attribute__((target("avx2,fma"))) static void small_rows(const sg_small_job *sj, int64_t j0,
                                                            int64_t j1) {
   const cg_gemm *g = sj->g;
-  int64_t M = g->m, kcb = kc_of(g);
+  int64_t M = g->m, kcb = kc_of(g), panel = SMALL_M * PANEL / M / 8 * 8;
+  int64_t ldb = g->b.row_stride;
   float acc[SMALL_M * PANEL] __attribute__((aligned(32)));
-  for (int64_t jb = j0; jb < j1; jb += PANEL) {
-    int64_t nb = min64(PANEL, j1 - jb), nv = nb / 8 * 8;
+  for (int64_t jb = j0; jb < j1; jb += panel) {
+    int64_t nb = min64(panel, j1 - jb), nv = nb / 8 * 8;
+    int64_t ahead = SMALL_PREFETCH / (nb * 4) + 1; /* rows */
     for (int64_t pb = 0; pb < g->k; pb += kcb) {
       int64_t kc = min64(kcb, g->k - pb);
-      memset(acc, 0, sizeof(float) * (size_t)(M * PANEL));
+      memset(acc, 0, sizeof(float) * (size_t)(M * panel));
       for (int64_t k = pb; k < pb + kc; k++) {
-        const float *brow = sj->b + k * g->b.row_stride + jb;
+        const float *brow = sj->b + k * ldb + jb;
+        if (k + ahead < g->k)
+          for (int64_t q = 0; q < nb; q += 16)
+            _mm_prefetch((const char *)(brow + ahead * ldb + q), _MM_HINT_T1);
         for (int64_t m = 0; m < M; m++) {
           float am = sj->a[m * g->a.row_stride + k * g->a.col_stride];
           __m256 av = _mm256_set1_ps(am);
-          float *am_acc = acc + m * PANEL;
+          float *am_acc = acc + m * panel;
           int64_t q = 0;
           for (; q < nv; q += 8)
             _mm256_store_ps(am_acc + q, _mm256_fmadd_ps(av, _mm256_loadu_ps(brow + q),
@@ -937,49 +948,91 @@ __attribute__((target("avx2,fma"))) static void small_rows(const sg_small_job *s
         }
       }
       for (int64_t m = 0; m < M; m++)
-        small_update(sj->c + m * g->c.row_stride + jb, acc + m * PANEL, nb, (float)g->alpha,
+        small_update(sj->c + m * g->c.row_stride + jb, acc + m * panel, nb, (float)g->alpha,
                      pb == 0 ? (float)g->beta : 1.0f);
     }
   }
 }
 
-/* Columns [j0, j1) of C = A W^T: B[k, n] = W[n, k] (unit row stride). */
-__attribute__((target("avx2,fma"))) static void small_rows_bt(const sg_small_job *sj, int64_t j0,
-                                                              int64_t j1) {
+/* C = A W^T, B[k, n] = W[n, k] (unit row stride): columns n0 .. n0 + cols
+ * (cols <= 8; the other lanes read row n0 again) in one depth block [pb,
+ * pb + kc), into acc[m]. 8 rows of W at once, transposed 8 x 8 in
+ * registers, so that a vector holds 8 columns of one depth row. Inlined
+ * with M constant and the loops unrolled, the M sums stay in registers
+ * (on the stack every FMA waited for the store of the one before). The
+ * rows `ahead` rows on are prefetched into L2 as these are read: 8 rows
+ * of a few KiB each are more streams than the hardware's prefetchers keep
+ * up with. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void bt_tile(
+    const sg_small_job *sj, int64_t n0, int cols, int M, int64_t pb, int64_t kc, int64_t ahead,
+    __m256 *acc) {
   const cg_gemm *g = sj->g;
-  int64_t M = g->m, kcb = kc_of(g), ldw = g->b.col_stride;
+  int64_t ldw = g->b.col_stride, ars = g->a.row_stride, acs = g->a.col_stride, k = pb;
+  const float *w[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; r++) w[r] = sj->b + (n0 + (r < cols ? r : 0)) * ldw;
+  /* ahead 0: the rows after these are past the end of B */
+  const float *next = sj->b + (n0 + ahead) * ldw;
+#pragma GCC unroll 8
+  for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+  for (; k + 8 <= pb + kc; k += 8) {
+    __m256 col[8];
+    if (ahead && (k & 8)) /* a cache line of each row every other step */
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++) _mm_prefetch((const char *)(next + r * ldw + k), _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) col[r] = _mm256_loadu_ps(w[r] + k);
+    transpose8x8_regs(col);
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q++)
+#pragma GCC unroll 8
+      for (int m = 0; m < M; m++)
+        acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(sj->a[m * ars + (k + q) * acs]), col[q], acc[m]);
+  }
+  for (; k < pb + kc; k++) {
+    __m256 col =
+        _mm256_setr_ps(w[0][k], w[1][k], w[2][k], w[3][k], w[4][k], w[5][k], w[6][k], w[7][k]);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; m++)
+      acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(sj->a[m * ars + k * acs]), col, acc[m]);
+  }
+}
+
+/* Columns [j0, j1) of C = A W^T, M rows (a constant where inlined): C =
+ * alpha * sum (+ beta C) per depth block, as the packed path's update. The
+ * prefetch runs SMALL_PREFETCH bytes ahead, in whole tiles of 8 rows. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void bt_columns(
+    const sg_small_job *sj, int64_t j0, int64_t j1, int M) {
+  const cg_gemm *g = sj->g;
+  int64_t kcb = kc_of(g), tile_bytes = 8 * 4 * g->k;
+  int64_t ahead = 8 * ((SMALL_PREFETCH + tile_bytes - 1) / tile_bytes);
   for (int64_t n0 = j0; n0 < j1; n0 += 8) {
     int cols = (int)min64(8, j1 - n0);
-    const float *w[8];
-    for (int r = 0; r < 8; r++) w[r] = sj->b + (n0 + (r < cols ? r : 0)) * ldw;
     for (int64_t pb = 0; pb < g->k; pb += kcb) {
-      int64_t kc = min64(kcb, g->k - pb), k = pb;
       __m256 acc[SMALL_M];
-      for (int m = 0; m < SMALL_M; m++) acc[m] = _mm256_setzero_ps();
-      for (; k + 8 <= pb + kc; k += 8) {
-        __m256 col[8];
-        for (int r = 0; r < 8; r++) col[r] = _mm256_loadu_ps(w[r] + k);
-        transpose8x8_regs(col);
-        for (int q = 0; q < 8; q++)
-          for (int64_t m = 0; m < M; m++)
-            acc[m] = _mm256_fmadd_ps(
-                _mm256_set1_ps(sj->a[m * g->a.row_stride + (k + q) * g->a.col_stride]), col[q],
-                acc[m]);
-      }
-      for (; k < pb + kc; k++) {
-        __m256 col =
-            _mm256_setr_ps(w[0][k], w[1][k], w[2][k], w[3][k], w[4][k], w[5][k], w[6][k], w[7][k]);
-        for (int64_t m = 0; m < M; m++)
-          acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(sj->a[m * g->a.row_stride + k * g->a.col_stride]),
-                                   col, acc[m]);
-      }
+      bt_tile(sj, n0, cols, M, pb, min64(kcb, g->k - pb), n0 + ahead + 8 <= g->n ? ahead : 0, acc);
       float t[8];
-      for (int64_t m = 0; m < M; m++) {
+      for (int m = 0; m < M; m++) {
         _mm256_storeu_ps(t, acc[m]);
         small_update(sj->c + m * g->c.row_stride + n0, t, cols, (float)g->alpha,
                      pb == 0 ? (float)g->beta : 1.0f);
       }
     }
+  }
+}
+
+/* Columns [j0, j1) of C = A W^T: one specialisation per M. */
+__attribute__((target("avx2,fma"))) static void small_rows_bt(const sg_small_job *sj, int64_t j0,
+                                                              int64_t j1) {
+  switch (sj->g->m) {
+#define BT_CASE(M_)             \
+  case M_:                      \
+    bt_columns(sj, j0, j1, M_); \
+    break;
+    BT_CASE(1)
+    BT_CASE(2) BT_CASE(3) BT_CASE(4) BT_CASE(5) BT_CASE(6) BT_CASE(7) BT_CASE(8)
+#undef BT_CASE
+        default : break; /* small_fits: M <= SMALL_M */
   }
 }
 

@@ -14,7 +14,7 @@ static const char generate_help[] =
     "usage: dsc generate DIR --tokens N [--temperature X] [--top-k K] [--top-p P] [--seed S]\n"
     "                    [--prompt TEXT] [--model FILE] [--tokenizer FILE]\n"
     "                    [--backend interp|cpu|cuda] [--threads N] [--chunk C] [--context N]\n"
-    "                    [--stats]\n"
+    "                    [--stats] [--profile]\n"
     "       dsc sample ...   (the same)\n"
     "\n"
     "Loads the checkpoint DIR (a step directory, or an output directory: its\n"
@@ -39,7 +39,8 @@ static const char generate_help[] =
     "  --chunk C         prompt tokens per step (default 16)\n"
     "  --context N       positions the cache holds (default: the model's position table,\n"
     "                    else the trained sequence length; at most the table)\n"
-    "  --stats           print the prompt's and the generation's time to standard error\n";
+    "  --stats           print the prompt's and the generation's time to standard error\n"
+    "  --profile         then the one-token steps' slowest instructions (compiled backends)\n";
 
 static dsc_status flush_stdout(void) {
   if (fflush(stdout) == 0) return DSC_OK;
@@ -108,7 +109,7 @@ int cli_generate(int argc, char **argv) {
   dsc_sampler_options o = {NULL, NULL, 0, NULL, 0, 0};
   dsc_exec_options xo = {dsc_backend_default(), 0, NULL};
   int64_t threads = 0, chunk = 0, context = 0;
-  bool stats = false;
+  bool stats = false, profile = false;
   int64_t n_tokens = -1, seed = 0;
   dsc_sampling how = {1.0, 0, 1.0};
   const char *prompt = NULL, *tok_path = NULL;
@@ -158,6 +159,8 @@ int cli_generate(int argc, char **argv) {
         return cli_usage_error("generate", "--context needs a positive integer"), CLI_EXIT_USER;
     } else if (strcmp(a, "--stats") == 0) {
       stats = true;
+    } else if (strcmp(a, "--profile") == 0) {
+      profile = true;
     } else if (strcmp(a, "--model") == 0) {
       if (!has_val) return cli_usage_error("generate", "--model needs a file"), CLI_EXIT_USER;
       o.model_path = argv[++i];
@@ -187,6 +190,13 @@ int cli_generate(int argc, char **argv) {
   if (tok_path) st = dsc_tokenizer_load(ctx, tok_path, &tok);
   dsc_sampler *s = NULL;
   if (st == DSC_OK) st = dsc_sampler_open(ctx, &o, &s);
+  dsc_exec *x = s ? dsc_sampler_exec(s) : NULL;
+  if (st == DSC_OK && profile) {
+    if (dsc_exec_has_profile(x))
+      dsc_exec_set_profiling(x, true);
+    else
+      fputs("dsc generate: --profile: this backend times no instructions\n", stderr);
+  }
   if (st == DSC_OK && tok) {
     st = sample_tokenized(s, tok, prompt, n_tokens, &how);
   } else if (st == DSC_OK) {
@@ -220,6 +230,10 @@ int cli_generate(int argc, char **argv) {
             " one-token steps in %.3f s "
             "(%.1f tokens/s)\n",
             pn, ps, dn, ds, ds > 0 ? (double)dn / ds : 0.0);
+  }
+  if (st == DSC_OK && profile && dsc_exec_has_profile(x)) {
+    fflush(stdout);
+    st = dsc_exec_print_profile(x, dsc_sampler_one_token_graph(s), 20, stderr);
   }
   dsc_diag_print(ctx, stderr);
   dsc_sampler_free(s);

@@ -34,6 +34,11 @@ typedef struct {
 } dsc_infer_options;
 
 dsc_status dsc_infer_open(dsc_context *ctx, const dsc_infer_options *o, dsc_infer **out);
+/* The executor of the two graphs (for its profile: dsc_exec_set_profiling),
+ * and the graph a one-token step runs: "decode", or "forward" (the whole
+ * window) for a model without a cache. */
+dsc_exec *dsc_infer_exec(dsc_infer *e);
+const char *dsc_infer_one_token_graph(const dsc_infer *e);
 void dsc_infer_free(dsc_infer *e);
 int64_t dsc_infer_vocab(const dsc_infer *e);
 int64_t dsc_infer_context(const dsc_infer *e);

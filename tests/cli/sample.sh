@@ -58,6 +58,13 @@ expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "t
 cmp "$TMP/gi" "$TMP/gc1" && cmp "$TMP/gi" "$TMP/gc16" && pass || fail "greedy text differs between backends or chunks"
 head -c 48 "$TMP/g1" | cmp - <(head -c 48 "$TMP/gi") && pass || fail "generate and sample differ"
 expect_grep '^generate: 1 prompt steps in [0-9.]+ s, 39 one-token steps in [0-9.]+ s \([0-9.]+ tokens/s\)' "$TMP/err"
+# --profile: the one-token graph's instructions, timed, the same text
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --backend cpu --profile
+cmp "$TMP/out" "$TMP/gi" && pass || fail "--profile changed the text"
+expect_grep '^profile of decode: [0-9.]+ ms per run over 39 runs' "$TMP/err"
+expect_grep '^  gemm +[0-9]+ +[0-9.]+ ms' "$TMP/err"
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 4 --temperature 0 --backend interp --profile
+expect_grep 'profile: this backend times no instructions' "$TMP/err"
 # a model whose positions the cache cannot offset (iota read by a reshape)
 # runs its whole window each token, with a warning, to the same greedy text
 sed 's/embedding(wpe, iota(T))/embedding(wpe, reshape(iota(T), [T]))/' "$MODEL" >"$TMP/m/window.dsm"
@@ -65,6 +72,8 @@ grep -q 'reshape(iota(T)' "$TMP/m/window.dsm" && pass || fail "sed did not rewri
 expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --model "$TMP/m/window.dsm"
 expect_grep 'window.dsm:[0-9]+:[0-9]+: warning: iota\([0-9]+\) is read by reshape.*generating without a KV cache' "$TMP/err"
 cmp "$TMP/out" "$TMP/gi" && pass || fail "the window's greedy text differs from the cache's"
+expect_exit 0 "$DSC" generate "$TMP/run" --tokens 4 --temperature 0 --model "$TMP/m/window.dsm" --profile
+expect_grep '^profile of forward: [0-9.]+ ms per run' "$TMP/err"
 # a smaller cache wraps sooner, to the same text as the window of that size
 expect_exit 0 "$DSC" generate "$TMP/run" --tokens 40 --temperature 0 --prompt "the cat " --context 24 --stats && cp "$TMP/out" "$TMP/c24"
 expect_grep '^generate: 3 prompt steps' "$TMP/err"

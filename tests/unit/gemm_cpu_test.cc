@@ -498,10 +498,11 @@ TEST_P(Sgemm, FewRowsEqualTheirRowsOfALargerGemm) {
       {37, 100, Kind::Rows, 1}, {300, 769, Kind::Rows, 1}, {600, 64, Kind::Rows, 1},
       {37, 100, Kind::Cols, 1}, {300, 700, Kind::Cols, 1}, {90, 1000, Kind::Cols, 1},
       {1, 9, Kind::Cols, 1},    {1, 1, Kind::Rows, 1},     {70, 64, Kind::Cols, 12},
-      {64, 70, Kind::Rows, 12}, {500, 64, Kind::Rows, 3}};
+      {64, 70, Kind::Rows, 12}, {500, 64, Kind::Rows, 3},  {2100, 50, Kind::Rows, 1},
+      {1000, 40, Kind::Cols, 1}};
   int compared = 0;
   for (const Shape &sh : shapes)
-    for (int64_t m : {1, 3, 8})
+    for (int64_t m : {1, 2, 3, 8})
       for (int threads : {1, 2}) {
         Case cs;
         cs.m = 40, cs.n = sh.n, cs.k = sh.k, cs.b1 = sh.batches;
