@@ -1024,15 +1024,32 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void bt_columns
 /* Columns [j0, j1) of C = A W^T: one specialisation per M. */
 __attribute__((target("avx2,fma"))) static void small_rows_bt(const sg_small_job *sj, int64_t j0,
                                                               int64_t j1) {
+  /* M is at most SMALL_M (small_fits) */
   switch (sj->g->m) {
-#define BT_CASE(M_)             \
-  case M_:                      \
-    bt_columns(sj, j0, j1, M_); \
-    break;
-    BT_CASE(1)
-    BT_CASE(2) BT_CASE(3) BT_CASE(4) BT_CASE(5) BT_CASE(6) BT_CASE(7) BT_CASE(8)
-#undef BT_CASE
-        default : break; /* small_fits: M <= SMALL_M */
+    case 1:
+      bt_columns(sj, j0, j1, 1);
+      break;
+    case 2:
+      bt_columns(sj, j0, j1, 2);
+      break;
+    case 3:
+      bt_columns(sj, j0, j1, 3);
+      break;
+    case 4:
+      bt_columns(sj, j0, j1, 4);
+      break;
+    case 5:
+      bt_columns(sj, j0, j1, 5);
+      break;
+    case 6:
+      bt_columns(sj, j0, j1, 6);
+      break;
+    case 7:
+      bt_columns(sj, j0, j1, 7);
+      break;
+    default:
+      bt_columns(sj, j0, j1, SMALL_M);
+      break;
   }
 }
 

@@ -261,11 +261,11 @@ int64_t dsc_sampler_vocab(const dsc_sampler *s);
  * is run again from position 0 at the next draw (a KV cache holds absolute
  * positions, so it cannot slide by one). */
 dsc_status dsc_sampler_push(dsc_sampler *s, int64_t token);
-/* The engine's time in prompt chunks and one-token steps (dsc_infer_times). */
 /* The engine's executor and one-token graph (dsc_infer_exec,
  * dsc_infer_one_token_graph). */
 dsc_exec *dsc_sampler_exec(dsc_sampler *s);
 const char *dsc_sampler_one_token_graph(const dsc_sampler *s);
+/* The engine's time in prompt chunks and one-token steps (dsc_infer_times). */
 void dsc_sampler_times(const dsc_sampler *s, double *prefill_s, int64_t *prefills, double *decode_s,
                        int64_t *decodes);
 /* Runs the tokens pushed since the last draw through the model (the KV
