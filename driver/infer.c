@@ -11,15 +11,30 @@
 #include "dsc/infer.h"
 #include "passes/passes.h"
 
+#define MAX_SPANS 5 /* the context, and halves of it down to 64 positions */
+
 struct dsc_infer {
   dsc_context *ctx;
   dsc_module *m; /* params, the caches, graphs prefill and decode */
   dsc_exec *exec;
   int64_t slots, chunk, context, vocab;
-  /* the graph of a step with prompt chunks (0) and of one with single
-   * tokens (1): prefill and decode, or decode twice when chunk is 1 */
-  const char *graph[2];
-  dsc_tensor *in[2][3]; /* per graph: tokens, pos, last */
+  /* the pool: `blocks` blocks of `block` positions, handed to the slots as
+   * their sequences grow; table[slot * per_seq + i] is the block holding the
+   * slot's positions i * block .. (held[slot] of them), free the stack of
+   * the others. Without a cache, one block per slot of `context` positions. */
+  int64_t block, blocks, per_seq;
+  int64_t *table, *held, *free, n_free;
+  /* The graphs of a step with prompt chunks (0) and of one with single
+   * tokens (1): prefill and decode, or decode twice when chunk is 1; each
+   * at every span, the positions its attention sees (ascending, the last
+   * the context: "decode", the others "decode.<span>"). A step runs the
+   * shortest span that holds its sequences, so attention costs what the
+   * sequences hold, not the context. */
+  int n_spans;
+  int64_t span[MAX_SPANS];
+  char graph[2][MAX_SPANS][32];
+  dsc_tensor *in[2][MAX_SPANS][5]; /* tokens, pos, last, rows, dest */
+  int64_t span_runs[MAX_SPANS];    /* one-token steps per span */
   /* no cache (a model pass kv_cache cannot rewrite): graph `window`, the
    * forward over every slot's tokens so far, run whole at each step */
   dsc_tensor *window, *targets;
@@ -37,7 +52,11 @@ static double now_s(void) { return (double)dsc_trace_now_ns() * 1e-9; }
 void dsc_infer_free(dsc_infer *e) {
   if (!e) return;
   for (int g = 0; g < 2; g++)
-    for (int i = 0; i < 3; i++) dsc_tensor_free(e->ctx, e->in[g][i]);
+    for (int k = 0; k < MAX_SPANS; k++)
+      for (int i = 0; i < 5; i++) dsc_tensor_free(e->ctx, e->in[g][k][i]);
+  free(e->table);
+  free(e->held);
+  free(e->free);
   dsc_tensor_free(e->ctx, e->window);
   dsc_tensor_free(e->ctx, e->targets);
   dsc_exec_free(e->exec);
@@ -59,7 +78,67 @@ void dsc_infer_times(const dsc_infer *e, double *prefill_s, int64_t *prefills, d
 dsc_exec *dsc_infer_exec(dsc_infer *e) { return e->exec; }
 
 const char *dsc_infer_one_token_graph(const dsc_infer *e) {
-  return e->window ? "forward" : e->graph[1];
+  if (e->window) return "forward";
+  int most = e->n_spans - 1;
+  for (int k = 0; k < e->n_spans; k++)
+    if (e->span_runs[k] > e->span_runs[most]) most = k;
+  return e->graph[1][most];
+}
+
+/* The context, then halves of it while they are at least 64 positions and
+ * a chunk; ascending. */
+static void choose_spans(dsc_infer *e) {
+  int64_t s[MAX_SPANS];
+  int n = 0;
+  for (int64_t x = e->context; n < MAX_SPANS && (n == 0 || (x >= 64 && x >= e->chunk)); x /= 2)
+    s[n++] = x;
+  for (int k = 0; k < n; k++) e->span[k] = s[n - 1 - k];
+  e->n_spans = n;
+}
+
+void dsc_infer_cache(const dsc_infer *e, int64_t *block, int64_t *blocks, int64_t *free_blocks) {
+  *block = e->block, *blocks = e->blocks, *free_blocks = e->n_free;
+}
+
+int64_t dsc_infer_held(const dsc_infer *e, int64_t slot) {
+  return slot >= 0 && slot < e->slots ? e->held[slot] : 0;
+}
+
+/* blocks past the first `keep` of a slot back to the pool */
+static void release_from(dsc_infer *e, int64_t slot, int64_t keep) {
+  while (e->held[slot] > keep) e->free[e->n_free++] = e->table[slot * e->per_seq + --e->held[slot]];
+}
+
+void dsc_infer_release(dsc_infer *e, int64_t slot) {
+  if (slot >= 0 && slot < e->slots) release_from(e, slot, 0);
+}
+
+/* The pool's size: blocks of o->block positions (default 16, at most the
+ * context), o->cache_tokens in all, else a whole context for every slot. */
+static dsc_status pool_size(dsc_infer *e, const dsc_infer_options *o) {
+  e->block = o->block > 0 ? o->block : 16;
+  if (e->block > e->context) e->block = e->context;
+  e->per_seq = (e->context + e->block - 1) / e->block;
+  e->blocks =
+      o->cache_tokens > 0 ? (o->cache_tokens + e->block - 1) / e->block : e->slots * e->per_seq;
+  if (e->blocks > (INT32_MAX - 1) / e->block) { /* the graphs index the pool in i32 */
+    ir_error(e->ctx, ir_no_loc,
+             "a KV cache of %" PRId64 " blocks of %" PRId64 " positions is over 2^31 positions",
+             e->blocks, e->block);
+    return DSC_ERR_USER;
+  }
+  return DSC_OK;
+}
+
+/* The tables, every block free (the lowest handed out first). */
+static dsc_status pool_alloc(dsc_infer *e) {
+  e->table = calloc((size_t)(e->slots * e->per_seq), sizeof *e->table);
+  e->held = calloc((size_t)e->slots, sizeof *e->held);
+  e->free = calloc((size_t)e->blocks, sizeof *e->free);
+  if (!e->table || !e->held || !e->free) return oom(e->ctx);
+  for (int64_t i = 0; i < e->blocks; i++) e->free[i] = e->blocks - 1 - i;
+  e->n_free = e->blocks;
+  return DSC_OK;
 }
 
 /* The model file a checkpoint was trained from: a .dsx names its source. */
@@ -148,6 +227,7 @@ static dsc_status no_cache(dsc_infer *e, const char *model, dsc_module **fwd) {
   dsc_module_free(*fwd);
   *fwd = NULL;
   e->chunk = e->context;
+  e->block = e->context, e->per_seq = 1, e->blocks = e->slots; /* a window per slot */
   dsc_graph *g = NULL;
   dsc_status st = forward_at(ctx, model, e->slots, e->context, &e->m, &g);
   if (st == DSC_OK) st = dsc_make_logits_graph(g);
@@ -188,6 +268,7 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
   }
   e->chunk = o->chunk > 0 ? o->chunk : 16;
   if (e->chunk > e->context) e->chunk = e->context;
+  if ((st = pool_size(e, o)) != DSC_OK) goto done;
   dsc_module_free(fm[0]);
   fm[0] = NULL;
   /* prefill at [slots, chunk], decode at [slots, 1] (the same when chunk is 1) */
@@ -197,22 +278,31 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
     goto done;
   }
   static const char *const names[2] = {"prefill", "decode"};
+  choose_spans(e);
+  for (int g = 0; g < 2; g++)
+    for (int k = 0; k < e->n_spans; k++) {
+      const char *kind = names[graphs == 2 ? g : 1];
+      if (k == e->n_spans - 1)
+        snprintf(e->graph[g][k], sizeof e->graph[g][k], "%s", kind);
+      else
+        snprintf(e->graph[g][k], sizeof e->graph[g][k], "%s.%" PRId64, kind, e->span[k]);
+    }
   int errors = dsc_error_count(ctx);
   for (int g = 0; g < graphs && st == DSC_OK; g++) {
     int64_t t = g == 0 ? e->chunk : 1;
     st = forward_at(ctx, model, e->slots, t, &fm[g], &fg[g]);
-    if (st == DSC_OK)
-      st = pass_kv_cache_graph(e->m, fg[g], graphs == 2 ? names[g] : "decode", e->context);
-    else
-      fg[g] = NULL; /* the model itself is wrong: no fallback */
+    if (st != DSC_OK) fg[g] = NULL; /* the model itself is wrong: no fallback */
+    for (int k = e->n_spans - 1; k >= 0 && st == DSC_OK; k--)
+      st = pass_kv_cache_graph(e->m, fg[g], e->graph[g][k], e->context, e->span[k],
+                               e->blocks * e->block);
     if (st == DSC_ERR_USER && fg[g] && errors == 0) {
       graphs = 1;
       st = no_cache(e, model, &fm[g]);
       break;
     }
   }
+  if (st == DSC_OK) st = pool_alloc(e);
   if (st != DSC_OK) goto done;
-  e->graph[0] = graphs == 2 ? names[0] : names[1], e->graph[1] = names[1];
   dsc_type lt = dsc_node_type(dsc_graph_output_at(dsc_module_graph(e->m, 0), 0));
   e->vocab = lt.dims[lt.rank - 1];
   if ((st = dsc_module_verify(e->m)) != DSC_OK) goto done;
@@ -226,14 +316,15 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
   ck = NULL;
   if ((st = dsc_exec_new(e->m, &eo, &e->exec)) != DSC_OK) goto done;
   if ((st = dsc_exec_load_params(e->exec, params)) != DSC_OK) goto done;
-  for (int g = 0; g < 2 && !e->window; g++) {
-    const dsc_graph *gr = dsc_module_find_graph(e->m, e->graph[g]);
-    for (int i = 0; i < 3; i++)
-      if (!(e->in[g][i] = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(gr, i))))) {
-        st = oom(ctx);
-        goto done;
-      }
-  }
+  for (int g = 0; g < 2 && !e->window; g++)
+    for (int k = 0; k < e->n_spans; k++) {
+      const dsc_graph *gr = dsc_module_find_graph(e->m, e->graph[g][k]);
+      for (int i = 0; i < 5; i++)
+        if (!(e->in[g][k][i] = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(gr, i))))) {
+          st = oom(ctx);
+          goto done;
+        }
+    }
 done:
   dsc_params_free(params);
   for (int g = 0; g < 2; g++) dsc_module_free(fm[g]);
@@ -253,6 +344,34 @@ dsc_status dsc_infer_open(dsc_context *ctx, const dsc_infer_options *o, dsc_infe
     return st;
   }
   *out = e;
+  return DSC_OK;
+}
+
+/* Each slot with tokens holds the blocks of its positions up to pos + n
+ * (those past it, a sequence restarted or rewound, go back first): all of
+ * them or, when the pool has too few free, none. */
+static dsc_status take_blocks(dsc_infer *e, const int64_t *n, const int64_t *pos) {
+  int64_t want = 0, back = 0;
+  for (int64_t b = 0; b < e->slots; b++) {
+    if (n[b] == 0) continue;
+    int64_t need = (pos[b] + n[b] + e->block - 1) / e->block;
+    if (need > e->held[b])
+      want += need - e->held[b];
+    else
+      back += e->held[b] - need;
+  }
+  if (want > e->n_free + back) {
+    ir_error(e->ctx, ir_no_loc,
+             "infer: the KV cache is full: this step needs %" PRId64 " more blocks of %" PRId64
+             " positions, %" PRId64 " of %" PRId64 " are free",
+             want, e->block, e->n_free + back, e->blocks);
+    return DSC_ERR_USER;
+  }
+  for (int64_t b = 0; b < e->slots; b++)
+    if (n[b] > 0) release_from(e, b, (pos[b] + n[b] + e->block - 1) / e->block);
+  for (int64_t b = 0; b < e->slots; b++)
+    while (n[b] > 0 && e->held[b] * e->block < pos[b] + n[b])
+      e->table[b * e->per_seq + e->held[b]++] = e->free[--e->n_free];
   return DSC_OK;
 }
 
@@ -306,10 +425,16 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
     prefill |= n[b] > 1;
   }
   if (!any) return DSC_OK;
+  dsc_status st = take_blocks(e, n, pos);
+  if (st != DSC_OK) return st;
   if (e->window) return window_step(e, n, pos, tokens, logits);
-  int g = prefill ? 0 : 1;
-  dsc_tensor **in = e->in[g];
-  int64_t t = in[0]->type.dims[1];
+  int g = prefill ? 0 : 1, k = 0;
+  int64_t reach = 0; /* the shortest span that holds every query */
+  for (int64_t b = 0; b < e->slots; b++)
+    if (n[b] > 0 && pos[b] + n[b] > reach) reach = pos[b] + n[b];
+  while (e->span[k] < reach) k++;
+  dsc_tensor **in = e->in[g][k];
+  int64_t t = in[0]->type.dims[1], S = e->span[k];
   for (int64_t b = 0; b < e->slots; b++) {
     for (int64_t j = 0; j < t; j++)
       in[0]->data[b * t + j] = j < n[b] ? (double)tokens[b * e->chunk + j] : 0;
@@ -317,11 +442,25 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
     in[1]->data[b] = n[b] > 0 ? (double)pos[b] : (double)e->context;
     in[2]->data[b] = n[b] > 0 ? (double)(n[b] - 1) : 0;
   }
+  /* rows: the pool row of each slot's positions (row 0 past what it holds:
+   * masked); dest: the new key each pool row takes (slots * t: none) */
+  double *rows = in[3]->data, *dest = in[4]->data;
+  for (int64_t r = 0; r < e->blocks * e->block; r++) dest[r] = (double)(e->slots * t);
+  for (int64_t b = 0; b < e->slots; b++) {
+    const int64_t *tb = e->table + b * e->per_seq;
+    double *rb = rows + b * S;
+    for (int64_t p = 0; p < S; p++) {
+      int64_t i = p / e->block;
+      rb[p] = i < e->held[b] ? (double)(tb[i] * e->block + p % e->block) : 0;
+    }
+    for (int64_t j = 0; j < n[b]; j++) dest[(int64_t)rb[pos[b] + j]] = (double)(b * t + j);
+  }
   dsc_tensor *out = NULL;
   double t0 = now_s();
-  dsc_status st = dsc_exec_run(e->exec, e->graph[g], (const dsc_tensor *const *)in, 3, &out);
+  st = dsc_exec_run(e->exec, e->graph[g][k], (const dsc_tensor *const *)in, 5, &out);
   e->seconds[g] += now_s() - t0;
   e->runs[g]++;
+  if (g == 1) e->span_runs[k]++;
   if (st != DSC_OK) return st;
   for (int64_t b = 0; b < e->slots; b++)
     if (n[b] > 0)
@@ -373,7 +512,7 @@ dsc_status dsc_sampler_open(dsc_context *ctx, const dsc_sampler_options *o, dsc_
   if (!s) return oom(ctx);
   memset(s, 0, sizeof *s);
   s->ctx = ctx;
-  dsc_infer_options io = {o->checkpoint, o->model_path, o->exec, 1, o->chunk, o->context};
+  dsc_infer_options io = {o->checkpoint, o->model_path, o->exec, 1, o->chunk, o->context, 0, 0};
   dsc_status st = dsc_infer_open(ctx, &io, &s->e);
   if (st == DSC_OK) {
     s->window = ir_alloc(ctx, sizeof(int64_t) * (size_t)dsc_infer_context(s->e));

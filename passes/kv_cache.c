@@ -1,4 +1,4 @@
-/* The inference graph of a token model with a KV cache (issue 23;
+/* The inference graph of a token model with a paged KV cache (issue 23;
  * docs/inference.md).
  *
  * A forward graph compiled at [B, t] is copied node by node into a graph of
@@ -7,18 +7,24 @@
  *               iota(t) ([B, t]), clamped to the cache's last position so
  *               that a padded last chunk reads a valid row of a position
  *               table (what padding computes is never read);
- *   attention   the row's keys and values are written into states kv.<i>.k
- *               and kv.<i>.v [B, context, C] at their positions, and the
- *               queries attend to the whole cache, masked where a key's
- *               position is after the query's (or, with a window W, W or
- *               more before it): positions not yet written are never seen,
- *               and what a slot held for an earlier sequence is masked;
+ *   attention   the keys and values live in a pool of rows shared by all
+ *               sequences, states kv.<i>.k and kv.<i>.v [P, C]: the caller
+ *               hands out the rows in blocks and says, per step, where
+ *               each row's keys land (dest: for each pool row, the index of
+ *               the new key in [B * t], or B * t to keep the row) and which
+ *               pool row holds position s of sequence b (rows [B, span]: a
+ *               graph sees the first `span` positions, so a step whose
+ *               sequences are short runs a graph of a short span).
+ *               The queries attend to the positions gathered through rows,
+ *               masked where a key's position is after the query's (or,
+ *               with a window W, W or more before it): positions a
+ *               sequence has not written are never seen;
  *   the loss    cross_entropy(logits, targets) becomes the logits of token
  *               last[b] of each row: the last matmul reads that row only.
- * The cache write is a where over the cache (the row's keys gathered to the
- * positions they land on), so the graph needs no new op and the
- * interpreter, the CPU code generator and CUDA all run it as they are.
- * With t = 1 the gather is a broadcast of the one key. */
+ * The write is a where over the pool (the new keys gathered to the rows
+ * they land on) and the read an embedding of the pool by rows, so the
+ * graph needs no new op and the interpreter, the CPU code generator and
+ * CUDA all run it as they are. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,8 +36,10 @@ typedef struct {
   ir_module *dst;
   ir_graph *g;
   const ir_graph *fwd;
-  int64_t B, t, context;
+  int64_t B, t, context, span, pool;
   ir_node *tokens, *pos, *last;
+  ir_node *rows;      /* [B, span] i32: the pool row of each sequence's positions */
+  ir_node *dest;      /* [pool] i32: the new key each pool row takes, or B * t */
   ir_node *positions; /* [B, t] i32: the queries' positions, unclamped */
   ir_node *clamped;   /* the same, at most context - 1 */
   int attentions;
@@ -67,35 +75,29 @@ static ir_node *reshape(ir_graph *g, ir_node *x, int64_t d0, int64_t d1, int64_t
   return dsc_reshape(g, x, shape, rank);
 }
 
-/* cache [B, S, C] with the row's x [B, t, C] written at positions pos[b] ..
- * pos[b] + t - 1 (those below S). */
-static ir_node *write_rows(kv_builder *b, ir_node *cache, ir_node *x) {
+/* the pool [P, C] with the step's keys x [B, t, C] written to the rows dest names */
+static ir_node *write_rows(kv_builder *b, ir_node *pool, ir_node *x) {
   ir_graph *g = b->g;
-  int64_t B = b->B, t = b->t, S = b->context, C = x->type.dims[2];
-  ir_node *rel = dsc_binary(g, DSC_OP_SUB, iota2(g, 1, B, S), reshape(g, b->pos, B, 1, 0, 2));
-  ir_node *landed, *vals;
-  if (t == 1) {
-    landed = dsc_binary(g, DSC_OP_EQUAL, rel, i32_const(g, 0));
-    vals = x; /* [B, 1, C] broadcasts over S */
-  } else {
-    /* the row's token that lands on each position (clamped): rel itself
-     * where 0 <= rel < t */
-    ir_node *r = at_most(g, dsc_binary(g, DSC_OP_MAXIMUM, rel, i32_const(g, 0)), t - 1);
-    landed = dsc_binary(g, DSC_OP_EQUAL, rel, r);
-    ir_node *row0 = dsc_binary(g, DSC_OP_MUL, iota2(g, 0, B, S), i32_const(g, (double)t));
-    int64_t flat[2] = {B * t, C};
-    ir_node *in[2] = {dsc_reshape(g, x, flat, 2), dsc_binary(g, DSC_OP_ADD, row0, r)};
-    vals = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0); /* [B, S, C] */
-  }
-  return where3(g, reshape(g, landed, B, S, 1, 3), vals, cache);
+  int64_t n = b->B * b->t, C = x->type.dims[2], P = b->pool;
+  int64_t flat[2] = {n, C}, col[2] = {P, 1};
+  ir_node *in[2] = {dsc_reshape(g, x, flat, 2), at_most(g, b->dest, n - 1)};
+  ir_node *vals = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0); /* [P, C] */
+  ir_node *landed = dsc_binary(g, DSC_OP_LESS, b->dest, i32_const(g, (double)n));
+  return where3(g, dsc_reshape(g, landed, col, 2), vals, pool);
+}
+
+/* [B, span, C]: each sequence's first positions, gathered from the pool */
+static ir_node *read_rows(kv_builder *b, ir_node *pool) {
+  ir_node *in[2] = {pool, b->rows};
+  return dsc_build(b->g, DSC_OP_EMBEDDING, in, 2, NULL, 0);
 }
 
 static ir_node *cache_state(kv_builder *b, const ir_node *like, const char *kind,
                             const dsc_loc *loc) {
   char name[64];
   snprintf(name, sizeof name, "kv.%d.%s", b->attentions, kind);
-  dsc_type ty = like->type;
-  ty.dims[1] = b->context;
+  dsc_type ty = like->type; /* [B, t, C] -> [P, C] */
+  ty.rank = 2, ty.dims[0] = b->pool, ty.dims[1] = like->type.dims[2], ty.dims[2] = 0;
   int i = dsc_module_find_param(b->dst, name);
   if (i < 0) {
     dsc_init zeros = {DSC_INIT_ZEROS, 0, 0, NULL};
@@ -142,9 +144,10 @@ static ir_node *cached_attention(kv_builder *b, const ir_node *n, ir_node *q, ir
   ir_node *kn = write_rows(b, kc, k), *vn = write_rows(b, vc, v);
   assign(g, kn, dsc_node_attr(kc, "name")->u.s);
   assign(g, vn, dsc_node_attr(vc, "name")->u.s);
+  kn = read_rows(b, kn), vn = read_rows(b, vn);
   b->attentions++;
   /* masked where s > p (after the query) or p - s >= W (out of its window) */
-  int64_t B = b->B, t = b->t, S = b->context, W = ir_attr_int(n, "window");
+  int64_t B = b->B, t = b->t, S = b->span, W = ir_attr_int(n, "window");
   ir_node *s = iota2(g, 1, 1, S);                    /* [1, S] */
   ir_node *p = reshape(g, b->positions, B, t, 1, 3); /* [B, t, 1] */
   ir_node *masked = dsc_binary(g, DSC_OP_GREATER, reshape(g, s, 1, 1, S, 3), p);
@@ -229,18 +232,29 @@ static dsc_status check_forward(dsc_context *ctx, const ir_graph *fwd) {
 }
 
 dsc_status pass_kv_cache_graph(ir_module *dst, const ir_graph *fwd, const char *name,
-                               int64_t context) {
+                               int64_t context, int64_t span, int64_t pool) {
   dsc_context *ctx = dst->ctx;
   dsc_status st = check_forward(ctx, fwd);
   if (st != DSC_OK) return st;
   kv_builder b;
   memset(&b, 0, sizeof b);
-  b.dst = dst, b.fwd = fwd, b.context = context;
+  b.dst = dst, b.fwd = fwd, b.context = context, b.span = span, b.pool = pool;
   b.B = fwd->inputs[0]->type.dims[0], b.t = fwd->inputs[0]->type.dims[1];
   if (context < b.t) {
     ir_error(ctx, ir_no_loc,
              "kv cache: a cache of %" PRId64 " positions cannot take rows of %" PRId64 " tokens",
              context, b.t);
+    return DSC_ERR_USER;
+  }
+  if (span < b.t || span > context) {
+    ir_error(ctx, ir_no_loc,
+             "kv cache: a span of %" PRId64 " positions must be within the context (%" PRId64
+             ") and take the row's %" PRId64 " tokens",
+             span, context, b.t);
+    return DSC_ERR_USER;
+  }
+  if (pool < 1) {
+    ir_error(ctx, ir_no_loc, "kv cache: the pool needs at least one row (got %" PRId64 ")", pool);
     return DSC_ERR_USER;
   }
   if (dsc_module_find_graph(dst, name)) {
@@ -256,7 +270,12 @@ dsc_status pass_kv_cache_graph(ir_module *dst, const ir_graph *fwd, const char *
   b.tokens = dsc_graph_input(g, "tokens", it);
   b.pos = dsc_graph_input(g, "pos", vt);
   b.last = dsc_graph_input(g, "last", vt);
-  if (!b.tokens || !b.pos || !b.last) return DSC_ERR_INTERNAL;
+  dsc_type rt = vt, dt = vt;
+  rt.rank = 2, rt.dims[1] = span;
+  dt.dims[0] = pool;
+  b.rows = dsc_graph_input(g, "rows", rt);
+  b.dest = dsc_graph_input(g, "dest", dt);
+  if (!b.tokens || !b.pos || !b.last || !b.rows || !b.dest) return DSC_ERR_INTERNAL;
   b.positions = dsc_binary(g, DSC_OP_ADD, reshape(g, b.pos, b.B, 1, 0, 2), iota2(g, 1, b.B, b.t));
   b.clamped = at_most(g, b.positions, context - 1);
 

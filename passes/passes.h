@@ -90,19 +90,23 @@ ir_node *pass_attention_form(ir_graph *g, const ir_node *attn, ir_node *q, ir_no
  * The inference graph of a token model (issue 23): from `fwd`, a forward
  * graph compiled at [B, t] that ends in cross_entropy(logits, targets),
  * builds graph `name` in `dst`:
- *   name(tokens: [B, t], pos: i32[B], last: i32[B]) -> logits [B, V]
+ *   name(tokens: [B, t], pos: i32[B], last: i32[B], rows: i32[B, span],
+ *        dest: i32[pool]) -> logits [B, V]
  * Row b holds t tokens of sequence b at positions pos[b] .. pos[b] + t - 1;
  * the result is the logits after token last[b] of the row. Each attention
- * keeps its keys and values in states kv.<i>.k and kv.<i>.v [B, context,
- * C] (zeros at first): the run writes the row's keys at their positions
- * and attends to every position up to each query's own. Positions past
- * context are not written (padding of a last chunk). dst takes fwd's
- * params when it has none; a second graph (another t) must agree with the
- * first on params and B. The model's positions must be iota(T) read by
- * embedding or rope, its attentions causal. On an error dst may hold part
- * of the graph and its states: discard it. */
+ * keeps its keys and values in states kv.<i>.k and kv.<i>.v [pool, C]
+ * (zeros at first), rows shared by all sequences: the run writes the new
+ * key of row b, token j into pool row r where dest[r] = b * t + j (dest[r]
+ * = B * t keeps row r), then attends, for sequence b, to pool rows
+ * rows[b, 0 .. span) as its positions 0 .. span - 1, up to each query's
+ * own (t <= span <= context; a query at span or later is not answered).
+ * Positions are clamped to context - 1. dst takes fwd's params when it
+ * has none; another graph (another t or span) must agree with the first
+ * on params, B and pool. The model's positions
+ * must be iota(T) read by embedding or rope, its attentions causal. On an
+ * error dst may hold part of the graph and its states: discard it. */
 dsc_status pass_kv_cache_graph(ir_module *dst, const ir_graph *fwd, const char *name,
-                               int64_t context);
+                               int64_t context, int64_t span, int64_t pool);
 
 /* ======================= passes/cse.c =======================
  * Common subexpression elimination: equal reductions, matmuls and

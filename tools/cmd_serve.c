@@ -23,8 +23,9 @@
 
 static const char serve_help[] =
     "usage: dsc serve DIR [--port P] [--host ADDR] [--slots N] [--chunk C] [--context N]\n"
-    "                 [--queue N] [--name NAME] [--model FILE] [--tokenizer FILE]\n"
-    "                 [--backend interp|cpu|cuda] [--threads N]\n"
+    "                 [--cache-tokens N] [--block-size N] [--queue N] [--name NAME]\n"
+    "                 [--model FILE] [--tokenizer FILE] [--backend interp|cpu|cuda]\n"
+    "                 [--threads N]\n"
     "\n"
     "Serves the checkpoint DIR (a step directory, or an output directory: its\n"
     "'latest') over HTTP with OpenAI's request and response shapes:\n"
@@ -37,7 +38,10 @@ static const char serve_help[] =
     "Requests share the engine's steps (continuous batching): each step admits\n"
     "queued requests into free slots, runs prompts in chunks beside the running\n"
     "sequences' next tokens, and frees a slot when its sequence ends or its client\n"
-    "goes away. Chat messages become 'role: content' lines and 'assistant:'. With a\n"
+    "goes away. The KV cache is one pool of blocks the sequences take as they grow;\n"
+    "when it runs short, the youngest sequence waits in the queue and later runs its\n"
+    "tokens again (the answer stays the same). Chat messages become 'role: content' lines and "
+    "'assistant:'. With a\n"
     "tokenizer (the run's tokenizer.json, or --tokenizer) its special tokens end a\n"
     "completion; without one, tokens are bytes.\n"
     "  --port P        TCP port (default 8000; 0: any free one, printed)\n"
@@ -45,6 +49,9 @@ static const char serve_help[] =
     "  --slots N       sequences in one step (default 8)\n"
     "  --chunk C       prompt tokens per sequence and step (default 16)\n"
     "  --context N     positions per sequence (default: the model's)\n"
+    "  --cache-tokens N  positions the KV cache holds for all sequences together\n"
+    "                  (default: --context for every slot); a request needing more is refused\n"
+    "  --block-size N  positions per cache block (default 16)\n"
     "  --queue N       requests waiting for a slot before new ones get 503 (default 256)\n"
     "  --name NAME     the model's name in requests and responses (default: DIR's name)\n"
     "  --backend B, --threads N, --model FILE, --tokenizer FILE: as dsc generate\n"
@@ -853,13 +860,24 @@ static enum MHD_Result metrics(request *q) {
         "\n"
         "dsc_cache_positions{state=\"used\"} %" PRId64
         "\n"
+        "# HELP dsc_cache_blocks Blocks of the KV cache's pool, and those the sequences hold.\n"
+        "# TYPE dsc_cache_blocks gauge\n"
+        "dsc_cache_blocks{state=\"total\"} %" PRId64
+        "\n"
+        "dsc_cache_blocks{state=\"used\"} %" PRId64
+        "\n"
+        "# HELP dsc_preemptions_total Sequences sent back to the queue to free cache blocks.\n"
+        "# TYPE dsc_preemptions_total counter\n"
+        "dsc_preemptions_total %" PRId64
+        "\n"
         "# HELP dsc_time_to_first_token_seconds From a request's arrival to its first token.\n"
         "# TYPE dsc_time_to_first_token_seconds summary\n"
         "dsc_time_to_first_token_seconds_sum %.6f\n"
         "dsc_time_to_first_token_seconds_count %" PRId64 "\n",
         s->requests[0], s->requests[1], s->errors_4xx, s->errors_5xx, s->disconnects, st.running,
         st.queued, st.prompt_tokens, st.generated_tokens, rate, st.steps, st.slots, st.running,
-        st.positions, st.positions_used, s->ttft_sum, s->ttft_n);
+        st.positions, st.positions_used, st.blocks, st.blocks_used, st.preempted, s->ttft_sum,
+        s->ttft_n);
   pthread_mutex_unlock(&s->lock);
   if (!text) return MHD_NO;
   return reply(q->conn, 200, "text/plain; version=0.0.4", text);
@@ -1012,6 +1030,10 @@ int cli_serve(int argc, char **argv) {
       num = &io.chunk, hi = 4096, what = "--chunk needs an integer in 1..4096";
     } else if (strcmp(a, "--context") == 0) {
       num = &io.context, hi = 1 << 24, what = "--context needs a positive integer";
+    } else if (strcmp(a, "--cache-tokens") == 0) {
+      num = &io.cache_tokens, hi = INT32_MAX, what = "--cache-tokens needs a positive integer";
+    } else if (strcmp(a, "--block-size") == 0) {
+      num = &io.block, hi = 1 << 16, what = "--block-size needs an integer in 1..65536";
     } else if (strcmp(a, "--queue") == 0) {
       num = &queue, lo = 0, hi = 1 << 20, what = "--queue needs a non-negative integer";
     } else if (strcmp(a, "--threads") == 0) {
@@ -1108,11 +1130,13 @@ int cli_serve(int argc, char **argv) {
   }
   if (st == DSC_OK) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    int64_t block, blocks, free_blocks;
+    dsc_infer_cache(s->engine, &block, &blocks, &free_blocks);
     fprintf(stderr,
             "dsc serve: listening on http://%s:%u (model '%s', %" PRId64 " slots, context %" PRId64
-            ", chunk %" PRId64 ")\n",
+            ", chunk %" PRId64 ", cache %" PRId64 " positions in blocks of %" PRId64 ")\n",
             host, di ? (unsigned)di->port : (unsigned)port, s->name, dsc_infer_slots(s->engine),
-            s->context, dsc_infer_chunk(s->engine));
+            s->context, dsc_infer_chunk(s->engine), blocks * block, block);
     fflush(stderr);
     st = engine_loop(s);
     if (st == DSC_ERR_INTERRUPTED) st = DSC_OK; /* asked to stop: a clean exit */

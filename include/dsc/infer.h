@@ -1,13 +1,15 @@
-/* Inference from a checkpoint with a KV cache (driver/infer.c;
+/* Inference from a checkpoint with a paged KV cache (driver/infer.c;
  * docs/inference.md).
  *
- * An engine holds `slots` sequences at once. Each sequence's keys and
- * values stay in a cache of `context` positions per slot, so a step runs
- * only the new tokens: a prompt in chunks of up to `chunk` tokens, then one
- * token per step. Two graphs are compiled once, from the model's forward
- * by pass kv_cache: `prefill` (chunk tokens per slot) and `decode` (one);
- * a step with more than one token in any slot runs `prefill`, the others
- * `decode`. */
+ * An engine holds `slots` sequences at once, each of up to `context`
+ * positions. Their keys and values stay in one pool of blocks of `block`
+ * positions, a sequence taking blocks as it grows (a block table per slot,
+ * as vLLM and FastGen page theirs), so a step runs only the new tokens: a
+ * prompt in chunks of up to `chunk` tokens, then one token per step, and
+ * the cache holds what the sequences use. Two graphs are compiled once,
+ * from the model's forward by pass kv_cache: `prefill` (chunk tokens per
+ * slot) and `decode` (one); a step with more than one token in any slot
+ * runs `prefill`, the others `decode`. */
 #ifndef DSC_INFER_H
 #define DSC_INFER_H
 
@@ -31,6 +33,9 @@ typedef struct {
   int64_t chunk;                /* prompt tokens per slot and step; 0: 16 (at most context) */
   int64_t context;              /* positions per sequence; 0: the model's position table, else
                                    the checkpoint's training seq (a rope model) */
+  int64_t block;                /* positions per cache block; 0: 16 (at most context) */
+  int64_t cache_tokens;         /* positions the pool holds (rounded up to blocks); 0: context
+                                   for every slot */
 } dsc_infer_options;
 
 dsc_status dsc_infer_open(dsc_context *ctx, const dsc_infer_options *o, dsc_infer **out);
@@ -45,13 +50,22 @@ int64_t dsc_infer_context(const dsc_infer *e);
 int64_t dsc_infer_slots(const dsc_infer *e);
 int64_t dsc_infer_chunk(const dsc_infer *e);
 
+/* The pool: positions per block, blocks in all, and those free. Without a
+ * cache (the whole window each step) a block is a slot's window. */
+void dsc_infer_cache(const dsc_infer *e, int64_t *block, int64_t *blocks, int64_t *free_blocks);
+int64_t dsc_infer_held(const dsc_infer *e, int64_t slot); /* blocks slot holds */
+/* Slot's blocks back to the pool (its sequence ended). */
+void dsc_infer_release(dsc_infer *e, int64_t slot);
+
 /* One step. For each slot b, n[b] tokens (0 .. chunk) at tokens[b * chunk
  * ...] go in at positions pos[b] .. pos[b] + n[b] - 1 (pos[b] + n[b] <=
  * context); the cache of slot b keeps positions below pos[b] from earlier
  * steps and is overwritten from pos[b] on. Row b of logits (slots x vocab)
  * is the distribution after slot b's last token, where n[b] > 0; a slot
  * with n[b] = 0 is left as it is. A position at 0 starts a new sequence in
- * its slot. */
+ * its slot. Slot b then holds the blocks of positions 0 .. pos[b] + n[b] - 1
+ * (those past them go back to the pool); when the pool has too few free
+ * blocks the step fails (DSC_ERR_USER) and nothing changes. */
 dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, const int64_t *tokens,
                           double *logits);
 
@@ -77,12 +91,17 @@ void dsc_infer_times(const dsc_infer *e, double *prefill_s, int64_t *prefills, d
                      int64_t *decodes);
 
 /* ---- continuous batching (driver/batcher.c) ----
- * Requests queue for the engine's slots. Each step admits queued requests
- * into free slots (oldest first), runs every slot's next tokens in one
- * engine step (a prompt chunk, or the token drawn last), draws each
- * sequence's next token with its own settings and generator, and frees the
- * slot of a sequence that ends. A request's tokens are the same whatever
- * runs beside it. Not thread-safe. */
+ * Requests queue for the engine's slots. Each step gives the running
+ * sequences the cache blocks their next tokens need, oldest first; when
+ * the pool runs short, the youngest running sequence goes back to the
+ * queue, its blocks freed, and later feeds its prompt and the tokens it had
+ * drawn again (vLLM's preemption by recomputation). Then it admits queued
+ * requests into free slots, oldest first, while the blocks of their first
+ * chunk are free, runs every slot's next tokens in one engine step (a
+ * prompt chunk, or the token drawn last), draws each sequence's next token
+ * with its own settings and generator, and frees the slot and blocks of a
+ * sequence that ends. A request's tokens are the same whatever runs beside
+ * it. Not thread-safe. */
 typedef struct dsc_batcher dsc_batcher;
 
 typedef struct {
@@ -100,8 +119,11 @@ typedef enum {
 
 typedef struct {
   int64_t slots, positions;    /* the cache: sequences and positions in all */
+  int64_t block, blocks;       /* the pool: positions per block, blocks in all */
   int64_t queued, running;     /* requests now */
-  int64_t positions_used;      /* cache positions the running sequences hold */
+  int64_t positions_used;      /* cache positions the running sequences have written */
+  int64_t blocks_used;         /* blocks they hold */
+  int64_t preempted;           /* sequences sent back to the queue to free blocks, since open */
   int64_t submitted, finished; /* requests since open */
   int64_t prompt_tokens, generated_tokens, steps;
 } dsc_batcher_stats;
@@ -113,7 +135,8 @@ void dsc_batcher_free(dsc_batcher *b);
 void dsc_batcher_set_stop(dsc_batcher *b, int64_t token, bool stops);
 /* Queues a request: *id names it from now on. A request that cannot run
  * (empty prompt, a token outside the vocabulary, prompt + max_tokens over
- * the context) is refused with DSC_ERR_USER and the reason in why. */
+ * the context or over what the whole cache holds) is refused with
+ * DSC_ERR_USER and the reason in why. */
 dsc_status dsc_batcher_submit(dsc_batcher *b, const int64_t *prompt, int64_t n,
                               const dsc_request_options *o, int64_t *id, char *why, size_t why_len);
 /* Ends a request now (finish CANCELLED); its slot is free for the next step. */

@@ -4,6 +4,8 @@
 # the rows beside it); a greedy completion equals dsc generate's text; the
 # openai package's client reads every answer; bad requests get a 4xx with a
 # JSON error; clients that leave free their slots; SIGTERM stops it cleanly.
+# The first server's KV cache holds 96 positions for 8 slots of 64: the
+# youngest sequences are preempted and run again, and still answer the same.
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/corpus.bash"
 CLIENT="$SRC/tests/cli/lib/serve_client.py"
@@ -51,8 +53,9 @@ stop_server() { # LOG: SIGTERM ends it with exit 0
   expect_grep 'stopping \(signal\)' "$1"
 }
 
-start_server "$TMP/serve.log" --backend interp --slots 8 --chunk 4 --name tiny
-expect_grep "model 'tiny', 8 slots, context 64, chunk 4" "$TMP/serve.log"
+expect_exit 1 "$DSC" serve "$TMP/absent" --block-size 0 && expect_grep 'block-size needs an integer' "$TMP/err"
+start_server "$TMP/serve.log" --backend interp --slots 8 --chunk 4 --name tiny --cache-tokens 96 --block-size 8
+expect_grep "model 'tiny', 8 slots, context 64, chunk 4, cache 96 positions in blocks of 8" "$TMP/serve.log"
 HOSTPORT=${URL#http://}
 # a second server on the same port is refused with a message
 expect_exit 1 "$DSC" serve "$TMP/run" --port "${HOSTPORT#*:}" --backend interp && expect_grep 'cannot listen on 127.0.0.1' "$TMP/err"
@@ -73,7 +76,10 @@ printf 'the cat ' | cat - "$TMP/served" | cmp -s - "$TMP/out" && pass ||
 expect_exit 0 curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' -d '{"prompt": "the cat ", "max_tokens": 30, "temperature": 0}'
 expect_grep '"text":"'"$(sed 's/[][\.*^$]/\\&/g' "$TMP/served")"'"' "$TMP/out"
 expect_exit 0 curl -sS "$URL/metrics"
-expect_grep '^dsc_cache_positions\{state="total"\} 512$' "$TMP/out"
+expect_grep '^dsc_cache_positions\{state="total"\} 96$' "$TMP/out"
+expect_grep '^dsc_cache_blocks\{state="total"\} 12$' "$TMP/out"
+expect_grep '^dsc_cache_blocks\{state="used"\} 0$' "$TMP/out"
+expect_grep '^dsc_preemptions_total [1-9]' "$TMP/out"
 expect_grep '^dsc_requests_total\{endpoint="chat_completions"\} [1-9]' "$TMP/out"
 stop_server "$TMP/serve.log"
 

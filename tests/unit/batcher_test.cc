@@ -1,9 +1,10 @@
 // Continuous batching (driver/batcher.c): requests that share the engine's
 // steps (admitted while others run, prompts in chunks beside single-token
 // steps, greedy, sampled with a seed, top-k and top-p) each get exactly the
-// tokens they get alone; a cancelled request frees its slot for the queue;
-// a stop token ends a request; a request that cannot fit is refused with
-// its reason.
+// tokens they get alone, also when the KV cache's pool is too small for
+// all of them at once and the youngest are preempted and run again; a
+// cancelled request frees its slot and blocks for the queue; a stop token
+// ends a request; a request that cannot fit is refused with its reason.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -65,9 +66,10 @@ struct Batched {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
   dsc_infer *e = nullptr;
   dsc_batcher *b = nullptr;
-  Batched(const std::string &ck, dsc_backend be, int64_t slots, int64_t chunk, int64_t context) {
+  Batched(const std::string &ck, dsc_backend be, int64_t slots, int64_t chunk, int64_t context,
+          int64_t cache_tokens = 0, int64_t block = 0) {
     dsc_exec_options xo = {be, 2, "off"};
-    dsc_infer_options io = {ck.c_str(), nullptr, &xo, slots, chunk, context};
+    dsc_infer_options io = {ck.c_str(), nullptr, &xo, slots, chunk, context, block, cache_tokens};
     EXPECT_EQ(dsc_infer_open(ctx, &io, &e), DSC_OK) << diags(ctx);
     if (e) {
       EXPECT_EQ(dsc_batcher_new(ctx, e, &b), DSC_OK) << diags(ctx);
@@ -135,16 +137,30 @@ std::vector<Req> mixed_requests(int n, int64_t context, uint64_t seed) {
   return r;
 }
 
-void check_alone(const std::string &model, dsc_backend be) {
+// cache_tokens > 0: a pool of that many positions in blocks of 4 for the
+// shared run, too few for four sequences at their longest.
+void check_alone(const std::string &model, dsc_backend be, int64_t cache_tokens = 0) {
   Checkpoint guard(model, be == DSC_BACKEND_INTERP ? "interp" : "cpu");
   const std::string &ck = guard.dir;
   const int64_t context = 40;
   std::vector<Req> reqs = mixed_requests(14, context, 11);
   std::vector<std::vector<int64_t>> together;
   {
-    Batched shared(ck, be, 4, 5, context);
+    Batched shared(ck, be, 4, 5, context, cache_tokens, cache_tokens ? 4 : 0);
     ASSERT_TRUE(shared.b);
     together = shared.run(reqs);
+    dsc_batcher_stats s;
+    dsc_batcher_get_stats(shared.b, &s);
+    int64_t block, blocks, free_blocks;
+    dsc_infer_cache(shared.e, &block, &blocks, &free_blocks);
+    EXPECT_EQ(free_blocks, blocks) << "every block back in the pool";
+    EXPECT_EQ(s.blocks_used, 0);
+    if (cache_tokens) {
+      EXPECT_EQ(s.positions, cache_tokens);
+      EXPECT_GT(s.preempted, 0) << "the pool was meant to run short";
+    } else {
+      EXPECT_EQ(s.preempted, 0);
+    }
   }
   Batched alone(ck, be, 1, 5, context);
   ASSERT_TRUE(alone.b);
@@ -173,6 +189,16 @@ TEST(Batcher, GptRequestsTogetherGetTheirTokensAloneCompiled) {
   check_alone(kGpt, DSC_BACKEND_CPU);
 }
 
+// 48 positions for 4 slots of up to 31 positions each: sequences wait and
+// run again, and still get their tokens.
+TEST(Batcher, RequestsPreemptedForCacheBlocksGetTheirTokensAloneCompiled) {
+  if (!dsc_backend_available(DSC_BACKEND_CPU)) GTEST_SKIP() << "no LLVM CPU backend in this build";
+  check_alone(kGpt, DSC_BACKEND_CPU, 48);
+}
+TEST(Batcher, LlamaRequestsPreemptedForCacheBlocksGetTheirTokensAloneOnTheInterpreter) {
+  check_alone(kLlama, DSC_BACKEND_INTERP, 48);
+}
+
 TEST(Batcher, CancelFreesTheSlotAndStopTokensEnd) {
   Checkpoint guard(kGpt, "cancel");
   const std::string &ck = guard.dir;
@@ -186,8 +212,11 @@ TEST(Batcher, CancelFreesTheSlotAndStopTokensEnd) {
   EXPECT_EQ(s.running, 1);
   EXPECT_EQ(s.queued, 1);
   EXPECT_EQ(s.positions_used, 3);  // the prompt; the token drawn is not in the cache yet
+  EXPECT_EQ(s.blocks_used, 1);     // of 16 positions
+  EXPECT_EQ(s.blocks, 2);          // the context (32) of the one slot
   EXPECT_EQ(x.output(ia).size(), 1u);
   dsc_batcher_cancel(x.b, ia);
+  EXPECT_EQ(dsc_infer_held(x.e, 0), 0);
   dsc_finish f;
   x.output(ia, &f);
   EXPECT_EQ(f, DSC_FINISH_CANCELLED);
@@ -251,6 +280,52 @@ TEST(Batcher, RefusesWhatCannotFit) {
   EXPECT_EQ(dsc_batcher_submit(x.b, p.data(), 12, &o, &id, why, sizeof why), DSC_ERR_USER);
   EXPECT_NE(std::string(why).find("outside the vocabulary"), std::string::npos) << why;
   EXPECT_TRUE(dsc_batcher_idle(x.b));
+  // a pool of 8 positions (blocks of 4): 12 + 2 - 1 positions do not fit it
+  Batched small(ck, DSC_BACKEND_INTERP, 2, 4, 16, 8, 4);
+  ASSERT_TRUE(small.b);
+  p[3] = 65;
+  EXPECT_EQ(dsc_batcher_submit(small.b, p.data(), 12, &o, &id, why, sizeof why), DSC_ERR_USER);
+  EXPECT_NE(std::string(why).find("KV cache holds 8 positions (2 blocks of 4), but this request "
+                                  "needs 13"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(dsc_batcher_submit(small.b, p.data(), 7, &o, &id, why, sizeof why), DSC_OK) << why;
+}
+
+// The engine itself: a step the pool cannot hold fails and changes nothing.
+TEST(Batcher, AnEngineStepBeyondThePoolFailsWhole) {
+  Checkpoint guard(kGpt, "pool");
+  dsc_context *ctx = dsc_context_new(nullptr, nullptr);
+  dsc_exec_options xo = {DSC_BACKEND_INTERP, 1, "off"};
+  dsc_infer_options io = {guard.dir.c_str(), nullptr, &xo, 2, 4, 16, 4, 12};
+  dsc_infer *e = nullptr;
+  ASSERT_EQ(dsc_infer_open(ctx, &io, &e), DSC_OK) << diags(ctx);
+  std::vector<int64_t> n = {4, 4}, pos = {0, 0}, tok(8, 65);
+  std::vector<double> logits(2 * dsc_infer_vocab(e));
+  ASSERT_EQ(dsc_infer_step(e, n.data(), pos.data(), tok.data(), logits.data()), DSC_OK);
+  EXPECT_EQ(dsc_infer_held(e, 0), 1);
+  EXPECT_EQ(dsc_infer_held(e, 1), 1);
+  pos = {4, 4};  // two more blocks; one is free
+  EXPECT_EQ(dsc_infer_step(e, n.data(), pos.data(), tok.data(), logits.data()), DSC_ERR_USER);
+  EXPECT_NE(
+      diags(ctx).find("KV cache is full: this step needs 2 more blocks of 4 positions, 1 of 3"),
+      std::string::npos)
+      << diags(ctx);
+  EXPECT_EQ(dsc_infer_held(e, 0), 1);
+  n = {4, 0};  // slot 0 alone fits
+  ASSERT_EQ(dsc_infer_step(e, n.data(), pos.data(), tok.data(), logits.data()), DSC_OK);
+  EXPECT_EQ(dsc_infer_held(e, 0), 2);
+  pos = {0, 0}, n = {1, 0};  // slot 0 starts again: its second block goes back
+  ASSERT_EQ(dsc_infer_step(e, n.data(), pos.data(), tok.data(), logits.data()), DSC_OK);
+  EXPECT_EQ(dsc_infer_held(e, 0), 1);
+  dsc_infer_release(e, 1);
+  int64_t block, blocks, free_blocks;
+  dsc_infer_cache(e, &block, &blocks, &free_blocks);
+  EXPECT_EQ(block, 4);
+  EXPECT_EQ(blocks, 3);
+  EXPECT_EQ(free_blocks, 2);
+  dsc_infer_free(e);
+  dsc_context_free(ctx);
 }
 
 }  // namespace

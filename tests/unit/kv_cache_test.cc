@@ -1,9 +1,11 @@
-// Pass kv_cache (passes/kv_cache.c): the inference graphs with a KV cache
-// give, at every position, the logits of the full forward over the whole
-// prefix (the interpreter's, f64 over the f32 model), on the interpreter and
-// compiled; with prompt chunks, one-token steps, idle slots and a slot
-// reused for a new sequence; and greedy generation through the cache picks
-// the same tokens as recomputing the whole window each time.
+// Pass kv_cache (passes/kv_cache.c): the inference graphs with a paged KV
+// cache give, at every position, the logits of the full forward over the
+// whole prefix (the interpreter's, f64 over the f32 model), on the
+// interpreter and compiled; with prompt chunks, one-token steps, idle
+// slots, a slot reused for a new sequence, and the blocks of the pool
+// handed out in a shuffled order (a new one each round, so a sequence lands
+// on blocks another slot wrote before); and greedy generation through the
+// cache picks the same tokens as recomputing the whole window each time.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@ namespace {
 const std::string kGpt = std::string(DSC_SOURCE_DIR) + "/examples/gpt-tiny.dsm";
 const std::string kLlama = std::string(DSC_SOURCE_DIR) + "/examples/llama-tiny.dsm";
 constexpr int64_t kV = 256;
+constexpr int64_t kBlock = 4;  // positions per block of the tests' pools
 
 struct Ctx {
   dsc_context *ctx = dsc_context_new(nullptr, nullptr);
@@ -45,15 +48,30 @@ struct Ctx {
   }
 };
 
-// The inference module of `path`: prefill at [B, chunk], decode at [B, 1].
-dsc_module *inference(Ctx *c, const std::string &path, int64_t B, int64_t chunk, int64_t context) {
+// The inference module of `path`: prefill at [B, chunk], decode at [B, 1],
+// a pool of `pool` rows; each seeing the whole context, and again as
+// "prefill.half" and "decode.half" seeing its first half.
+dsc_module *inference(Ctx *c, const std::string &path, int64_t B, int64_t chunk, int64_t context,
+                      int64_t pool) {
   dsc_module *m = dsc_module_new(c->ctx, "infer");
   c->mods.push_back(m);
   dsc_module *p = c->forward(path, B, chunk), *d = c->forward(path, B, 1);
   if (!p || !d) return nullptr;
-  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(p, "forward"), "prefill", context), DSC_OK)
+  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(p, "forward"), "prefill", context, context,
+                                pool),
+            DSC_OK)
       << diags(c->ctx);
-  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(d, "forward"), "decode", context), DSC_OK)
+  EXPECT_EQ(
+      pass_kv_cache_graph(m, dsc_module_find_graph(d, "forward"), "decode", context, context, pool),
+      DSC_OK)
+      << diags(c->ctx);
+  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(p, "forward"), "prefill.half", context,
+                                context / 2, pool),
+            DSC_OK)
+      << diags(c->ctx);
+  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(d, "forward"), "decode.half", context,
+                                context / 2, pool),
+            DSC_OK)
       << diags(c->ctx);
   EXPECT_EQ(dsc_module_verify(m), DSC_OK) << diags(c->ctx);
   return m;
@@ -78,13 +96,19 @@ std::vector<double> full_logits(Ctx *c, dsc_module *full, const dsc_params *p,
   return r;
 }
 
+// Runs the graphs as driver/infer.c does, with its own block tables: the
+// i-th block of slot b (i < used) is block perm[b * used + i] of the pool;
+// the graphs of half the context when every slot's tokens lie in it.
 struct Engine {
   Ctx *c;
   dsc_exec *e = nullptr;
-  dsc_tensor *in[2][3] = {};
-  int64_t B, chunk;
-  Engine(Ctx *cx, dsc_module *m, dsc_backend be, const dsc_params *p, int64_t B_, int64_t chunk_)
-      : c(cx), B(B_), chunk(chunk_) {
+  dsc_tensor *in[2][2][5] = {};  // [prefill, decode][whole, half]
+  int64_t B, chunk, used, pool, half_runs = 0;
+  std::vector<int64_t> perm;
+  Engine(Ctx *cx, dsc_module *m, dsc_backend be, const dsc_params *p, int64_t B_, int64_t chunk_,
+         int64_t used_)
+      : c(cx), B(B_), chunk(chunk_), used(used_), pool(B_ * used_ * kBlock) {
+    shuffle(1);
     if (be != DSC_BACKEND_INTERP) {
       EXPECT_EQ(dsc_run_codegen_passes(m), DSC_OK) << diags(c->ctx);
     }
@@ -93,33 +117,53 @@ struct Engine {
     if (e) {
       EXPECT_EQ(dsc_exec_load_params(e, p), DSC_OK) << diags(c->ctx);
     }
-    const char *names[2] = {"prefill", "decode"};
+    const char *names[2][2] = {{"prefill", "prefill.half"}, {"decode", "decode.half"}};
     for (int g = 0; g < 2; g++)
-      for (int i = 0; i < 3; i++)
-        in[g][i] = dsc_tensor_new(
-            c->ctx, dsc_node_type(dsc_graph_input_at(dsc_module_find_graph(m, names[g]), i)));
+      for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 5; i++)
+          in[g][h][i] = dsc_tensor_new(
+              c->ctx, dsc_node_type(dsc_graph_input_at(dsc_module_find_graph(m, names[g][h]), i)));
   }
   ~Engine() {
     for (auto &g : in)
-      for (dsc_tensor *t : g) dsc_tensor_free(c->ctx, t);
+      for (auto &h : g)
+        for (dsc_tensor *t : h) dsc_tensor_free(c->ctx, t);
     dsc_exec_free(e);
+  }
+  void shuffle(unsigned seed) {
+    perm.resize(B * used);
+    for (size_t i = 0; i < perm.size(); i++) perm[i] = (int64_t)i;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
   }
   // n[b] tokens of slot b at pos[b]; idle slots (n 0) get position `context`
   // (nothing written). Returns logits [B, V].
   std::vector<double> step(const std::vector<int64_t> &n, const std::vector<int64_t> &pos,
                            const std::vector<std::vector<int>> &toks, int64_t context) {
     bool pre = std::any_of(n.begin(), n.end(), [](int64_t k) { return k > 1; });
+    bool half = true;
+    for (int64_t b = 0; b < B; b++) half &= n[b] == 0 || pos[b] + n[b] <= context / 2;
     int g = pre ? 0 : 1;
-    int64_t t = pre ? chunk : 1;
+    int64_t t = pre ? chunk : 1, S = half ? context / 2 : context;
+    dsc_tensor **x = in[g][half];
     for (int64_t b = 0; b < B; b++) {
-      for (int64_t j = 0; j < t; j++)
-        in[g][0]->data[b * t + j] = j < n[b] ? toks[b][pos[b] + j] : 0;
-      in[g][1]->data[b] = n[b] ? pos[b] : context;
-      in[g][2]->data[b] = n[b] ? n[b] - 1 : 0;
+      for (int64_t j = 0; j < t; j++) x[0]->data[b * t + j] = j < n[b] ? toks[b][pos[b] + j] : 0;
+      x[1]->data[b] = n[b] ? pos[b] : context;
+      x[2]->data[b] = n[b] ? n[b] - 1 : 0;
+    }
+    double *rows = x[3]->data, *dest = x[4]->data;
+    for (int64_t r = 0; r < pool; r++) dest[r] = (double)(B * t);
+    for (int64_t b = 0; b < B; b++) {
+      for (int64_t s = 0; s < S; s++)
+        rows[b * S + s] =
+            s / kBlock < used ? (double)(perm[b * used + s / kBlock] * kBlock + s % kBlock) : 0;
+      for (int64_t j = 0; j < n[b]; j++)
+        dest[(int64_t)rows[b * S + pos[b] + j]] = (double)(b * t + j);
     }
     dsc_tensor *out = nullptr;
-    const dsc_tensor *ins[3] = {in[g][0], in[g][1], in[g][2]};
-    EXPECT_EQ(dsc_exec_run(e, pre ? "prefill" : "decode", ins, 3, &out), DSC_OK) << diags(c->ctx);
+    const dsc_tensor *ins[5] = {x[0], x[1], x[2], x[3], x[4]};
+    std::string name = std::string(pre ? "prefill" : "decode") + (half ? ".half" : "");
+    half_runs += half;
+    EXPECT_EQ(dsc_exec_run(e, name.c_str(), ins, 5, &out), DSC_OK) << diags(c->ctx);
     std::vector<double> r;
     if (out) r.assign(out->data, out->data + dsc_type_numel(&out->type));
     dsc_tensor_free(c->ctx, out);
@@ -129,7 +173,9 @@ struct Engine {
 
 // Slot 0 takes its prompt (12 tokens) in chunks of 5, then one token a
 // step; slot 1 starts 3 steps later, one token a step. Twice: the second
-// round starts new sequences at position 0 over what the first left.
+// round starts new sequences at position 0 over what the first left, on
+// blocks shuffled again. The pool holds the 24 positions of each sequence,
+// less than the context of 32 for each slot.
 void check_positions(const std::string &path, dsc_backend be, double tol) {
   Ctx c;
   const int64_t B = 2, T = 24, chunk = 5, context = 32;
@@ -137,12 +183,14 @@ void check_positions(const std::string &path, dsc_backend be, double tol) {
   ASSERT_NE(full, nullptr);
   dsc_params *p = dsc_params_init(full, 11);
   ASSERT_EQ(dsc_make_logits_graph(dsc_module_find_graph(full, "forward")), DSC_OK);
-  dsc_module *m = inference(&c, path, B, chunk, context);
+  const int64_t used = T / kBlock;
+  dsc_module *m = inference(&c, path, B, chunk, context, B * used * kBlock);
   ASSERT_NE(m, nullptr);
-  Engine eng(&c, m, be, p, B, chunk);
+  Engine eng(&c, m, be, p, B, chunk, used);
   ASSERT_NE(eng.e, nullptr);
   std::mt19937 rng(5);
   for (int round = 0; round < 2; round++) {
+    eng.shuffle(7 + round);
     std::vector<int> flat(B * T);
     for (int &x : flat) x = (int)(rng() % kV);
     std::vector<std::vector<int>> toks = {std::vector<int>(flat.begin(), flat.begin() + T),
@@ -171,6 +219,7 @@ void check_positions(const std::string &path, dsc_backend be, double tol) {
       }
     }
   }
+  EXPECT_GT(eng.half_runs, 10) << "the graphs of half the context ran";
   dsc_params_free(p);
 }
 
@@ -235,9 +284,9 @@ void check_greedy(const std::string &path) {
   dsc_tensor_free(c.ctx, tgt);
   dsc_exec_free(fe);
 
-  dsc_module *m = inference(&c, path, 1, chunk, T);
+  dsc_module *m = inference(&c, path, 1, chunk, T, T);
   ASSERT_NE(m, nullptr);
-  Engine eng(&c, m, DSC_BACKEND_CPU, p, 1, chunk);
+  Engine eng(&c, m, DSC_BACKEND_CPU, p, 1, chunk, T / kBlock);
   std::vector<std::vector<int>> toks = {std::vector<int>(seq.begin(), seq.begin() + prompt)};
   toks[0].resize(T);
   std::vector<int64_t> done = {0};
@@ -263,7 +312,7 @@ void check_nvrtc(const std::string &path) {
   GTEST_SKIP() << "built without the CUDA toolkit";
 #else
   Ctx c;
-  dsc_module *m = inference(&c, path, 2, 8, 64);
+  dsc_module *m = inference(&c, path, 2, 8, 64, 2 * 64);
   ASSERT_NE(m, nullptr);
   ASSERT_EQ(dsc_run_codegen_passes(m), DSC_OK) << diags(c.ctx);
   for (const char *name : {"prefill", "decode"}) {
@@ -303,7 +352,8 @@ TEST(KvCache, RefusesAModelWithoutItsLoss) {
   ASSERT_EQ(dsc_make_logits_graph(dsc_module_find_graph(f, "forward")), DSC_OK);
   dsc_module *m = dsc_module_new(c.ctx, "infer");
   c.mods.push_back(m);
-  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(f, "forward"), "decode", 8), DSC_ERR_USER);
+  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(f, "forward"), "decode", 8, 8, 8),
+            DSC_ERR_USER);
   EXPECT_NE(diags(c.ctx).find("cross_entropy"), std::string::npos) << diags(c.ctx);
 }
 
@@ -313,7 +363,7 @@ TEST(KvCache, RefusesACacheShorterThanItsRows) {
   ASSERT_NE(f, nullptr);
   dsc_module *m = dsc_module_new(c.ctx, "infer");
   c.mods.push_back(m);
-  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(f, "forward"), "prefill", 4),
+  EXPECT_EQ(pass_kv_cache_graph(m, dsc_module_find_graph(f, "forward"), "prefill", 4, 4, 4),
             DSC_ERR_USER);
   EXPECT_NE(diags(c.ctx).find("cannot take rows of 8"), std::string::npos) << diags(c.ctx);
 }
