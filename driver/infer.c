@@ -11,7 +11,17 @@
 #include "dsc/infer.h"
 #include "passes/passes.h"
 
-#define MAX_SPANS 5 /* the context, and halves of it down to 64 positions */
+#define MAX_SPANS 5   /* the context, and halves of it down to 64 positions */
+#define MAX_BUCKETS 6 /* the slots, and halves of them down to 1 */
+
+/* One compiled graph: its rows (sequences), the positions its attention
+ * sees, its inputs and how often a step ran it. */
+typedef struct {
+  char name[48];
+  int64_t rows, span;
+  dsc_tensor *in[5]; /* tokens, pos, last, rows, dest */
+  int64_t runs;
+} infer_graph;
 
 struct dsc_infer {
   dsc_context *ctx;
@@ -26,15 +36,17 @@ struct dsc_infer {
   int64_t *table, *held, *free, n_free;
   /* The graphs of a step with prompt chunks (0) and of one with single
    * tokens (1): prefill and decode, or decode twice when chunk is 1; each
-   * at every span, the positions its attention sees (ascending, the last
-   * the context: "decode", the others "decode.<span>"). A step runs the
-   * shortest span that holds its sequences, so attention costs what the
-   * sequences hold, not the context. */
-  int n_spans;
-  int64_t span[MAX_SPANS];
-  char graph[2][MAX_SPANS][32];
-  dsc_tensor *in[2][MAX_SPANS][5]; /* tokens, pos, last, rows, dest */
-  int64_t span_runs[MAX_SPANS];    /* one-token steps per span */
+   * for every bucket of rows (the slots, and halves of them down to one)
+   * and every span, the positions its attention sees (the context, and
+   * halves of it down to 64). graph[g][b * n_spans + s] is bucket b, span s,
+   * both ascending: "decode" has every slot and the context, "decode.r2.128"
+   * 2 rows and 128 positions. A step runs the fewest rows that take its
+   * sequences and the shortest span that holds them, so it costs what the
+   * running sequences hold, not what the engine could hold. */
+  int n_buckets, n_spans;
+  int64_t bucket[MAX_BUCKETS], span[MAX_SPANS];
+  infer_graph graph[2][MAX_BUCKETS * MAX_SPANS];
+  int64_t *row_slot; /* [slots]: the slot each row of a step runs */
   /* no cache (a model pass kv_cache cannot rewrite): graph `window`, the
    * forward over every slot's tokens so far, run whole at each step */
   dsc_tensor *window, *targets;
@@ -52,8 +64,9 @@ static double now_s(void) { return (double)dsc_trace_now_ns() * 1e-9; }
 void dsc_infer_free(dsc_infer *e) {
   if (!e) return;
   for (int g = 0; g < 2; g++)
-    for (int k = 0; k < MAX_SPANS; k++)
-      for (int i = 0; i < 5; i++) dsc_tensor_free(e->ctx, e->in[g][k][i]);
+    for (int k = 0; k < MAX_BUCKETS * MAX_SPANS; k++)
+      for (int i = 0; i < 5; i++) dsc_tensor_free(e->ctx, e->graph[g][k].in[i]);
+  free(e->row_slot);
   free(e->table);
   free(e->held);
   free(e->free);
@@ -79,21 +92,40 @@ dsc_exec *dsc_infer_exec(dsc_infer *e) { return e->exec; }
 
 const char *dsc_infer_one_token_graph(const dsc_infer *e) {
   if (e->window) return "forward";
-  int most = e->n_spans - 1;
-  for (int k = 0; k < e->n_spans; k++)
-    if (e->span_runs[k] > e->span_runs[most]) most = k;
-  return e->graph[1][most];
+  int most = e->n_buckets * e->n_spans - 1; /* "decode" */
+  for (int k = 0; k < e->n_buckets * e->n_spans; k++)
+    if (e->graph[1][k].runs > e->graph[1][most].runs) most = k;
+  return e->graph[1][most].name;
 }
 
-/* The context, then halves of it while they are at least 64 positions and
- * a chunk; ascending. */
-static void choose_spans(dsc_infer *e) {
-  int64_t s[MAX_SPANS];
+/* x, then halves of it while they are at least lo, at most `max` values;
+ * ascending. Returns how many. */
+static int halves(int64_t x, int64_t lo, int max, int64_t *out) {
+  int64_t s[MAX_SPANS > MAX_BUCKETS ? MAX_SPANS : MAX_BUCKETS];
   int n = 0;
-  for (int64_t x = e->context; n < MAX_SPANS && (n == 0 || (x >= 64 && x >= e->chunk)); x /= 2)
-    s[n++] = x;
-  for (int k = 0; k < n; k++) e->span[k] = s[n - 1 - k];
-  e->n_spans = n;
+  for (; n < max && (n == 0 || x >= lo); x /= 2) s[n++] = x;
+  for (int k = 0; k < n; k++) out[k] = s[n - 1 - k];
+  return n;
+}
+
+/* The graphs' names, rows and spans (halves of the slots down to one row,
+ * of the context down to 64 positions and a chunk). */
+static void name_graphs(dsc_infer *e, int kinds) {
+  static const char *const names[2] = {"prefill", "decode"};
+  int64_t lo = e->chunk > 64 ? e->chunk : 64;
+  e->n_buckets = halves(e->slots, 1, MAX_BUCKETS, e->bucket);
+  e->n_spans = halves(e->context, lo, MAX_SPANS, e->span);
+  for (int g = 0; g < 2; g++)
+    for (int b = 0; b < e->n_buckets; b++)
+      for (int s = 0; s < e->n_spans; s++) {
+        infer_graph *v = &e->graph[g][b * e->n_spans + s];
+        int at = snprintf(v->name, sizeof v->name, "%s", names[kinds == 2 ? g : 1]);
+        if (b < e->n_buckets - 1)
+          at += snprintf(v->name + at, sizeof v->name - (size_t)at, ".r%" PRId64, e->bucket[b]);
+        if (s < e->n_spans - 1)
+          snprintf(v->name + at, sizeof v->name - (size_t)at, ".%" PRId64, e->span[s]);
+        v->rows = e->bucket[b], v->span = e->span[s];
+      }
 }
 
 void dsc_infer_cache(const dsc_infer *e, int64_t *block, int64_t *blocks, int64_t *free_blocks) {
@@ -277,29 +309,26 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
     st = oom(ctx);
     goto done;
   }
-  static const char *const names[2] = {"prefill", "decode"};
-  choose_spans(e);
-  for (int g = 0; g < 2; g++)
-    for (int k = 0; k < e->n_spans; k++) {
-      const char *kind = names[graphs == 2 ? g : 1];
-      if (k == e->n_spans - 1)
-        snprintf(e->graph[g][k], sizeof e->graph[g][k], "%s", kind);
-      else
-        snprintf(e->graph[g][k], sizeof e->graph[g][k], "%s.%" PRId64, kind, e->span[k]);
-    }
+  name_graphs(e, graphs);
   int errors = dsc_error_count(ctx);
-  for (int g = 0; g < graphs && st == DSC_OK; g++) {
-    int64_t t = g == 0 ? e->chunk : 1;
-    st = forward_at(ctx, model, e->slots, t, &fm[g], &fg[g]);
-    if (st != DSC_OK) fg[g] = NULL; /* the model itself is wrong: no fallback */
-    for (int k = e->n_spans - 1; k >= 0 && st == DSC_OK; k--)
-      st = pass_kv_cache_graph(e->m, fg[g], e->graph[g][k], e->context, e->span[k],
-                               e->blocks * e->block);
-    if (st == DSC_ERR_USER && fg[g] && errors == 0) {
-      graphs = 1;
-      st = no_cache(e, model, &fm[g]);
-      break;
+  /* the full graphs first: a model the cache cannot take fails there */
+  for (int b = e->n_buckets - 1; b >= 0 && st == DSC_OK; b--) {
+    for (int g = 0; g < graphs && st == DSC_OK; g++) {
+      int64_t t = g == 0 ? e->chunk : 1;
+      dsc_module_free(fm[g]);
+      fm[g] = NULL;
+      st = forward_at(ctx, model, e->bucket[b], t, &fm[g], &fg[g]);
+      if (st != DSC_OK) fg[g] = NULL; /* the model itself is wrong: no fallback */
+      for (int s = e->n_spans - 1; s >= 0 && st == DSC_OK; s--)
+        st = pass_kv_cache_graph(e->m, fg[g], e->graph[g][b * e->n_spans + s].name, e->context,
+                                 e->span[s], e->blocks * e->block);
+      if (st == DSC_ERR_USER && fg[g] && errors == 0 && b == e->n_buckets - 1) {
+        graphs = 1;
+        st = no_cache(e, model, &fm[g]);
+        break;
+      }
     }
+    if (e->window) break;
   }
   if (st == DSC_OK) st = pool_alloc(e);
   if (st != DSC_OK) goto done;
@@ -316,11 +345,16 @@ static dsc_status infer_inner(dsc_infer *e, const dsc_infer_options *o) {
   ck = NULL;
   if ((st = dsc_exec_new(e->m, &eo, &e->exec)) != DSC_OK) goto done;
   if ((st = dsc_exec_load_params(e->exec, params)) != DSC_OK) goto done;
+  if (!(e->row_slot = calloc((size_t)e->slots, sizeof *e->row_slot))) {
+    st = oom(ctx);
+    goto done;
+  }
   for (int g = 0; g < 2 && !e->window; g++)
-    for (int k = 0; k < e->n_spans; k++) {
-      const dsc_graph *gr = dsc_module_find_graph(e->m, e->graph[g][k]);
+    for (int k = 0; k < e->n_buckets * e->n_spans; k++) {
+      infer_graph *v = &e->graph[g][k];
+      const dsc_graph *gr = dsc_module_find_graph(e->m, v->name);
       for (int i = 0; i < 5; i++)
-        if (!(e->in[g][k][i] = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(gr, i))))) {
+        if (!(v->in[i] = dsc_tensor_new(ctx, dsc_node_type(dsc_graph_input_at(gr, i))))) {
           st = oom(ctx);
           goto done;
         }
@@ -428,43 +462,50 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
   dsc_status st = take_blocks(e, n, pos);
   if (st != DSC_OK) return st;
   if (e->window) return window_step(e, n, pos, tokens, logits);
-  int g = prefill ? 0 : 1, k = 0;
-  int64_t reach = 0; /* the shortest span that holds every query */
+  /* the slots with tokens become the graph's rows, in slot order: the
+   * fewest rows that take them, the shortest span that holds them */
+  int64_t R = 0, reach = 0;
   for (int64_t b = 0; b < e->slots; b++)
-    if (n[b] > 0 && pos[b] + n[b] > reach) reach = pos[b] + n[b];
-  while (e->span[k] < reach) k++;
-  dsc_tensor **in = e->in[g][k];
-  int64_t t = in[0]->type.dims[1], S = e->span[k];
-  for (int64_t b = 0; b < e->slots; b++) {
-    for (int64_t j = 0; j < t; j++)
-      in[0]->data[b * t + j] = j < n[b] ? (double)tokens[b * e->chunk + j] : 0;
-    /* a slot without tokens writes nothing: its row lands past the cache */
-    in[1]->data[b] = n[b] > 0 ? (double)pos[b] : (double)e->context;
-    in[2]->data[b] = n[b] > 0 ? (double)(n[b] - 1) : 0;
-  }
-  /* rows: the pool row of each slot's positions (row 0 past what it holds:
-   * masked); dest: the new key each pool row takes (slots * t: none) */
+    if (n[b] > 0) {
+      e->row_slot[R++] = b;
+      if (pos[b] + n[b] > reach) reach = pos[b] + n[b];
+    }
+  int kb = 0, ks = 0;
+  while (e->bucket[kb] < R) kb++;
+  while (e->span[ks] < reach) ks++;
+  infer_graph *v = &e->graph[prefill ? 0 : 1][kb * e->n_spans + ks];
+  dsc_tensor **in = v->in;
+  int64_t t = in[0]->type.dims[1], S = v->span;
+  /* rows: the pool row of each row's positions (row 0 past what its slot
+   * holds: masked); dest: the new key each pool row takes (rows * t: none).
+   * Rows past R (a bucket larger than the step) write nothing. */
   double *rows = in[3]->data, *dest = in[4]->data;
-  for (int64_t r = 0; r < e->blocks * e->block; r++) dest[r] = (double)(e->slots * t);
-  for (int64_t b = 0; b < e->slots; b++) {
-    const int64_t *tb = e->table + b * e->per_seq;
-    double *rb = rows + b * S;
+  for (int64_t r = 0; r < e->blocks * e->block; r++) dest[r] = (double)(v->rows * t);
+  for (int64_t r = 0; r < v->rows; r++) {
+    int64_t b = r < R ? e->row_slot[r] : -1, k = b >= 0 ? n[b] : 0;
+    for (int64_t j = 0; j < t; j++)
+      in[0]->data[r * t + j] = j < k ? (double)tokens[b * e->chunk + j] : 0;
+    in[1]->data[r] = k > 0 ? (double)pos[b] : 0;
+    in[2]->data[r] = k > 0 ? (double)(k - 1) : 0;
+    const int64_t *tb = b >= 0 ? e->table + b * e->per_seq : NULL;
+    double *rr = rows + r * S;
     for (int64_t p = 0; p < S; p++) {
       int64_t i = p / e->block;
-      rb[p] = i < e->held[b] ? (double)(tb[i] * e->block + p % e->block) : 0;
+      rr[p] = tb && i < e->held[b] ? (double)(tb[i] * e->block + p % e->block) : 0;
     }
-    for (int64_t j = 0; j < n[b]; j++) dest[(int64_t)rb[pos[b] + j]] = (double)(b * t + j);
+    for (int64_t j = 0; j < k; j++) dest[(int64_t)rr[pos[b] + j]] = (double)(r * t + j);
   }
   dsc_tensor *out = NULL;
   double t0 = now_s();
-  st = dsc_exec_run(e->exec, e->graph[g][k], (const dsc_tensor *const *)in, 5, &out);
+  st = dsc_exec_run(e->exec, v->name, (const dsc_tensor *const *)in, 5, &out);
+  int g = prefill ? 0 : 1;
   e->seconds[g] += now_s() - t0;
   e->runs[g]++;
-  if (g == 1) e->span_runs[k]++;
+  v->runs++;
   if (st != DSC_OK) return st;
-  for (int64_t b = 0; b < e->slots; b++)
-    if (n[b] > 0)
-      memcpy(logits + b * e->vocab, out->data + b * e->vocab, sizeof(double) * (size_t)e->vocab);
+  for (int64_t r = 0; r < R; r++)
+    memcpy(logits + e->row_slot[r] * e->vocab, out->data + r * e->vocab,
+           sizeof(double) * (size_t)e->vocab);
   dsc_tensor_free(e->ctx, out);
   return DSC_OK;
 }

@@ -101,8 +101,8 @@ ir_node *pass_attention_form(ir_graph *g, const ir_node *attn, ir_node *q, ir_no
  * rows[b, 0 .. span) as its positions 0 .. span - 1, up to each query's
  * own (t <= span <= context; a query at span or later is not answered).
  * Positions are clamped to context - 1. dst takes fwd's params when it
- * has none; another graph (another t or span) must agree with the first
- * on params, B and pool. The model's positions
+ * has none; another graph (another B, t or span) must agree with the
+ * first on params and pool. The model's positions
  * must be iota(T) read by embedding or rope, its attentions causal. On an
  * error dst may hold part of the graph and its states: discard it. */
 dsc_status pass_kv_cache_graph(ir_module *dst, const ir_graph *fwd, const char *name,

@@ -6,10 +6,13 @@
  * positions, a sequence taking blocks as it grows (a block table per slot,
  * as vLLM and FastGen page theirs), so a step runs only the new tokens: a
  * prompt in chunks of up to `chunk` tokens, then one token per step, and
- * the cache holds what the sequences use. Two graphs are compiled once,
+ * the cache holds what the sequences use. The graphs are compiled once,
  * from the model's forward by pass kv_cache: `prefill` (chunk tokens per
- * slot) and `decode` (one); a step with more than one token in any slot
- * runs `prefill`, the others `decode`. */
+ * row) and `decode` (one); a step with more than one token in any slot
+ * runs a `prefill`, the others a `decode`. Each comes for every bucket of
+ * rows (the slots and halves of them down to one) and every span (the
+ * context and halves of it down to 64 positions): a step runs the slots
+ * that have tokens as the rows of the smallest graph that takes them. */
 #ifndef DSC_INFER_H
 #define DSC_INFER_H
 
