@@ -12,6 +12,8 @@
  *   (a transpose is swapped strides, a broadcast batch dim stride 0); an
  *   operand with neither unit row nor unit column stride is copied.
  * - concat: one copy kernel per input into its slice of the result buffer.
+ * - set_rows: a copy of x, then its rows written; assigned to x's own
+ *   state and read by nothing after, the rows go into the state in place.
  * - embedding_grad: a scatter-add into a zero-filled buffer; in a tied
  *   embedding's add(GEMM result, embedding_grad) it adds into the GEMM's
  *   buffer in place instead, and the add is that buffer (embedding_grad_base).
@@ -600,7 +602,8 @@ static bool resolve(L *l, const ir_node *n, view *v) {
     default:
       break;
   }
-  if (ir_op(n->op)->cg == IR_CG_COMPOSITE && n->op != DSC_OP_EMBEDDING_GRAD)
+  if (ir_op(n->op)->cg == IR_CG_COMPOSITE && n->op != DSC_OP_EMBEDDING_GRAD &&
+      n->op != DSC_OP_SET_ROWS)
     return fail(l, n, DSC_ERR_USER, "op %s has no code generation; run the decompose pass",
                 dsc_op_name(n->op));
   return fail(l, n, DSC_ERR_USER, "op %s has no code generation (run the fuse pass first)",
@@ -851,6 +854,63 @@ static bool lower_embedding_grad(L *l, const ir_node *n) {
   in->accumulate = sum != NULL;
   if (sum) l->alias[sum->id] = true, l->buf[sum->id] = dst;
   in->n_ids = dsc_type_numel(&n->in[0]->type);
+  in->rows = n->type.dims[0];
+  in->cols = n->type.dims[1];
+  l->buf[n->id] = dst;
+  return true;
+}
+
+/* set_rows(x, ids, rows) assigned to the state x reads, when nothing reads
+ * that state after it and the value is not an output: the rows can go
+ * into the state itself (its value from before the step is then not needed
+ * by anyone; the value's other readers find it there). Returns the state's
+ * buffer, or -1. */
+static int set_rows_in_place(L *l, const ir_node *n) {
+  const ir_node *x = n->in[0];
+  if (x->op != DSC_OP_PARAM || l->is_output[n->id]) return -1;
+  const char *name = ir_attr_str(x, "name");
+  int assigns = 0;
+  for (int u = 0; u < l->users[n->id]; u++) {
+    const ir_node *a = l->g->nodes[l->user_list[n->id][u]];
+    if (a->op == DSC_OP_ASSIGN) {
+      if (strcmp(ir_attr_str(a, "name"), name) != 0) return -1;
+      assigns++;
+    }
+  }
+  if (assigns != 1) return -1;
+  for (int i = 0; i < l->g->n_nodes; i++) { /* every read of the state: before n */
+    const ir_node *r = l->g->nodes[i];
+    if (r->op != DSC_OP_PARAM || strcmp(ir_attr_str(r, "name"), name) != 0) continue;
+    if (l->is_output[r->id]) return -1;
+    for (int u = 0; u < l->users[r->id]; u++)
+      if (l->user_list[r->id][u] > n->id) return -1;
+  }
+  int j = param_index(l, x);
+  if (j < 0) return -1;
+  int b = l->param_buf[j];
+  const cg_buffer *pb = &l->p->buffers[b];
+  return pb->tier == CG_TIER_DEVICE && pb->numel == dsc_type_numel(&n->type) &&
+                 pb->dtype == n->type.dtype
+             ? b
+             : -1;
+}
+
+static bool lower_set_rows(L *l, const ir_node *n) {
+  int ids = contiguous_buffer(l, n->in[1], true), src = contiguous_buffer(l, n->in[2], true);
+  if (ids < 0 || src < 0) return false;
+  int64_t numel = dsc_type_numel(&n->type);
+  int dst = set_rows_in_place(l, n);
+  if (dst < 0) { /* a copy of x first */
+    int x = contiguous_buffer(l, n->in[0], true);
+    if (x < 0 || (dst = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, numel)) < 0) return false;
+    cg_instr *c = new_instr(l, CG_INS_COPY, n);
+    if (!c) return false;
+    c->ids = -1, c->src = x, c->dst = dst, c->numel = numel;
+  }
+  cg_instr *in = new_instr(l, CG_INS_SET_ROWS, n);
+  if (!in) return false;
+  in->ids = ids, in->src = src, in->dst = dst;
+  in->n_ids = n->in[1]->type.dims[0];
   in->rows = n->type.dims[0];
   in->cols = n->type.dims[1];
   l->buf[n->id] = dst;
@@ -1186,6 +1246,7 @@ static bool instr_reads(const cg_program *p, const cg_instr *in, int buffer) {
       return in->gemm.a.buffer == buffer || in->gemm.b.buffer == buffer ||
              in->gemm.c.buffer == buffer;
     case CG_INS_EMBEDDING_GRAD:
+    case CG_INS_SET_ROWS: /* dst: the rows not written stay */
       return in->ids == buffer || in->src == buffer || in->dst == buffer;
     case CG_INS_COPY:
       return in->src == buffer || in->dst == buffer;
@@ -1848,6 +1909,9 @@ static void lower_node(L *l, const ir_node *x) {
   switch (x->op) {
     case DSC_OP_MATMUL: lower_matmul(l, x); break;
     case DSC_OP_EMBEDDING_GRAD: lower_embedding_grad(l, x); break;
+    case DSC_OP_SET_ROWS:
+      lower_set_rows(l, x);
+      break;
     case DSC_OP_CONCAT: lower_concat(l, x); break;
     case DSC_OP_ASSIGN: lower_assign(l, x); break;
     case DSC_OP_TIER_READ_START:
@@ -1945,7 +2009,13 @@ static dsc_status lower_assigns(L *l) {
   cg_program *p = l->p;
   const ir_node **assign_src = l->assign_src;
   for (int s = 0; s < p->n_assigns && l->status == DSC_OK; s++) {
-    int b = contiguous_buffer(l, assign_src[s], false);
+    const ir_node *x = assign_src[s];
+    if (x->op == DSC_OP_SET_ROWS && l->buf[x->id] == l->param_buf[p->assigns[s].param]) {
+      p->assigns[s].buffer = l->buf[x->id]; /* its rows went into the state (lower_set_rows) */
+      p->assigns[s].in_place = true;
+      continue;
+    }
+    int b = contiguous_buffer(l, x, false);
     if (b >= 0) p->assigns[s].buffer = b;
   }
   /* in place: per kernel, the assigns whose value it stores */

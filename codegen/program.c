@@ -86,6 +86,10 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
                   in->accumulate ? "+=" : "<-", in->ids, (long long)in->n_ids, in->src,
                   (long long)in->rows, (long long)in->cols);
         break;
+      case CG_INS_SET_ROWS:
+        sb_printf(&b, "set_rows b%d ids b%d (%lld), src b%d, rows %lld cols %lld\n", in->dst,
+                  in->ids, (long long)in->n_ids, in->src, (long long)in->rows, (long long)in->cols);
+        break;
       case CG_INS_COPY:
         sb_printf(&b, "copy b%d+%lld <- b%d+%lld%s (%lld)\n", in->dst, (long long)in->dst_offset,
                   in->src, (long long)in->src_offset, in->src_rank_chunk ? "+rank*numel" : "",

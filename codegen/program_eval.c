@@ -135,6 +135,19 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
         }
         break;
       }
+      case CG_INS_SET_ROWS: {
+        size_t es = dsc_dtype_size(p->buffers[in->dst].dtype);
+        dsc_dtype ti = p->buffers[in->ids].dtype;
+        void *I = buffer_base(p, state, work, in->ids);
+        char *S = buffer_base(p, state, work, in->src), *D = buffer_base(p, state, work, in->dst);
+        for (int64_t r = 0; r < in->n_ids; r++) {
+          double id = load(I, ti, r);
+          if (id >= 0 && id < (double)in->rows)
+            memcpy(D + (size_t)((int64_t)id * in->cols) * es, S + (size_t)(r * in->cols) * es,
+                   (size_t)in->cols * es);
+        }
+        break;
+      }
       case CG_INS_COPY: {
         const cg_buffer *s = &p->buffers[in->src];
         if (in->src_rank_chunk && in->coll.world != 1) { /* rank 0 of 1: its chunk is at 0 */

@@ -126,6 +126,10 @@ dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world, d
         ev.flops = (double)in->n_ids * (double)in->cols;
         out->kernel_flops += ev.flops;
         break;
+      case CG_INS_SET_ROWS:
+        ev.flops = (double)in->n_ids * (double)in->cols;
+        out->kernel_flops += ev.flops;
+        break;
       case CG_INS_COPY:
         ev.flops = (double)in->numel;
         out->kernel_flops += ev.flops;

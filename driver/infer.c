@@ -477,10 +477,10 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
   dsc_tensor **in = v->in;
   int64_t t = in[0]->type.dims[1], S = v->span;
   /* rows: the pool row of each row's positions (row 0 past what its slot
-   * holds: masked); dest: the new key each pool row takes (rows * t: none).
-   * Rows past R (a bucket larger than the step) write nothing. */
+   * holds: masked); dest: the pool row of each new key (-1: padding, and
+   * the rows past R of a bucket larger than the step, write nothing) */
   double *rows = in[3]->data, *dest = in[4]->data;
-  for (int64_t r = 0; r < e->blocks * e->block; r++) dest[r] = (double)(v->rows * t);
+  for (int64_t r = 0; r < v->rows * t; r++) dest[r] = -1;
   for (int64_t r = 0; r < v->rows; r++) {
     int64_t b = r < R ? e->row_slot[r] : -1, k = b >= 0 ? n[b] : 0;
     for (int64_t j = 0; j < t; j++)
@@ -493,7 +493,7 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
       int64_t i = p / e->block;
       rr[p] = tb && i < e->held[b] ? (double)(tb[i] * e->block + p % e->block) : 0;
     }
-    for (int64_t j = 0; j < k; j++) dest[(int64_t)rr[pos[b] + j]] = (double)(r * t + j);
+    for (int64_t j = 0; j < k; j++) dest[r * t + j] = rr[pos[b] + j];
   }
   dsc_tensor *out = NULL;
   double t0 = now_s();

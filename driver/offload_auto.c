@@ -72,10 +72,12 @@ static void next_uses(const cg_program *pr, int peak, int n_params, int64_t *nex
         use(pr, in->gemm.c.buffer, i, peak, next_use);
         break;
       case CG_INS_EMBEDDING_GRAD:
+      case CG_INS_SET_ROWS:
       case CG_INS_COPY:
       case CG_INS_COLLECTIVE_START:
       case CG_INS_COLLECTIVE_WAIT:
-        if (in->kind == CG_INS_EMBEDDING_GRAD) use(pr, in->ids, i, peak, next_use);
+        if (in->kind == CG_INS_EMBEDDING_GRAD || in->kind == CG_INS_SET_ROWS)
+          use(pr, in->ids, i, peak, next_use);
         use(pr, in->src, i, peak, next_use);
         use(pr, in->dst, i, peak, next_use);
         break;

@@ -1,5 +1,5 @@
 /* kernels/helpers.cuh: the CUDA executor's own kernels (runtime/exec_cuda.c),
- * self-contained (no includes): embedding gradients and the bf16/f16 <-> f32
+ * self-contained (no includes): embedding gradients, set_rows and the bf16/f16 <-> f32
  * conversions of inputs and outputs. bf16/f16 are unsigned shorts converted
  * as codegen/cuda.c's prelude does (round to nearest even); embedding
  * gradients accumulate with atomicAdd in f32 (f64 for an f64 destination),
@@ -55,8 +55,41 @@ static __device__ void dsc_embgrad(const I *ids, const S *src, A *acc, long long
 #define DSC_EMB_S(an, A, in, I) DSC_EMB(f32, float, an, A, in, I) \
   DSC_EMB(f64, double, an, A, in, I) DSC_EMB(bf16, dsc_bf16, an, A, in, I) \
   DSC_EMB(f16, dsc_f16, an, A, in, I)
-DSC_EMB_S(f32, float, i32, int) DSC_EMB_S(f32, float, i64, long long)
-DSC_EMB_S(f64, double, i32, int) DSC_EMB_S(f64, double, i64, long long)
+DSC_EMB_S(f32, float, i32, int)
+DSC_EMB_S(f32, float, i64, long long)
+DSC_EMB_S(f64, double, i32, int)
+DSC_EMB_S(f64, double, i64, long long)
+    /* set_rows: one block per written row; a row whose id is out of range, or
+     * written again by a later id, is skipped (the last write wins, as in the
+     * reference's order) */
+    template <typename I>
+    static __device__ void dsc_set_rows(const I *ids, const unsigned char *src, unsigned char *dst,
+                                        long long n_ids, long long rows, long long row_bytes) {
+  __shared__ int skip;
+  for (long long i = blockIdx.x; i < n_ids; i += gridDim.x) {
+    long long id = (long long)ids[i];
+    if (threadIdx.x == 0) {
+      int s = id < 0 || id >= rows;
+      for (long long j = i + 1; j < n_ids && !s; j++) s = (long long)ids[j] == id;
+      skip = s;
+    }
+    __syncthreads();
+    if (!skip)
+      for (long long b = threadIdx.x; b < row_bytes; b += blockDim.x)
+        dst[id * row_bytes + b] = src[i * row_bytes + b];
+    __syncthreads();
+  }
+}
+extern "C" __global__ void dsc_set_rows_i32(const int *ids, const unsigned char *src,
+                                            unsigned char *dst, long long n_ids, long long rows,
+                                            long long row_bytes) {
+  dsc_set_rows<int>(ids, src, dst, n_ids, rows, row_bytes);
+}
+extern "C" __global__ void dsc_set_rows_i64(const long long *ids, const unsigned char *src,
+                                            unsigned char *dst, long long n_ids, long long rows,
+                                            long long row_bytes) {
+  dsc_set_rows<long long>(ids, src, dst, n_ids, rows, row_bytes);
+}
 extern "C" __global__ void dsc_bf16_to_f32(const dsc_bf16 *in, float *out, long long n) {
   DSC_GRID_LOOP(i, n) out[i] = (float)dsc_ld(in[i]);
 }

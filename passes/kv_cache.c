@@ -10,8 +10,8 @@
  *   attention   the keys and values live in a pool of rows shared by all
  *               sequences, states kv.<i>.k and kv.<i>.v [P, C]: the caller
  *               hands out the rows in blocks and says, per step, where
- *               each row's keys land (dest: for each pool row, the index of
- *               the new key in [B * t], or B * t to keep the row) and which
+ *               each row's keys land (dest [B * t]: the pool row of each
+ *               new key, -1 for none) and which
  *               pool row holds position s of sequence b (rows [B, span]: a
  *               graph sees the first `span` positions, so a step whose
  *               sequences are short runs a graph of a short span).
@@ -21,10 +21,9 @@
  *               sequence has not written are never seen;
  *   the loss    cross_entropy(logits, targets) becomes the logits of token
  *               last[b] of each row: the last matmul reads that row only.
- * The write is a where over the pool (the new keys gathered to the rows
- * they land on) and the read an embedding of the pool by rows, so the
- * graph needs no new op and the interpreter, the CPU code generator and
- * CUDA all run it as they are. */
+ * The write is a set_rows of the state (the code generator writes the new
+ * rows in place: a step costs what it writes, not the pool) and the read
+ * an embedding of the pool by rows. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,7 +38,7 @@ typedef struct {
   int64_t B, t, context, span, pool;
   ir_node *tokens, *pos, *last;
   ir_node *rows;      /* [B, span] i32: the pool row of each sequence's positions */
-  ir_node *dest;      /* [pool] i32: the new key each pool row takes, or B * t */
+  ir_node *dest;      /* [B * t] i32: the pool row of each new key, or -1 */
   ir_node *positions; /* [B, t] i32: the queries' positions, unclamped */
   ir_node *clamped;   /* the same, at most context - 1 */
   int attentions;
@@ -78,12 +77,9 @@ static ir_node *reshape(ir_graph *g, ir_node *x, int64_t d0, int64_t d1, int64_t
 /* the pool [P, C] with the step's keys x [B, t, C] written to the rows dest names */
 static ir_node *write_rows(kv_builder *b, ir_node *pool, ir_node *x) {
   ir_graph *g = b->g;
-  int64_t n = b->B * b->t, C = x->type.dims[2], P = b->pool;
-  int64_t flat[2] = {n, C}, col[2] = {P, 1};
-  ir_node *in[2] = {dsc_reshape(g, x, flat, 2), at_most(g, b->dest, n - 1)};
-  ir_node *vals = dsc_build(g, DSC_OP_EMBEDDING, in, 2, NULL, 0); /* [P, C] */
-  ir_node *landed = dsc_binary(g, DSC_OP_LESS, b->dest, i32_const(g, (double)n));
-  return where3(g, dsc_reshape(g, landed, col, 2), vals, pool);
+  int64_t flat[2] = {b->B * b->t, x->type.dims[2]};
+  ir_node *in[3] = {pool, b->dest, dsc_reshape(g, x, flat, 2)};
+  return dsc_build(g, DSC_OP_SET_ROWS, in, 3, NULL, 0);
 }
 
 /* [B, span, C]: each sequence's first positions, gathered from the pool */
@@ -272,7 +268,7 @@ dsc_status pass_kv_cache_graph(ir_module *dst, const ir_graph *fwd, const char *
   b.last = dsc_graph_input(g, "last", vt);
   dsc_type rt = vt, dt = vt;
   rt.rank = 2, rt.dims[1] = span;
-  dt.dims[0] = pool;
+  dt.dims[0] = b.B * b.t;
   b.rows = dsc_graph_input(g, "rows", rt);
   b.dest = dsc_graph_input(g, "dest", dt);
   if (!b.tokens || !b.pos || !b.last || !b.rows || !b.dest) return DSC_ERR_INTERNAL;

@@ -91,13 +91,13 @@ ir_node *pass_attention_form(ir_graph *g, const ir_node *attn, ir_node *q, ir_no
  * graph compiled at [B, t] that ends in cross_entropy(logits, targets),
  * builds graph `name` in `dst`:
  *   name(tokens: [B, t], pos: i32[B], last: i32[B], rows: i32[B, span],
- *        dest: i32[pool]) -> logits [B, V]
+ *        dest: i32[B * t]) -> logits [B, V]
  * Row b holds t tokens of sequence b at positions pos[b] .. pos[b] + t - 1;
  * the result is the logits after token last[b] of the row. Each attention
  * keeps its keys and values in states kv.<i>.k and kv.<i>.v [pool, C]
  * (zeros at first), rows shared by all sequences: the run writes the new
- * key of row b, token j into pool row r where dest[r] = b * t + j (dest[r]
- * = B * t keeps row r), then attends, for sequence b, to pool rows
+ * key of row b, token j into pool row dest[b * t + j] (none where that is
+ * outside the pool, e.g. -1), then attends, for sequence b, to pool rows
  * rows[b, 0 .. span) as its positions 0 .. span - 1, up to each query's
  * own (t <= span <= context; a query at span or later is not answered).
  * Positions are clamped to context - 1. dst takes fwd's params when it

@@ -55,10 +55,11 @@ typedef struct {
 } cg_buffer;
 
 typedef enum {
-  CG_INS_LAUNCH,         /* kernel `kernel` with argument buffers args[] */
-  CG_INS_GEMM,           /* see cg_gemm */
-  CG_INS_EMBEDDING_GRAD, /* dst[rows, D] = 0 (unless accumulate); dst[ids[i], :] += src[i, :] */
-  CG_INS_COPY,           /* dst = src, `numel` elements, same dtype, contiguous */
+  CG_INS_LAUNCH,           /* kernel `kernel` with argument buffers args[] */
+  CG_INS_GEMM,             /* see cg_gemm */
+  CG_INS_EMBEDDING_GRAD,   /* dst[rows, D] = 0 (unless accumulate); dst[ids[i], :] += src[i, :] */
+  CG_INS_SET_ROWS,         /* dst[ids[i], :] = src[i, :] where 0 <= ids[i] < rows, i in order */
+  CG_INS_COPY,             /* dst = src, `numel` elements, same dtype, contiguous */
   CG_INS_COLLECTIVE_START, /* starts collective `coll` (asynchronous): src -> dst */
   CG_INS_COLLECTIVE_WAIT,  /* completes the collective `coll.id` started earlier */
   CG_INS_TIER_START,       /* starts disk transfer `tier` (asynchronous) of buffer src */
@@ -130,7 +131,8 @@ typedef struct {
   int *args; /* buffer per kernel argument (views: the kir_access offsets) */
   /* GEMM */
   cg_gemm gemm;
-  /* EMBEDDING_GRAD: ids (n_ids integers), src [n_ids, cols] contiguous, dst [rows, cols] */
+  /* EMBEDDING_GRAD, SET_ROWS: ids (n_ids integers), src [n_ids, cols]
+   * contiguous, dst [rows, cols] */
   int ids, src, dst;
   int64_t n_ids, rows, cols;
   bool accumulate; /* EMBEDDING_GRAD adds into dst's values (no zero-fill first) */

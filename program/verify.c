@@ -137,20 +137,23 @@ static bool check_gemm(const verifier *v, int i, const cg_gemm *g) {
   return true;
 }
 
+/* embedding_grad and set_rows: ids, src rows and a dst matrix */
 static bool check_embedding_grad(const verifier *v, int i, const cg_instr *in) {
-  const char *what = "embedding gradient";
+  const char *what = in->kind == CG_INS_SET_ROWS ? "set_rows" : "embedding gradient";
   if (!operand(v, i, in->ids, what) || !operand(v, i, in->src, what) ||
       !operand(v, i, in->dst, what))
     return false;
   dsc_dtype it = v->p->buffers[in->ids].dtype;
-  if (it != DSC_I32 && it != DSC_I64) return bad(v, i, "embedding gradient: ids not i32/i64");
+  if (it != DSC_I32 && it != DSC_I64) return bad(v, i, "%s: ids not i32/i64", what);
   if (!dsc_dtype_is_float(v->p->buffers[in->src].dtype) ||
       !dsc_dtype_is_float(v->p->buffers[in->dst].dtype))
-    return bad(v, i, "embedding gradient: src and dst must have float dtypes");
+    return bad(v, i, "%s: src and dst must have float dtypes", what);
+  if (in->kind == CG_INS_SET_ROWS && v->p->buffers[in->src].dtype != v->p->buffers[in->dst].dtype)
+    return bad(v, i, "set_rows: src and dst have different dtypes");
   if (in->n_ids < 0 || in->rows < 0 || in->cols < 0 || in->n_ids > numel(v, in->ids) ||
       (in->cols > 0 &&
        (in->n_ids > numel(v, in->src) / in->cols || in->rows > numel(v, in->dst) / in->cols)))
-    return bad(v, i, "embedding gradient: sizes do not fit the buffers");
+    return bad(v, i, "%s: sizes do not fit the buffers", what);
   return true;
 }
 
@@ -305,6 +308,7 @@ bool cg_program_verify(dsc_context *ctx, const cg_program *p, const cg_verify_li
         ok = check_gemm(&v, i, &in->gemm);
         break;
       case CG_INS_EMBEDDING_GRAD:
+      case CG_INS_SET_ROWS:
         ok = check_embedding_grad(&v, i, in);
         break;
       case CG_INS_COLLECTIVE_START:

@@ -227,6 +227,7 @@ static int instr_spans(const rt_cpu_exec *e, const rt_prog *rp, int i, rt_span *
     case CG_INS_TIER_WAIT:
       return add_span(e, rp, in->src, 0, true, out, n);
     case CG_INS_EMBEDDING_GRAD:
+    case CG_INS_SET_ROWS:
     case CG_INS_COPY:
       n = add_span(e, rp, in->ids, 0, false, out, n);
       n = add_span(e, rp, in->src, 0, false, out, n);
@@ -572,7 +573,7 @@ typedef struct {
   dsc_dtype src_dt, dst_dt;
   int32_t *status;
   int64_t bad_id, bad_pos; /* the first id out of range (chunk 0 records it) */
-} embgrad_job;
+} embgrad_job;             /* and set_rows' */
 
 static void embgrad_zero(void *arg, int64_t begin, int64_t end, int chunk) {
   (void)chunk;
@@ -652,6 +653,39 @@ static void embgrad_cols(void *arg, int64_t begin, int64_t end, int chunk) {
   }
 }
 
+/* set_rows (the same job): columns [begin, end) of each row written, ids in
+ * order (a later duplicate wins, as in the reference); ids outside [0,
+ * rows) write nothing. */
+static void set_rows_cols(void *arg, int64_t begin, int64_t end, int chunk) {
+  (void)chunk;
+  const embgrad_job *j = arg;
+  const cg_instr *in = j->in;
+  size_t es = dsc_dtype_size(j->dst_dt);
+  for (int64_t i = 0; i < in->n_ids; i++) {
+    int64_t id = j->ids64 ? ((const int64_t *)j->ids)[i] : ((const int32_t *)j->ids)[i];
+    if (id < 0 || id >= in->rows) continue;
+    memcpy(j->dst + (size_t)(id * in->cols + begin) * es,
+           j->src + (size_t)(i * in->cols + begin) * es, (size_t)(end - begin) * es);
+  }
+}
+
+/* The job of an embedding_grad or set_rows instruction. */
+static embgrad_job rows_job(const rt_cpu_exec *e, const rt_prog *rp, const cg_instr *in,
+                            int32_t *status) {
+  const cg_program *p = rp->p;
+  embgrad_job j = {in,
+                   buf_ptr(e, rp, in->ids),
+                   p->buffers[in->ids].dtype == DSC_I64,
+                   buf_ptr(e, rp, in->src),
+                   buf_ptr(e, rp, in->dst),
+                   p->buffers[in->src].dtype,
+                   p->buffers[in->dst].dtype,
+                   status,
+                   0,
+                   0};
+  return j;
+}
+
 typedef struct {
   const char *src;
   char *dst;
@@ -678,6 +712,8 @@ static const char *instr_op(const cg_instr *in) {
       return "matmul";
     case CG_INS_EMBEDDING_GRAD:
       return "embedding gradient";
+    case CG_INS_SET_ROWS:
+      return "set rows";
     case CG_INS_COPY:
       return "copy";
     case CG_INS_COLLECTIVE_START:
@@ -842,16 +878,7 @@ static bool run_instr(rt_cpu_exec *e, const rt_lane *lane, rt_prog *rp, int i, c
     }
     case CG_INS_EMBEDDING_GRAD: {
       memset(lane->status, 0, sizeof *lane->status * (size_t)nt);
-      embgrad_job j = {in,
-                       buf_ptr(e, rp, in->ids),
-                       p->buffers[in->ids].dtype == DSC_I64,
-                       buf_ptr(e, rp, in->src),
-                       buf_ptr(e, rp, in->dst),
-                       p->buffers[in->src].dtype,
-                       p->buffers[in->dst].dtype,
-                       lane->status,
-                       0,
-                       0};
+      embgrad_job j = rows_job(e, rp, in, lane->status);
       if (!in->accumulate)
         rt_pool_parallel_for(lane->pool, in->rows * in->cols, 1 << 16, embgrad_zero, &j);
       rt_pool_parallel_for(lane->pool, in->cols, 64, embgrad_cols, &j);
@@ -860,6 +887,11 @@ static bool run_instr(rt_cpu_exec *e, const rt_lane *lane, rt_prog *rp, int i, c
                        "%s: index out of range: id %" PRId64 " at position %" PRId64
                        " is outside [0, %" PRId64 ") (instruction %d)",
                        instr_op(in), j.bad_id, j.bad_pos, in->rows, i);
+      return true;
+    }
+    case CG_INS_SET_ROWS: {
+      embgrad_job j = rows_job(e, rp, in, lane->status);
+      rt_pool_parallel_for(lane->pool, in->cols, 256, set_rows_cols, &j);
       return true;
     }
     case CG_INS_COPY: {
@@ -934,6 +966,7 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
       return;
     }
     case CG_INS_EMBEDDING_GRAD:
+    case CG_INS_SET_ROWS:
       snprintf(args, sizeof args, "{\"instr\":%d}", i);
       dsc_trace_span(tr, pid, DSC_TRACE_COMPUTE, "kernel", t0, t1, args, instr_op(in));
       return;

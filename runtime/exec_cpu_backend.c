@@ -194,6 +194,8 @@ static const char *instr_kind_name(cg_ins_kind kind) {
     case CG_INS_LAUNCH: return "kernel";
     case CG_INS_GEMM: return "gemm";
     case CG_INS_EMBEDDING_GRAD: return "embedding_grad";
+    case CG_INS_SET_ROWS:
+      return "set_rows";
     case CG_INS_COPY: return "copy";
     case CG_INS_COLLECTIVE_START: return "comm_start";
     case CG_INS_COLLECTIVE_WAIT: return "comm_wait"; /* time here = exposed communication */

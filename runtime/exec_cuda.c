@@ -139,6 +139,7 @@ struct rt_cuda_exec {
   cublasLtHandle_t lt;
   CUmodule helpers;
   CUfunction emb[4][2][2]; /* [src f32 f64 bf16 f16][acc f32 f64][ids i32 i64] */
+  CUfunction set_rows[2];  /* [ids i32 i64] */
   CUfunction to_f32[2], from_f32[2]; /* [bf16, f16] */
   int n_progs;
   cu_prog *progs;
@@ -177,6 +178,8 @@ static const char *instr_op(const cg_instr *in) {
     case CG_INS_LAUNCH: return "kernel";
     case CG_INS_GEMM: return "matmul";
     case CG_INS_EMBEDDING_GRAD: return "embedding gradient";
+    case CG_INS_SET_ROWS:
+      return "set rows";
     case CG_INS_COPY: return "copy";
     case CG_INS_COLLECTIVE_START: return "collective start";
     case CG_INS_COLLECTIVE_WAIT: return "collective wait";
@@ -340,7 +343,9 @@ static bool load_helpers(rt_cuda_exec *e) {
                  id_names[i]);
         if (!get_fn(e, e->helpers, name, &e->emb[s][a][i])) return false;
       }
-  return get_fn(e, e->helpers, "dsc_bf16_to_f32", &e->to_f32[0]) &&
+  return get_fn(e, e->helpers, "dsc_set_rows_i32", &e->set_rows[0]) &&
+         get_fn(e, e->helpers, "dsc_set_rows_i64", &e->set_rows[1]) &&
+         get_fn(e, e->helpers, "dsc_bf16_to_f32", &e->to_f32[0]) &&
          get_fn(e, e->helpers, "dsc_f16_to_f32", &e->to_f32[1]) &&
          get_fn(e, e->helpers, "dsc_f32_to_bf16", &e->from_f32[0]) &&
          get_fn(e, e->helpers, "dsc_f32_to_f16", &e->from_f32[1]);
@@ -819,6 +824,22 @@ static bool run_embgrad(rt_cuda_exec *e, cu_prog *cp, int i) {
   return true;
 }
 
+/* set_rows: the rows in place in dst, one block per row */
+static bool run_set_rows(rt_cuda_exec *e, cu_prog *cp, int i) {
+  const cg_program *p = cp->p;
+  const cg_instr *in = &p->instrs[i];
+  CUdeviceptr ids = buf_dev(e, p, in->ids), src = buf_dev(e, p, in->src),
+              dst = buf_dev(e, p, in->dst);
+  long long n_ids = in->n_ids, rows = in->rows;
+  long long row_bytes = in->cols * (long long)dsc_dtype_size(p->buffers[in->dst].dtype);
+  if (n_ids <= 0 || row_bytes <= 0) return true;
+  void *params[] = {&ids, &src, &dst, &n_ids, &rows, &row_bytes};
+  unsigned grid = n_ids < 65535 ? (unsigned)n_ids : 65535u;
+  return CU(e->api->LaunchKernel(e->set_rows[p->buffers[in->ids].dtype == DSC_I64], grid, 1, 1,
+                                 HELPER_BLOCK, 1, 1, 0, e->compute, params, NULL),
+            "cuLaunchKernel(set rows, instruction %d)", i);
+}
+
 /* ---------------- collectives (NCCL) ---------------- */
 
 #define NCCL(call, ...) rt_nccl_check(e->nccl, e->ctx, (call), __VA_ARGS__)
@@ -1057,6 +1078,8 @@ static bool run_instr(rt_cuda_exec *e, cu_prog *cp, int i) {
     }
     case CG_INS_EMBEDDING_GRAD:
       return run_embgrad(e, cp, i);
+    case CG_INS_SET_ROWS:
+      return run_set_rows(e, cp, i);
     case CG_INS_COPY: {
       size_t es = dsc_dtype_size(p->buffers[in->src].dtype);
       int64_t src_offset = in->src_offset, n = in->numel;
@@ -1291,6 +1314,8 @@ static const char *kind_name(cg_ins_kind k) {
     case CG_INS_LAUNCH: return "kernel";
     case CG_INS_GEMM: return "gemm";
     case CG_INS_EMBEDDING_GRAD: return "embedding_grad";
+    case CG_INS_SET_ROWS:
+      return "set_rows";
     case CG_INS_COPY: return "copy";
     case CG_INS_COLLECTIVE_START: return "comm_start";
     case CG_INS_COLLECTIVE_WAIT: return "comm_wait";

@@ -206,8 +206,9 @@ TEST(CudaExec, HelperKernelsCompileAndBadArchIsAnError) {
   EXPECT_FALSE(cached);
   ASSERT_TRUE(is_elf(cubin, len));
   std::string bytes((const char *)cubin, len);
-  for (const char *name : {"dsc_embgrad_f32_f32_i32", "dsc_embgrad_bf16_f32_i64",
-                           "dsc_embgrad_f64_f64_i32", "dsc_f32_to_bf16", "dsc_f16_to_f32"})
+  for (const char *name :
+       {"dsc_embgrad_f32_f32_i32", "dsc_embgrad_bf16_f32_i64", "dsc_embgrad_f64_f64_i32",
+        "dsc_set_rows_i32", "dsc_set_rows_i64", "dsc_f32_to_bf16", "dsc_f16_to_f32"})
     EXPECT_NE(bytes.find(name), std::string::npos) << name;
   free(cubin);
   EXPECT_EQ(dsc_diag_count(ctx), 0) << diags(ctx);  // no NVRTC warnings either

@@ -151,13 +151,12 @@ struct Engine {
       x[2]->data[b] = n[b] ? n[b] - 1 : 0;
     }
     double *rows = x[3]->data, *dest = x[4]->data;
-    for (int64_t r = 0; r < pool; r++) dest[r] = (double)(B * t);
+    for (int64_t r = 0; r < B * t; r++) dest[r] = -1;
     for (int64_t b = 0; b < B; b++) {
       for (int64_t s = 0; s < S; s++)
         rows[b * S + s] =
             s / kBlock < used ? (double)(perm[b * used + s / kBlock] * kBlock + s % kBlock) : 0;
-      for (int64_t j = 0; j < n[b]; j++)
-        dest[(int64_t)rows[b * S + pos[b] + j]] = (double)(b * t + j);
+      for (int64_t j = 0; j < n[b]; j++) dest[b * t + j] = rows[b * S + pos[b] + j];
     }
     dsc_tensor *out = nullptr;
     const dsc_tensor *ins[5] = {x[0], x[1], x[2], x[3], x[4]};

@@ -32,6 +32,13 @@ struct Fixture : ::testing::Test {
     return n;
   }
   dsc_node *input(const char *name, dsc_type t) { return dsc_graph_input(g, name, t); }
+  // A new empty module and graph (a test's next variant).
+  void fresh() {
+    h.reset();
+    dsc_module_free(m);
+    m = dsc_module_new(ctx, "t");
+    g = dsc_graph_new(m, "g");
+  }
   // Fuses, verifies, lowers and compares against the interpreter.
   Result check(std::vector<dsc_node *> outs, std::vector<dsc_tensor *> inputs, double tol = kTolF32) {
     EXPECT_EQ(dsc_graph_set_outputs(g, outs.data(), (int)outs.size()), DSC_OK);
@@ -173,9 +180,7 @@ TEST_F(Lower, EmbeddingGradScatterAdds) {
 // the interpreter (ids repeat: rows accumulate).
 TEST_F(Lower, TiedEmbeddingGradAccumulatesIntoGemmInPlace) {
   for (int variant = 0; variant < 3; variant++) {
-    dsc_module_free(m);
-    m = dsc_module_new(ctx, "t");
-    g = dsc_graph_new(m, "g");
+    fresh();
     std::vector<int64_t> t2 = {1, 0};
     dsc_node *ids = input("ids", ty(DSC_I64, {3, 4}));
     dsc_node *dy = input("dy", ty(DSC_F32, {3, 4, 5}));
@@ -206,6 +211,44 @@ TEST_F(Lower, TiedEmbeddingGradAccumulatesIntoGemmInPlace) {
     }
     EXPECT_EQ(accumulating, variant == 0 ? 1 : 0) << "variant " << variant;
     EXPECT_EQ(plain, variant == 0 ? 0 : 1) << "variant " << variant;
+  }
+}
+
+// set_rows(state, ids, rows) assigned to that state (the KV cache's write):
+// the rows go into the state in place (no copy of it) when nothing reads
+// the state after the write and the value is no output; else a copy is
+// written. Ids out of range write nothing, a later duplicate wins; the
+// state and the outputs match the interpreter either way.
+TEST_F(Lower, SetRowsWritesTheStateInPlaceWhenNothingReadsItAfter) {
+  for (int variant = 0; variant < 3; variant++) {
+    fresh();
+    dsc_type st = ty(DSC_F32, {6, 5});
+    dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0, NULL};
+    ASSERT_EQ(dsc_module_add_state(m, "s", st, init), DSC_OK);
+    dsc_node *ids = input("ids", ty(DSC_I32, {5}));
+    dsc_node *rows = input("rows", ty(DSC_F32, {5, 5}));
+    dsc_node *v = op(DSC_OP_SET_ROWS, {dsc_param_ref(g, "s"), ids, op(DSC_OP_MUL, {rows, rows})});
+    dsc_node *a = op(DSC_OP_ASSIGN, {v}, {dsc_attr_str("name", "s")});
+    std::vector<int64_t> all = {0, 1};
+    std::vector<dsc_node *> outs = {
+        a, op(DSC_OP_SUM, {op(DSC_OP_EXP, {v})},
+              {dsc_attr_ints("axes", all.data(), 2), dsc_attr_bool("keepdims", 0)})};
+    if (variant == 1) outs.push_back(op(DSC_OP_NEG, {dsc_param_ref(g, "s")}));  // read after
+    if (variant == 2) outs.push_back(v);                                        // an output
+    dsc_tensor *ti = random_tensor(ctx, ty(DSC_I32, {5}), rng, false, 0, 6);
+    const double id[5] = {4, -1, 1, 6, 4};  // out of range twice; row 4 twice (the last wins)
+    for (int i = 0; i < 5; i++) ti->data[i] = id[i];
+    Result r = check(outs, {ti, random_tensor(ctx, ty(DSC_F32, {5, 5}), rng)});
+    ASSERT_NE(r.prog, nullptr);
+    int copies = 0, sets = 0;
+    for (int i = 0; i < r.prog->n_instrs; i++) {
+      copies += r.prog->instrs[i].kind == CG_INS_COPY;
+      sets += r.prog->instrs[i].kind == CG_INS_SET_ROWS;
+    }
+    EXPECT_EQ(sets, 1) << "variant " << variant;
+    EXPECT_EQ(copies, variant == 0 ? 0 : 1) << "variant " << variant;
+    ASSERT_EQ(r.prog->n_assigns, 1);
+    EXPECT_EQ(r.prog->assigns[0].in_place, variant == 0) << "variant " << variant;
   }
 }
 
@@ -274,9 +317,7 @@ TEST_F(Lower, WorkArenaReusesDeadBuffers) {
 // never updated, and a broken kernel when the value read both params).
 TEST_F(Lower, OneValueAssignedToTwoParams) {
   for (int reads_params = 0; reads_params < 2; reads_params++) {
-    dsc_module_free(m);
-    m = dsc_module_new(ctx, "t");
-    g = dsc_graph_new(m, "g");
+    fresh();
     dsc_type t = ty(DSC_F32, {4, 8});
     dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0, NULL};
     ASSERT_EQ(dsc_module_add_param(m, "p1", t, init), DSC_OK);
