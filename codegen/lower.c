@@ -865,6 +865,24 @@ static bool lower_embedding_grad(L *l, const ir_node *n) {
  * into the state itself (its value from before the step is then not needed
  * by anyone; the value's other readers find it there). Returns the state's
  * buffer, or -1. */
+/* Whether every read of x's value happens before node `before` runs: its
+ * readers, and, through the views and recomputed values that are read
+ * where they are used (not computed where they stand), their readers. A
+ * fusion group is one contiguous run of nodes, so a reader in a group
+ * before `before` runs before it. */
+static bool read_before(const L *l, const ir_node *x, int before, int depth) {
+  if (l->is_output[x->id] || depth > 64) return false;
+  for (int u = 0; u < l->users[x->id]; u++) {
+    const ir_node *r = l->g->nodes[l->user_list[x->id][u]];
+    if (r->id > before) return false;
+    bool where_read =
+        r->group == 0 && (l->pure[r->id] || r->op == DSC_OP_BROADCAST || r->op == DSC_OP_PERMUTE ||
+                          r->op == DSC_OP_SLICE || r->op == DSC_OP_RESHAPE);
+    if (where_read && r->id != before && !read_before(l, r, before, depth + 1)) return false;
+  }
+  return true;
+}
+
 static int set_rows_in_place(L *l, const ir_node *n) {
   const ir_node *x = n->in[0];
   if (x->op != DSC_OP_PARAM || l->is_output[n->id]) return -1;
@@ -880,10 +898,9 @@ static int set_rows_in_place(L *l, const ir_node *n) {
   if (assigns != 1) return -1;
   for (int i = 0; i < l->g->n_nodes; i++) { /* every read of the state: before n */
     const ir_node *r = l->g->nodes[i];
-    if (r->op != DSC_OP_PARAM || strcmp(ir_attr_str(r, "name"), name) != 0) continue;
-    if (l->is_output[r->id]) return -1;
-    for (int u = 0; u < l->users[r->id]; u++)
-      if (l->user_list[r->id][u] > n->id) return -1;
+    if (r->op == DSC_OP_PARAM && strcmp(ir_attr_str(r, "name"), name) == 0 &&
+        !read_before(l, r, n->id, 0))
+      return -1;
   }
   int j = param_index(l, x);
   if (j < 0) return -1;

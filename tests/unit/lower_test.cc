@@ -217,16 +217,21 @@ TEST_F(Lower, TiedEmbeddingGradAccumulatesIntoGemmInPlace) {
 // set_rows(state, ids, rows) assigned to that state (the KV cache's write):
 // the rows go into the state in place (no copy of it) when nothing reads
 // the state after the write and the value is no output; else a copy is
-// written. Ids out of range write nothing, a later duplicate wins; the
+// written (variant 3: a view of the state made before the write and read
+// after it). Ids out of range write nothing, a later duplicate wins; the
 // state and the outputs match the interpreter either way.
 TEST_F(Lower, SetRowsWritesTheStateInPlaceWhenNothingReadsItAfter) {
-  for (int variant = 0; variant < 3; variant++) {
+  for (int variant = 0; variant < 4; variant++) {
     fresh();
     dsc_type st = ty(DSC_F32, {6, 5});
     dsc_init init = {DSC_INIT_NORMAL, 1.0, 0.0, NULL};
     ASSERT_EQ(dsc_module_add_state(m, "s", st, init), DSC_OK);
     dsc_node *ids = input("ids", ty(DSC_I32, {5}));
     dsc_node *rows = input("rows", ty(DSC_F32, {5, 5}));
+    std::vector<int64_t> flat = {30};
+    dsc_node *view = variant == 3 ? op(DSC_OP_RESHAPE, {dsc_param_ref(g, "s")},
+                                       {dsc_attr_ints("shape", flat.data(), 1)})
+                                  : nullptr;  // a view before the write, read after it
     dsc_node *v = op(DSC_OP_SET_ROWS, {dsc_param_ref(g, "s"), ids, op(DSC_OP_MUL, {rows, rows})});
     dsc_node *a = op(DSC_OP_ASSIGN, {v}, {dsc_attr_str("name", "s")});
     std::vector<int64_t> all = {0, 1};
@@ -235,6 +240,7 @@ TEST_F(Lower, SetRowsWritesTheStateInPlaceWhenNothingReadsItAfter) {
               {dsc_attr_ints("axes", all.data(), 2), dsc_attr_bool("keepdims", 0)})};
     if (variant == 1) outs.push_back(op(DSC_OP_NEG, {dsc_param_ref(g, "s")}));  // read after
     if (variant == 2) outs.push_back(v);                                        // an output
+    if (variant == 3) outs.push_back(op(DSC_OP_NEG, {view}));
     dsc_tensor *ti = random_tensor(ctx, ty(DSC_I32, {5}), rng, false, 0, 6);
     const double id[5] = {4, -1, 1, 6, 4};  // out of range twice; row 4 twice (the last wins)
     for (int i = 0; i < 5; i++) ti->data[i] = id[i];
