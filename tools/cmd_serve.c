@@ -498,8 +498,17 @@ static bool client_gone(struct MHD_Connection *c) {
   return r == 0;
 }
 
+static bool has_stop(const request *q, const char *text) {
+  for (int i = 0; i < q->n_stops; i++)
+    if (strstr(text, q->stops[i])) return true;
+  return false;
+}
+
 /* The request's text so far (under lock), cut at a stop string; *finish the
- * reason when it ended (NULL: still running). */
+ * reason when it ended (NULL: still running). *n_tokens counts the tokens
+ * generated, up to the one that completed a stop string: the engine may
+ * have drawn more before this thread looked, and how many depends on the
+ * timing, not on the request. */
 static char *current_text(request *q, const char **finish, bool *pending, int64_t *n_tokens) {
   server *s = q->s;
   int64_t n;
@@ -508,15 +517,24 @@ static char *current_text(request *q, const char **finish, bool *pending, int64_
   *n_tokens = n;
   char *text = text_of(s, ids, n, f != DSC_FINISH_NONE, pending);
   *finish = f == DSC_FINISH_NONE ? NULL : f == DSC_FINISH_STOP ? "stop" : "length";
-  if (!text) return NULL;
+  if (!text || !has_stop(q, text)) return text;
+  for (int64_t k = 1; k < n; k++) { /* the fewest tokens whose text holds a stop */
+    bool held;
+    char *part = text_of(s, ids, k, false, &held);
+    bool found = part && has_stop(q, part);
+    free(part);
+    if (found) {
+      *n_tokens = k;
+      break;
+    }
+  }
   for (int i = 0; i < q->n_stops; i++) {
     char *at = strstr(text, q->stops[i]);
-    if (!at) continue;
-    *at = 0;
-    *pending = false;
-    *finish = "stop";
-    if (f == DSC_FINISH_NONE) dsc_batcher_cancel(s->b, q->id); /* frees its slot now */
+    if (at) *at = 0;
   }
+  *pending = false;
+  *finish = "stop";
+  if (f == DSC_FINISH_NONE) dsc_batcher_cancel(s->b, q->id); /* frees its slot now */
   return text;
 }
 
