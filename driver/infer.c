@@ -510,6 +510,25 @@ dsc_status dsc_infer_step(dsc_infer *e, const int64_t *n, const int64_t *pos, co
   return DSC_OK;
 }
 
+dsc_status dsc_infer_warm_up(dsc_infer *e, int *graphs) {
+  *graphs = 0;
+  if (e->window) return DSC_OK;
+  for (int g = 0; g < 2; g++)
+    for (int k = 0; k < e->n_buckets * e->n_spans; k++) {
+      infer_graph *v = &e->graph[g][k];
+      if (g == 0 && strcmp(v->name, e->graph[1][k].name) == 0) continue; /* chunk 1: decode twice */
+      for (int i = 0; i < 5; i++) /* all rows idle: dest -1 writes nothing */
+        for (int64_t j = 0; j < dsc_type_numel(&v->in[i]->type); j++)
+          v->in[i]->data[j] = i == 4 ? -1 : 0;
+      dsc_tensor *out = NULL;
+      dsc_status st = dsc_exec_run(e->exec, v->name, (const dsc_tensor *const *)v->in, 5, &out);
+      dsc_tensor_free(e->ctx, out);
+      if (st != DSC_OK) return st;
+      ++*graphs;
+    }
+  return DSC_OK;
+}
+
 /* ---------------------------------------------------------------- sampler */
 
 /* One sequence in slot 0: the window's tokens, those already in the cache

@@ -1113,6 +1113,13 @@ int cli_serve(int argc, char **argv) {
   dsc_diag_print(s->tok_ctx, stderr);
   dsc_diag_clear(s->tok_ctx);
   if (st == DSC_OK) st = dsc_infer_open(ctx, &io, &s->engine);
+  if (st == DSC_OK) { /* the graphs' first runs before the first request's */
+    double t0 = now_s();
+    int graphs = 0;
+    st = dsc_infer_warm_up(s->engine, &graphs);
+    if (st == DSC_OK)
+      fprintf(stderr, "dsc serve: warmed up %d graphs in %.2f s\n", graphs, now_s() - t0);
+  }
   if (st == DSC_OK) st = dsc_batcher_new(ctx, s->engine, &s->b);
   struct MHD_Daemon *d = NULL;
   if (st == DSC_OK) {

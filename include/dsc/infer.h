@@ -89,6 +89,12 @@ typedef struct {
 int64_t dsc_sample_logits(const double *logits, int64_t V, const dsc_sampling *how,
                           uint64_t rng[4]);
 
+/* Runs every graph once with no sequence in it (nothing is written to the
+ * cache), so that what a graph's first run costs (the GEMM library's
+ * kernels for its shapes, first touches of its memory) is paid before the
+ * first request. *graphs: how many ran. Not counted in dsc_infer_times. */
+dsc_status dsc_infer_warm_up(dsc_infer *e, int *graphs);
+
 /* Seconds spent in each graph's runs and the runs, since open. */
 void dsc_infer_times(const dsc_infer *e, double *prefill_s, int64_t *prefills, double *decode_s,
                      int64_t *decodes);

@@ -56,6 +56,7 @@ stop_server() { # LOG: SIGTERM ends it with exit 0
 expect_exit 1 "$DSC" serve "$TMP/absent" --block-size 0 && expect_grep 'block-size needs an integer' "$TMP/err"
 start_server "$TMP/serve.log" --backend interp --slots 8 --chunk 4 --name tiny --cache-tokens 96 --block-size 8
 expect_grep "model 'tiny', 8 slots, context 64, chunk 4, cache 96 positions in blocks of 8" "$TMP/serve.log"
+expect_grep 'warmed up 8 graphs' "$TMP/serve.log" # prefill and decode at 8, 4, 2 and 1 rows
 HOSTPORT=${URL#http://}
 # a second server on the same port is refused with a message
 expect_exit 1 "$DSC" serve "$TMP/run" --port "${HOSTPORT#*:}" --backend interp && expect_grep 'cannot listen on 127.0.0.1' "$TMP/err"

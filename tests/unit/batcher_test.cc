@@ -148,6 +148,9 @@ void check_alone(const std::string &model, dsc_backend be, int64_t cache_tokens 
   {
     Batched shared(ck, be, 4, 5, context, cache_tokens, cache_tokens ? 4 : 0);
     ASSERT_TRUE(shared.b);
+    int warmed = 0;  // each graph once, writing nothing: the answers stay
+    ASSERT_EQ(dsc_infer_warm_up(shared.e, &warmed), DSC_OK) << diags(shared.ctx);
+    EXPECT_EQ(warmed, 6);  // prefill and decode at 4, 2 and 1 rows; one span (40 < 2 x 64)
     together = shared.run(reqs);
     dsc_batcher_stats s;
     dsc_batcher_get_stats(shared.b, &s);
