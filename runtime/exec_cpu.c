@@ -582,12 +582,6 @@ static void embgrad_zero(void *arg, int64_t begin, int64_t end, int chunk) {
   memset(j->dst + begin * (int64_t)es, 0, (size_t)(end - begin) * es); /* +0 in every float */
 }
 
-
-
-/* Columns [begin, end) of every row: each element of dst is written by one
- * thread, accumulating the ids in order, so the sums are deterministic (and
- * equal to the sequential loop's, rounding to dst's dtype after each add). */
-
 /* Element i of a buffer of dtype dt (program/elem.c). */
 static double load_float(const char *base, dsc_dtype dt, int64_t i) {
   return cg_load_elem(dt, base + i * (int64_t)dsc_dtype_size(dt));
@@ -616,6 +610,9 @@ static void embgrad_row_f32_bf16(char *dst, bool dst_bf16, const char *src, bool
   }
 }
 
+/* Columns [begin, end) of every row: each element of dst is written by one
+ * thread, accumulating the ids in order, so the sums are deterministic (and
+ * equal to the sequential loop's, rounding to dst's dtype after each add). */
 static void embgrad_cols(void *arg, int64_t begin, int64_t end, int chunk) {
   embgrad_job *j = arg;
   const cg_instr *in = j->in;
