@@ -922,7 +922,7 @@ static bool lower_set_rows(L *l, const ir_node *n) {
     if (x < 0 || (dst = new_buffer(l, CG_BUF_TEMP, 0, n->type.dtype, numel)) < 0) return false;
     cg_instr *c = new_instr(l, CG_INS_COPY, n);
     if (!c) return false;
-    c->ids = -1, c->src = x, c->dst = dst, c->numel = numel;
+    c->src = x, c->dst = dst, c->numel = numel;
   }
   cg_instr *in = new_instr(l, CG_INS_SET_ROWS, n);
   if (!in) return false;

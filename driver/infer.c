@@ -384,11 +384,15 @@ dsc_status dsc_infer_open(dsc_context *ctx, const dsc_infer_options *o, dsc_infe
 /* Each slot with tokens holds the blocks of its positions up to pos + n
  * (those past it, a sequence restarted or rewound, go back first): all of
  * them or, when the pool has too few free, none. */
+static int64_t blocks_of(const dsc_infer *e, int64_t positions) {
+  return (positions + e->block - 1) / e->block;
+}
+
 static dsc_status take_blocks(dsc_infer *e, const int64_t *n, const int64_t *pos) {
   int64_t want = 0, back = 0;
   for (int64_t b = 0; b < e->slots; b++) {
     if (n[b] == 0) continue;
-    int64_t need = (pos[b] + n[b] + e->block - 1) / e->block;
+    int64_t need = blocks_of(e, pos[b] + n[b]);
     if (need > e->held[b])
       want += need - e->held[b];
     else
@@ -402,7 +406,7 @@ static dsc_status take_blocks(dsc_infer *e, const int64_t *n, const int64_t *pos
     return DSC_ERR_USER;
   }
   for (int64_t b = 0; b < e->slots; b++)
-    if (n[b] > 0) release_from(e, b, (pos[b] + n[b] + e->block - 1) / e->block);
+    if (n[b] > 0) release_from(e, b, blocks_of(e, pos[b] + n[b]));
   for (int64_t b = 0; b < e->slots; b++)
     while (n[b] > 0 && e->held[b] * e->block < pos[b] + n[b])
       e->table[b * e->per_seq + e->held[b]++] = e->free[--e->n_free];

@@ -103,11 +103,11 @@ struct Engine {
   Ctx *c;
   dsc_exec *e = nullptr;
   dsc_tensor *in[2][2][5] = {};  // [prefill, decode][whole, half]
-  int64_t B, chunk, used, pool, half_runs = 0;
+  int64_t B, chunk, used, half_runs = 0;
   std::vector<int64_t> perm;
   Engine(Ctx *cx, dsc_module *m, dsc_backend be, const dsc_params *p, int64_t B_, int64_t chunk_,
          int64_t used_)
-      : c(cx), B(B_), chunk(chunk_), used(used_), pool(B_ * used_ * kBlock) {
+      : c(cx), B(B_), chunk(chunk_), used(used_) {
     shuffle(1);
     if (be != DSC_BACKEND_INTERP) {
       EXPECT_EQ(dsc_run_codegen_passes(m), DSC_OK) << diags(c->ctx);
