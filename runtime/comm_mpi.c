@@ -41,7 +41,14 @@ typedef struct {
 typedef struct {
   MPI_Request req;
   bool active;
+  int *v; /* all_to_all_v: the byte counts and displacements MPI reads until done [4 * world] */
+  size_t v_bytes;
 } rt_mpi_req;
+
+static void free_req(dsc_comm *c, rt_mpi_req *r) {
+  if (r->v) ir_free(c->ctx, r->v, r->v_bytes);
+  ir_free(c->ctx, r, sizeof *r);
+}
 
 bool rt_comm_mpi_available(void) { return true; }
 
@@ -128,16 +135,17 @@ static const char *env_rank(void) {
 }
 
 static dsc_status mpi_fail(dsc_comm *c, const dsc_comm_request *req, int err) {
-  char msg[MPI_MAX_ERROR_STRING + 1];
+  char msg[MPI_MAX_ERROR_STRING + 1], who[64];
   int len = 0;
   if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) len = 0;
   msg[len] = 0;
+  rt_comm_who(c, who, sizeof who);
   if (req) {
     char what[96];
     rt_comm_describe(req, what, sizeof what);
-    ir_error(c->ctx, ir_no_loc, "rank %d: %s: MPI error: %s", c->rank, what, msg);
+    ir_error(c->ctx, ir_no_loc, "%s: %s: MPI error: %s", who, what, msg);
   } else {
-    ir_error(c->ctx, ir_no_loc, "rank %d: MPI error: %s", c->rank, msg);
+    ir_error(c->ctx, ir_no_loc, "%s: MPI error: %s", who, msg);
   }
   c->broken = true;
   return DSC_ERR_USER;
@@ -157,11 +165,12 @@ static dsc_status mpi_start(dsc_comm_request *req) {
   dsc_comm *c = req->comm;
   rt_mpi *m = c->impl;
   const rt_comm_args *a = &req->a;
-  char what[96];
+  char what[96], who[64];
   rt_comm_describe(req, what, sizeof what);
+  rt_comm_who(c, who, sizeof who);
   if (c->broken) {
-    ir_error(c->ctx, ir_no_loc, "rank %d: %s failed: the communicator is broken by an earlier "
-             "failure", c->rank, what);
+    ir_error(c->ctx, ir_no_loc, "%s: %s failed: the communicator is broken by an earlier failure",
+             who, what);
     return DSC_ERR_USER;
   }
   /* MPI counts are int: reductions count elements, the rest move bytes. */
@@ -169,14 +178,29 @@ static dsc_status mpi_start(dsc_comm_request *req) {
   int64_t units = a->kind == RT_COMM_ALL_REDUCE || a->kind == RT_COMM_REDUCE_SCATTER
                       ? a->count
                       : a->count * (int64_t)esz;
-  if (units > INT_MAX) {
-    ir_error(c->ctx, ir_no_loc, "rank %d: %s: count %lld is too large for MPI (int counts)",
-             c->rank, what, (long long)a->count);
+  int64_t largest = units; /* every int MPI is given */
+  if (a->kind == RT_COMM_ALL_TO_ALL_V)
+    largest = (rt_comm_a2a_send_extent(c->world, a) > rt_comm_recv_count(c, a)
+                   ? rt_comm_a2a_send_extent(c->world, a)
+                   : rt_comm_recv_count(c, a)) *
+              (int64_t)esz;
+  if (units > INT_MAX || largest > INT_MAX) {
+    ir_error(c->ctx, ir_no_loc, "%s: %s: count %lld is too large for MPI (int counts)", who, what,
+             (long long)(a->count ? a->count : largest / (int64_t)esz));
     return DSC_ERR_USER;
   }
   rt_mpi_req *r = ir_alloc(c->ctx, sizeof *r);
+  if (r) memset(r, 0, sizeof *r);
+  if (r && a->kind == RT_COMM_ALL_TO_ALL_V) {
+    r->v_bytes = 4 * (size_t)c->world * sizeof *r->v;
+    r->v = ir_alloc(c->ctx, r->v_bytes);
+    if (!r->v) {
+      ir_free(c->ctx, r, sizeof *r);
+      r = NULL;
+    }
+  }
   if (!r) {
-    ir_error(c->ctx, ir_no_loc, "rank %d: %s: out of memory", c->rank, what);
+    ir_error(c->ctx, ir_no_loc, "%s: %s: out of memory", who, what);
     return DSC_ERR_INTERNAL;
   }
   r->active = true;
@@ -208,9 +232,21 @@ static dsc_status mpi_start(dsc_comm_request *req) {
     err = MPI_Ibcast(a->recv, (int)units, MPI_BYTE, a->root, m->comm, &r->req);
     break;
   case RT_COMM_BARRIER: err = MPI_Ibarrier(m->comm, &r->req); break;
+  case RT_COMM_ALL_TO_ALL:
+    err =
+        MPI_Ialltoall(send, (int)units, MPI_BYTE, a->recv, (int)units, MPI_BYTE, m->comm, &r->req);
+    break;
+  case RT_COMM_ALL_TO_ALL_V: {
+    /* In bytes, as the other moves: MPI reads the arrays until it completes. */
+    for (int i = 0; i < 4 * c->world; i++) r->v[i] = (int)(a->v[i] * (int64_t)esz);
+    int w = c->world;
+    err = MPI_Ialltoallv(a->send, r->v, r->v + w, MPI_BYTE, a->recv, r->v + 2 * w, r->v + 3 * w,
+                         MPI_BYTE, m->comm, &r->req);
+    break;
+  }
   }
   if (err != MPI_SUCCESS) {
-    ir_free(c->ctx, r, sizeof *r);
+    free_req(c, r);
     return mpi_fail(c, req, err);
   }
   req->impl = r;
@@ -240,21 +276,22 @@ static dsc_status mpi_wait(dsc_comm_request *req) {
     /* On a broken communicator the others are gone or will never come:
      * give up at once rather than after another timeout per request. */
     if (c->broken) {
-      char what[96];
+      char what[96], who[64];
       rt_comm_describe(req, what, sizeof what);
       ir_error(c->ctx, ir_no_loc,
-               "rank %d: %s abandoned: the communicator is broken by an earlier failure", c->rank,
-               what);
+               "%s: %s abandoned: the communicator is broken by an earlier "
+               "failure",
+               rt_comm_who(c, who, sizeof who), what);
       st = DSC_ERR_USER;
       break;
     }
     if (rt_comm_now() >= deadline) {
-      char what[96];
+      char what[96], who[64];
       rt_comm_describe(req, what, sizeof what);
       ir_error(c->ctx, ir_no_loc,
-               "rank %d: %s timed out after %.1f s waiting for the other ranks (MPI cannot tell "
+               "%s: %s timed out after %.1f s waiting for the other ranks (MPI cannot tell "
                "which); end the job with dsc_comm_abort",
-               c->rank, what, c->timeout);
+               rt_comm_who(c, who, sizeof who), what, c->timeout);
       c->broken = true;
       st = DSC_ERR_USER;
       break;
@@ -265,7 +302,7 @@ static dsc_status mpi_wait(dsc_comm_request *req) {
   }
   /* A timed-out request stays active inside MPI; its memory is leaked on
    * purpose (freeing it would let MPI write into freed memory). */
-  if (!r->active) ir_free(c->ctx, r, sizeof *r);
+  if (!r->active) free_req(c, r);
   return st;
 }
 
@@ -274,20 +311,27 @@ static void mpi_release(dsc_comm_request *req) {
   /* Never waited: the collective may still be running, so the communicator
    * cannot be finalised; the request's memory stays with MPI. */
   if (r && r->active) req->comm->broken = true;
-  else if (r) ir_free(req->comm->ctx, r, sizeof *r);
+  else if (r)
+    free_req(req->comm, r);
 }
 
 static void mpi_abort(dsc_comm *c, const char *reason) {
   rt_mpi *m = c->impl;
   /* The one place the library writes: the process ends in MPI_Abort, so the
    * reason would otherwise be lost. */
-  fprintf(stderr, "dsc: rank %d: aborting: %s\n", c->rank, reason);
+  fprintf(stderr, "dsc: rank %d: aborting: %s\n", rt_comm_world_rank(c, c->rank), reason);
   fflush(stderr);
-  MPI_Abort(m->comm, 1);
+  (void)m;
+  MPI_Abort(MPI_COMM_WORLD, 1); /* the whole job, also from a group */
 }
 
 static void mpi_free(dsc_comm *c) {
   rt_mpi *m = c->impl;
+  if (c->world_ranks) { /* a group: its MPI communicator only */
+    if (!c->broken) MPI_Comm_free(&m->comm);
+    ir_free(c->ctx, m, sizeof *m);
+    return;
+  }
   if (!c->broken) {
     MPI_Comm_free(&m->comm);
     if (m->we_initialised) {
@@ -303,9 +347,64 @@ static void mpi_free(dsc_comm *c) {
   ir_free(c->ctx, m, sizeof *m);
 }
 
+static dsc_status mpi_split(dsc_comm *parent, int color, int key, const int *members, int n,
+                            int rank, const char *name, dsc_comm **out);
+
 static const rt_comm_backend mpi_backend = {
-    "mpi", mpi_start, mpi_wait, mpi_release, mpi_abort, mpi_free,
+    "mpi", mpi_start, mpi_wait, mpi_release, mpi_abort, mpi_free, mpi_split,
 };
+
+static dsc_status mpi_split(dsc_comm *parent, int color, int key, const int *members, int n,
+                            int rank, const char *name, dsc_comm **out) {
+  rt_mpi *pm = parent->impl;
+  char who[64];
+  rt_comm_who(parent, who, sizeof who);
+  MPI_Comm sub = MPI_COMM_NULL;
+  /* Every rank of parent takes part, also those joining no group. */
+  rt_mpi_watchdog w;
+  char rk[24];
+  snprintf(rk, sizeof rk, "%d", rt_comm_world_rank(parent, parent->rank));
+  watchdog_arm(&w, "MPI_Comm_split", rk, parent->timeout + RT_MPI_WATCHDOG_SLACK);
+  int err = MPI_Comm_split(pm->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+  watchdog_disarm(&w);
+  if (err != MPI_SUCCESS) return mpi_fail(parent, NULL, err);
+  if (n == 0) return DSC_OK;
+  int size = 0, me = -1;
+  MPI_Comm_size(sub, &size);
+  MPI_Comm_rank(sub, &me);
+  dsc_comm *c = ir_alloc(parent->ctx, sizeof *c);
+  rt_mpi *m = ir_alloc(parent->ctx, sizeof *m);
+  if (!c || !m || !rt_comm_init_group(c, parent, &mpi_backend, members, n, rank, name)) {
+    if (c) rt_comm_fini_group(c);
+    ir_free(parent->ctx, c, sizeof *c);
+    ir_free(parent->ctx, m, sizeof *m);
+    MPI_Comm_free(&sub);
+    ir_error(parent->ctx, ir_no_loc, "%s: split into '%s': out of memory", who, name);
+    return DSC_ERR_INTERNAL;
+  }
+  if (size != n || me != rank) { /* MPI orders by (key, rank) as comm.c did */
+    ir_error(parent->ctx, ir_no_loc,
+             "%s: split into '%s': MPI made a group of %d with this rank at %d, expected %d at %d",
+             who, name, size, me, n, rank);
+    rt_comm_fini_group(c);
+    ir_free(parent->ctx, c, sizeof *c);
+    ir_free(parent->ctx, m, sizeof *m);
+    MPI_Comm_free(&sub);
+    return DSC_ERR_INTERNAL;
+  }
+  MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  m->comm = sub;
+  m->we_initialised = false;
+  MPI_Comm node; /* the group's ranks on this node */
+  if (MPI_Comm_split_type(sub, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_rank(node, &c->local_rank);
+    MPI_Comm_size(node, &c->local_world);
+    MPI_Comm_free(&node);
+  }
+  c->impl = m;
+  *out = c;
+  return DSC_OK;
+}
 
 dsc_status rt_comm_mpi_new(dsc_context *ctx, dsc_comm **out) {
   *out = NULL;

@@ -175,6 +175,8 @@ typedef enum {
   RT_COMM_ALL_GATHER,
   RT_COMM_BROADCAST,
   RT_COMM_BARRIER,
+  RT_COMM_ALL_TO_ALL,
+  RT_COMM_ALL_TO_ALL_V,
 } rt_comm_kind;
 
 /* One collective as a rank started it. count is the caller's count. */
@@ -187,6 +189,9 @@ typedef struct {
   int64_t tag;
   const void *send;
   void *recv; /* broadcast: the buffer */
+  /* all_to_all_v: per peer, in elements (the request's own copy, freed with
+   * it): send_counts, send_displs, recv_counts, recv_displs, world each. */
+  int64_t *v;
 } rt_comm_args;
 
 typedef struct {
@@ -199,6 +204,13 @@ typedef struct {
   void (*release)(dsc_comm_request *req);
   void (*abort)(dsc_comm *c, const char *reason);
   void (*free)(dsc_comm *c); /* backend state (not the dsc_comm itself) */
+  /* Makes this rank's sub-communicator of parent (dsc_comm_split), after
+   * comm.c has gathered every rank's (color, key): members[0..n) are the
+   * parent ranks of the new group in its rank order (this rank is
+   * members[rank]). Called on every rank of parent, also with color < 0
+   * (n = 0: no group; *out stays NULL). Fills *out (allocated here). */
+  dsc_status (*split)(dsc_comm *parent, int color, int key, const int *members, int n, int rank,
+                      const char *name, dsc_comm **out);
 } rt_comm_backend;
 
 struct dsc_comm {
@@ -206,6 +218,10 @@ struct dsc_comm {
   dsc_context *ctx;
   int rank, world;
   int local_rank, local_world; /* within this rank's node (dsc_comm_local_rank) */
+  /* A group (dsc_comm_split) names itself and its ranks in the job's world:
+   * messages say "rank 5 (ep rank 1)"; NULL world_ranks: the world itself. */
+  char name[24];
+  int *world_ranks; /* [world] */
   double timeout; /* seconds */
   int64_t seq;    /* the number of the next collective */
   bool broken;
@@ -231,8 +247,20 @@ dsc_status rt_comm_init(dsc_comm *c, const rt_comm_backend *be, dsc_context *ctx
 bool rt_comm_env_timeout(double *seconds);
 /* Frees every request never waited (through be->release). */
 void rt_comm_release_pending(dsc_comm *c);
-/* "all_reduce #7 (step 3)" */
+/* "all_reduce #7 (step 3)"; in a group "ep all_to_all #2 (step 3)". */
 void rt_comm_describe(const dsc_comm_request *req, char *buf, size_t n);
+/* This rank as messages name it: "rank 5", or "rank 5 (ep rank 1)" in a group. */
+const char *rt_comm_who(const dsc_comm *c, char *buf, size_t n);
+/* The job's rank of group rank r. */
+int rt_comm_world_rank(const dsc_comm *c, int r);
+/* Fills the shared fields of a group made by a backend's split (name,
+ * world_ranks from the parent's, timeout); false when out of memory. */
+bool rt_comm_init_group(dsc_comm *g, const dsc_comm *parent, const rt_comm_backend *be,
+                        const int *members, int n, int rank, const char *name);
+/* Frees what rt_comm_init_group allocated. */
+void rt_comm_fini_group(dsc_comm *g);
+/* Elements of send this rank's all_to_all(_v) reads (from its start). */
+int64_t rt_comm_a2a_send_extent(int world, const rt_comm_args *a);
 /* Elements this rank receives into recv; the reduction's input length. */
 int64_t rt_comm_recv_count(const dsc_comm *c, const rt_comm_args *a);
 /* dst[i] += src[i] in the dtype's own arithmetic (integers wrap). */

@@ -33,6 +33,7 @@
 #define DSC_COMM_H
 
 #include "dsc/core.h"
+#include "dsc/mesh.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -87,6 +88,21 @@ dsc_status dsc_comm_all_gather_start(dsc_comm *c, const void *send, void *recv, 
 dsc_status dsc_comm_broadcast_start(dsc_comm *c, void *buf, int64_t count, dsc_dtype dt, int root,
                                     int64_t tag, dsc_comm_request **req);
 dsc_status dsc_comm_barrier_start(dsc_comm *c, int64_t tag, dsc_comm_request **req);
+/* send holds world chunks of count elements, chunk j for rank j; recv
+ * (world * count) receives rank i's chunk for this rank at offset i * count.
+ * send == recv (in place) is allowed. */
+dsc_status dsc_comm_all_to_all_start(dsc_comm *c, const void *send, void *recv, int64_t count,
+                                     dsc_dtype dt, int64_t tag, dsc_comm_request **req);
+/* Counts differ per peer: this rank sends send_counts[j] elements from
+ * send + send_displs[j] to rank j and receives recv_counts[i] elements from
+ * rank i at recv + recv_displs[i] (elements, not bytes; world entries each,
+ * copied at the start). What rank i sends rank j must be what j expects from
+ * i: in-process a mismatch fails the collective naming both ranks; MPI cannot
+ * tell. The recv ranges must not overlap; send != recv. */
+dsc_status dsc_comm_all_to_all_v_start(dsc_comm *c, const void *send, const int64_t *send_counts,
+                                       const int64_t *send_displs, void *recv,
+                                       const int64_t *recv_counts, const int64_t *recv_displs,
+                                       dsc_dtype dt, int64_t tag, dsc_comm_request **req);
 
 /* Completes and frees the request (also when it fails). Requests may be
  * waited in any order; each exactly once. On failure the error is on this
@@ -103,6 +119,43 @@ dsc_status dsc_comm_all_gather(dsc_comm *c, const void *send, void *recv, int64_
 dsc_status dsc_comm_broadcast(dsc_comm *c, void *buf, int64_t count, dsc_dtype dt, int root,
                               int64_t tag);
 dsc_status dsc_comm_barrier(dsc_comm *c, int64_t tag);
+dsc_status dsc_comm_all_to_all(dsc_comm *c, const void *send, void *recv, int64_t count,
+                               dsc_dtype dt, int64_t tag);
+dsc_status dsc_comm_all_to_all_v(dsc_comm *c, const void *send, const int64_t *send_counts,
+                                 const int64_t *send_displs, void *recv, const int64_t *recv_counts,
+                                 const int64_t *recv_displs, dsc_dtype dt, int64_t tag);
+
+/* ---- groups ----
+ * dsc_comm_split is a collective of c (every rank calls it, in its place
+ * among c's collectives): the ranks that pass the same color >= 0 form one
+ * new communicator, ranked by key (ties by their rank in c), as
+ * MPI_Comm_split; a negative color joins none (*out = NULL). name (1 to 23
+ * of [A-Za-z0-9_-+.]) labels the group: its collectives read "rank 5 (ep
+ * rank 1): ep all_to_all #2 (step 3) ...", naming ranks as the job's world
+ * numbers them. A group numbers its own collectives, takes c's timeout, and
+ * shares the job's fate: a failure or abort in any communicator of an
+ * in-process job breaks every one of them (MPI: dsc_comm_abort ends the
+ * job). Groups of groups are allowed. Every group is freed with
+ * dsc_comm_free (in-process too) before its rank's function returns. */
+dsc_status dsc_comm_split(dsc_comm *c, int color, int key, const char *name, dsc_comm **out);
+/* "world" for a communicator that is not a group. */
+const char *dsc_comm_name(const dsc_comm *c);
+/* The job's world rank of this communicator's rank (-1 when out of range). */
+int dsc_comm_world_rank(const dsc_comm *c, int rank);
+
+/* ---- meshes ----
+ * The communicators of a mesh (dsc/mesh.h): one group per axis, named by it,
+ * holding the ranks that differ from this one only along that axis.
+ * dsc_mesh_new is a collective of world (its size must be the shape's
+ * product; DSC_ERR_USER naming both otherwise); it makes the groups in the
+ * shape's axis order. dsc_mesh_free frees them (before world goes). */
+typedef struct dsc_mesh dsc_mesh;
+dsc_status dsc_mesh_new(dsc_comm *world, const dsc_mesh_shape *shape, dsc_mesh **out);
+/* The group of axis name ("dp", "ep", "sp", "tp"); NULL when the mesh has no
+ * such axis. */
+dsc_comm *dsc_mesh_group(const dsc_mesh *m, const char *axis);
+const dsc_mesh_shape *dsc_mesh_shape_of(const dsc_mesh *m);
+void dsc_mesh_free(dsc_mesh *m);
 
 /* Gives up on the whole job. In-process: marks this rank dead ("rank 2
  * aborted: reason"); every other rank's pending and later collectives fail
@@ -132,7 +185,7 @@ dsc_status dsc_comm_inproc_run(dsc_context *ctx, int world, dsc_comm_rank_fn fn,
  * dsc was built without MPI. */
 bool dsc_comm_have_mpi(void);
 dsc_status dsc_comm_mpi_new(dsc_context *ctx, dsc_comm **out);
-/* Frees an MPI communicator and any requests never waited. A broken MPI
+/* Frees a group (dsc_comm_split) or an MPI communicator and any requests never waited. A broken MPI
  * communicator is not finalised (that could hang on a dead peer): the process
  * should exit non-zero, which makes mpirun end the job. In-process
  * communicators belong to dsc_comm_inproc_run and must not be freed. */

@@ -8,6 +8,7 @@
 #include "dsc/infer.h"
 #include "dsc/interp.h"
 #include "dsc/ir.h"
+#include "dsc/mesh.h"
 #include "dsc/passes.h"
 #include "dsc/runtime.h"
 #include "dsc/trace.h"

@@ -147,6 +147,91 @@ static void test_async(dsc_comm *c, dsc_context *ctx) {
     for (int i = 0; i < 8; i++) CHECK(rg[r * 8 + i] == value(11, r, i), "async gather");
 }
 
+/* all_to_all (also in place) and all_to_all_v with counts that differ per
+ * pair, some empty, and gaps between the ranges. */
+static double a2a_elem(int from, int to, int64_t i) {
+  return 1 + from * 1000 + to * 100000 + (double)i * 0.5;
+}
+
+static void test_all_to_all(dsc_comm *c, dsc_context *ctx) {
+  const int64_t n = 5;
+  int w = world_;
+  double *x = malloc((size_t)(n * w) * sizeof *x), *y = malloc((size_t)(n * w) * sizeof *y);
+  for (int j = 0; j < w; j++)
+    for (int64_t i = 0; i < n; i++) x[j * n + i] = a2a_elem(rank_, j, i);
+  ok_or_print(ctx, dsc_comm_all_to_all(c, x, y, n, DSC_F64, 12), "all_to_all");
+  for (int q = 0; q < w; q++)
+    for (int64_t i = 0; i < n; i++)
+      CHECK(y[q * n + i] == a2a_elem(q, rank_, i), "all_to_all [%d][%lld]", q, (long long)i);
+  ok_or_print(ctx, dsc_comm_all_to_all(c, x, x, n, DSC_F64, 13), "all_to_all in place");
+  for (int q = 0; q < w; q++)
+    for (int64_t i = 0; i < n; i++)
+      CHECK(x[q * n + i] == a2a_elem(q, rank_, i), "all_to_all in place [%d]", q);
+  int64_t *sc = malloc(4 * (size_t)w * sizeof *sc), *sd = sc + w, *rc = sc + 2 * w,
+          *rd = sc + 3 * w, at = 0;
+  for (int j = w - 1; j >= 0; j--) /* reversed, a gap of 1 */
+    sc[j] = (rank_ * 3 + j * 2) % 4, sd[j] = at, at += sc[j] + 1;
+  float *vs = malloc((size_t)at * sizeof *vs);
+  for (int j = 0; j < w; j++)
+    for (int64_t i = 0; i < sc[j]; i++) vs[sd[j] + i] = (float)a2a_elem(rank_, j, i);
+  at = 0;
+  for (int q = 0; q < w; q++) rc[q] = (q * 3 + rank_ * 2) % 4, rd[q] = at, at += rc[q] + 2;
+  float *vr = malloc((size_t)at * sizeof *vr);
+  ok_or_print(ctx, dsc_comm_all_to_all_v(c, vs, sc, sd, vr, rc, rd, DSC_F32, 14), "all_to_all_v");
+  for (int q = 0; q < w; q++)
+    for (int64_t i = 0; i < rc[q]; i++)
+      CHECK(vr[rd[q] + i] == (float)a2a_elem(q, rank_, i), "all_to_all_v [%d][%lld]", q,
+            (long long)i);
+  free(x), free(y), free(sc), free(vs), free(vr);
+}
+
+/* Groups by parity with keys reversed, a group of a group, and a mesh. */
+static void test_groups(dsc_comm *c, dsc_context *ctx) {
+  dsc_comm *g = NULL;
+  ok_or_print(ctx, dsc_comm_split(c, rank_ % 2, -rank_, "parity", &g), "split");
+  if (!g) return;
+  int n = (world_ - rank_ % 2 + 1) / 2, gr = dsc_comm_rank(g);
+  CHECK(dsc_comm_world(g) == n, "group size %d, expected %d", dsc_comm_world(g), n);
+  CHECK(strcmp(dsc_comm_name(g), "parity") == 0, "group name");
+  /* key -rank: the highest rank of the parity first */
+  int top = world_ - 1 - ((world_ - 1 - rank_) % 2);
+  for (int i = 0; i < n; i++)
+    CHECK(dsc_comm_world_rank(g, i) == top - 2 * i, "group rank %d is world %d", i,
+          dsc_comm_world_rank(g, i));
+  double x = rank_, y = 0, want = 0;
+  for (int i = 0; i < n; i++) want += top - 2 * i;
+  ok_or_print(ctx, dsc_comm_all_reduce(g, &x, &y, 1, DSC_F64, DSC_COMM_SUM, 20), "group ar");
+  CHECK(y == want, "group sum %g, expected %g", y, want);
+  double *s = malloc((size_t)n * sizeof *s), *v = malloc((size_t)n * sizeof *v);
+  for (int j = 0; j < n; j++) s[j] = a2a_elem(rank_, dsc_comm_world_rank(g, j), 0);
+  ok_or_print(ctx, dsc_comm_all_to_all(g, s, v, 1, DSC_F64, 21), "group a2a");
+  for (int q = 0; q < n; q++)
+    CHECK(v[q] == a2a_elem(dsc_comm_world_rank(g, q), rank_, 0), "group a2a [%d]", q);
+  dsc_comm *sub = NULL; /* group rank 0 joins none */
+  ok_or_print(ctx, dsc_comm_split(g, gr == 0 ? -1 : 0, gr, "sub", &sub), "split of a group");
+  CHECK((sub == NULL) == (gr == 0), "sub-group membership");
+  if (sub) {
+    double one = 1, cnt = 0;
+    ok_or_print(ctx, dsc_comm_all_reduce(sub, &one, &cnt, 1, DSC_F64, DSC_COMM_SUM, 22), "sub ar");
+    CHECK(cnt == n - 1, "sub-group of %g, expected %d", cnt, n - 1);
+  }
+  dsc_comm_free(sub);
+  dsc_comm_free(g);
+  free(s), free(v);
+  if (world_ % 2 != 0) return;
+  dsc_mesh_shape shape;
+  ok_or_print(ctx, dsc_mesh_parse(ctx, "ep=2", world_, &shape), "mesh parse");
+  dsc_mesh *m = NULL;
+  ok_or_print(ctx, dsc_mesh_new(c, &shape, &m), "mesh");
+  if (!m) return;
+  dsc_comm *ep = dsc_mesh_group(m, "ep"), *dp = dsc_mesh_group(m, "dp");
+  CHECK(dsc_comm_world(ep) == 2 && dsc_comm_world(dp) == world_ / 2, "mesh group sizes");
+  CHECK(dsc_comm_world_rank(ep, 0) == rank_ - rank_ % 2, "ep group of rank %d", rank_);
+  for (int i = 0; i < world_ / 2; i++)
+    CHECK(dsc_comm_world_rank(dp, i) == 2 * i + rank_ % 2, "dp group rank %d", i);
+  dsc_mesh_free(m);
+}
+
 /* Rank 0 after rank 1 stopped: the named timeout, then the next wait gives
  * up at once (not after another timeout), then the abort. */
 static int stopped_peer(dsc_comm *c, dsc_context *ctx) {
@@ -215,6 +300,8 @@ int main(int argc, char **argv) {
   test_reduce_scatter(c, ctx);
   test_gather_broadcast(c, ctx);
   test_async(c, ctx);
+  test_all_to_all(c, ctx);
+  test_groups(c, ctx);
   ok_or_print(ctx, dsc_comm_barrier(c, 11), "barrier");
   CHECK(!dsc_comm_broken(c), "communicator broken");
   if (rank_ == 0) printf("comm_mpi_test: world %d: %s\n", world_, failures ? "FAILED" : "ok");
