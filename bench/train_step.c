@@ -101,6 +101,8 @@ static flop_count count_flops(const dsc_graph *g) {
       case DSC_OP_ALL_GATHER_WAIT:
       case DSC_OP_BROADCAST_START:
       case DSC_OP_BROADCAST_WAIT:
+      case DSC_OP_ALL_TO_ALL_START:
+      case DSC_OP_ALL_TO_ALL_WAIT:
         break;
       case DSC_OP_MATMUL: {
         /* result [batch.., M, N]; K is the last dim of the first input */

@@ -1007,6 +1007,9 @@ static bool coll_kind(dsc_op op, cg_coll_kind *k) {
     case DSC_OP_REDUCE_SCATTER_START: *k = CG_COLL_REDUCE_SCATTER; return true;
     case DSC_OP_ALL_GATHER_START: *k = CG_COLL_ALL_GATHER; return true;
     case DSC_OP_BROADCAST_START: *k = CG_COLL_BROADCAST; return true;
+    case DSC_OP_ALL_TO_ALL_START:
+      *k = CG_COLL_ALL_TO_ALL;
+      return true;
     default: return false;
   }
 }
@@ -1030,6 +1033,9 @@ static bool lower_collective_start(L *l, const ir_node *n) {
   c.world = ir_attr_int(n, "world");
   c.tag = ir_attr_int(n, "tag");
   c.root = c.kind == CG_COLL_BROADCAST ? (int)ir_attr_int(n, "root") : 0;
+  if (c.kind == CG_COLL_ALL_TO_ALL) c.count /= c.world; /* per peer */
+  const char *group = ir_collective_group(n);
+  if (strcmp(group, "world") != 0) snprintf(c.group, sizeof c.group, "%s", group);
   int src = contiguous_buffer(l, x, true);
   if (src < 0) return false;
   if (staged) {
@@ -1938,11 +1944,17 @@ static void lower_node(L *l, const ir_node *x) {
     case DSC_OP_ALL_REDUCE_START:
     case DSC_OP_REDUCE_SCATTER_START:
     case DSC_OP_ALL_GATHER_START:
-    case DSC_OP_BROADCAST_START: lower_collective_start(l, x); break;
+    case DSC_OP_BROADCAST_START:
+    case DSC_OP_ALL_TO_ALL_START:
+      lower_collective_start(l, x);
+      break;
     case DSC_OP_ALL_REDUCE_WAIT:
     case DSC_OP_REDUCE_SCATTER_WAIT:
     case DSC_OP_ALL_GATHER_WAIT:
-    case DSC_OP_BROADCAST_WAIT: lower_collective_wait(l, x); break;
+    case DSC_OP_BROADCAST_WAIT:
+    case DSC_OP_ALL_TO_ALL_WAIT:
+      lower_collective_wait(l, x);
+      break;
     case DSC_OP_LOCAL_SHARD: lower_local_shard(l, x); break;
     case DSC_OP_TO_HOST:
     case DSC_OP_TO_DEVICE: lower_transfer(l, x); break;

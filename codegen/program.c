@@ -97,9 +97,10 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
         break;
       case CG_INS_COLLECTIVE_START:
       case CG_INS_COLLECTIVE_WAIT: {
-        static const char *coll[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+        static const char *coll[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                     "all_to_all"};
         const cg_collective *c = &in->coll;
-        const char *name = (unsigned)c->kind < 4 ? coll[c->kind] : "?";
+        const char *name = (unsigned)c->kind < 5 ? coll[c->kind] : "?";
         if (in->kind == CG_INS_COLLECTIVE_WAIT) {
           sb_printf(&b, "%s_wait #%d b%d\n", name, c->id, in->dst);
           break;
@@ -108,6 +109,7 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
                   in->dst, in->src, dsc_dtype_name(c->dtype), (long long)c->count,
                   (long long)c->world, (long long)c->tag);
         if (c->kind == CG_COLL_BROADCAST) sb_printf(&b, " root=%d", c->root);
+        if (c->group[0]) sb_printf(&b, " group=%s", c->group);
         sb_printf(&b, "\n");
         break;
       }

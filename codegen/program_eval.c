@@ -177,7 +177,7 @@ bool cg_program_eval(const cg_program *p, void *state, void *work, char *err, si
         }
         if (in->src != in->dst && c->kind != CG_COLL_BROADCAST)
           memmove(buffer_base(p, state, work, in->dst), buffer_base(p, state, work, in->src),
-                  (size_t)c->count * dsc_dtype_size(c->dtype));
+                  (size_t)c->count * dsc_dtype_size(c->dtype)); /* all_to_all: world 1, 1 chunk */
         break;
       }
       case CG_INS_COLLECTIVE_WAIT:

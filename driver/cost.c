@@ -36,9 +36,12 @@ double dsc_ring_bytes(dsc_coll_kind k, double payload, int64_t world) {
       return 2 * (n - 1) / n * payload; /* reduce-scatter + all-gather */
     case DSC_COLL_REDUCE_SCATTER:
     case DSC_COLL_ALL_GATHER:
+    case DSC_COLL_ALL_TO_ALL:
       return (n - 1) / n * payload;
     case DSC_COLL_BROADCAST:
       return payload; /* pipelined ring: each rank forwards the whole tensor once */
+    case DSC_COLL_KINDS:
+      break;
   }
   return 0;
 }
@@ -139,11 +142,13 @@ dsc_status drv_step_work(dsc_context *ctx, const cg_program *p, int64_t world, d
         dsc_coll_kind k = c->kind == CG_COLL_ALL_REDUCE       ? DSC_COLL_ALL_REDUCE
                           : c->kind == CG_COLL_REDUCE_SCATTER ? DSC_COLL_REDUCE_SCATTER
                           : c->kind == CG_COLL_ALL_GATHER     ? DSC_COLL_ALL_GATHER
+                          : c->kind == CG_COLL_ALL_TO_ALL     ? DSC_COLL_ALL_TO_ALL
                                                               : DSC_COLL_BROADCAST;
         /* the op's world (module meta zero.world is absent at stage 0) */
         int64_t n = c->world > 0 ? c->world : world;
         double payload = (double)c->count * (double)dsc_dtype_size(c->dtype);
-        if (k == DSC_COLL_ALL_GATHER) payload *= (double)n; /* count: what each rank sends */
+        /* count: what each rank sends (to each peer, for all_to_all) */
+        if (k == DSC_COLL_ALL_GATHER || k == DSC_COLL_ALL_TO_ALL) payload *= (double)n;
         ev.kind = DSC_EV_START;
         ev.coll = c->id;
         ev.link_bytes = dsc_ring_bytes(k, payload, n);
@@ -186,7 +191,7 @@ dsc_status drv_step_work_repeat(dsc_context *ctx, const dsc_step_work *micro, in
   w->n_coll += micro->n_coll;
   double k = (double)times;
   w->gemm_flops += k * micro->gemm_flops, w->kernel_flops += k * micro->kernel_flops;
-  for (int c = 0; c < 4; c++) {
+  for (int c = 0; c < DSC_COLL_KINDS; c++) {
     w->coll_bytes[c] += k * micro->coll_bytes[c];
     w->link_bytes[c] += k * micro->link_bytes[c];
     w->coll_count[c] += times * micro->coll_count[c];

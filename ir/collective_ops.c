@@ -18,6 +18,8 @@ static int wait_of(dsc_op op) {
       return DSC_OP_ALL_GATHER_WAIT;
     case DSC_OP_BROADCAST_START:
       return DSC_OP_BROADCAST_WAIT;
+    case DSC_OP_ALL_TO_ALL_START:
+      return DSC_OP_ALL_TO_ALL_WAIT;
     default:
       return -1;
   }
@@ -27,7 +29,8 @@ bool ir_is_collective_start(dsc_op op) { return wait_of(op) >= 0; }
 
 bool ir_is_collective_wait(dsc_op op) {
   return op == DSC_OP_ALL_REDUCE_WAIT || op == DSC_OP_REDUCE_SCATTER_WAIT ||
-         op == DSC_OP_ALL_GATHER_WAIT || op == DSC_OP_BROADCAST_WAIT;
+         op == DSC_OP_ALL_GATHER_WAIT || op == DSC_OP_BROADCAST_WAIT ||
+         op == DSC_OP_ALL_TO_ALL_WAIT;
 }
 
 bool ir_find_in_flight_read(const ir_graph *g, const ir_node **reader, int *input, int *output) {
@@ -96,6 +99,29 @@ bool ir_shape_broadcast_start(const ir_node *n, dsc_type *out, char *err, size_t
   if (root < 0 || root >= world)
     return ir_fail(err, errlen, "root %lld is not a rank of world %lld", (long long)root,
                    (long long)world);
+  return true;
+}
+
+const char *ir_collective_group(const ir_node *n) {
+  const char *g = n->op == DSC_OP_ALL_TO_ALL_START ? ir_attr_str(n, "group") : NULL;
+  return g && *g ? g : "world";
+}
+
+bool ir_shape_all_to_all_start(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
+  if (!start_common(n, out, err, errlen)) return false;
+  int64_t world = ir_attr_int(n, "world");
+  const char *group = ir_attr_str(n, "group");
+  static const char *const groups[] = {"world", "dp", "ep", "sp", "tp"};
+  bool known = false;
+  for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
+    known |= group && strcmp(group, groups[i]) == 0;
+  if (!known)
+    return ir_fail(err, errlen, "group '%s' is not a communicator (world, dp, ep, sp, tp)",
+                   group ? group : "");
+  if (out->rank < 1) return ir_fail(err, errlen, "the input needs rank >= 1 (exchanges dim 0)");
+  if (out->dims[0] % world != 0)
+    return ir_fail(err, errlen, "dim 0 (%lld) is not divisible by world %lld",
+                   (long long)out->dims[0], (long long)world);
   return true;
 }
 

@@ -394,11 +394,21 @@ static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
                g->name, ir_op(nd->op)->name, i);
       return DSC_ERR_USER;
     }
-    if ((ir_is_collective_start(nd->op) || nd->op == DSC_OP_LOCAL_SHARD) &&
-        ir_attr_int(nd, "world") != s->coll->world(s->comm)) {
-      ir_error(ctx, nd->loc, "%s: node %%%d has world %lld but the communicator's world is %d",
-               ir_op(nd->op)->name, i, (long long)ir_attr_int(nd, "world"),
-               s->coll->world(s->comm));
+    if (!ir_is_collective_start(nd->op) && nd->op != DSC_OP_LOCAL_SHARD) continue;
+    const char *group = ir_collective_group(nd);
+    void *gc = s->coll->group(s->comm, group);
+    if (!gc) {
+      ir_error(ctx, nd->loc,
+               "%s: node %%%d runs over group '%s', but the communicator has no mesh with that "
+               "axis (dsc_mesh_new, --mesh)",
+               ir_op(nd->op)->name, i, group);
+      return DSC_ERR_USER;
+    }
+    if (ir_attr_int(nd, "world") != s->coll->world(gc)) {
+      char has[64] = "the communicator's world is";
+      if (gc != s->comm) snprintf(has, sizeof has, "its group '%s' has", group);
+      ir_error(ctx, nd->loc, "%s: node %%%d has world %lld but %s %d", ir_op(nd->op)->name, i,
+               (long long)ir_attr_int(nd, "world"), has, s->coll->world(gc));
       return DSC_ERR_USER;
     }
   }
@@ -436,6 +446,9 @@ static dsc_status start_collective(run_state *s, const ir_node *nd, const dsc_te
       memcpy(out->data, x->data, sizeof(double) * (size_t)count);
       return s->coll->start(s->comm, IR_COLL_BROADCAST, out->data, out->data, count,
                             (int)ir_attr_int(nd, "root"), tag, req);
+    case DSC_OP_ALL_TO_ALL_START:
+      return s->coll->start(s->coll->group(s->comm, ir_collective_group(nd)), IR_COLL_ALL_TO_ALL,
+                            x->data, out->data, count / ir_attr_int(nd, "world"), 0, tag, req);
     default:
       ir_error(s->ctx, nd->loc, "internal: %s is not a collective start", ir_op(nd->op)->name);
       return DSC_ERR_INTERNAL;

@@ -280,6 +280,9 @@ bool ir_is_collective_wait(dsc_op op);
  * input) or a graph output that is a start (*output = which output, and
  * *reader = the start); false when there is none. */
 bool ir_find_in_flight_read(const ir_graph *g, const ir_node **reader, int *input, int *output);
+/* The communicator a collective start runs over: its group attribute, or
+ * "world" for the ops that have none. */
+const char *ir_collective_group(const ir_node *n);
 
 /* ======================= ir/phase.c =======================
  * The part of a training step each node belongs to, as DeepSpeed's
@@ -369,6 +372,7 @@ typedef enum {
   IR_COLL_REDUCE_SCATTER,
   IR_COLL_ALL_GATHER,
   IR_COLL_BROADCAST,
+  IR_COLL_ALL_TO_ALL, /* count: elements per peer */
 } ir_coll_kind;
 typedef struct {
   int (*world)(void *comm);
@@ -379,6 +383,9 @@ typedef struct {
   dsc_status (*start)(void *comm, ir_coll_kind kind, const double *send, double *recv,
                       int64_t count, int root, int64_t tag, void **req);
   dsc_status (*wait)(void *req);
+  /* The communicator a collective op's group attribute names ("world": comm
+   * itself), NULL when comm has none by that name. */
+  void *(*group)(void *comm, const char *name);
 } ir_collectives;
 /* dsc_interp_run (include/dsc/interp.h) with the collectives of comm
  * (coll NULL or comm NULL: none; a graph with collective ops then fails). */

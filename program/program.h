@@ -86,6 +86,8 @@ typedef enum {
   CG_COLL_ALL_GATHER,     /* src: count elements; dst: world*count, rank r's at r*count */
   CG_COLL_BROADCAST,      /* dst (count elements) = the root's dst; the lowering copies src
                            * into dst before the start */
+  CG_COLL_ALL_TO_ALL,     /* src, dst: world chunks of count elements; src's chunk j goes to
+                           * rank j, dst's chunk i comes from rank i */
 } cg_coll_kind;
 
 /* A collective instruction (dsc_comm_* of include/dsc/comm.h). Buffers src
@@ -103,6 +105,7 @@ typedef struct {
   int root;        /* BROADCAST */
   int64_t world;   /* the op's world attribute: must equal the communicator's */
   int64_t tag;     /* the op's tag attribute (the step label in comm messages) */
+  char group[8];   /* the communicator: "" the executor's, else a mesh axis ("ep", ...) */
 } cg_collective;
 
 /* A strided matrix operand: element (b0, b1, r, c) is at

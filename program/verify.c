@@ -166,9 +166,9 @@ static bool check_collective(const verifier *v, int i, const cg_instr *in) {
   if (v->p->buffers[in->src].dtype != c->dtype || v->p->buffers[in->dst].dtype != c->dtype)
     return bad(v, i, "collective: the buffers are not %s", dsc_dtype_name(c->dtype));
   if (c->world < 1 || c->world > INT32_MAX || c->count < 0 ||
-      (unsigned)c->kind > CG_COLL_BROADCAST ||
+      (unsigned)c->kind > CG_COLL_ALL_TO_ALL || memchr(c->group, 0, sizeof c->group) == NULL ||
       (c->kind == CG_COLL_BROADCAST && (c->root < 0 || c->root >= c->world)))
-    return bad(v, i, "collective: malformed (world, count, kind or root)");
+    return bad(v, i, "collective: malformed (world, count, kind, root or group)");
   int64_t send = c->kind == CG_COLL_BROADCAST ? 0 : c->count, recv = c->count;
   if (c->kind == CG_COLL_REDUCE_SCATTER) {
     if (c->count % c->world != 0)
@@ -176,9 +176,10 @@ static bool check_collective(const verifier *v, int i, const cg_instr *in) {
                  c->count, c->world);
     recv = c->count / c->world;
   }
-  if (c->kind == CG_COLL_ALL_GATHER) {
-    if (c->count > INT64_MAX / c->world) return bad(v, i, "all_gather: count overflows");
+  if (c->kind == CG_COLL_ALL_GATHER || c->kind == CG_COLL_ALL_TO_ALL) {
+    if (c->count > INT64_MAX / c->world) return bad(v, i, "collective: count overflows");
     recv = c->count * c->world;
+    if (c->kind == CG_COLL_ALL_TO_ALL) send = recv;
   }
   if (send > numel(v, in->src) || recv > numel(v, in->dst))
     return bad(v, i,

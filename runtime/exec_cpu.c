@@ -749,6 +749,7 @@ static bool run_collective(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t
   }
   const char *src = buf_ptr(e, rp, in->src);
   char *dst = buf_ptr(e, rp, in->dst);
+  dsc_comm *g = dsc_comm_group(e->comm, c->group); /* check_comm found it */
   dsc_status st;
   switch (c->kind) {
     case CG_COLL_ALL_REDUCE:
@@ -764,6 +765,9 @@ static bool run_collective(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t
       break;
     case CG_COLL_BROADCAST:
       st = dsc_comm_broadcast_start(e->comm, dst, c->count, c->dtype, c->root, coll_tag(e, c), req);
+      break;
+    case CG_COLL_ALL_TO_ALL:
+      st = dsc_comm_all_to_all_start(g, src, dst, c->count, c->dtype, coll_tag(e, c), req);
       break;
     default:
       return ir_fail(err, errlen, "instruction %d: unknown collective kind", i);
@@ -787,10 +791,19 @@ static bool check_comm(rt_cpu_exec *e, const cg_program *p, char *err, size_t er
                      "the program has collective ops (%s at instruction %d); run it with a "
                      "communicator (dsc_exec_set_comm)",
                      instr_op(in), i);
-    if (in->coll.world != dsc_comm_world(e->comm))
+    const char *group = in->coll.group;
+    dsc_comm *g = dsc_comm_group(e->comm, group);
+    if (!g)
       return ir_fail(err, errlen,
-                     "%s (instruction %d) has world %" PRId64 " but the communicator's world is %d",
-                     instr_op(in), i, in->coll.world, dsc_comm_world(e->comm));
+                     "%s (instruction %d) runs over group '%s', but the communicator has no mesh "
+                     "with that axis (dsc_mesh_new, --mesh)",
+                     instr_op(in), i, group);
+    if (in->coll.world != dsc_comm_world(g)) {
+      char has[64] = "the communicator's world is";
+      if (g != e->comm) snprintf(has, sizeof has, "its group '%s' has", group);
+      return ir_fail(err, errlen, "%s (instruction %d) has world %" PRId64 " but %s %d",
+                     instr_op(in), i, in->coll.world, has, dsc_comm_world(g));
+    }
   }
   return true;
 }
@@ -926,6 +939,8 @@ static const char *coll_name(cg_coll_kind k) {
       return "all_gather";
     case CG_COLL_BROADCAST:
       return "broadcast";
+    case CG_COLL_ALL_TO_ALL:
+      return "all_to_all";
   }
   return "collective";
 }
@@ -981,14 +996,20 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
     case CG_INS_COLLECTIVE_WAIT: {
       const cg_collective *c = &in->coll;
       int64_t bytes = c->count * (int64_t)dsc_dtype_size(c->dtype);
-      if (c->kind == CG_COLL_ALL_GATHER) bytes *= c->world; /* what every rank ends up with */
+      if (c->kind == CG_COLL_ALL_GATHER || c->kind == CG_COLL_ALL_TO_ALL)
+        bytes *= c->world; /* what every rank ends up with */
       dsc_trace_format_bytes(size, sizeof size, bytes);
+      const char *group = c->group[0] ? c->group : "world";
       snprintf(args, sizeof args,
-               "{\"bytes\":%" PRId64 ",\"id\":%d,\"tag\":%" PRId64 ",\"instr\":%d}", bytes, c->id,
-               coll_tag(e, c), i);
-      snprintf(name, sizeof name, "wait %s %s", coll_name(c->kind), size);
+               "{\"bytes\":%" PRId64 ",\"id\":%d,\"tag\":%" PRId64
+               ",\"instr\":%d,\"group\":\"%s\"}",
+               bytes, c->id, coll_tag(e, c), i, group);
+      /* a group's collectives say so in their name: "ep all_to_all 12 KiB" */
+      snprintf(name, sizeof name, "wait %s%s%s %s", c->group[0] ? c->group : "",
+               c->group[0] ? " " : "", coll_name(c->kind), size);
       dsc_trace_span(tr, pid, DSC_TRACE_WAIT, "collective", t0, t1, args, name);
-      snprintf(name, sizeof name, "%s %s", coll_name(c->kind), size);
+      snprintf(name, sizeof name, "%s%s%s %s", c->group[0] ? c->group : "", c->group[0] ? " " : "",
+               coll_name(c->kind), size);
       dsc_trace_span(tr, pid, DSC_TRACE_COMM, "collective", rp->coll_t0[c->id], t1, args, name);
       rp->coll_t1[c->id] = t1;
       return;

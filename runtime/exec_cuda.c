@@ -157,8 +157,36 @@ struct rt_cuda_exec {
   const rt_nccl_api *nccl;
   rt_nccl_comm nccl_comm;
   dsc_comm *nccl_of;
+  /* a mesh's groups that the programs' collectives name (cg_collective.group):
+   * their NCCL communicators, made beside the world's */
+  int n_groups;
+  char group_name[DSC_MESH_MAX_AXES][8];
+  dsc_comm *group_of[DSC_MESH_MAX_AXES];
+  rt_nccl_comm group_nccl[DSC_MESH_MAX_AXES];
   CUevent ev_coll; /* compute -> comm before each collective */
 };
+
+/* Every NCCL communicator of e: the world's, then the groups'. */
+static int nccl_comms(const rt_cuda_exec *e, rt_nccl_comm *out) {
+  int n = 0;
+  if (e->nccl_comm) out[n++] = e->nccl_comm;
+  for (int g = 0; g < e->n_groups; g++)
+    if (e->group_nccl[g]) out[n++] = e->group_nccl[g];
+  return n;
+}
+
+/* Forgets the groups' communicators, destroying (or, after a failure,
+ * aborting) them. */
+static void drop_groups(rt_cuda_exec *e, bool abort) {
+  for (int g = 0; g < e->n_groups; g++)
+    if (e->group_nccl[g]) {
+      if (abort)
+        e->nccl->CommAbort(e->group_nccl[g]);
+      else
+        e->nccl->CommDestroy(e->group_nccl[g]);
+    }
+  e->n_groups = 0;
+}
 
 #define CU(call, ...) rt_cu_check(e->api, e->ctx, (call), __VA_ARGS__)
 
@@ -459,6 +487,7 @@ void rt_cuda_exec_free(rt_cuda_exec *e) {
     if (e->copy) a->StreamSynchronize(e->copy);
     if (e->comm_stream) a->StreamSynchronize(e->comm_stream);
     if (e->nccl_comm) e->nccl->CommDestroy(e->nccl_comm);
+    drop_groups(e, false);
     if (e->ev_coll) a->EventDestroy(e->ev_coll);
     for (int i = 0; e->progs && i < e->n_progs; i++) {
       cu_prog *cp = &e->progs[i];
@@ -753,6 +782,7 @@ dsc_status rt_cuda_exec_set_comm(rt_cuda_exec *e, dsc_comm *comm) {
     /* made for the ranks of another communicator */
     if (e->comm_stream) e->api->StreamSynchronize(e->comm_stream);
     e->nccl->CommDestroy(e->nccl_comm);
+    drop_groups(e, false);
     e->nccl_comm = NULL;
     e->nccl_of = NULL;
   }
@@ -868,6 +898,55 @@ static bool all_ranks_ok(rt_cuda_exec *e, bool ok, int64_t tag, const char *stag
   return bad_ranks == 0;
 }
 
+/* An NCCL communicator over the ranks of c (the world or one of its mesh's
+ * groups): c's rank 0's unique id goes to its ranks through c; every rank of
+ * the world agrees after each stage. */
+static bool nccl_init(rt_cuda_exec *e, dsc_comm *c, int64_t tag, rt_nccl_comm *out) {
+  const rt_cuda_api *a = e->api;
+  int rank = dsc_comm_rank(c), world = dsc_comm_world(c);
+  /* [0]: rank 0's status, then the 128-byte id (as i64s: any dtype moves) */
+  int64_t msg[1 + RT_NCCL_UNIQUE_ID_BYTES / 8];
+  memset(msg, 0, sizeof msg);
+  if (rank == 0) {
+    rt_nccl_unique_id id;
+    if (NCCL(e->nccl->GetUniqueId(&id), "ncclGetUniqueId (%s)", e->nccl->path))
+      memcpy(&msg[1], &id, sizeof id);
+    else
+      msg[0] = 1;
+  }
+  if (dsc_comm_broadcast(c, msg, (int64_t)(sizeof msg / 8), DSC_I64, 0, tag) != DSC_OK) {
+    comm_message(e, "backend cuda: NCCL setup: dsc_comm_broadcast of the unique id");
+    return false;
+  }
+  if (msg[0] != 0) {
+    if (rank != 0)
+      ir_error(e->ctx, ir_no_loc, "backend cuda: NCCL setup: ncclGetUniqueId failed on rank 0");
+    return false;
+  }
+  rt_nccl_unique_id id;
+  memcpy(&id, &msg[1], sizeof id);
+  rt_nccl_comm nc = NULL;
+  bool ok = CU(a->CtxSetCurrent(e->cuctx), "cuCtxSetCurrent") &&
+            NCCL(e->nccl->CommInitRank(&nc, world, id, rank),
+                 "ncclCommInitRank(%s, world %d, rank %d, %s)", dsc_comm_name(c), world, rank,
+                 e->device_name);
+  if (!ok) nc = NULL;
+  if (!all_ranks_ok(e, ok, tag, "ncclCommInitRank")) {
+    if (nc) e->nccl->CommAbort(nc);
+    return false;
+  }
+  *out = nc;
+  return true;
+}
+
+static rt_nccl_comm group_nccl(const rt_cuda_exec *e, const char *group) {
+  if (!group[0]) return e->nccl_comm;
+  for (int g = 0; g < e->n_groups; g++)
+    if (strcmp(e->group_name[g], group) == 0 && e->group_of[g] == dsc_comm_group(e->comm, group))
+      return e->group_nccl[g];
+  return NULL;
+}
+
 /* The NCCL communicator for e->comm (first run with collectives): rank 0's
  * unique id goes to every rank through the dsc_comm, every rank joins on
  * its device. The ranks agree after each stage, so that one rank's failure
@@ -889,44 +968,30 @@ static bool nccl_setup(rt_cuda_exec *e, cu_prog *cp, int64_t tag) {
   if (!e->ev_coll &&
       !CU(a->EventCreate(&e->ev_coll, CU_EVENT_DISABLE_TIMING), "cuEventCreate(collective start)"))
     return false;
-  if (e->nccl_comm && e->nccl_of == e->comm) return true;
-  char why[2400];
-  bool ok = (e->nccl = rt_nccl_api_get(why, sizeof why)) != NULL;
-  if (!ok) ir_error(e->ctx, ir_no_loc, "backend cuda: %s", why);
-  if (!all_ranks_ok(e, ok, tag, "to load NCCL")) return false;
-  int rank = dsc_comm_rank(e->comm), world = dsc_comm_world(e->comm);
-  /* [0]: rank 0's status, then the 128-byte id (as i64s: any dtype moves) */
-  int64_t msg[1 + RT_NCCL_UNIQUE_ID_BYTES / 8];
-  memset(msg, 0, sizeof msg);
-  if (rank == 0) {
-    rt_nccl_unique_id id;
-    if (NCCL(e->nccl->GetUniqueId(&id), "ncclGetUniqueId (%s)", e->nccl->path))
-      memcpy(&msg[1], &id, sizeof id);
-    else
-      msg[0] = 1;
+  if (!(e->nccl_comm && e->nccl_of == e->comm)) {
+    char why[2400];
+    bool ok = (e->nccl = rt_nccl_api_get(why, sizeof why)) != NULL;
+    if (!ok) ir_error(e->ctx, ir_no_loc, "backend cuda: %s", why);
+    if (!all_ranks_ok(e, ok, tag, "to load NCCL")) return false;
+    if (!nccl_init(e, e->comm, tag, &e->nccl_comm)) return false;
+    e->nccl_of = e->comm;
   }
-  if (dsc_comm_broadcast(e->comm, msg, (int64_t)(sizeof msg / 8), DSC_I64, 0, tag) != DSC_OK) {
-    comm_message(e, "backend cuda: NCCL setup: dsc_comm_broadcast of the unique id");
-    return false;
+  /* The groups this program names that have none yet: every rank runs the
+   * same program, so every rank makes its own group's at the same point. */
+  for (int i = 0; i < p->n_instrs; i++) {
+    const cg_collective *c = &p->instrs[i].coll;
+    if (p->instrs[i].kind != CG_INS_COLLECTIVE_START || !c->group[0] || group_nccl(e, c->group))
+      continue;
+    int g = 0; /* a group of that name made for an earlier mesh is replaced */
+    while (g < e->n_groups && strcmp(e->group_name[g], c->group) != 0) g++;
+    if (g == DSC_MESH_MAX_AXES) return bad(e, p, i, "more groups than mesh axes");
+    if (g < e->n_groups && e->group_nccl[g]) e->nccl->CommDestroy(e->group_nccl[g]);
+    snprintf(e->group_name[g], sizeof e->group_name[g], "%s", c->group);
+    e->group_of[g] = dsc_comm_group(e->comm, c->group); /* checked at the run's start */
+    e->group_nccl[g] = NULL;
+    if (g == e->n_groups) e->n_groups++;
+    if (!nccl_init(e, e->group_of[g], tag, &e->group_nccl[g])) return false;
   }
-  if (msg[0] != 0) {
-    if (rank != 0)
-      ir_error(e->ctx, ir_no_loc, "backend cuda: NCCL setup: ncclGetUniqueId failed on rank 0");
-    return false;
-  }
-  rt_nccl_unique_id id;
-  memcpy(&id, &msg[1], sizeof id);
-  rt_nccl_comm nc = NULL;
-  ok = CU(a->CtxSetCurrent(e->cuctx), "cuCtxSetCurrent") &&
-       NCCL(e->nccl->CommInitRank(&nc, world, id, rank),
-            "ncclCommInitRank(world %d, rank %d, %s)", world, rank, e->device_name);
-  if (!ok) nc = NULL;
-  if (!all_ranks_ok(e, ok, tag, "ncclCommInitRank")) {
-    if (nc) e->nccl->CommAbort(nc);
-    return false;
-  }
-  e->nccl_comm = nc;
-  e->nccl_of = e->comm;
   return true;
 }
 
@@ -946,6 +1011,8 @@ static bool run_collective(rt_cuda_exec *e, cu_prog *cp, int i) {
   void *s = (void *)e->comm_stream;
   size_t n = (size_t)c->count;
   const rt_nccl_api *nc = e->nccl;
+  rt_nccl_comm comm = group_nccl(e, c->group);
+  if (!comm) return bad(e, p, i, "no NCCL communicator for group '%s'", c->group);
   if (!CU(a->EventRecord(e->ev_coll, e->compute), "cuEventRecord(before collective %d)", c->id) ||
       !CU(a->StreamWaitEvent(e->comm_stream, e->ev_coll, 0),
           "cuStreamWaitEvent(comm before collective %d)", c->id))
@@ -974,6 +1041,22 @@ static bool run_collective(rt_cuda_exec *e, cu_prog *cp, int i) {
                 ")",
                 n, dsc_dtype_name(c->dtype), c->root, i, g, c->tag);
       break;
+    case CG_COLL_ALL_TO_ALL: {
+      /* NCCL has no all-to-all: a send and a receive per peer in one group
+       * (as torch's all_to_all_single does). */
+      size_t bytes = n * dsc_dtype_size(c->dtype);
+      ok = NCCL(nc->GroupStart(), "ncclGroupStart");
+      for (int64_t r = 0; ok && r < c->world; r++)
+        ok = NCCL(nc->Send((const char *)src + (size_t)r * bytes, n, dt, (int)r, comm, s),
+                  "ncclSend(%zu x %s to %s rank %d, instruction %d of graph '%s')", n,
+                  dsc_dtype_name(c->dtype), c->group[0] ? c->group : "world", (int)r, i, g) &&
+             NCCL(nc->Recv((char *)dst + (size_t)r * bytes, n, dt, (int)r, comm, s),
+                  "ncclRecv(%zu x %s from %s rank %d, instruction %d of graph '%s')", n,
+                  dsc_dtype_name(c->dtype), c->group[0] ? c->group : "world", (int)r, i, g);
+      ok = NCCL(nc->GroupEnd(), "ncclGroupEnd (all_to_all, instruction %d of graph '%s')", i, g) &&
+           ok;
+      break;
+    }
     default:
       return bad(e, p, i, "unknown collective kind %d", (int)c->kind);
   }
@@ -991,6 +1074,7 @@ static void coll_abort(rt_cuda_exec *e, const char *gname) {
     e->nccl_comm = NULL;
     e->nccl_of = NULL;
   }
+  drop_groups(e, true);
   if (e->comm && !dsc_comm_broken(e->comm)) {
     char reason[700];
     int nd = dsc_diag_count(e->ctx);
@@ -1020,12 +1104,14 @@ static bool coll_settle(rt_cuda_exec *e, const char *gname, bool ok) {
       break;
     }
     rt_nccl_result ar = RT_NCCL_SUCCESS;
-    if (e->nccl_comm && e->nccl->CommGetAsyncError(e->nccl_comm, &ar) == RT_NCCL_SUCCESS &&
-        ar != RT_NCCL_SUCCESS && ar != RT_NCCL_IN_PROGRESS) {
-      ok = NCCL(ar, "NCCL (rank %d, graph '%s'): asynchronous error", dsc_comm_rank(e->comm),
-                gname);
-      break;
-    }
+    rt_nccl_comm all[1 + DSC_MESH_MAX_AXES];
+    int n_all = nccl_comms(e, all);
+    for (int k = 0; k < n_all && ok; k++)
+      if (e->nccl->CommGetAsyncError(all[k], &ar) == RT_NCCL_SUCCESS && ar != RT_NCCL_SUCCESS &&
+          ar != RT_NCCL_IN_PROGRESS)
+        ok = NCCL(ar, "NCCL (rank %d, graph '%s'): asynchronous error", dsc_comm_rank(e->comm),
+                  gname);
+    if (!ok) break;
     if (dsc_comm_broken(e->comm)) {
       comm_message(e, "backend cuda: another rank failed while this one waited in NCCL");
       ok = false;
@@ -1043,9 +1129,11 @@ static bool coll_settle(rt_cuda_exec *e, const char *gname, bool ok) {
     }
     nanosleep(&nap, NULL);
   }
-  if (ok && e->nccl_comm) {
+  rt_nccl_comm all[1 + DSC_MESH_MAX_AXES];
+  int n_all = ok ? nccl_comms(e, all) : 0;
+  for (int k = 0; k < n_all && ok; k++) {
     rt_nccl_result ar = RT_NCCL_SUCCESS;
-    ok = NCCL(e->nccl->CommGetAsyncError(e->nccl_comm, &ar), "ncclCommGetAsyncError") &&
+    ok = NCCL(e->nccl->CommGetAsyncError(all[k], &ar), "ncclCommGetAsyncError") &&
          NCCL(ar, "NCCL (rank %d, graph '%s'): asynchronous error", dsc_comm_rank(e->comm), gname);
   }
   if (!ok) coll_abort(e, gname);
@@ -1163,12 +1251,15 @@ dsc_status rt_cuda_exec_run(rt_cuda_exec *e, int gi, const dsc_tensor *const *in
   }
   for (int i = 0; i < p->n_instrs; i++)
     if (((p->instrs[i].kind == CG_INS_COPY && p->instrs[i].src_rank_chunk) ||
-         p->instrs[i].kind == CG_INS_COLLECTIVE_START) &&
-        (!e->comm || dsc_comm_world(e->comm) != p->instrs[i].coll.world)) {
+         p->instrs[i].kind == CG_INS_COLLECTIVE_START)) {
+      const char *group = p->instrs[i].coll.group;
+      dsc_comm *gc = e->comm ? dsc_comm_group(e->comm, group) : NULL;
+      if (gc && dsc_comm_world(gc) == p->instrs[i].coll.world) continue;
       ir_error(e->ctx, ir_no_loc,
-               "graph '%s': %s (instruction %d) needs a communicator of world %" PRId64
-               " (dsc_exec_set_comm)",
-               gname, instr_op(&p->instrs[i]), i, p->instrs[i].coll.world);
+               "graph '%s': %s (instruction %d) needs a communicator%s%s of world %" PRId64
+               " (dsc_exec_set_comm%s)",
+               gname, instr_op(&p->instrs[i]), i, group[0] ? " with group " : "", group,
+               p->instrs[i].coll.world, group[0] ? ", dsc_mesh_new" : "");
       return DSC_ERR_USER;
     }
   if (!usable(e)) return DSC_ERR_USER;

@@ -26,15 +26,19 @@ static dsc_status coll_start(void *c, ir_coll_kind kind, const double *send, dou
     case IR_COLL_BROADCAST:
       st = dsc_comm_broadcast_start(c, recv, count, DSC_F64, root, tag, &r);
       break;
+    case IR_COLL_ALL_TO_ALL:
+      st = dsc_comm_all_to_all_start(c, send, recv, count, DSC_F64, tag, &r);
+      break;
   }
   *req = r;
   return st;
 }
 
 static dsc_status coll_wait(void *req) { return dsc_comm_wait(req); }
+static void *coll_group(void *c, const char *name) { return dsc_comm_group(c, name); }
 
 const ir_collectives rt_interp_collectives = {
-    coll_world, coll_rank, coll_context, coll_broken, coll_abort, coll_start, coll_wait,
+    coll_world, coll_rank, coll_context, coll_broken, coll_abort, coll_start, coll_wait, coll_group,
 };
 
 dsc_status dsc_interp_run_with(const dsc_graph *g, const dsc_params *params,

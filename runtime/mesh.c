@@ -5,12 +5,14 @@
 
 struct dsc_mesh {
   dsc_context *ctx;
+  dsc_comm *world; /* the communicator it is attached to */
   dsc_mesh_shape shape;
   dsc_comm *group[DSC_MESH_MAX_AXES];
 };
 
 void dsc_mesh_free(dsc_mesh *m) {
   if (!m) return;
+  if (m->world && m->world->mesh == m) m->world->mesh = NULL;
   for (int a = 0; a < m->shape.n_axes; a++) dsc_comm_free(m->group[a]);
   ir_free(m->ctx, m, sizeof *m);
 }
@@ -24,6 +26,11 @@ dsc_status dsc_mesh_new(dsc_comm *world, const dsc_mesh_shape *shape, dsc_mesh *
       dsc_mesh_world(shape) != world->world) {
     ir_error(ctx, ir_no_loc, "mesh %s: the axes multiply to %d ranks, but the communicator has %d",
              spec, dsc_mesh_world(shape), world->world);
+    return DSC_ERR_USER;
+  }
+  if (world->mesh) {
+    ir_error(ctx, ir_no_loc,
+             "mesh %s: the communicator already has a mesh (dsc_mesh_free it first)", spec);
     return DSC_ERR_USER;
   }
   dsc_mesh *m = ir_alloc(ctx, sizeof *m);
@@ -46,6 +53,8 @@ dsc_status dsc_mesh_new(dsc_comm *world, const dsc_mesh_shape *shape, dsc_mesh *
       return st;
     }
   }
+  m->world = world;
+  world->mesh = m;
   *out = m;
   return DSC_OK;
 }
@@ -56,3 +65,8 @@ dsc_comm *dsc_mesh_group(const dsc_mesh *m, const char *axis) {
 }
 
 const dsc_mesh_shape *dsc_mesh_shape_of(const dsc_mesh *m) { return &m->shape; }
+
+dsc_comm *dsc_comm_group(dsc_comm *c, const char *name) {
+  if (!name || !*name || strcmp(name, "world") == 0) return c;
+  return c->mesh ? dsc_mesh_group(c->mesh, name) : NULL;
+}

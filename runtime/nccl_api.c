@@ -16,10 +16,9 @@ static const struct {
   size_t offset;
 } symbols[] = {
 #define SYM(field) {"nccl" #field, offsetof(rt_nccl_api, field)}
-    SYM(GetVersion),    SYM(GetUniqueId), SYM(CommInitRank),   SYM(CommDestroy),
-    SYM(CommAbort),     SYM(AllReduce),   SYM(ReduceScatter),  SYM(AllGather),
-    SYM(Broadcast),     SYM(GroupStart),  SYM(GroupEnd),       SYM(GetErrorString),
-    SYM(CommGetAsyncError),
+    SYM(GetVersion), SYM(GetUniqueId),    SYM(CommInitRank),      SYM(CommDestroy), SYM(CommAbort),
+    SYM(AllReduce),  SYM(ReduceScatter),  SYM(AllGather),         SYM(Broadcast),   SYM(GroupStart),
+    SYM(GroupEnd),   SYM(GetErrorString), SYM(CommGetAsyncError), SYM(Send),        SYM(Recv),
 #undef SYM
 };
 

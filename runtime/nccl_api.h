@@ -58,6 +58,8 @@ typedef struct {
   rt_nccl_result (*Broadcast)(const void *, void *, size_t, int, int, rt_nccl_comm, void *);
   rt_nccl_result (*GroupStart)(void);
   rt_nccl_result (*GroupEnd)(void);
+  rt_nccl_result (*Send)(const void *, size_t, int, int, rt_nccl_comm, void *); /* >= 2.7 */
+  rt_nccl_result (*Recv)(void *, size_t, int, int, rt_nccl_comm, void *);
   const char *(*GetErrorString)(rt_nccl_result);
   rt_nccl_result (*CommGetAsyncError)(rt_nccl_comm, rt_nccl_result *);
   int version; /* ncclGetVersion's, e.g. 22805 */

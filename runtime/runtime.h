@@ -222,6 +222,7 @@ struct dsc_comm {
    * messages say "rank 5 (ep rank 1)"; NULL world_ranks: the world itself. */
   char name[24];
   int *world_ranks; /* [world] */
+  dsc_mesh *mesh;   /* its groups by axis name (dsc_mesh_new on this communicator) */
   double timeout; /* seconds */
   int64_t seq;    /* the number of the next collective */
   bool broken;

@@ -58,7 +58,14 @@ bool dsc_calibrate_cache_path(const dsc_calibrate_options *o, char *buf, size_t 
  * compute work (FLOPs), collective starts (bytes the ring sends per rank)
  * and waits. dsc_plan_memory_work fills it while planning. */
 typedef enum { DSC_EV_COMPUTE, DSC_EV_START, DSC_EV_WAIT } dsc_event_kind;
-typedef enum { DSC_COLL_ALL_REDUCE, DSC_COLL_REDUCE_SCATTER, DSC_COLL_ALL_GATHER, DSC_COLL_BROADCAST } dsc_coll_kind;
+typedef enum {
+  DSC_COLL_ALL_REDUCE,
+  DSC_COLL_REDUCE_SCATTER,
+  DSC_COLL_ALL_GATHER,
+  DSC_COLL_BROADCAST,
+  DSC_COLL_ALL_TO_ALL,
+  DSC_COLL_KINDS
+} dsc_coll_kind;
 typedef struct {
   dsc_event_kind kind;
   double flops;      /* COMPUTE */
@@ -69,9 +76,9 @@ typedef struct {
 typedef struct {
   double gemm_flops;   /* sum of 2*m*n*k*batch over the GEMMs */
   double kernel_flops; /* elementwise work: domain points x ops per kernel stage, copies */
-  double coll_bytes[4];   /* payload bytes per dsc_coll_kind (dsc_ring_bytes' B) */
-  double link_bytes[4];   /* bytes one rank sends per kind (ring formulas) */
-  int64_t coll_count[4];
+  double coll_bytes[DSC_COLL_KINDS]; /* payload bytes per dsc_coll_kind (dsc_ring_bytes' B) */
+  double link_bytes[DSC_COLL_KINDS]; /* bytes one rank sends per kind (ring formulas) */
+  int64_t coll_count[DSC_COLL_KINDS];
   int n_events, n_coll;
   dsc_step_event *events; /* malloc'd; dsc_step_work_free */
   /* gradient accumulation: events [0, repeat_events) are one micro-batch,
@@ -83,9 +90,11 @@ void dsc_step_work_free(dsc_step_work *w);
 
 /* Bytes one rank sends in a ring collective of `payload` bytes over `world`
  * ranks (payload: the all-reduced tensor; the reduce-scatter's input; the
- * all-gather's output; the broadcast tensor):
+ * all-gather's output; the broadcast tensor; the all-to-all's input, all of
+ * its chunks):
  *   all_reduce 2(N-1)/N B, reduce_scatter (N-1)/N B, all_gather (N-1)/N B,
- *   broadcast B (pipelined); 0 at world 1. */
+ *   broadcast B (pipelined), all_to_all (N-1)/N B (every chunk but its
+ *   own, straight to its rank); 0 at world 1. */
 double dsc_ring_bytes(dsc_coll_kind k, double payload, int64_t world);
 
 /* Predicted time of one optimizer step (seconds) and its parts. */

@@ -148,13 +148,20 @@ int dsc_comm_world_rank(const dsc_comm *c, int rank);
  * holding the ranks that differ from this one only along that axis.
  * dsc_mesh_new is a collective of world (its size must be the shape's
  * product; DSC_ERR_USER naming both otherwise); it makes the groups in the
- * shape's axis order. dsc_mesh_free frees them (before world goes). */
+ * shape's axis order and attaches the mesh to world, so that an executor or
+ * the interpreter given world finds the group a collective op names
+ * (dsc_comm_group). One mesh per communicator at a time. dsc_mesh_free frees
+ * the groups and detaches it (before world goes). */
 typedef struct dsc_mesh dsc_mesh;
 dsc_status dsc_mesh_new(dsc_comm *world, const dsc_mesh_shape *shape, dsc_mesh **out);
 /* The group of axis name ("dp", "ep", "sp", "tp"); NULL when the mesh has no
  * such axis. */
 dsc_comm *dsc_mesh_group(const dsc_mesh *m, const char *axis);
 const dsc_mesh_shape *dsc_mesh_shape_of(const dsc_mesh *m);
+/* The communicator a collective op's group names: "world" (or "") is c
+ * itself; an axis is that group of c's mesh; NULL when c has no mesh with
+ * that axis. */
+dsc_comm *dsc_comm_group(dsc_comm *c, const char *name);
 void dsc_mesh_free(dsc_mesh *m);
 
 /* Gives up on the whole job. In-process: marks this rank dead ("rank 2

@@ -46,12 +46,15 @@ inline dsc_module *coll_module(dsc_context *ctx, int world, dsc_dtype dt) {
   dsc_node *rs = start(g, DSC_OP_REDUCE_SCATTER_START, x, world, 1);
   dsc_node *ag = start(g, DSC_OP_ALL_GATHER_START, x, world, 1);
   dsc_node *bc = start(g, DSC_OP_BROADCAST_START, h, world, 1, world - 1);
-  dsc_node *outs[4] = {op2(g, DSC_OP_ADD, op1(g, DSC_OP_ALL_REDUCE_WAIT, ar), x),
-                       op1(g, DSC_OP_REDUCE_SCATTER_WAIT, rs),
-                       op1(g, DSC_OP_ALL_GATHER_WAIT, ag), op1(g, DSC_OP_BROADCAST_WAIT, bc)};
+  dsc_attr aa[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", 1),
+                    dsc_attr_str("group", "world")};
+  dsc_node *a2a = dsc_build(g, DSC_OP_ALL_TO_ALL_START, &h, 1, aa, 3);
+  dsc_node *outs[5] = {op2(g, DSC_OP_ADD, op1(g, DSC_OP_ALL_REDUCE_WAIT, ar), x),
+                       op1(g, DSC_OP_REDUCE_SCATTER_WAIT, rs), op1(g, DSC_OP_ALL_GATHER_WAIT, ag),
+                       op1(g, DSC_OP_BROADCAST_WAIT, bc), op1(g, DSC_OP_ALL_TO_ALL_WAIT, a2a)};
   for (dsc_node *o : outs)
     if (!o) return nullptr;
-  if (dsc_graph_set_outputs(g, outs, 4) != DSC_OK || dsc_module_verify(m) != DSC_OK ||
+  if (dsc_graph_set_outputs(g, outs, 5) != DSC_OK || dsc_module_verify(m) != DSC_OK ||
       dsc_run_codegen_passes(m) != DSC_OK) {
     dsc_module_free(m);
     return nullptr;

@@ -138,7 +138,7 @@ TEST(NcclProgram, EveryCollectiveKindPassesTheCheck) {
     ir_arena_init(&a, ctx);
     cg_program *p = nullptr;
     ASSERT_EQ(cg_lower_graph(dsc_module_find_graph(m, "step"), &a, &p), DSC_OK) << diags(ctx);
-    EXPECT_EQ(p->n_collectives, 4);
+    EXPECT_EQ(p->n_collectives, 5);
     EXPECT_TRUE(cg_program_verify(ctx, p, nullptr)) << diags(ctx);
     EXPECT_TRUE(rt_nccl_check_program(ctx, p)) << diags(ctx);
     // malformed: an id that does not exist, named with its instruction (the
@@ -150,7 +150,7 @@ TEST(NcclProgram, EveryCollectiveKindPassesTheCheck) {
     cg_instr keep = p->instrs[s];
     p->instrs[s].coll.id = p->n_collectives;
     EXPECT_FALSE(cg_program_verify(ctx, p, nullptr));
-    EXPECT_NE(diags(ctx).find("instruction " + std::to_string(s) + ": collective 4 does not exist"),
+    EXPECT_NE(diags(ctx).find("instruction " + std::to_string(s) + ": collective 5 does not exist"),
               std::string::npos)
         << diags(ctx);
     // a reduction NCCL has no op for

@@ -108,7 +108,7 @@ TEST(ProgramVerify, LoweredProgramsPass) {
 
   Lowered c(collectives, "step");
   ASSERT_NE(c.p, nullptr) << c.msgs();
-  ASSERT_EQ(c.p->n_collectives, 4);
+  ASSERT_EQ(c.p->n_collectives, 5);
   cg_verify_limits ccpu = c.cpu(), ccuda = c.cuda();
   EXPECT_TRUE(c.verify(&ccpu)) << c.msgs();
   EXPECT_TRUE(c.verify(&ccuda)) << c.msgs();
@@ -200,15 +200,18 @@ TEST(ProgramVerify, CollectivesArePairedAndFit) {
   cg_verify_limits lim = c.cpu();
   std::string id = std::to_string(c.ins[s].coll.id);
   const std::string expect[] = {
-      "instruction " + std::to_string(s) + ": collective 4 does not exist (4 in the program)",
+      "instruction " + std::to_string(s) + ": collective 5 does not exist (5 in the program)",
       "instruction " + std::to_string(s) + ": collective " + id +
           " is waited before its start or twice",
       "collective " + id + " has no wait",
-      "instruction " + std::to_string(s) + ": collective: malformed (world, count, kind or root)",
+      "instruction " + std::to_string(s) +
+          ": collective: malformed (world, count, kind, root or group)",
       "instruction " + std::to_string(s) + ": collective: ",
+      "instruction " + std::to_string(s) +
+          ": collective: malformed (world, count, kind, root or group)",
   };
   std::function<void(Lowered &)> breaks[] = {
-      [&](Lowered &l) { l.ins[s].coll.id = 4; },
+      [&](Lowered &l) { l.ins[s].coll.id = 5; },
       [&](Lowered &l) { std::swap(l.ins[s], l.ins[w]); },
       [&](Lowered &l) {
         l.ins[w].kind = CG_INS_COPY, l.ins[w].numel = 0, l.ins[w].src_offset = 0,
@@ -216,6 +219,7 @@ TEST(ProgramVerify, CollectivesArePairedAndFit) {
       },
       [&](Lowered &l) { l.ins[s].coll.world = 0; },
       [&](Lowered &l) { l.ins[s].coll.count = l.bufs[l.ins[s].dst].numel * 8; },
+      [&](Lowered &l) { memset(l.ins[s].coll.group, 'x', sizeof l.ins[s].coll.group); },
   };
   for (size_t k = 0; k < sizeof expect / sizeof *expect; k++) {
     for (const cg_verify_limits *l :

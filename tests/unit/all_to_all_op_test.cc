@@ -1,0 +1,193 @@
+// The all_to_all_start/wait ops over the world and over a mesh's groups: the
+// interpreter and the compiled cpu program on every in-process rank against
+// the exchange computed here, the program's instructions naming the group,
+// the shape rule, and the errors (no mesh with that axis, a group of another
+// size) before anything starts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "codegen/codegen.h"
+#include "dsc/dsc.h"
+#include "tests/unit/comm_test_util.h"
+
+namespace {
+
+using comm_test::Ctx;
+using comm_test::op1;
+using comm_test::op2;
+using comm_test::run_ranks;
+using comm_test::T;
+
+const int64_t kRows = 2, kCols = 3;  // per chunk
+
+// Rank r's input element i: never zero, distinct per rank.
+double input(int rank, int64_t i) { return 0.25 + 0.01 * (double)i + 0.5 * rank; }
+
+// step(x f32[G*kRows, kCols]) = tanh(w) + w, w = all_to_all(x*x + x) over group.
+dsc_module *module(dsc_context *ctx, int64_t g_world, const char *group) {
+  dsc_module *m = dsc_module_new(ctx, "m");
+  dsc_graph *g = dsc_graph_new(m, "step");
+  dsc_node *x = dsc_graph_input(g, "x", T(DSC_F32, {g_world * kRows, kCols}));
+  dsc_node *h = op2(g, DSC_OP_ADD, op2(g, DSC_OP_MUL, x, x), x);
+  dsc_attr a[3] = {dsc_attr_int("world", g_world), dsc_attr_int("tag", 4),
+                   dsc_attr_str("group", group)};
+  dsc_node *s = h ? dsc_build(g, DSC_OP_ALL_TO_ALL_START, &h, 1, a, 3) : nullptr;
+  dsc_node *w = op1(g, DSC_OP_ALL_TO_ALL_WAIT, s);
+  dsc_node *o = op2(g, DSC_OP_ADD, op1(g, DSC_OP_TANH, w), w);
+  if (!o || dsc_graph_set_outputs(g, &o, 1) != DSC_OK || dsc_module_verify(m) != DSC_OK ||
+      dsc_run_codegen_passes(m) != DSC_OK) {
+    dsc_module_free(m);
+    return nullptr;
+  }
+  return m;
+}
+
+struct Case {
+  const char *mesh;   // nullptr: no mesh
+  const char *group;  // the op's
+};
+
+// Runs `c` at world 4: interp and cpu on every rank, each against the
+// exchange computed from the group's world ranks.
+void run_case(const Case &c) {
+  const int world = 4;
+  Ctx outer;
+  dsc_mesh_shape shape;
+  ASSERT_EQ(dsc_mesh_parse(outer.ctx, c.mesh, world, &shape), DSC_OK) << diags(outer.ctx);
+  int64_t gw = dsc_mesh_size(&shape, c.group);
+  if (std::strcmp(c.group, "world") == 0) gw = world;
+  dsc_status st = run_ranks(outer.ctx, world, [&](dsc_comm *comm) -> dsc_status {
+    int r = dsc_comm_rank(comm);
+    dsc_context *ctx = dsc_comm_context(comm);
+    dsc_comm_set_timeout(comm, 30);
+    dsc_mesh *mesh = nullptr;
+    if (c.mesh && dsc_mesh_new(comm, &shape, &mesh) != DSC_OK) return DSC_ERR_USER;
+    dsc_comm *grp = dsc_comm_group(comm, c.group);
+    EXPECT_NE(grp, nullptr);
+    dsc_module *m = module(ctx, gw, c.group);
+    EXPECT_NE(m, nullptr) << diags(ctx);
+    dsc_status s = m && grp ? DSC_OK : DSC_ERR_USER;
+    const int64_t n = gw * kRows * kCols, chunk = kRows * kCols;
+    dsc_tensor *x = s == DSC_OK ? dsc_tensor_new(ctx, T(DSC_F32, {gw * kRows, kCols})) : nullptr;
+    for (int64_t i = 0; x && i < n; i++) x->data[i] = (double)(float)input(r, i);
+    for (dsc_backend b : {DSC_BACKEND_INTERP, DSC_BACKEND_CPU}) {
+      if (s != DSC_OK || !dsc_backend_available(b)) continue;
+      dsc_exec_options o = {b, 1, "off"};
+      dsc_exec *e = nullptr;
+      dsc_tensor *out = nullptr;
+      const dsc_tensor *in[1] = {x};
+      s = dsc_exec_new(m, &o, &e);
+      if (s == DSC_OK) s = dsc_exec_set_comm(e, comm);
+      if (s == DSC_OK) s = dsc_exec_run(e, "step", in, 1, &out);
+      EXPECT_EQ(s, DSC_OK) << diags(ctx);
+      // Chunk i comes from the group's rank i: its chunk for this rank's group rank.
+      int me = dsc_comm_rank(grp);
+      for (int64_t i = 0; s == DSC_OK && i < gw; i++) {
+        int from = dsc_comm_world_rank(grp, (int)i);
+        for (int64_t k = 0; k < chunk; k++) {
+          double v = (double)(float)input(from, me * chunk + k);
+          float h = (float)v * (float)v + (float)v;
+          double want = std::tanh((double)h) + (double)h;
+          EXPECT_NEAR(out->data[i * chunk + k], want, 1e-6 * std::fabs(want))
+              << (b == DSC_BACKEND_CPU ? "cpu" : "interp") << " rank " << r << " chunk " << i;
+        }
+      }
+      dsc_tensor_free(ctx, out);
+      dsc_exec_free(e);
+    }
+    dsc_tensor_free(ctx, x);
+    dsc_module_free(m);
+    dsc_mesh_free(mesh);
+    return s;
+  });
+  EXPECT_EQ(st, DSC_OK) << diags(outer.ctx);
+}
+
+TEST(AllToAllOp, OverTheWorld) { run_case({nullptr, "world"}); }
+TEST(AllToAllOp, OverTheExpertGroupsOfAMesh) { run_case({"dp=2,ep=2", "ep"}); }
+TEST(AllToAllOp, OverTheDataGroupsOfAMesh) { run_case({"dp=2,ep=2", "dp"}); }
+
+TEST(AllToAllOp, TheProgramNamesTheGroupAndTheShapeRuleChecksIt) {
+  Ctx ctx;
+  dsc_module *m = module(ctx.ctx, 2, "ep");
+  ASSERT_NE(m, nullptr) << diags(ctx.ctx);
+  ir_arena arena;
+  ir_arena_init(&arena, ctx.ctx);
+  cg_program *p = nullptr;
+  ASSERT_EQ(cg_lower_graph(dsc_module_find_graph(m, "step"), &arena, &p), DSC_OK) << diags(ctx.ctx);
+  int starts = 0;
+  for (int i = 0; i < p->n_instrs; i++)
+    if (p->instrs[i].kind == CG_INS_COLLECTIVE_START) {
+      starts++;
+      EXPECT_EQ(p->instrs[i].coll.kind, CG_COLL_ALL_TO_ALL);
+      EXPECT_STREQ(p->instrs[i].coll.group, "ep");
+      EXPECT_EQ(p->instrs[i].coll.count, kRows * kCols);  // per peer
+    }
+  EXPECT_EQ(starts, 1);
+  ir_arena_release(&arena);
+  dsc_module_free(m);
+  // An unknown group, and dim 0 not divisible by the world.
+  for (const char *g : {"xp", ""}) {
+    dsc_diag_clear(ctx.ctx);
+    EXPECT_EQ(module(ctx.ctx, 2, g), nullptr);
+    EXPECT_NE(diags(ctx.ctx).find("is not a communicator (world, dp, ep, sp, tp)"),
+              std::string::npos)
+        << diags(ctx.ctx);
+  }
+  dsc_module *m3 = dsc_module_new(ctx.ctx, "m");
+  dsc_graph *g = dsc_graph_new(m3, "step");
+  dsc_node *x = dsc_graph_input(g, "x", T(DSC_F32, {5, 2}));
+  dsc_attr a[3] = {dsc_attr_int("world", 2), dsc_attr_int("tag", 0), dsc_attr_str("group", "ep")};
+  dsc_diag_clear(ctx.ctx);
+  EXPECT_EQ(dsc_build(g, DSC_OP_ALL_TO_ALL_START, &x, 1, a, 3), nullptr);
+  EXPECT_NE(diags(ctx.ctx).find("dim 0 (5) is not divisible by world 2"), std::string::npos)
+      << diags(ctx.ctx);
+  dsc_module_free(m3);
+}
+
+TEST(AllToAllOp, AGroupTheCommunicatorLacksOrOfAnotherSizeFailsBeforeAnythingStarts) {
+  for (dsc_backend b : {DSC_BACKEND_INTERP, DSC_BACKEND_CPU}) {
+    if (!dsc_backend_available(b)) continue;
+    for (bool with_mesh : {false, true}) {
+      Ctx outer;
+      std::string msg0;
+      dsc_status st = run_ranks(outer.ctx, 4, [&](dsc_comm *comm) -> dsc_status {
+        dsc_context *ctx = dsc_comm_context(comm);
+        dsc_mesh_shape shape;
+        dsc_mesh *mesh = nullptr;
+        if (with_mesh && (dsc_mesh_parse(ctx, "dp=2,ep=2", 4, &shape) != DSC_OK ||
+                          dsc_mesh_new(comm, &shape, &mesh) != DSC_OK))
+          return DSC_ERR_USER;
+        dsc_module *m = module(ctx, 4, "ep");  // ep has 2 ranks, not 4
+        dsc_exec_options o = {b, 1, "off"};
+        dsc_exec *e = nullptr;
+        dsc_tensor *x = dsc_tensor_new(ctx, T(DSC_F32, {4 * kRows, kCols}));
+        for (int64_t i = 0; i < 4 * kRows * kCols; i++) x->data[i] = 1;
+        const dsc_tensor *in[1] = {x};
+        dsc_tensor *out = nullptr;
+        dsc_status s = m ? dsc_exec_new(m, &o, &e) : DSC_ERR_USER;
+        if (s == DSC_OK) dsc_exec_set_comm(e, comm);
+        if (s == DSC_OK) s = dsc_exec_run(e, "step", in, 1, &out);
+        if (dsc_comm_rank(comm) == 0) msg0 = diags(ctx);
+        EXPECT_FALSE(dsc_comm_broken(comm));  // refused before any collective started
+        dsc_tensor_free(ctx, out);
+        dsc_tensor_free(ctx, x);
+        dsc_exec_free(e);
+        dsc_module_free(m);
+        dsc_mesh_free(mesh);
+        return s == DSC_OK ? DSC_ERR_INTERNAL : DSC_OK;  // the refusal is the expected result
+      });
+      EXPECT_EQ(st, DSC_OK) << diags(outer.ctx);
+      const char *want = with_mesh ? "has world 4 but its group 'ep' has 2"
+                                   : "runs over group 'ep', but the communicator has no mesh";
+      EXPECT_NE(msg0.find(want), std::string::npos)
+          << (b == DSC_BACKEND_CPU ? "cpu: " : "interp: ") << msg0;
+    }
+  }
+}
+
+}  // namespace
