@@ -746,6 +746,76 @@ TEST(AutodiffGpt, TinyGptFromModelLanguageMatchesFiniteDifferences) {
   printf("tiny GPT (model language): max relative error %.3g\n", h.max_err);
 }
 
+// A GPT whose MLPs are Mixtures of Experts (examples/lib/moe.dsm, imported
+// as examples/moe-tiny.dsm does): top-2 gating with a capacity that drops
+// tokens, the load-balancing and z-losses; in f64, every gradient against
+// central differences (the masks are constant near the sampled point).
+const char kMoeF64[] = R"(
+import "lib/layers.dsm"
+import "lib/moe.dsm"
+model moe_f64 {
+  const vocab = 32, d = 16, heads = 2, ctx = 8, experts = 4, top2 = 1, ffn = 8
+  param wte: f64[vocab, d] = normal(0.02)
+  param wpe: f64[ctx, d] = normal(0.01)
+  param ln1_w: f64[d] = ones
+  param ln1_b: f64[d] = zeros
+  param attn_w: f64[d, 3 * d] = normal(0.02)
+  param attn_b: f64[3 * d] = zeros
+  param attn_proj_w: f64[d, d] = normal(0.02)
+  param attn_proj_b: f64[d] = zeros
+  param ln2_w: f64[d] = ones
+  param ln2_b: f64[d] = zeros
+  param router: f64[d, experts] = normal(0.02)
+  param fc_w: f64[experts, d, ffn] = normal(0.02)
+  param fc_b: f64[experts, 1, ffn] = zeros
+  param fc_proj_w: f64[experts, ffn, d] = normal(0.02)
+  param fc_proj_b: f64[experts, 1, d] = zeros
+  fn forward(tokens: i32[B, T], targets: i32[B, T]) -> f64 {
+    x = embedding(wte, tokens) + embedding(wpe, iota(T))
+    x = x + self_attention(layernorm(x, ln1_w, ln1_b), attn_w, attn_b, attn_proj_w, attn_proj_b,
+                           d, heads)
+    S = B * T
+    y = reshape(layernorm(x, ln2_w, ln2_b), [S, d])
+    C = moe_capacity(S, 2, experts, 5, 4)
+    c1 = moe_choice(y, router, S, experts, top2, C, f64, 0)
+    c2 = moe_choice(y, router, S, experts, top2, C, f64, 1)
+    out = moe_apply(y, c1 + c2, moe_combine(y, router, c1, c2, top2, S), fc_w, fc_b, fc_proj_w,
+                    fc_proj_b)
+    x = x + reshape(out, [B, T, d])
+    aux = 0.01 * moe_balance_loss(y, router, experts, f64) + 0.001 * moe_z_loss(y, router)
+    return cross_entropy(matmul(x, transpose(wte)), targets) + aux
+  }
+}
+train { batch = 2, seq = 8 }
+)";
+
+TEST(AutodiffGpt, MixtureOfExpertsFromModelLanguageMatchesFiniteDifferences) {
+  Harness h(23);
+  dsc_module *mod = nullptr;
+  std::string file = std::string(DSC_SOURCE_DIR) + "/examples/moe_f64.dsm";  // finds lib/
+  ASSERT_EQ(dsc_compile_string(h.ctx, kMoeF64, sizeof kMoeF64 - 1, file.c_str(), nullptr, &mod),
+            DSC_OK)
+      << diags(h.ctx);
+  h.adopt(mod, "forward");
+  for (int i = 0; i < 2; i++) {
+    dsc_tensor *t = dsc_tensor_new(h.ctx, dsc_node_type(dsc_graph_input_at(h.g, i)));
+    for (int j = 0; j < 16; j++)
+      t->data[j] = (double)std::uniform_int_distribution<int>(0, 31)(h.rng);
+    h.inputs.push_back(t);
+  }
+  for (int p = 0; p < dsc_module_param_count(h.m); p++) {
+    std::string name = dsc_module_param_name(h.m, p);
+    dsc_type t = dsc_module_param_type(h.m, p);
+    bool norm_w = name.find("ln") != std::string::npos && name.back() == 'w';
+    double s = t.rank >= 2 ? 1.0 / std::sqrt((double)t.dims[t.rank - 2]) : 0.1;
+    if (name == "wte" || name == "wpe" || name == "router") s = 0.5;  // distinct gates
+    h.gens.push_back(
+        [norm_w, s](std::mt19937_64 &r) { return (norm_w ? 1.0 : 0.0) + s * normal(r); });
+  }
+  h.check(300, kModelRelTol, kModelStep);
+  printf("MoE GPT (model language): max relative error %.3g\n", h.max_err);
+}
+
 // ---------------------------------------------------------------- errors and IR
 
 TEST(AutodiffPass, OpWithoutRuleIsRejectedAtItsLocation) {
