@@ -326,6 +326,24 @@ bool ir_grad_permute(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   return (dx[0] = dsc_permute(g, dy, inv, cnt)) != NULL;
 }
 
+/* all_to_all: dx = all_to_all(dy) over the same group (an exchange of
+ * equal chunks is its own adjoint). The wait's rule runs the exchange and
+ * hands the result to its start as that node's gradient; the start's rule
+ * passes it to the input. */
+bool ir_grad_all_to_all_wait(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  const ir_node *s = n->in[0];
+  dsc_attr a[3] = {dsc_attr_int("world", ir_attr_int(s, "world")),
+                   dsc_attr_int("tag", ir_attr_int(s, "tag")),
+                   dsc_attr_str("group", ir_attr_str(s, "group"))};
+  ir_node *start = dsc_build(g, DSC_OP_ALL_TO_ALL_START, &dy, 1, a, 3);
+  return start && (dx[0] = dsc_build(g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0)) != NULL;
+}
+
+bool ir_grad_all_to_all_start(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  IR_UNUSED(g), IR_UNUSED(n);
+  return (dx[0] = dy) != NULL;
+}
+
 /* Pads dy back to the input's extent with zero constants on both sides. */
 bool ir_grad_slice(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   const dsc_type *x = &n->in[0]->type;

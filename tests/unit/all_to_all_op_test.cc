@@ -111,6 +111,89 @@ TEST(AllToAllOp, OverTheWorld) { run_case({nullptr, "world"}); }
 TEST(AllToAllOp, OverTheExpertGroupsOfAMesh) { run_case({"dp=2,ep=2", "ep"}); }
 TEST(AllToAllOp, OverTheDataGroupsOfAMesh) { run_case({"dp=2,ep=2", "dp"}); }
 
+// The gradient through all_to_all is the exchange of the gradient: on every
+// rank of dp=2,ep=2, d/dx of the job's total loss sum_r sum(tanh(a2a(x_r^2))
+// * R_r) over the ep group (and over the world) against central differences
+// in f64, each perturbation made on one rank and every rank's loss summed.
+void gradient_case(const char *group, int64_t gw) {
+  const int world = 4;
+  Ctx outer;
+  dsc_mesh_shape shape;
+  ASSERT_EQ(dsc_mesh_parse(outer.ctx, "dp=2,ep=2", world, &shape), DSC_OK);
+  dsc_status st = run_ranks(outer.ctx, world, [&](dsc_comm *comm) -> dsc_status {
+    int r = dsc_comm_rank(comm);
+    dsc_context *ctx = dsc_comm_context(comm);
+    dsc_comm_set_timeout(comm, 30);
+    dsc_mesh *mesh = nullptr;
+    if (dsc_mesh_new(comm, &shape, &mesh) != DSC_OK) return DSC_ERR_USER;
+    dsc_module *m = dsc_module_new(ctx, "m");
+    dsc_init init = {DSC_INIT_ZEROS, 0, 0, NULL};
+    dsc_type tx = T(DSC_F64, {gw * kRows, kCols});
+    dsc_module_add_param(m, "x", tx, init);
+    dsc_graph *g = dsc_graph_new(m, "f");
+    dsc_node *x = dsc_param_ref(g, "x"), *rr = dsc_graph_input(g, "r", tx);
+    dsc_attr a[3] = {dsc_attr_int("world", gw), dsc_attr_int("tag", 0),
+                     dsc_attr_str("group", group)};
+    dsc_node *sq = op2(g, DSC_OP_MUL, x, x);
+    dsc_node *ex =
+        op1(g, DSC_OP_ALL_TO_ALL_WAIT, dsc_build(g, DSC_OP_ALL_TO_ALL_START, &sq, 1, a, 3));
+    int64_t axes[2] = {0, 1};
+    dsc_node *loss =
+        dsc_reduce(g, DSC_OP_SUM, op2(g, DSC_OP_MUL, op1(g, DSC_OP_TANH, ex), rr), axes, 2, 0);
+    dsc_status s = loss ? dsc_graph_set_outputs(g, &loss, 1) : DSC_ERR_USER;
+    if (s == DSC_OK) s = dsc_autodiff(m, "f");
+    if (s == DSC_OK) s = dsc_module_verify(m);
+    EXPECT_EQ(s, DSC_OK) << diags(ctx);
+    dsc_params *P = s == DSC_OK ? dsc_params_init(m, 1) : nullptr;
+    dsc_tensor *R = dsc_tensor_new(ctx, tx);
+    const int64_t n = gw * kRows * kCols;
+    for (int64_t i = 0; P && i < n; i++) {
+      dsc_params_get(P, 0)->data[i] = input(r, i) - 0.5;
+      R->data[i] = std::cos(1.0 + (double)(r * n + i));
+    }
+    dsc_interp_options io = {comm};
+    const dsc_tensor *in[1] = {R};
+    // The job's total loss, and this rank's gradient.
+    auto total = [&](std::vector<double> *grad) -> double {
+      dsc_tensor *out[2] = {nullptr, nullptr};
+      double l = NAN, tot = NAN;
+      if (dsc_interp_run_with(g, P, in, 1, out, &io) == DSC_OK) {
+        l = out[0]->data[0];
+        if (grad) grad->assign(out[1]->data, out[1]->data + n);
+      }
+      for (dsc_tensor *t : out) dsc_tensor_free(ctx, t);
+      if (dsc_comm_all_reduce(comm, &l, &tot, 1, DSC_F64, DSC_COMM_SUM, 0) != DSC_OK) return NAN;
+      return tot;
+    };
+    std::vector<double> grad;
+    if (P) total(&grad);
+    const double h = 1e-6;
+    for (int q = 0; P && q < world; q++)
+      for (int64_t i = 0; i < n; i += 5) {  // every rank takes part in every evaluation
+        double *v = &dsc_params_get(P, 0)->data[i], keep = *v;
+        if (r == q) *v = keep + h;
+        double lp = total(nullptr);
+        if (r == q) *v = keep - h;
+        double lm = total(nullptr);
+        if (r == q) {
+          *v = keep;
+          double fd = (lp - lm) / (2 * h);
+          EXPECT_NEAR(grad[i], fd, 1e-6 * std::max(1.0, std::fabs(fd)))
+              << group << ": rank " << r << " element " << i;
+        }
+      }
+    dsc_tensor_free(ctx, R);
+    dsc_params_free(P);
+    dsc_module_free(m);
+    dsc_mesh_free(mesh);
+    return s;
+  });
+  EXPECT_EQ(st, DSC_OK) << diags(outer.ctx);
+}
+
+TEST(AllToAllOp, GradientOverAGroupIsTheExchangeOfTheGradient) { gradient_case("ep", 2); }
+TEST(AllToAllOp, GradientOverTheWorldIsTheExchangeOfTheGradient) { gradient_case("world", 4); }
+
 TEST(AllToAllOp, TheProgramNamesTheGroupAndTheShapeRuleChecksIt) {
   Ctx ctx;
   dsc_module *m = module(ctx.ctx, 2, "ep");
