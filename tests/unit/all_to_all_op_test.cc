@@ -211,6 +211,9 @@ TEST(AllToAllOp, TheProgramNamesTheGroupAndTheShapeRuleChecksIt) {
       EXPECT_EQ(p->instrs[i].coll.count, kRows * kCols);  // per peer
     }
   EXPECT_EQ(starts, 1);
+  std::string text = cg_program_print(&arena, p);
+  EXPECT_NE(text.find("all_to_all_start #0 "), std::string::npos) << text;
+  EXPECT_NE(text.find(" f32 count=6 world=2 tag=4 group=ep\n"), std::string::npos) << text;
   ir_arena_release(&arena);
   dsc_module_free(m);
   // An unknown group, and dim 0 not divisible by the world.
