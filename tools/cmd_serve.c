@@ -25,7 +25,7 @@ static const char serve_help[] =
     "usage: dsc serve DIR [--port P] [--host ADDR] [--slots N] [--chunk C] [--context N]\n"
     "                 [--cache-tokens N] [--block-size N] [--queue N] [--name NAME]\n"
     "                 [--model FILE] [--tokenizer FILE] [--backend interp|cpu|cuda]\n"
-    "                 [--threads N]\n"
+    "                 [--threads N] [--chat-template FILE|none]\n"
     "\n"
     "Serves the checkpoint DIR (a step directory, or an output directory: its\n"
     "'latest') over HTTP with OpenAI's request and response shapes:\n"
@@ -40,10 +40,12 @@ static const char serve_help[] =
     "sequences' next tokens, and frees a slot when its sequence ends or its client\n"
     "goes away. The KV cache is one pool of blocks the sequences take as they grow;\n"
     "when it runs short, the youngest sequence waits in the queue and later runs its\n"
-    "tokens again (the answer stays the same). Chat messages become 'role: content' lines and "
-    "'assistant:'. With a\n"
-    "tokenizer (the run's tokenizer.json, or --tokenizer) its special tokens end a\n"
-    "completion; without one, tokens are bytes.\n"
+    "tokens again (the answer stays the same). Chat messages go through the model's\n"
+    "chat template (tokenizer_config.json beside the tokenizer, or --chat-template),\n"
+    "rendered as transformers' apply_chat_template with the generation prompt; without\n"
+    "one they become 'role: content' lines and 'assistant:'. With a tokenizer (the\n"
+    "run's tokenizer.json, or --tokenizer) its special tokens end a completion;\n"
+    "without one, tokens are bytes.\n"
     "  --port P        TCP port (default 8000; 0: any free one, printed)\n"
     "  --host ADDR     IPv4 address to listen on (default 127.0.0.1: this machine only)\n"
     "  --slots N       sequences in one step (default 8)\n"
@@ -55,6 +57,8 @@ static const char serve_help[] =
     "  --queue N       requests waiting for a slot before new ones get 503 (default 256)\n"
     "  --name NAME     the model's name in requests and responses (default: DIR's name)\n"
     "  --backend B, --threads N, --model FILE, --tokenizer FILE: as dsc generate\n"
+    "  --chat-template F  a tokenizer_config.json or a Jinja file (docs/inference.md);\n"
+    "                  none: the plain role lines even where a template is found\n"
     "Stops on SIGINT or SIGTERM.\n";
 
 #ifndef DSC_HAVE_SERVE
@@ -81,6 +85,7 @@ typedef struct {
   dsc_infer *engine;
   dsc_batcher *b;
   dsc_tokenizer *tok;
+  dsc_chat_template *chat; /* NULL: 'role: content' lines */
   int64_t vocab, context, max_queue;
   char name[256];
   bool stopping;
@@ -244,7 +249,10 @@ static char *text_of(server *s, const int64_t *ids, int64_t n, bool final, bool 
 }
 
 /* The text of a prompt as token ids (malloc'd). */
-static dsc_status tokenize(server *s, const char *text, int64_t **ids, int64_t *n) {
+/* add_special: the tokenizer's own additions (BOS); a chat template writes
+ * its special tokens itself, as apply_chat_template's encode leaves them out. */
+static dsc_status tokenize(server *s, const char *text, bool add_special, int64_t **ids,
+                           int64_t *n) {
   *ids = NULL, *n = 0;
   size_t len = strlen(text);
   if (!s->tok) {
@@ -256,7 +264,7 @@ static dsc_status tokenize(server *s, const char *text, int64_t **ids, int64_t *
   }
   uint32_t *u = NULL;
   pthread_mutex_lock(&s->tok_lock);
-  dsc_status st = dsc_tokenizer_encode(s->tok, text, len, true, &u, n);
+  dsc_status st = dsc_tokenizer_encode(s->tok, text, len, add_special, &u, n);
   dsc_diag_clear(s->tok_ctx); /* the reply says what was wrong */
   pthread_mutex_unlock(&s->tok_lock);
   if (st != DSC_OK) return st;
@@ -325,6 +333,37 @@ static char *chat_prompt(const cJSON *messages, char *why, size_t n) {
   if (!grown) return free(p), snprintf(why, n, "out of memory"), NULL;
   strcpy(grown + len, "assistant:");
   return grown;
+}
+
+/* The chat through the model's template, with the generation prompt; its
+ * errors (raise_exception: "Conversation roles must alternate ...") are the
+ * client's. */
+static char *templated_prompt(server *s, const cJSON *messages, char *why, size_t n) {
+  if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
+    snprintf(why, n, "'messages' must be a non-empty list of {\"role\", \"content\"}");
+    return NULL;
+  }
+  int i = 0;
+  const cJSON *m;
+  cJSON_ArrayForEach(m, messages) {
+    if (!cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "role"))) {
+      snprintf(why, n, "messages[%d] must be an object with a string 'role'", i);
+      return NULL;
+    }
+    i++;
+  }
+  char *json = cJSON_PrintUnformatted(messages), *out = NULL;
+  if (!json) return snprintf(why, n, "out of memory"), NULL;
+  pthread_mutex_lock(&s->tok_lock); /* the template's diagnostics go to the tokenizer's context */
+  dsc_status st = dsc_chat_template_render(s->chat, json, true, &out, NULL);
+  if (st != DSC_OK) {
+    int nd = dsc_diag_count(s->tok_ctx);
+    snprintf(why, n, "%s", nd ? dsc_diag_get(s->tok_ctx, nd - 1)->message : "chat template failed");
+    dsc_diag_clear(s->tok_ctx);
+  }
+  pthread_mutex_unlock(&s->tok_lock);
+  free(json);
+  return out;
 }
 
 static bool get_number(const cJSON *j, const char *key, double lo, double hi, double *out,
@@ -439,7 +478,8 @@ static bool parse_request(request *q, const cJSON *j, parsed *p, char *why, size
   /* the prompt: a string, one string in a list, or a list of token ids */
   char *text = NULL;
   if (q->chat) {
-    if (!(text = chat_prompt(cJSON_GetObjectItemCaseSensitive(j, "messages"), why, n)))
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+    if (!(text = s->chat ? templated_prompt(s, msgs, why, n) : chat_prompt(msgs, why, n)))
       return *param = "messages", false;
   } else {
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
@@ -469,7 +509,7 @@ static bool parse_request(request *q, const cJSON *j, parsed *p, char *why, size
     }
   }
   if (text) {
-    dsc_status st = tokenize(s, text, &p->prompt, &p->n_prompt);
+    dsc_status st = tokenize(s, text, !(q->chat && s->chat), &p->prompt, &p->n_prompt);
     free(text);
     if (st != DSC_OK) {
       snprintf(why, n, "the prompt cannot be tokenized (it must be UTF-8 text)");
@@ -1029,7 +1069,7 @@ int cli_serve(int argc, char **argv) {
   dsc_infer_options io = {0};
   dsc_exec_options xo = {dsc_backend_default(), 0, NULL};
   int64_t threads = 0, port = 8000, queue = 256;
-  const char *host = "127.0.0.1", *tok_path = NULL, *name = NULL;
+  const char *host = "127.0.0.1", *tok_path = NULL, *name = NULL, *chat_path = NULL;
   io.slots = 8;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -1068,6 +1108,9 @@ int cli_serve(int argc, char **argv) {
         io.model_path = v;
       else
         tok_path = v;
+    } else if (strcmp(a, "--chat-template") == 0) {
+      if (!has_val) return cli_usage_error("serve", "%s needs a file or 'none'", a), CLI_EXIT_USER;
+      chat_path = argv[++i];
     } else if (strcmp(a, "--backend") == 0) {
       if (!has_val || dsc_backend_from_name(argv[++i], &xo.backend) != 0)
         return cli_usage_error("serve", "--backend needs one of interp, cpu, cuda"), CLI_EXIT_USER;
@@ -1110,8 +1153,34 @@ int cli_serve(int argc, char **argv) {
   dsc_status st = !s->tok_ctx ? DSC_ERR_INTERNAL
                   : tok_path  ? dsc_tokenizer_load(s->tok_ctx, tok_path, &s->tok)
                               : DSC_OK;
+  /* The chat template: --chat-template, else tokenizer_config.json beside
+   * the tokenizer when it has one. */
+  char cfg[4096 + 32];
+  bool chat_given = chat_path && strcmp(chat_path, "none") != 0;
+  if (st == DSC_OK && !chat_path && tok_path) {
+    const char *slash = strrchr(tok_path, '/');
+    snprintf(cfg, sizeof cfg, "%.*stokenizer_config.json", slash ? (int)(slash - tok_path + 1) : 0,
+             tok_path);
+    if (access(cfg, R_OK) == 0) chat_path = cfg;
+  }
+  if (st == DSC_OK && chat_path && strcmp(chat_path, "none") != 0) {
+    st = dsc_chat_template_load(s->tok_ctx, chat_path, &s->chat);
+    if (st != DSC_OK && !chat_given && dsc_diag_count(s->tok_ctx) > 0 &&
+        strstr(dsc_diag_get(s->tok_ctx, 0)->message, "no chat_template")) {
+      dsc_diag_clear(s->tok_ctx); /* a config without a template: the plain lines */
+      st = DSC_OK;
+    } else if (st != DSC_OK) {
+      fprintf(stderr,
+              "dsc serve: the chat template of %s cannot be used; --chat-template none "
+              "serves chats as plain role lines\n",
+              chat_path);
+    }
+  }
   dsc_diag_print(s->tok_ctx, stderr);
   dsc_diag_clear(s->tok_ctx);
+  if (st == DSC_OK)
+    fprintf(stderr, "dsc serve: chat: %s%s\n", s->chat ? "the chat template of " : "",
+            s->chat ? chat_path : "'role: content' lines (no chat template)");
   if (st == DSC_OK) st = dsc_infer_open(ctx, &io, &s->engine);
   if (st == DSC_OK) { /* the graphs' first runs before the first request's */
     double t0 = now_s();
@@ -1172,6 +1241,7 @@ int cli_serve(int argc, char **argv) {
   dsc_batcher_free(s->b);
   dsc_infer_free(s->engine);
   dsc_tokenizer_free(s->tok);
+  dsc_chat_template_free(s->chat);
   dsc_context_free(s->tok_ctx);
   dsc_context_free(ctx);
   pthread_cond_destroy(&s->work);

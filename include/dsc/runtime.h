@@ -75,6 +75,27 @@ dsc_status dsc_tokenizer_encode(dsc_tokenizer *t, const char *text, size_t len, 
 dsc_status dsc_tokenizer_decode(dsc_tokenizer *t, const uint32_t *ids, int64_t n, bool skip_special,
                                 char **text, size_t *len);
 
+/* ---- chat templates (tokenizer_config.json's chat_template) ----
+ * The Jinja subset Hugging Face's templates use (runtime/chat_template.c
+ * lists it), rendered as transformers' apply_chat_template(messages,
+ * add_generation_prompt, tokenize=False) renders it: jinja2 with
+ * trim_blocks and lstrip_blocks, raise_exception, bos_token and eos_token.
+ * Parsing happens at load: a construct outside the subset is an error then
+ * (DSC_ERR_USER naming the line), not at the first request. */
+typedef struct dsc_chat_template dsc_chat_template;
+/* path: a tokenizer_config.json (its chat_template: a string, or a list
+ * whose "default" entry is used; bos_token, eos_token), or a file that is
+ * the template itself. */
+dsc_status dsc_chat_template_load(dsc_context *ctx, const char *path, dsc_chat_template **out);
+dsc_status dsc_chat_template_parse(dsc_context *ctx, const char *source, const char *bos,
+                                   const char *eos, dsc_chat_template **out);
+/* messages_json: a JSON list of message objects. *out: NUL-terminated,
+ * free() it. A raise_exception or an error of the template is DSC_ERR_USER
+ * with its message ("chat template: Conversation roles must alternate ..."). */
+dsc_status dsc_chat_template_render(const dsc_chat_template *t, const char *messages_json,
+                                    bool add_generation_prompt, char **out, size_t *len);
+void dsc_chat_template_free(dsc_chat_template *t);
+
 /* ---- batch loader over one shard ----
  * Windows start at multiples of T (non-overlapping); a window s gives
  * inputs tokens[s, s+T) and targets tokens[s+1, s+T+1), so a shard has

@@ -84,6 +84,38 @@ expect_grep '^dsc_preemptions_total [1-9]' "$TMP/out"
 expect_grep '^dsc_requests_total\{endpoint="chat_completions"\} [1-9]' "$TMP/out"
 stop_server "$TMP/serve.log"
 
+# a chat template (--chat-template: a Jinja file): a greedy chat answer is the
+# completion of the rendered prompt; the template's raise_exception is a 400
+# naming it; a template outside the subset stops the server at start-up
+cat >"$TMP/chatml.jinja" <<'JINJA'
+{%- for m in messages %}
+{%- if m.role not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m.role) }}{% endif %}
+{{- '<|' + m.role + '|>' + m.content | trim + '\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}
+JINJA
+printf '{%% macro x() %%}{%% endmacro %%}' >"$TMP/bad.jinja"
+expect_exit 1 "$DSC" serve "$TMP/run" --port 0 --backend interp --chat-template "$TMP/bad.jinja"
+expect_grep "chat template: line 1: the statement 'macro' is not supported" "$TMP/err"
+start_server "$TMP/chat.log" --backend interp --slots 2 --chat-template "$TMP/chatml.jinja"
+expect_grep "chat: the chat template of $TMP/chatml.jinja" "$TMP/chat.log"
+expect_exit 0 curl -sS "$URL/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages": [{"role": "system", "content": "be nice "}, {"role": "user", "content": " the cat"}], "max_tokens": 12, "temperature": 0}'
+cp "$TMP/out" "$TMP/chat.json"
+expect_exit 0 curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "<|system|>be nice\n<|user|>the cat\n<|assistant|>", "max_tokens": 12, "temperature": 0}'
+python3 - "$TMP/chat.json" "$TMP/out" <<'PY' && pass || fail "the chat answer is not the completion of the rendered prompt"
+import json, sys
+chat, comp = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+a, b = chat["choices"][0]["message"]["content"], comp["choices"][0]["text"]
+assert a == b and chat["usage"]["prompt_tokens"] == comp["usage"]["prompt_tokens"] == 47, (a, b, chat["usage"])
+PY
+expect_exit 0 curl -sS -w '%{http_code}' "$URL/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages": [{"role": "robot", "content": "x"}], "max_tokens": 2}'
+expect_grep 'unknown role robot' "$TMP/out"
+expect_grep '400$' "$TMP/out"
+stop_server "$TMP/chat.log"
+
 # clients that leave free their slots: llama-tiny (rope) with a long context,
 # so that a sequence runs far longer than noticing its client left takes
 expect_exit 0 "$DSC" train "$SRC/examples/llama-tiny.dsm" --data "$TMP/c" --batch 2 --seq 32 --steps 3 --out "$TMP/llama" --quiet
