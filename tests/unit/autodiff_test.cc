@@ -779,8 +779,9 @@ model moe_f64 {
     C = moe_capacity(S, 2, experts, 5, 4)
     c1 = moe_choice(y, router, S, experts, top2, C, f64, 0)
     c2 = moe_choice(y, router, S, experts, top2, C, f64, 1)
-    out = moe_apply(y, c1 + c2, moe_combine(y, router, c1, c2, top2, S), fc_w, fc_b, fc_proj_w,
-                    fc_proj_b)
+    out = moe_expert_mlp(moe_dispatch(y, c1, c2, S, experts, C, f64), fc_w, fc_b, fc_proj_w,
+                         fc_proj_b)
+    out = moe_combine(out, c1, c2, moe_weights(y, router, c1, c2, top2), S, experts, C, f64)
     x = x + reshape(out, [B, T, d])
     aux = 0.01 * moe_balance_loss(y, router, experts, f64) + 0.001 * moe_z_loss(y, router)
     return cross_entropy(matmul(x, transpose(wte)), targets) + aux

@@ -33,8 +33,10 @@ model moe_layer {
   fn layer(x: f64[tokens, d]) -> f64[tokens, d] {
     c1 = moe_choice(x, router, tokens, experts, top2, capacity, f64, 0)
     c2 = moe_choice(x, router, tokens, experts, top2, capacity, f64, 1)
-    return moe_apply(x, c1 + c2, moe_combine(x, router, c1, c2, top2, tokens), fc_w, fc_b,
-                     fc_proj_w, fc_proj_b)
+    out = moe_expert_mlp(moe_dispatch(x, c1, c2, tokens, experts, capacity, f64), fc_w, fc_b,
+                         fc_proj_w, fc_proj_b)
+    return moe_combine(out, c1, c2, moe_weights(x, router, c1, c2, top2), tokens, experts,
+                       capacity, f64)
   }
   fn losses(x: f64[tokens, d]) -> f64 {
     return 10.0 * moe_balance_loss(x, router, experts, f64) + moe_z_loss(x, router)
