@@ -316,8 +316,8 @@ static bool parse_args(parser *p, expr *e) {
       kw[n] = NULL;
       size_t save = p->tpos;
       int save_line = p->tline;
-      if (lex(p, &t, false) && t.k == T_NAME && lex(p, &t2, true) && tok_is(&t2, "=") &&
-          !(t2.n == 1 && p->tpos + 1 < p->tend && p->src[p->tpos + 1] == '=')) {
+      /* name = value ("==" lexes as one token, so this is a keyword) */
+      if (lex(p, &t, false) && t.k == T_NAME && lex(p, &t2, true) && tok_is(&t2, "=")) {
         lex(p, &t2, false);
         kw[n] = name_of(p, &t);
       } else {
@@ -1740,9 +1740,6 @@ static bool eval(render *r, const expr *e, val *out) {
     case E_ATTR:
       ok =
           eval(r, e->a, &a) && get_item(r, e->line, a, mk_str(e->name, strlen(e->name)), out, true);
-      if (ok && out->k == V_FUNC && a.k != V_DICT) {
-        /* a method read without a call: only calls are supported */
-      }
       break;
     case E_INDEX:
       ok = eval(r, e->a, &a) && eval(r, e->b, &b) && get_item(r, e->line, a, b, out, false);

@@ -2,6 +2,7 @@
  * so that a bad call fails on the calling rank before any backend sees it
  * (and before it takes a collective number, so the ranks stay in step). */
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -155,11 +156,23 @@ static bool is_reduction(rt_comm_kind k) {
   return k == RT_COMM_ALL_REDUCE || k == RT_COMM_REDUCE_SCATTER;
 }
 
-/* The per-peer ranges of an all_to_all_v: counts >= 0, displacements >= 0,
- * each range inside the buffer's limits and no two overlapping is not
- * required (a send range may be read twice), but recv ranges must not
- * overlap: two peers would write the same elements. */
-static bool check_ranges(dsc_comm *c, const rt_comm_args *a, const char *who) {
+/* The per-peer ranges of an all_to_all_v: counts and displacements in
+ * [0, 2^40]; send ranges may overlap (a range is only read), recv ranges
+ * must not (two peers would write the same elements). */
+/* An argument error on the calling rank: "rank 5 (ep rank 1): " + the text. */
+static dsc_status args_error(dsc_comm *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static dsc_status args_error(dsc_comm *c, const char *fmt, ...) {
+  char who[64], msg[448];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  ir_error(c->ctx, ir_no_loc, "%s: %s", rt_comm_who(c, who, sizeof who), msg);
+  return DSC_ERR_USER;
+}
+
+static bool check_ranges(dsc_comm *c, const rt_comm_args *a) {
   int w = c->world;
   for (int side = 0; side < 2; side++) {
     const int64_t *counts = a->v + 2 * side * w, *displs = counts + w;
@@ -167,11 +180,11 @@ static bool check_ranges(dsc_comm *c, const rt_comm_args *a, const char *who) {
     for (int j = 0; j < w; j++) {
       if (counts[j] < 0 || displs[j] < 0 || counts[j] > (int64_t)1 << 40 ||
           displs[j] > (int64_t)1 << 40) {
-        ir_error(c->ctx, ir_no_loc,
-                 "%s: all_to_all_v (step %lld): %s count %lld at displacement %lld for rank %d "
-                 "(counts and displacements must be in [0, 2^40])",
-                 who, (long long)a->tag, which, (long long)counts[j], (long long)displs[j],
-                 rt_comm_world_rank(c, j));
+        args_error(c,
+                   "all_to_all_v (step %lld): %s count %lld at displacement %lld for rank %d "
+                   "(counts and displacements must be in [0, 2^40])",
+                   (long long)a->tag, which, (long long)counts[j], (long long)displs[j],
+                   rt_comm_world_rank(c, j));
         return false;
       }
     }
@@ -180,12 +193,12 @@ static bool check_ranges(dsc_comm *c, const rt_comm_args *a, const char *who) {
       for (int j = i + 1; j < w; j++)
         if (counts[i] && counts[j] && displs[i] < displs[j] + counts[j] &&
             displs[j] < displs[i] + counts[i]) {
-          ir_error(c->ctx, ir_no_loc,
-                   "%s: all_to_all_v (step %lld): the recv ranges of ranks %d and %d overlap "
-                   "([%lld, %lld) and [%lld, %lld))",
-                   who, (long long)a->tag, rt_comm_world_rank(c, i), rt_comm_world_rank(c, j),
-                   (long long)displs[i], (long long)(displs[i] + counts[i]), (long long)displs[j],
-                   (long long)(displs[j] + counts[j]));
+          args_error(c,
+                     "all_to_all_v (step %lld): the recv ranges of ranks %d and %d overlap "
+                     "([%lld, %lld) and [%lld, %lld))",
+                     (long long)a->tag, rt_comm_world_rank(c, i), rt_comm_world_rank(c, j),
+                     (long long)displs[i], (long long)(displs[i] + counts[i]), (long long)displs[j],
+                     (long long)(displs[j] + counts[j]));
           return false;
         }
   }
@@ -194,84 +207,69 @@ static bool check_ranges(dsc_comm *c, const rt_comm_args *a, const char *who) {
 
 static dsc_status check_args(dsc_comm *c, const rt_comm_args *a, dsc_comm_request **req) {
   const char *name = rt_comm_kind_name(a->kind);
-  dsc_context *ctx = c->ctx;
-  char who[64];
-  rt_comm_who(c, who, sizeof who);
   if (!req) {
-    ir_error(ctx, ir_no_loc, "%s: %s (step %lld): no request pointer", who, name,
-             (long long)a->tag);
-    return DSC_ERR_USER;
+    return args_error(c, "%s (step %lld): no request pointer", name, (long long)a->tag);
   }
   *req = NULL;
   if (a->kind == RT_COMM_BARRIER) return DSC_OK;
   if ((unsigned)a->dtype >= DSC_DTYPE_COUNT) {
-    ir_error(ctx, ir_no_loc, "%s: %s (step %lld): invalid dtype %d", who, name, (long long)a->tag,
-             (int)a->dtype);
-    return DSC_ERR_USER;
+    return args_error(c, "%s (step %lld): invalid dtype %d", name, (long long)a->tag,
+                      (int)a->dtype);
   }
   if (a->kind == RT_COMM_ALL_TO_ALL_V) {
-    if (!check_ranges(c, a, who)) return DSC_ERR_USER;
+    if (!check_ranges(c, a)) return DSC_ERR_USER;
     if (a->send && a->send == a->recv) {
-      ir_error(ctx, ir_no_loc,
-               "%s: all_to_all_v (step %lld): send and recv are the same buffer (in place is "
-               "only for all_to_all)",
-               who, (long long)a->tag);
-      return DSC_ERR_USER;
+      return args_error(c,
+                        "all_to_all_v (step %lld): send and recv are the same buffer (in place is "
+                        "only for all_to_all)",
+                        (long long)a->tag);
     }
     if ((rt_comm_a2a_send_extent(c->world, a) > 0 && !a->send) ||
         (rt_comm_recv_count(c, a) > 0 && !a->recv)) {
-      ir_error(ctx, ir_no_loc, "%s: all_to_all_v (step %lld): NULL buffer", who, (long long)a->tag);
-      return DSC_ERR_USER;
+      return args_error(c, "all_to_all_v (step %lld): NULL buffer", (long long)a->tag);
     }
     return DSC_OK;
   }
   if (a->count < 0) {
-    ir_error(ctx, ir_no_loc, "%s: %s (step %lld): negative count %lld", who, name,
-             (long long)a->tag, (long long)a->count);
-    return DSC_ERR_USER;
+    return args_error(c, "%s (step %lld): negative count %lld", name, (long long)a->tag,
+                      (long long)a->count);
   }
   /* Byte sizes must fit in a size_t (and the gathered total too). */
   int64_t total = a->kind == RT_COMM_ALL_GATHER || a->kind == RT_COMM_ALL_TO_ALL
                       ? a->count * (int64_t)c->world
                       : a->count;
   if (a->count > (int64_t)1 << 40 || total > (int64_t)1 << 42) {
-    ir_error(ctx, ir_no_loc, "%s: %s (step %lld): count %lld is too large", who, name,
-             (long long)a->tag, (long long)a->count);
-    return DSC_ERR_USER;
+    return args_error(c, "%s (step %lld): count %lld is too large", name, (long long)a->tag,
+                      (long long)a->count);
   }
   if (is_reduction(a->kind)) {
     bool ok = a->dtype == DSC_F32 || a->dtype == DSC_F64 ||
               (a->op == DSC_COMM_SUM && (a->dtype == DSC_I32 || a->dtype == DSC_I64));
     if (a->op != DSC_COMM_SUM && a->op != DSC_COMM_MEAN) {
-      ir_error(ctx, ir_no_loc, "%s: %s (step %lld): invalid reduction op %d", who, name,
-               (long long)a->tag, (int)a->op);
-      return DSC_ERR_USER;
+      return args_error(c, "%s (step %lld): invalid reduction op %d", name, (long long)a->tag,
+                        (int)a->op);
     }
     if (!ok) {
-      ir_error(ctx, ir_no_loc,
-               "%s: %s (step %lld): cannot %s dtype %s (sum: f32, f64, i32, i64; mean: f32, "
-               "f64)",
-               who, name, (long long)a->tag, a->op == DSC_COMM_SUM ? "sum" : "average",
-               dsc_dtype_name(a->dtype));
-      return DSC_ERR_USER;
+      return args_error(c,
+                        "%s (step %lld): cannot %s dtype %s (sum: f32, f64, i32, i64; mean: f32, "
+                        "f64)",
+                        name, (long long)a->tag, a->op == DSC_COMM_SUM ? "sum" : "average",
+                        dsc_dtype_name(a->dtype));
     }
   }
   if (a->kind == RT_COMM_REDUCE_SCATTER && a->count % c->world != 0) {
-    ir_error(ctx, ir_no_loc,
-             "%s: reduce_scatter (step %lld): input length %lld does not divide by the world "
-             "size %d (every rank receives an equal chunk)",
-             who, (long long)a->tag, (long long)a->count, c->world);
-    return DSC_ERR_USER;
+    return args_error(c,
+                      "reduce_scatter (step %lld): input length %lld does not divide by the world "
+                      "size %d (every rank receives an equal chunk)",
+                      (long long)a->tag, (long long)a->count, c->world);
   }
   if (a->kind == RT_COMM_BROADCAST && (a->root < 0 || a->root >= c->world)) {
-    ir_error(ctx, ir_no_loc, "%s: broadcast (step %lld): root %d is not a rank (world %d)", who,
-             (long long)a->tag, a->root, c->world);
-    return DSC_ERR_USER;
+    return args_error(c, "broadcast (step %lld): root %d is not a rank (world %d)",
+                      (long long)a->tag, a->root, c->world);
   }
   bool needs_send = a->kind != RT_COMM_BROADCAST;
   if (a->count > 0 && ((needs_send && !a->send) || !a->recv)) {
-    ir_error(ctx, ir_no_loc, "%s: %s (step %lld): NULL buffer", who, name, (long long)a->tag);
-    return DSC_ERR_USER;
+    return args_error(c, "%s (step %lld): NULL buffer", name, (long long)a->tag);
   }
   return DSC_OK;
 }

@@ -460,13 +460,15 @@ static void free_group_locked(rt_job *s, rt_group *g) {
   free(g);
 }
 
-static void inproc_group_free(dsc_comm *c) {
-  rt_group *g = c->impl;
+/* A member lets go of its group; the last one frees it. */
+static void group_unref(rt_group *g) {
   rt_job *s = g->job;
   pthread_mutex_lock(&s->mu);
   if (--g->refs == 0) free_group_locked(s, g);
   pthread_mutex_unlock(&s->mu);
 }
+
+static void inproc_group_free(dsc_comm *c) { group_unref(c->impl); }
 
 static dsc_status inproc_split(dsc_comm *parent, int color, int key, const int *members, int n,
                                int rank, const char *name, dsc_comm **out);
@@ -522,7 +524,7 @@ static dsc_status inproc_split(dsc_comm *parent, int color, int key, const int *
   pthread_mutex_unlock(&s->mu);
   if (!rt_comm_init_group(c, parent, &inproc_group_backend, members, n, rank, name)) {
     ir_free(parent->ctx, c, sizeof *c);
-    inproc_group_free(&(dsc_comm){.impl = g});
+    group_unref(g);
     goto oom;
   }
   c->local_rank = rank, c->local_world = n; /* one process: one node */
