@@ -1154,6 +1154,8 @@ static bool lower_local_shard(L *l, const ir_node *n) {
   in->src_rank_chunk = true;
   in->src_len = dsc_type_numel(&n->in[0]->type);
   in->coll.world = ir_attr_int(n, "world");
+  const char *group = ir_collective_group(n);
+  if (strcmp(group, "world") != 0) snprintf(in->coll.group, sizeof in->coll.group, "%s", group);
   l->p->needs_rank = true;
   l->buf[n->id] = dst;
   return true;

@@ -94,8 +94,9 @@ bool drv_is_program(const char *path) {
   return dsc_program_is_file(path) || (n >= 4 && strcmp(path + n - 4, ".dsx") == 0);
 }
 
-dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T,
-                            dsc_module **m, drv_model_facts *f) {
+/* The step module at (B, T), its forward checked, the facts read. */
+static dsc_status check_step_model(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+                                   dsc_module **m, drv_model_facts *f) {
   dsc_status st = drv_compile_model(ctx, path, B, T, false, m);
   if (st != DSC_OK) return st;
   dsc_graph *fg = dsc_module_find_graph(*m, "forward");
@@ -120,6 +121,25 @@ dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64
     return DSC_ERR_USER;
   }
   return DSC_OK;
+}
+
+dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T, int64_t sp,
+                            dsc_module **m, drv_model_facts *f) {
+  dsc_status st = check_step_model(ctx, path, B, T, m, f);
+  f->T_rank = f->T;
+  if (st != DSC_OK || sp <= 1) return st;
+  /* sequence parallel: the step holds this rank's part of the sequence */
+  if (f->T % sp != 0) {
+    ir_error(ctx, ir_no_loc,
+             "--mesh sp=%" PRId64 ": the sequence length %" PRId64 " is not divisible by %" PRId64
+             " (each rank holds seq / sp positions)",
+             sp, f->T, sp);
+    return DSC_ERR_USER;
+  }
+  dsc_module_free(*m);
+  *m = NULL;
+  f->T_rank = f->T / sp;
+  return drv_compile_model(ctx, path, f->B, f->T_rank, false, m);
 }
 
 dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
@@ -149,6 +169,28 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
   if ((st = dsc_run_pipeline(m, &po)) != DSC_OK) return st;
   if (want_fwd && backend != DSC_BACKEND_INTERP) st = dsc_run_codegen_passes(*fwd);
   return st;
+}
+
+dsc_status drv_mesh(dsc_context *ctx, const char *spec, int64_t world, dsc_mesh_shape *shape,
+                    int64_t *sp) {
+  *sp = 1;
+  if (world > INT32_MAX) {
+    ir_error(ctx, ir_no_loc, "--mesh: a world of %" PRId64 " ranks is over 2^31-1", world);
+    return DSC_ERR_USER;
+  }
+  dsc_status st = dsc_mesh_parse(ctx, spec, (int)world, shape);
+  if (st != DSC_OK) return st;
+  static const char *const later[][2] = {{"ep", "expert"}, {"tp", "tensor"}};
+  for (int i = 0; i < 2; i++)
+    if (dsc_mesh_size(shape, later[i][0]) > 1) {
+      ir_error(ctx, ir_no_loc,
+               "--mesh %s: %s parallelism (the %s axis) is not built yet; dp and sp are "
+               "(docs/parallelism.md)",
+               spec, later[i][1], later[i][0]);
+      return DSC_ERR_USER;
+    }
+  *sp = dsc_mesh_size(shape, "sp");
+  return DSC_OK;
 }
 
 dsc_type drv_step_input_type(const dsc_module *m, int i) {

@@ -29,6 +29,7 @@ dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_p
  * builds, and a plan is of the step the trainer runs. */
 typedef struct {
   int64_t B, T, vocab;
+  int64_t T_rank; /* the positions the step holds: T / sp (T without sp) */
 } drv_model_facts;
 /* A .dsx path: the magic, or the extension (a renamed model file must then
  * fail as a program file, not be compiled as a model). */
@@ -44,8 +45,10 @@ bool drv_step_has_seed(const dsc_module *m);
  * scalar loss. */
 dsc_status drv_check_forward(dsc_context *ctx, const char *path, const dsc_graph *g);
 /* Compiles the step module of model `path` at batch B, seq T (0: the
- * model's), checks forward(tokens, targets) -> loss and the context. */
-dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T,
+ * model's), checks forward(tokens, targets) -> loss and the context. With
+ * sequence parallelism over sp > 1 ranks the module holds T / sp positions
+ * (f->T_rank; f->T is the whole sequence), which sp must divide. */
+dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64_t T, int64_t sp,
                             dsc_module **m, drv_model_facts *f);
 /* Runs the pipeline on the step module m (cfg: batch, seq, grad_accum,
  * precision, optimizer) and, when want_fwd, compiles the forward module at
@@ -54,6 +57,11 @@ dsc_status drv_compile_step(dsc_context *ctx, const char *path, int64_t B, int64
 dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
                             const dsc_train_config *cfg, dsc_backend backend, bool want_fwd,
                             dsc_module **fwd);
+/* --mesh SPEC (NULL: data parallel only) for a job of `world` ranks: its
+ * shape and the sequence-parallel ranks *sp (1: none). An axis whose pass
+ * is not built yet (ep, tp) is refused, naming docs/parallelism.md. */
+dsc_status drv_mesh(dsc_context *ctx, const char *spec, int64_t world, dsc_mesh_shape *shape,
+                    int64_t *sp);
 /* The type of the step's data input i (tokens 0, targets 1) with all its
  * rows: micro_step's input x grad_accum when the step is a loop. */
 dsc_type drv_step_input_type(const dsc_module *m, int i);
@@ -159,6 +167,7 @@ const drv_ds_setting *drv_ds_config_find(const drv_ds_config *c, const char *key
 typedef struct {
   const char *who;
   int64_t B, world, grad_accum;
+  int64_t sp; /* sequence-parallel ranks (--mesh sp=N); <= 1: none */
   const char *precision;
   const dsc_run_knobs *knobs; /* NULL: none set */
 } drv_run_settings;

@@ -94,7 +94,7 @@ static dsc_status plan_once(dsc_context *sub, const char *path, const dsc_train_
   drv_model_facts f;
   ir_arena a;
   ir_arena_init(&a, sub);
-  dsc_status st = drv_compile_step(sub, path, cfg->batch, cfg->seq, &m, &f);
+  dsc_status st = drv_compile_step(sub, path, cfg->batch, cfg->seq, cfg->sp, &m, &f);
   if (st == DSC_OK) st = drv_build_graphs(sub, path, m, cfg, DSC_BACKEND_CPU, false, NULL);
   const dsc_graph *g = st == DSC_OK ? dsc_module_find_graph(m, "train_step") : NULL;
   if (st == DSC_OK && !g) {

@@ -45,7 +45,10 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
     if (K <= 0 && accum > 0) K = accum;
   }
   drv_model_facts f;
-  if (st == DSC_OK) st = drv_compile_step(ctx, o->model_path, B, o->seq, m, &f);
+  dsc_mesh_shape shape;
+  int64_t sp = 1;
+  if (st == DSC_OK) st = drv_mesh(ctx, o->mesh, world, &shape, &sp);
+  if (st == DSC_OK) st = drv_compile_step(ctx, o->model_path, B, o->seq, sp, m, &f);
   if (st == DSC_OK && o->ds_config) st = drv_ds_config_apply(ctx, &ds, *m);
   bool has_dir = o->offload_dir != NULL || (o->ds_config && st == DSC_OK && ds.offload_dir);
   ir_arena_release(&arena);
@@ -56,6 +59,7 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   drv_run_settings rs = {.who = "plan",
                          .B = f.B,
                          .world = world,
+                         .sp = sp,
                          .grad_accum = K,
                          .precision = o->precision,
                          .knobs = &o->knobs};
@@ -69,7 +73,7 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   drv_offload_report_to_plan(&rep, out);
   drv_offload_report_free(&rep);
   cfg.offload.values = NULL;
-  if (st != DSC_OK || (st = drv_check_step(ctx, *m, f.B * cfg.grad_accum, f.T)) != DSC_OK)
+  if (st != DSC_OK || (st = drv_check_step(ctx, *m, f.B * cfg.grad_accum, f.T_rank)) != DSC_OK)
     return st;
   cg_memplan p;
   if ((st = drv_plan_step_work(ctx, *m, o->threads, &p, work)) != DSC_OK) return st;
@@ -83,6 +87,7 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   out->param_count = p.param_count;
   out->grads_held = p.grads_held;
   out->world = world;
+  out->sp = sp;
   out->stage = cfg.zero.stage;
   out->precision = cfg.precision;
   out->optimizer = cfg.opt.kind;

@@ -173,7 +173,7 @@ static dsc_status compile_inner(writer *w, const dsc_compile_options *o, dsc_mod
 
   /* The modules, exactly as dsc_trainer_open builds them. */
   drv_model_facts f;
-  dsc_status st = drv_compile_step(ctx, o->model_path, o->batch, o->seq, m, &f);
+  dsc_status st = drv_compile_step(ctx, o->model_path, o->batch, o->seq, 1, m, &f);
   if (st != DSC_OK) return st;
   dsc_train_config cfg;
   if ((st = dsc_train_config_from_module(*m, &cfg)) != DSC_OK) return st;

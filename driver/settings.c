@@ -18,23 +18,27 @@ dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
    * global batch: range-checked by the settings table), and grad_accum from
    * a global batch (DeepSpeed's train_batch_size = micro x accum x world). */
   cfg->world = s->world > 1 ? s->world : 1;
+  cfg->sp = s->sp > 1 ? s->sp : 1;
   static const dsc_run_knobs none;
   dsc_status st = dsc_run_knobs_apply(ctx, who, s->knobs ? s->knobs : &none, cfg);
   if (st != DSC_OK) return st;
+  /* sequence-parallel ranks share sequences: the batch is over the others */
+  int64_t data = cfg->world / cfg->sp;
+  const char *ranks = cfg->sp > 1 ? "data-parallel ranks" : "world";
   if (cfg->global_batch > 0) {
-    int64_t per = s->B * cfg->world, G = cfg->global_batch;
+    int64_t per = s->B * data, G = cfg->global_batch;
     if (G % per != 0) {
       ir_error(ctx, ir_no_loc,
                "%s: the global batch of %" PRId64 " sequences is not divisible by batch %" PRId64
-               " x world %" PRId64 " = %" PRId64 " (global batch = batch x grad_accum x world)",
-               who, G, s->B, cfg->world, per);
+               " x %s %" PRId64 " = %" PRId64 " (global batch = batch x grad_accum x %s)",
+               who, G, s->B, ranks, data, per, ranks);
       return DSC_ERR_USER;
     }
     if (s->grad_accum > 0 && s->grad_accum != G / per) {
       ir_error(ctx, ir_no_loc,
                "%s: global batch %" PRId64 " is not batch %" PRId64 " x grad_accum %" PRId64
-               " x world %" PRId64 " = %" PRId64 "; give one of --grad-accum and --global-batch",
-               who, G, s->B, s->grad_accum, cfg->world, s->B * s->grad_accum * cfg->world);
+               " x %s %" PRId64 " = %" PRId64 "; give one of --grad-accum and --global-batch",
+               who, G, s->B, s->grad_accum, ranks, data, s->B * s->grad_accum * data);
       return DSC_ERR_USER;
     }
     cfg->grad_accum = G / per;

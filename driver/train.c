@@ -126,6 +126,11 @@ struct dsc_trainer {
   int64_t skipped;
   dsc_comm *comm; /* NULL: one rank */
   int rank, world;
+  /* --mesh: sp ranks share each sequence (Ulysses), dp = world / sp hold
+   * different ones; this rank's coordinates; T_rank = T / sp positions */
+  int64_t sp, dp, T_rank;
+  int sp_rank, dp_rank;
+  dsc_mesh *mesh;   /* the axes' groups (NULL: no axis but dp) */
   dsc_trace *trace; /* NULL: off (options.trace) */
   int64_t eval_batches, eval_every, save_every;
   int keep_last;
@@ -246,6 +251,7 @@ void dsc_trainer_free(dsc_trainer *t) {
   if (t->buf_tgt) ir_free(ctx, t->buf_tgt, t->buf_bytes);
   dsc_exec_free(t->step_x);
   dsc_exec_free(t->fwd_x);
+  dsc_mesh_free(t->mesh);
   for (int i = 0; t->full_t && i < dsc_module_param_count(t->m); i++)
     dsc_tensor_free(ctx, t->full_t[i]);
   dsc_params_free(t->params);
@@ -557,7 +563,7 @@ static dsc_status open_ds_config(dsc_trainer *t, open_state *s, dsc_trainer_opti
     return DSC_ERR_USER;
   }
   int64_t micro, accum;
-  if ((st = drv_ds_config_batch(ctx, &t->ds, t->world, oc->batch, oc->grad_accum, &micro,
+  if ((st = drv_ds_config_batch(ctx, &t->ds, (int)t->dp, oc->batch, oc->grad_accum, &micro,
                                 &accum)) != DSC_OK)
     return st;
   if (s->B <= 0 && micro > 0) s->B = micro;
@@ -606,9 +612,12 @@ static dsc_status open_resume(dsc_trainer *t, open_state *s) {
         (st = agree(ctx, ck, "seq", &s->T)) != DSC_OK ||
         (st = agree(ctx, ck, "grad_accum", &s->K)) != DSC_OK)
       return st;
-    int64_t ck_w = 1, B = s->B, K = s->K;
-    if (dsc_checkpoint_extra(ck, "world") && parse_i64(dsc_checkpoint_extra(ck, "world"), &ck_w) &&
-        ck_w != t->world && o->grad_accum <= 0 && K > 0 && ck_w > 0 && B > 0 &&
+    /* the checkpoint's data-parallel ranks: its world over its sp ranks */
+    int64_t ck_w = 1, ck_sp = 1, B = s->B, K = s->K;
+    const char *w = dsc_checkpoint_extra(ck, "world"), *sp = dsc_checkpoint_extra(ck, "sp");
+    if (sp && (!parse_i64(sp, &ck_sp) || ck_sp < 1)) ck_sp = 1;
+    if (w && parse_i64(w, &ck_w) && ck_w > 0 && ck_w % ck_sp == 0) ck_w /= ck_sp;
+    if (w && ck_w != t->dp && o->grad_accum <= 0 && K > 0 && ck_w > 0 && B > 0 &&
         K <= INT64_MAX / B / ck_w)
       s->ck_global = B * K * ck_w, s->K = 0; /* grad_accum follows from the world */
     if (!s->model_path || !s->prefix) {
@@ -647,15 +656,18 @@ static dsc_status open_program(dsc_trainer *t, open_state *s) {
     if ((st = program_modules(t, &s->B, &s->T, &s->K, s->o->precision)) != DSC_OK) return st;
   } else {
     drv_model_facts facts;
-    if ((st = drv_compile_step(ctx, s->model_path, s->B, s->T, &t->m, &facts)) != DSC_OK) return st;
+    if ((st = drv_compile_step(ctx, s->model_path, s->B, s->T, t->sp, &t->m, &facts)) != DSC_OK)
+      return st;
     /* the model's ops before the passes change them */
     if (s->o->init_from && (st = dsc_hf_check_config(ctx, s->o->init_from, t->m)) != DSC_OK)
       return st;
     s->B = facts.B, s->T = facts.T;
+    t->T_rank = facts.T_rank;
     t->info.vocab = facts.vocab;
     if ((st = apply_ds_config(t)) != DSC_OK) return st;
   }
   t->B = s->B, t->T = s->T;
+  if (!t->T_rank) t->T_rank = t->T; /* a program file: one rank */
   t->info.model_name = dsc_module_name(t->m);
   return DSC_OK;
 }
@@ -859,8 +871,12 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
   apply_layers(layers, (int)(sizeof layers / sizeof layers[0]), s->ck);
   if ((st = resolve_precision(t, s)) != DSC_OK) return st;
   if (s->ck_global > 0) cfg->global_batch = s->ck_global;
-  drv_run_settings rs = {
-      .who = "trainer", .B = s->B, .world = t->world, .grad_accum = s->K, .knobs = &o->knobs};
+  drv_run_settings rs = {.who = "trainer",
+                         .B = s->B,
+                         .world = t->world,
+                         .sp = t->sp,
+                         .grad_accum = s->K,
+                         .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
   if ((st = resolve_master_weights(t, s)) != DSC_OK) return st;
   if ((st = resolve_delayed_update(t, s)) != DSC_OK) return st;
@@ -876,7 +892,7 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
   int64_t B = s->B, T = s->T, K = t->K = s->K = cfg->grad_accum;
   t->seed = cfg->seed;
   t->info.cfg = cfg;
-  t->info.global_batch = B * K * t->world;
+  t->info.global_batch = B * K * t->dp;
   t->eval_batches = o->eval_batches > 0 ? o->eval_batches : 8;
   t->keep_last = o->keep_last;
   if (B > INT64_MAX / K || B * K > INT64_MAX / t->world || B * K * t->world > INT64_MAX / T) {
@@ -939,7 +955,7 @@ static dsc_status open_graphs(dsc_trainer *t, open_state *s) {
     t->fwd_g = dsc_module_find_graph(t->fwd, "forward");
     if ((st = drv_check_forward(ctx, s->model_path, t->fwd_g)) != DSC_OK) return st;
   }
-  if ((st = drv_check_step(ctx, t->m, s->B * s->K, s->T)) != DSC_OK) return st;
+  if ((st = drv_check_step(ctx, t->m, s->B * s->K, t->T_rank)) != DSC_OK) return st;
   t->step_g = dsc_module_find_graph(t->m, "train_step");
   t->micro_g = dsc_module_find_graph(t->m, "micro_step");
   if (!(t->params = dsc_params_init_rank(t->m, t->cfg.seed, t->rank)))
@@ -1054,17 +1070,16 @@ static dsc_status open_loaders(dsc_trainer *t, open_state *s) {
   int64_t B = s->B, T = s->T, seed = (int64_t)t->cfg.seed;
   /* the global batch's tokens and targets (int32), and this rank's share of
    * them as the step's f64 input tensors, before anything is allocated */
-  double rows = (double)B * (double)s->K * (double)t->world;
+  double rows = (double)B * (double)s->K * (double)t->dp;
   double need = rows * (double)T * 2 * 4 + (double)B * (double)s->K * (double)T * 2 * 8;
   char what[200];
   snprintf(what, sizeof what,
-           "holding a step's tokens (batch %" PRId64 " x grad_accum %" PRId64 " x world %" PRId64
+           "holding a step's tokens (batch %" PRId64 " x grad_accum %" PRId64 " x %s %" PRId64
            " rows of %" PRId64 ")",
-           B, s->K, (int64_t)t->world, T);
+           B, s->K, t->sp > 1 ? "data-parallel ranks" : "world", t->dp, T);
   dsc_status st = rt_check_host_memory(t->ctx, what, need > 9e18 ? INT64_MAX : (int64_t)need);
   if (st != DSC_OK) return st;
-  dsc_loader_options lo = {B * s->K * t->world, T, t->info.vocab, (uint64_t)seed,
-                           DSC_LOADER_SHUFFLE};
+  dsc_loader_options lo = {B * s->K * t->dp, T, t->info.vocab, (uint64_t)seed, DSC_LOADER_SHUFFLE};
   st = dsc_loader_open(t->ctx, s->train_path, &lo, &t->train);
   if (st != DSC_OK) return st;
   if (s->ck && (st = dsc_loader_seek(t->train, s->ck->state.loader)) != DSC_OK) {
@@ -1148,7 +1163,7 @@ static dsc_status open_executor(dsc_trainer *t, open_state *s) {
 /* Buffers of the global batch and the graphs' input tensors. */
 static dsc_status open_buffers(dsc_trainer *t, open_state *s) {
   dsc_context *ctx = t->ctx;
-  t->buf_bytes = sizeof(int32_t) * (size_t)(s->B * s->K * t->world * s->T);
+  t->buf_bytes = sizeof(int32_t) * (size_t)(s->B * s->K * t->dp * s->T);
   t->buf_in = ir_alloc(ctx, t->buf_bytes);
   t->buf_tgt = ir_alloc(ctx, t->buf_bytes);
   t->in_tok = dsc_tensor_new(ctx, drv_step_input_type(t->m, 0));
@@ -1241,6 +1256,20 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
 /* The steps up to the resolved settings: what dsc_trainer_print_config
  * shows and every later step builds on. o may get the ds_config's
  * offload_dir. */
+/* --mesh: the axes' sizes and this rank's place; the groups (a collective
+ * of every rank) when there is an axis besides dp. */
+static dsc_status open_mesh(dsc_trainer *t, const dsc_trainer_options *o) {
+  dsc_mesh_shape shape;
+  dsc_status st = drv_mesh(t->ctx, o->mesh, t->world, &shape, &t->sp);
+  if (st != DSC_OK) return st;
+  t->dp = t->world / t->sp;
+  int sp_axis = dsc_mesh_axis(&shape, "sp"), dp_axis = dsc_mesh_axis(&shape, "dp");
+  t->sp_rank = sp_axis >= 0 ? dsc_mesh_coord(&shape, t->rank, sp_axis) : 0;
+  t->dp_rank = dp_axis >= 0 ? dsc_mesh_coord(&shape, t->rank, dp_axis) : 0;
+  if (t->sp > 1 && o->comm) st = dsc_mesh_new(o->comm, &shape, &t->mesh);
+  return st;
+}
+
 static open_state open_begin(dsc_trainer_options *o, bool settings_only) {
   open_state s = {.o = o,
                   .B = o->batch,
@@ -1255,6 +1284,7 @@ static open_state open_begin(dsc_trainer_options *o, bool settings_only) {
 static dsc_status open_settings(dsc_trainer *t, open_state *s, dsc_trainer_options *o, int world) {
   dsc_status st = check_options(t, o);
   if (st == DSC_OK && !o->comm && world > 1) t->world = t->info.world = world;
+  if (st == DSC_OK) st = open_mesh(t, o);
   if (st == DSC_OK && (st = open_ds_config(t, s, o)) == DSC_OK &&
       (st = open_resume(t, s)) == DSC_OK && (st = open_program(t, s)) == DSC_OK)
     st = resolve_settings(t, s);
@@ -1300,6 +1330,16 @@ static void fill(dsc_tensor *dst, const int32_t *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst->data[i] = src[i];
 }
 
+/* This rank's share of the global batch: rows [dp_rank*B*K, (dp_rank+1)*B*K)
+ * and, with sequence parallelism, positions [sp_rank*T_rank, (sp_rank+1)*T_rank)
+ * of each. */
+static void fill_share(const dsc_trainer *t, dsc_tensor *dst, const int32_t *src) {
+  int64_t rows = t->B * t->K, w = t->T_rank;
+  src += (int64_t)t->dp_rank * rows * t->T + (int64_t)t->sp_rank * w;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < w; i++) dst->data[r * w + i] = src[r * t->T + i];
+}
+
 /* This step's share of the executor's phase totals (micro_step's and
  * train_step's summed): the totals now less those after the last step. */
 static dsc_status step_breakdown(dsc_trainer *t, dsc_train_progress *p) {
@@ -1327,11 +1367,11 @@ dsc_status dsc_trainer_step(dsc_trainer *t, dsc_train_progress *p) {
   memset(p, 0, sizeof *p);
   double t0 = now_s();
   int64_t tr0 = t->trace ? dsc_trace_now_ns() : 0;
-  int64_t n = t->B * t->K * t->T; /* this rank's tokens: rows [rank*B*K, (rank+1)*B*K) */
+  int64_t n = t->B * t->K * t->T_rank; /* this rank's tokens (fill) */
   dsc_status st = dsc_loader_next(t->train, t->buf_in, t->buf_tgt);
   if (st != DSC_OK) return st;
-  fill(t->in_tok, t->buf_in + t->rank * n, n);
-  fill(t->in_tgt, t->buf_tgt + t->rank * n, n);
+  fill_share(t, t->in_tok, t->buf_in);
+  fill_share(t, t->in_tgt, t->buf_tgt);
   if (t->trace)
     dsc_trace_spanf(t->trace, t->rank, DSC_TRACE_COPY, tr0, dsc_trace_now_ns(),
                     "load batch %" PRId64, t->step + 1);
@@ -1504,7 +1544,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;
   }
-  char num[12][32];
+  char num[13][32];
   snprintf(num[0], sizeof num[0], "%" PRId64, t->B);
   snprintf(num[1], sizeof num[1], "%" PRId64, t->T);
   snprintf(num[2], sizeof num[2], "%" PRId64, t->K);
@@ -1517,6 +1557,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   snprintf(num[9], sizeof num[9], "%d", t->world);
   snprintf(num[10], sizeof num[10], "%" PRId64, t->cfg.zero.stage);
   snprintf(num[11], sizeof num[11], "%" PRId64, t->skipped);
+  snprintf(num[12], sizeof num[12], "%" PRId64, t->sp);
   const dsc_kv extra[] = {
       {"model", t->info.model_path},
       {"model_name", t->info.model_name},
@@ -1535,6 +1576,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"save_every", num[7]},
       {"eval_every", num[8]},
       {"world", num[9]},
+      {"sp", num[12]},
       {"zero_stage", num[10]},
       {"skipped_steps", num[11]},
   };
@@ -1617,7 +1659,7 @@ dsc_status dsc_trainer_run(dsc_trainer *t, const volatile sig_atomic_t *stop, ds
     }
     dsc_train_progress p;
     if ((st = dsc_trainer_step(t, &p)) != DSC_OK) return st;
-    tokens += t->B * t->K * t->T * t->world;
+    tokens += t->B * t->K * t->T * t->dp;
     sum->final_loss = p.loss;
     int64_t ev = t->cfg.eval_every, se = t->cfg.save_every;
     bool eval_now = ev > 0 && (t->step % ev == 0 || t->step == t->cfg.steps);

@@ -680,7 +680,7 @@ dsc_status ir_interp_run(const ir_graph *g, const dsc_params *params,
     char err[512] = "";
     if (nd->op == DSC_OP_LOCAL_SHARD) { /* this rank's chunk: only the run knows the rank */
       int64_t chunk = dsc_type_numel(&nd->type), len = dsc_type_numel(&s.ins[0]->type);
-      int64_t first = (int64_t)s.coll->rank(s.comm) * chunk;
+      int64_t first = (int64_t)s.coll->rank(s.coll->group(s.comm, ir_collective_group(nd))) * chunk;
       int64_t n = first >= len ? 0 : len - first < chunk ? len - first : chunk;
       if (n > 0) memcpy(out->data, s.ins[0]->data + first, sizeof(double) * (size_t)n);
       memset(out->data + (n > 0 ? n : 0), 0, sizeof(double) * (size_t)(chunk - (n > 0 ? n : 0)));

@@ -166,3 +166,13 @@ dsc_status pass_reorder(ir_graph *g, int n_orig, const pass_fixed_key *fixed_key
   return DSC_OK;
 }
 
+void pass_replace_uses(ir_graph *g, ir_node *from, ir_node *to) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    ir_node *x = g->nodes[i];
+    if (x == to) continue;
+    for (int q = 0; q < x->n_in; q++)
+      if (x->in[q] == from) x->in[q] = to;
+  }
+  for (int k = 0; k < g->n_outputs; k++)
+    if (g->outputs[k] == from) g->outputs[k] = to;
+}

@@ -47,6 +47,10 @@ static dsc_status run_optimizer(ir_module *m, const dsc_pipeline_options *opts) 
   return pass_optimizer_run(m, opts->train);
 }
 
+static dsc_status run_sequence_parallel(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_sequence_parallel_run(m, opts->train);
+}
+
 static dsc_status run_zero(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_zero_run(m, opts->train);
 }
@@ -91,6 +95,11 @@ static const struct {
      "mixed precision: graph 'forward' computes in bf16/fp16 with f32 master weights (fp16: "
      "loss scaling); nothing with precision f32",
      run_precision},
+    {"sequence_parallel",
+     "Ulysses sequence parallelism (--mesh sp=N): each rank holds T/N positions of every "
+     "sequence; attention's q, k, v are exchanged (all_to_all over sp) into a split over heads "
+     "and back; nothing without an sp axis",
+     run_sequence_parallel},
     {"autodiff", "append the backward pass to graph 'forward' (outputs: loss, gradients)",
      run_autodiff},
     {"remat",

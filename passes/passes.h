@@ -67,6 +67,14 @@ dsc_status pass_autodiff_run(ir_module *m, ir_graph *g);
  * pass_autodiff_run uses ir_grad_rules(). Tests use it to remove a rule. */
 dsc_status pass_autodiff_run_with_rules(ir_module *m, ir_graph *g, const ir_grad_fn *rules);
 
+/* ======================= passes/sequence_parallel.c =======================
+ * Ulysses sequence parallelism over cfg->sp ranks of the mesh axis "sp"
+ * (the comment at the top of the file): graph 'forward', compiled at T/sp
+ * positions, exchanges attention's q, k, v into a split over heads and
+ * back, and numbers its positions as its part of the sequence. Runs before
+ * autodiff; nothing at sp <= 1. */
+dsc_status pass_sequence_parallel_run(ir_module *m, const dsc_train_config *cfg);
+
 /* ======================= passes/decompose.c =======================
  * Rewrites every composite op (softmax, log_softmax, layernorm, rmsnorm,
  * attention, cross_entropy; not embedding_grad) of every graph into
@@ -130,6 +138,8 @@ bool pass_is_view(const ir_node *x);
 /* Removes graph `name` from the module (its nodes stay in the arena).
  * Returns false when there is no such graph. */
 bool pass_remove_graph(ir_module *m, const char *name);
+/* Every read of `from` in g (its nodes but `to`, its outputs) reads `to`. */
+void pass_replace_uses(ir_graph *g, ir_node *from, ir_node *to);
 
 /* Removes the nodes that neither an output nor an assign needs, then orders
  * graph g by a priority topological sort: nodes with id < n_orig keep their

@@ -47,17 +47,6 @@ static int find_pairs(ir_module *m, ir_graph *g, dsc_op start_op, dsc_op wait_op
   return n;
 }
 
-static void replace_uses(ir_graph *g, ir_node *from, ir_node *to) {
-  for (int i = 0; i < g->n_nodes; i++) {
-    ir_node *x = g->nodes[i];
-    if (x == to) continue;
-    for (int q = 0; q < x->n_in; q++)
-      if (x->in[q] == from) x->in[q] = to;
-  }
-  for (int k = 0; k < g->n_outputs; k++)
-    if (g->outputs[k] == from) g->outputs[k] = to;
-}
-
 static bool add_fixed(ir_module *m, pass_fixed_key **fx, int *n, int *cap, ir_node *x, double key) {
   if (!x) return false;
   if (!ir_grow(&m->arena, (void **)fx, cap, *n + 1, sizeof(pass_fixed_key))) return false;
@@ -101,7 +90,7 @@ static bool merge_bucket(ir_module *m, ir_graph *g, sched_pair *p, int k, pass_f
                       dsc_attr_int("end", off + s)};
     ir_node *piece = dsc_build(g, DSC_OP_SLICE, &wt, 1, sa, 3);
     if (!piece) return false;
-    replace_uses(g, p[i].wait, piece);
+    pass_replace_uses(g, p[i].wait, piece);
     off += s;
   }
   return true;

@@ -283,8 +283,8 @@ static ir_node *build1(zs *z, dsc_op op, ir_node *x, const dsc_attr *a, int na) 
 }
 
 static ir_node *local_shard(zs *z, ir_node *x) {
-  dsc_attr a = dsc_attr_int("world", z->world);
-  return build1(z, DSC_OP_LOCAL_SHARD, flat(z, x), &a, 1);
+  dsc_attr a[2] = {dsc_attr_int("world", z->world), dsc_attr_str("group", "world")};
+  return build1(z, DSC_OP_LOCAL_SHARD, flat(z, x), a, 2);
 }
 
 /* The full tensor of type t from its chunks: all_gather, unpad, reshape. */
@@ -760,12 +760,18 @@ dsc_status pass_zero_run(ir_module *m, const dsc_train_config *cfg) {
              "pass first)");
     return DSC_ERR_USER;
   }
-  for (int i = 0; i < g->n_nodes; i++)
-    if (ir_op(g->nodes[i]->op)->cg == IR_CG_COLLECTIVE) {
+  /* the world's collectives are this pass's: a graph with them went through
+   * it already; a mesh axis' (sequence parallelism's exchanges) are the
+   * model's and stay */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *x = g->nodes[i];
+    if (ir_op(x->op)->cg != IR_CG_COLLECTIVE) continue;
+    if (strcmp(ir_collective_group(ir_is_collective_wait(x->op) ? x->in[0] : x), "world") == 0) {
       ir_error(m->ctx, ir_no_loc, "zero: graph 'train_step' already has collectives (%s)",
-               ir_op(g->nodes[i]->op)->name);
+               ir_op(x->op)->name);
       return DSC_ERR_USER;
     }
+  }
   if (cfg->zero.stage == 0) return stage0(m, g, cfg->world);
   return shard_stages(m, g, cfg->world, (int)cfg->zero.stage, cfg->zero.persist_threshold,
                       cfg->zero.unshard_bytes);

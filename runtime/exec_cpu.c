@@ -908,7 +908,7 @@ static bool run_instr(rt_cpu_exec *e, const rt_lane *lane, rt_prog *rp, int i, c
       size_t es = dsc_dtype_size(p->buffers[in->src].dtype);
       int64_t src_offset = in->src_offset, n = in->numel;
       if (in->src_rank_chunk) { /* this rank's chunk, zeros past the source */
-        int64_t first = (int64_t)dsc_comm_rank(e->comm) * in->numel;
+        int64_t first = (int64_t)dsc_comm_rank(dsc_comm_group(e->comm, in->coll.group)) * in->numel;
         n = first >= in->src_len ? 0 : in->src_len - first < n ? in->src_len - first : n;
         src_offset += first < in->src_len ? first : 0;
         memset(buf_ptr(e, rp, in->dst) + (in->dst_offset + n) * (int64_t)es, 0,

@@ -1173,7 +1173,7 @@ static bool run_instr(rt_cuda_exec *e, cu_prog *cp, int i) {
       int64_t src_offset = in->src_offset, n = in->numel;
       CUdeviceptr src = buf_dev(e, p, in->src), dst = buf_dev(e, p, in->dst);
       if (in->src_rank_chunk) { /* this rank's chunk, zeros past the source */
-        int64_t first = (int64_t)dsc_comm_rank(e->comm) * in->numel;
+        int64_t first = (int64_t)dsc_comm_rank(dsc_comm_group(e->comm, in->coll.group)) * in->numel;
         n = first >= in->src_len ? 0 : in->src_len - first < n ? in->src_len - first : n;
         src_offset += first < in->src_len ? first : 0;
         if (in->numel > n &&

@@ -28,6 +28,8 @@ static const char plan_help[] =
     "Without --zero-stage: a table for stages 0, 1, 2 and 3 with the ZeRO paper's\n"
     "formulas next to the model states (params + grads + optimizer).\n"
     "  --world N         ranks (default 1)\n"
+    "  --mesh dp=D,sp=S  the ranks as a mesh, as dsc train's --mesh: with sp the\n"
+    "                    step holds seq / S positions per rank (Ulysses)\n"
     "  --zero-stage S    one stage (0-3); with --json the stage of the object\n"
     "                    (default: the model's train.zero.stage)\n"
     "  --json            one JSON object: {\"param_count\", \"world\", \"stage\",\n"
@@ -67,8 +69,7 @@ static const char plan_help[] =
     "  --host-memory-budget B  host memory per rank for the offloaded values: a plan\n"
     "                    over it does not fit (exit 1), as with --memory-budget\n"
     "  --threads N       CPU threads the GEMM scratch is sized for (default: one per core)\n"
-    "  --bytes           the table in bytes instead of KiB/MiB/GiB\n"
-    CLI_AUTO_HELP
+    "  --bytes           the table in bytes instead of KiB/MiB/GiB\n" CLI_AUTO_HELP
     "Exit codes: 0 success, 1 bad input (model, flags), 2 internal error.\n";
 
 static bool exact_bytes; /* --bytes */
@@ -243,6 +244,10 @@ static void print_table(const char *model, const dsc_memory_plan *plans, const b
          ", %s, batch %" PRId64 " x seq %" PRId64 " x grad_accum %" PRId64 " per rank\n",
          model, p0->param_count, p0->world, dsc_precision_name(p0->precision), p0->batch, p0->seq,
          p0->grad_accum);
+  if (p0->sp > 1)
+    printf("sequence parallel over sp = %" PRId64 " ranks: each holds %" PRId64 " of the %" PRId64
+           " positions of its sequences (Ulysses)\n",
+           p0->sp, p0->seq / p0->sp, p0->seq);
   printf("bytes per rank (rank 0; every rank runs the same program and holds the same bytes%s)\n",
          p0->world > 1 ? ", shards padded to a multiple of N" : "");
   printf("\n%-16s", "");
@@ -456,6 +461,10 @@ int cli_plan(int argc, char **argv) {
       o.ds_config = argv[++i];
     } else if (strcmp(a, "--bytes") == 0) {
       exact_bytes = true;
+    } else if (strcmp(a, "--mesh") == 0) {
+      if (!has_val)
+        return cli_usage_error("plan", "--mesh needs axes such as dp=2,sp=4"), CLI_EXIT_USER;
+      o.mesh = argv[++i];
     } else if (strcmp(a, "--precision") == 0) {
       dsc_precision pr;
       if (!has_val || dsc_precision_from_name(argv[i + 1], &pr) != 0)

@@ -59,7 +59,8 @@ static const char train_help[] =
     "       dsc train --resume DIR [MODEL.dsm] [options]\n"
     "\n"
     "Trains a token model (forward(tokens, targets) -> loss): compiles MODEL.dsm,\n"
-    "runs the training pipeline (precision, autodiff, optimizer, zero, accumulate, decompose,\n"
+    "runs the training pipeline (precision, sequence_parallel, autodiff, optimizer, zero,\n"
+    "accumulate, decompose, "
     "cse, guard, fuse; dsc dump --list-passes)\n"
     "and steps through PREFIX_train.bin (written by 'dsc data').\n"
     "MODEL may be a .dsx from 'dsc compile': its graphs and (same host) kernels are\n"
@@ -127,6 +128,11 @@ static const char train_help[] =
     "gradients and loss are averaged over the ranks. Rank 0 prints, evaluates and\n"
     "writes checkpoints. Under 'mpirun -np N dsc train ...' each process is a rank.\n"
     "  --ranks N         N ranks as threads of this process (in-process backend)\n"
+    "  --mesh dp=D,sp=S  the ranks as a mesh (D x S = ranks; dp implied): the S ranks\n"
+    "                    of an sp group train on the same sequences, seq / S positions\n"
+    "                    each, attention's heads split over them (Ulysses sequence\n"
+    "                    parallelism, docs/parallelism.md); the global batch is\n"
+    "                    batch x grad-accum x D sequences\n"
     "  --global-batch G  sequences per step; grad-accum = G / (batch x ranks), which\n"
     "                    must divide evenly (DeepSpeed's train_batch_size)\n"
     "  --zero-stage S    ZeRO stage (train.zero.stage); 0: gradients all-reduced,\n"
@@ -433,6 +439,7 @@ static int train_auto(dsc_trainer_options *o, const cli_auto *au, int64_t world,
   b->batch = o->batch, b->seq = o->seq, b->grad_accum = o->grad_accum;
   b->precision = o->precision;
   b->world = world;
+  b->mesh = o->mesh;
   b->threads = o->threads;
   b->knobs = o->knobs; /* what the user fixed; the search chooses the rest */
   b->offload_dir = o->offload_dir;
@@ -539,6 +546,8 @@ static int machine_flag(int argc, char **argv, int *i, train_args *ta) {
   } else if (strcmp(a, "--ranks") == 0) {
     if (!(want_i64(argc, argv, i, 1, &ta->ranks) && ta->ranks <= 1024))
       return cli_usage_error("train", "--ranks needs an integer in [1, 1024]"), -1;
+  } else if (strcmp(a, "--mesh") == 0) {
+    if (!want_str(argc, argv, i, &o->mesh)) return -1;
   } else if (strcmp(a, "--memory-budget") == 0) {
     if (!want_bytes(argc, argv, i, &o->memory_budget) || o->memory_budget <= 0)
       return cli_usage_error("train", "--memory-budget needs a byte count such as 16GiB"), -1;

@@ -21,6 +21,9 @@ typedef struct {
   int64_t batch, seq, grad_accum; /* 0: the model's */
   const char *precision;          /* "f32" "bf16" "fp16"; NULL: the model's */
   int64_t world;                  /* ranks; <= 1: one */
+  /* the ranks' mesh ("dp=2,sp=4", dsc/mesh.h; NULL: data parallel): with
+   * an sp axis the step holds seq / sp positions per rank (Ulysses) */
+  const char *mesh;
   /* the run knobs over the model's train section, as dsc train's flags of
    * the same names (include/dsc/settings.h) */
   dsc_run_knobs knobs;
@@ -62,6 +65,7 @@ typedef struct {
    * what is live at the peak): the paper's gradient term */
   int64_t grads_held;
   int64_t world, stage; /* as configured (at world 1 every stage runs as stage 0) */
+  int64_t sp;           /* sequence-parallel ranks (1: none); seq / sp positions per rank */
   dsc_precision precision;
   dsc_optimizer_kind optimizer;
   /* bytes per param of the params (P), gradients (G) and optimizer states

@@ -141,6 +141,11 @@ typedef struct {
    * step graph is one rank's program of `world` ranks (<= 1: one rank, the
    * pass does nothing). */
   int64_t world;
+  /* Ulysses sequence parallelism (pass "sequence_parallel", --mesh sp=N):
+   * the ranks of the mesh axis sp, which share each sequence, T/sp positions
+   * each; the step graph holds one rank's part (<= 1: off). The ranks that
+   * hold different sequences, the data-parallel ones, are world / sp. */
+  int64_t sp;
   /* Global batch in sequences, DeepSpeed's train_batch_size (train.
    * train_batch_size): batch x grad_accum x world; 0: not given. The trainer
    * infers grad_accum from it. */

@@ -66,6 +66,12 @@ typedef struct {
    * Rank 0 alone writes out_dir (checkpoints, metrics.jsonl), log_path and
    * runs validation; every rank's steps report the same (global) loss. */
   dsc_comm *comm;
+  /* The ranks' mesh ("dp=2,sp=2", dsc/mesh.h; NULL: data parallel over all
+   * of them). An sp axis is Ulysses sequence parallelism (pass
+   * "sequence_parallel"): the sp ranks of a dp row train on the same
+   * sequences, each on its T / sp positions, so the global batch is batch x
+   * grad_accum x (world / sp) sequences of seq tokens. */
+  const char *mesh;
   /* The run knobs over the train section (include/dsc/settings.h): the
    * global batch (DeepSpeed's train_batch_size: grad_accum becomes
    * global_batch / (batch x world), which must divide evenly and agree with

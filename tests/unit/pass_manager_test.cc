@@ -44,9 +44,10 @@ struct Fixture {
 TEST(PassManager, TableListsThePipelineInOrder) {
   ASSERT_GE(dsc_pass_count(), 3);
   EXPECT_STREQ(dsc_pass_name(0), "precision");
-  EXPECT_STREQ(dsc_pass_name(1), "autodiff");
-  EXPECT_STREQ(dsc_pass_name(2), "remat");
-  EXPECT_STREQ(dsc_pass_name(3), "optimizer");
+  EXPECT_STREQ(dsc_pass_name(1), "sequence_parallel");
+  EXPECT_STREQ(dsc_pass_name(2), "autodiff");
+  EXPECT_STREQ(dsc_pass_name(3), "remat");
+  EXPECT_STREQ(dsc_pass_name(4), "optimizer");
   for (int i = 0; i < dsc_pass_count(); i++) {
     ASSERT_NE(dsc_pass_description(i), nullptr);
     EXPECT_GT(strlen(dsc_pass_description(i)), 10u);
@@ -87,9 +88,9 @@ TEST(PassManager, UnknownPassListsTheNames) {
   Fixture f;
   dsc_pipeline_options po = {&f.cfg, "no_such_pass", false, nullptr, false};
   EXPECT_EQ(dsc_run_pipeline(f.m, &po), DSC_ERR_USER);
-  EXPECT_NE(
-      f.diags().find("unknown pass 'no_such_pass' (the passes are: precision, autodiff, remat, optimizer"),
-      std::string::npos)
+  EXPECT_NE(f.diags().find("unknown pass 'no_such_pass' (the passes are: precision, "
+                           "sequence_parallel, autodiff, remat, optimizer"),
+            std::string::npos)
       << f.diags();
   // nothing ran
   EXPECT_EQ(dsc_graph_output_count(dsc_module_find_graph(f.m, "forward")), 1);
