@@ -97,10 +97,8 @@ char *cg_program_print(ir_arena *a, const cg_program *p) {
         break;
       case CG_INS_COLLECTIVE_START:
       case CG_INS_COLLECTIVE_WAIT: {
-        static const char *coll[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                     "all_to_all"};
         const cg_collective *c = &in->coll;
-        const char *name = (unsigned)c->kind < 5 ? coll[c->kind] : "?";
+        const char *name = cg_coll_kind_name(c->kind);
         if (in->kind == CG_INS_COLLECTIVE_WAIT) {
           sb_printf(&b, "%s_wait #%d b%d\n", name, c->id, in->dst);
           break;

@@ -1266,7 +1266,12 @@ static dsc_status open_mesh(dsc_trainer *t, const dsc_trainer_options *o) {
   int sp_axis = dsc_mesh_axis(&shape, "sp"), dp_axis = dsc_mesh_axis(&shape, "dp");
   t->sp_rank = sp_axis >= 0 ? dsc_mesh_coord(&shape, t->rank, sp_axis) : 0;
   t->dp_rank = dp_axis >= 0 ? dsc_mesh_coord(&shape, t->rank, dp_axis) : 0;
-  if (t->sp > 1 && o->comm) st = dsc_mesh_new(o->comm, &shape, &t->mesh);
+  if (t->sp > 1) {
+    char text[64];
+    dsc_mesh_format(&shape, text, sizeof text);
+    if (!(t->info.mesh = ir_arena_strdup(&t->arena, text))) return oom(t->ctx);
+    if (o->comm) st = dsc_mesh_new(o->comm, &shape, &t->mesh);
+  }
   return st;
 }
 

@@ -3,8 +3,8 @@
  * positions of every sequence, becomes one rank's program of the `sp` mesh
  * axis (cfg->sp ranks).
  *
- *   attention   q, k and v [B, T/sp, heads hd] are exchanged over sp
- *               (all_to_all) into [B, T, heads/sp hd]: every rank then holds
+ *   attention   q, k and v [B, T/sp, heads hd] are exchanged over sp (one
+ *               all_to_all of the three) into [B, T, heads/sp hd]: every rank then holds
  *               the whole sequence for its share of the heads, attends as
  *               one rank would, and the output is exchanged back into
  *               [B, T/sp, heads hd]. Heads and kv_heads must be divisible
@@ -53,14 +53,26 @@ static ir_node *permute4(sp_state *s, ir_node *x, int64_t a, int64_t b, int64_t 
   return x ? checked(s, dsc_permute(s->g, x, perm, 4)) : NULL;
 }
 
-/* [B, T/sp, n hd] (this rank's positions, every head) -> [B, T, n/sp hd]
- * (every position, head group `rank`): head group j goes to rank j, and
- * the positions from rank i are the i-th part of the sequence. */
-static ir_node *seq_to_heads(sp_state *s, ir_node *x) {
-  int64_t B = x->type.dims[0], t = x->type.dims[1], c = x->type.dims[2] / s->sp;
-  ir_node *y = permute4(s, reshape4(s, x, B, t, s->sp, c), 2, 0, 1, 3); /* [sp, B, t, c] */
-  y = permute4(s, all_to_all(s, y), 1, 0, 2, 3);                        /* [B, sp, t, c] */
-  return reshape4(s, y, B, s->sp * t, c, 0);
+/* [B, T/sp, n_i hd] (this rank's positions, every head) -> [B, T, n_i/sp hd]
+ * (every position, head group `rank`) for the k tensors x[i] in one
+ * exchange: head group j goes to rank j, and the positions from rank i are
+ * the i-th part of the sequence. */
+static void seq_to_heads(sp_state *s, ir_node *const *x, int k, ir_node **out) {
+  int64_t B = x[0]->type.dims[0], t = s->t, c[3], all = 0;
+  ir_node *parts[3];
+  for (int i = 0; i < k; i++) {
+    c[i] = x[i]->type.dims[2] / s->sp, all += c[i];
+    parts[i] = reshape4(s, x[i], B, t, s->sp, c[i]);
+  }
+  dsc_attr axis = dsc_attr_int("axis", 3);
+  ir_node *y = s->failed ? NULL : checked(s, dsc_build(s->g, DSC_OP_CONCAT, parts, k, &axis, 1));
+  y = permute4(s, all_to_all(s, permute4(s, y, 2, 0, 1, 3)), 1, 0, 2, 3); /* [B, sp, t, all] */
+  for (int i = 0, at = 0; i < k; at += (int)c[i], i++) {
+    dsc_attr a[3] = {dsc_attr_int("axis", 3), dsc_attr_int("start", at),
+                     dsc_attr_int("end", at + c[i])};
+    ir_node *part = y ? checked(s, dsc_build(s->g, DSC_OP_SLICE, &y, 1, a, 3)) : NULL;
+    out[i] = reshape4(s, part, B, s->sp * t, c[i], 0);
+  }
 }
 
 /* The inverse: [B, T, n/sp hd] -> [B, T/sp, n hd]. */
@@ -93,12 +105,14 @@ static ir_node *split_attention(sp_state *s, ir_node *n) {
     return NULL;
   }
   dsc_graph_set_loc(s->g, n->loc);
-  ir_node *q2 = seq_to_heads(s, n->in[0]), *k2 = seq_to_heads(s, n->in[1]);
-  ir_node *v2 = seq_to_heads(s, n->in[2]);
+  /* q, k and v in one exchange (or k and v, when they are one node) */
+  ir_node *in[3] = {n->in[0], n->in[1], n->in[2]}, *x[3];
+  seq_to_heads(s, in, in[1] == in[2] ? 2 : 3, x);
   if (s->failed) return NULL;
-  ir_node *a = dsc_attention_windowed(s->g, q2, k2, v2, H / s->sp, KVH > 0 ? KVH / s->sp : KVH,
-                                      ir_attr_bool(n, "causal"), ir_attr_float(n, "scale"),
-                                      ir_attr_int(n, "window"));
+  if (in[1] == in[2]) x[2] = x[1];
+  ir_node *a = dsc_attention_windowed(s->g, x[0], x[1], x[2], H / s->sp,
+                                      KVH > 0 ? KVH / s->sp : KVH, ir_attr_bool(n, "causal"),
+                                      ir_attr_float(n, "scale"), ir_attr_int(n, "window"));
   return checked(s, a) ? heads_to_seq(s, a) : NULL;
 }
 

@@ -89,6 +89,12 @@ typedef enum {
   CG_COLL_ALL_TO_ALL,     /* src, dst: world chunks of count elements; src's chunk j goes to
                            * rank j, dst's chunk i comes from rank i */
 } cg_coll_kind;
+/* "all_reduce", ...: the name of a kind in prints, profiles and traces. */
+static inline const char *cg_coll_kind_name(cg_coll_kind k) {
+  static const char *const names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                      "all_to_all"};
+  return (unsigned)k < sizeof names / sizeof *names ? names[k] : "collective";
+}
 
 /* A collective instruction (dsc_comm_* of include/dsc/comm.h). Buffers src
  * and dst (contiguous, offset 0; cg_instr.src/.dst) belong to the

@@ -929,22 +929,6 @@ static bool run_instr(rt_cpu_exec *e, const rt_lane *lane, rt_prog *rp, int i, c
   return ir_fail(err, errlen, "instruction %d: unknown kind", i);
 }
 
-static const char *coll_name(cg_coll_kind k) {
-  switch (k) {
-    case CG_COLL_ALL_REDUCE:
-      return "all_reduce";
-    case CG_COLL_REDUCE_SCATTER:
-      return "reduce_scatter";
-    case CG_COLL_ALL_GATHER:
-      return "all_gather";
-    case CG_COLL_BROADCAST:
-      return "broadcast";
-    case CG_COLL_ALL_TO_ALL:
-      return "all_to_all";
-  }
-  return "collective";
-}
-
 /* Instruction i ran from t0 to t1: its trace event(s). A collective's span
  * runs from its start to the return of its wait, the latest it can have
  * completed (the comm API has no completion time of its own). */
@@ -1006,10 +990,10 @@ static void trace_instr(rt_cpu_exec *e, rt_prog *rp, int i, int64_t t0, int64_t 
                bytes, c->id, coll_tag(e, c), i, group);
       /* a group's collectives say so in their name: "ep all_to_all 12 KiB" */
       snprintf(name, sizeof name, "wait %s%s%s %s", c->group[0] ? c->group : "",
-               c->group[0] ? " " : "", coll_name(c->kind), size);
+               c->group[0] ? " " : "", cg_coll_kind_name(c->kind), size);
       dsc_trace_span(tr, pid, DSC_TRACE_WAIT, "collective", t0, t1, args, name);
       snprintf(name, sizeof name, "%s%s%s %s", c->group[0] ? c->group : "", c->group[0] ? " " : "",
-               coll_name(c->kind), size);
+               cg_coll_kind_name(c->kind), size);
       dsc_trace_span(tr, pid, DSC_TRACE_COMM, "collective", rp->coll_t0[c->id], t1, args, name);
       rp->coll_t1[c->id] = t1;
       return;

@@ -215,10 +215,9 @@ static void instr_what(const cg_program *p, const cg_instr *in, char *what, size
              (long long)in->gemm.batch[1], (long long)in->gemm.m, (long long)in->gemm.n,
              (long long)in->gemm.k);
   else if (in->kind == CG_INS_COLLECTIVE_START || in->kind == CG_INS_COLLECTIVE_WAIT) {
-    static const char *coll[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
-    snprintf(what, n, "%s #%d %s[%lld] tag %lld",
-             (unsigned)in->coll.kind < 4 ? coll[in->coll.kind] : "?", in->coll.id,
-             dsc_dtype_name(in->coll.dtype), (long long)in->coll.count, (long long)in->coll.tag);
+    snprintf(what, n, "%s%s%s #%d %s[%lld] tag %lld", in->coll.group, in->coll.group[0] ? " " : "",
+             cg_coll_kind_name(in->coll.kind), in->coll.id, dsc_dtype_name(in->coll.dtype),
+             (long long)in->coll.count, (long long)in->coll.tag);
   }
 }
 

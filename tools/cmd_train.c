@@ -348,9 +348,10 @@ static dsc_status train_rank(dsc_comm *comm, train_job *j) {
     printf(" (vocabulary %" PRId64 ")\n", info->vocab);
     if (info->world > 1)
       printf("batch %" PRId64 " x seq %" PRId64 " x grad_accum %" PRId64
-             " x %d ranks (%s) = %" PRId64 " tokens/step, ZeRO stage %" PRId64 ", %" PRId64
+             " x %d ranks (%s%s%s) = %" PRId64 " tokens/step, ZeRO stage %" PRId64 ", %" PRId64
              " steps, lr %g, seed %" PRIu64 "\n",
              cfg->batch, cfg->seq, cfg->grad_accum, info->world, dsc_comm_backend(comm),
+             info->mesh ? ", mesh " : "", info->mesh ? info->mesh : "",
              info->global_batch * cfg->seq, cfg->zero.stage, cfg->steps, cfg->opt.lr, cfg->seed);
     else
       printf("batch %" PRId64 " x seq %" PRId64 " x grad_accum %" PRId64 " = %" PRId64

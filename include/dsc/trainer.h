@@ -124,7 +124,8 @@ typedef struct {
   int kernels_compiled;     /* kernels the executors compiled (cpu backend) */
   int kernels_prebuilt;     /* kernels loaded from the .dsx instead */
   int rank, world;          /* data parallelism: this trainer's rank of world (0 of 1) */
-  int64_t global_batch;     /* sequences per step: batch x grad_accum x world */
+  int64_t global_batch;     /* sequences per step: batch x grad_accum x world / sp */
+  const char *mesh;         /* "dp=2,sp=2" with an axis besides dp, else NULL */
   /* Memory (cpu backend; 0 otherwise): the plan's peak (dsc plan: STATE +
    * WORK arenas + GEMM scratch of the step) and the process's RSS growth
    * over creating the step executor plus its first step (-1: unknown), the

@@ -41,6 +41,9 @@ expect_exit 0 "$DSC" train "$GPT" "${RUN[@]}" --ranks 2 --out "$TMP/d2"
 expect_exit 0 "$DSC" train "$GPT" "${RUN[@]}" --ranks 4 --mesh dp=2,sp=2 --zero-stage 3 \
   --out "$TMP/d2s2"
 expect_exit 0 "$DSC" export "$TMP/d2s2" -o "$TMP/d2s2/export.safetensors"
+expect_exit 0 "$DSC" train "$GPT" --data "$TMP/c" --batch 2 --seq 32 --steps 1 --eval-every 0 \
+  --ranks 4 --mesh dp=2,sp=2 &&
+  expect_grep '^batch 2 x seq 32 x grad_accum 1 x 4 ranks \(inproc, mesh dp=2,sp=2\) = 128 tokens/step' "$TMP/out"
 # the reference interpreter runs the same exchanges
 expect_exit 0 "$DSC" train "$GPT" "${RUN[@]}" --steps 2 --backend interp --out "$TMP/i1"
 expect_exit 0 "$DSC" train "$GPT" "${RUN[@]}" --steps 2 --backend interp --ranks 2 --mesh sp=2 \
