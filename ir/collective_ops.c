@@ -51,13 +51,24 @@ bool ir_find_in_flight_read(const ir_graph *g, const ir_node **reader, int *inpu
   return false;
 }
 
-/* Checks the attributes every start has; copies the input type to out. */
+/* The group attribute names the world or a mesh axis (dsc/mesh.h). */
+static bool known_group(const ir_node *n, char *err, size_t errlen) {
+  const char *group = ir_attr_str(n, "group");
+  static const char *const groups[] = {"world", "dp", "ep", "sp", "tp"};
+  for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
+    if (group && strcmp(group, groups[i]) == 0) return true;
+  return ir_fail(err, errlen, "group '%s' is not a communicator (world, dp, ep, sp, tp)",
+                 group ? group : "");
+}
+
+/* Checks the attributes every start (and local_shard) has: world, group;
+ * copies the input type to out. */
 static bool start_common(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
   int64_t world = ir_attr_int(n, "world");
   if (world < 1 || world > INT32_MAX)
     return ir_fail(err, errlen, "world must be in [1, %d], got %lld", INT32_MAX, (long long)world);
   *out = n->in[0]->type;
-  return true;
+  return known_group(n, err, errlen);
 }
 
 static bool start_sum(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
@@ -103,23 +114,13 @@ bool ir_shape_broadcast_start(const ir_node *n, dsc_type *out, char *err, size_t
 }
 
 const char *ir_collective_group(const ir_node *n) {
-  bool has = n->op == DSC_OP_ALL_TO_ALL_START || n->op == DSC_OP_LOCAL_SHARD;
+  bool has = ir_is_collective_start(n->op) || n->op == DSC_OP_LOCAL_SHARD;
   const char *g = has ? ir_attr_str(n, "group") : NULL;
   return g && *g ? g : "world";
 }
 
-/* The group attribute names the world or a mesh axis (dsc/mesh.h). */
-static bool known_group(const ir_node *n, char *err, size_t errlen) {
-  const char *group = ir_attr_str(n, "group");
-  static const char *const groups[] = {"world", "dp", "ep", "sp", "tp"};
-  for (size_t i = 0; i < sizeof groups / sizeof *groups; i++)
-    if (group && strcmp(group, groups[i]) == 0) return true;
-  return ir_fail(err, errlen, "group '%s' is not a communicator (world, dp, ep, sp, tp)",
-                 group ? group : "");
-}
-
 bool ir_shape_all_to_all_start(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
-  if (!start_common(n, out, err, errlen) || !known_group(n, err, errlen)) return false;
+  if (!start_common(n, out, err, errlen)) return false;
   int64_t world = ir_attr_int(n, "world");
   if (out->rank < 1) return ir_fail(err, errlen, "the input needs rank >= 1 (exchanges dim 0)");
   if (out->dims[0] % world != 0)
@@ -129,7 +130,7 @@ bool ir_shape_all_to_all_start(const ir_node *n, dsc_type *out, char *err, size_
 }
 
 bool ir_shape_local_shard(const ir_node *n, dsc_type *out, char *err, size_t errlen) {
-  if (!start_common(n, out, err, errlen) || !known_group(n, err, errlen)) return false;
+  if (!start_common(n, out, err, errlen)) return false;
   int64_t world = ir_attr_int(n, "world");
   if (out->rank != 1) return ir_fail(err, errlen, "the input must be a vector (rank 1), got rank %d", out->rank);
   out->dims[0] = out->dims[0] / world + (out->dims[0] % world != 0);

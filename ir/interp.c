@@ -433,22 +433,22 @@ static dsc_status check_collectives(const dsc_graph *g, run_state *s) {
 static dsc_status start_collective(run_state *s, const ir_node *nd, const dsc_tensor *x,
                                    dsc_tensor *out, void **req) {
   int64_t count = dsc_type_numel(&x->type), tag = ir_attr_int(nd, "tag");
+  void *c = s->coll->group(s->comm, ir_collective_group(nd)); /* check_collectives found it */
   switch (nd->op) {
     case DSC_OP_ALL_REDUCE_START:
-      return s->coll->start(s->comm, IR_COLL_ALL_REDUCE, x->data, out->data, count, 0, tag, req);
+      return s->coll->start(c, IR_COLL_ALL_REDUCE, x->data, out->data, count, 0, tag, req);
     case DSC_OP_REDUCE_SCATTER_START:
-      return s->coll->start(s->comm, IR_COLL_REDUCE_SCATTER, x->data, out->data, count, 0, tag,
-                            req);
+      return s->coll->start(c, IR_COLL_REDUCE_SCATTER, x->data, out->data, count, 0, tag, req);
     case DSC_OP_ALL_GATHER_START:
-      return s->coll->start(s->comm, IR_COLL_ALL_GATHER, x->data, out->data, count, 0, tag, req);
+      return s->coll->start(c, IR_COLL_ALL_GATHER, x->data, out->data, count, 0, tag, req);
     case DSC_OP_BROADCAST_START:
       /* in place: the root's copy is sent, the others' overwritten */
       memcpy(out->data, x->data, sizeof(double) * (size_t)count);
-      return s->coll->start(s->comm, IR_COLL_BROADCAST, out->data, out->data, count,
+      return s->coll->start(c, IR_COLL_BROADCAST, out->data, out->data, count,
                             (int)ir_attr_int(nd, "root"), tag, req);
     case DSC_OP_ALL_TO_ALL_START:
-      return s->coll->start(s->coll->group(s->comm, ir_collective_group(nd)), IR_COLL_ALL_TO_ALL,
-                            x->data, out->data, count / ir_attr_int(nd, "world"), 0, tag, req);
+      return s->coll->start(c, IR_COLL_ALL_TO_ALL, x->data, out->data,
+                            count / ir_attr_int(nd, "world"), 0, tag, req);
     default:
       ir_error(s->ctx, nd->loc, "internal: %s is not a collective start", ir_op(nd->op)->name);
       return DSC_ERR_INTERNAL;

@@ -76,8 +76,9 @@ static bool merge_bucket(ir_module *m, ir_graph *g, sched_pair *p, int k, pass_f
   ir_node *cat = dsc_build(g, DSC_OP_CONCAT, parts, k, &ax, 1);
   int64_t flat_n = world * total;
   ir_node *flat = cat ? dsc_reshape(g, cat, &flat_n, 1) : NULL;
-  dsc_attr a[2] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0)};
-  ir_node *st = flat ? dsc_build(g, DSC_OP_REDUCE_SCATTER_START, &flat, 1, a, 2) : NULL;
+  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0),
+                   dsc_attr_str("group", ir_collective_group(p[0].start))};
+  ir_node *st = flat ? dsc_build(g, DSC_OP_REDUCE_SCATTER_START, &flat, 1, a, 3) : NULL;
   ir_node *wt = st ? dsc_build(g, DSC_OP_REDUCE_SCATTER_WAIT, &st, 1, NULL, 0) : NULL;
   if (wt) wt->role = IR_ROLE_GRAD; /* the rank's chunks of the bucket's gradients */
   if (!add_fixed(m, fx, nfx, capfx, cat, after) || !add_fixed(m, fx, nfx, capfx, flat, after) ||
@@ -106,9 +107,11 @@ static dsc_status bucket_reduce_scatters(ir_module *m, ir_graph *g, int64_t buck
   for (int i = 0; i < n;) {
     dsc_dtype dt = p[i].start->type.dtype;
     int64_t world = ir_attr_int(p[i].start, "world"), bytes = 0;
+    const char *group = ir_collective_group(p[i].start); /* a bucket is over one group */
     int j = i;
     while (j < n && p[j].wait && p[j].start->type.dtype == dt &&
-           ir_attr_int(p[j].start, "world") == world) {
+           ir_attr_int(p[j].start, "world") == world &&
+           strcmp(ir_collective_group(p[j].start), group) == 0) {
       int64_t b = dsc_type_numel(&p[j].start->in[0]->type) * (int64_t)dsc_dtype_size(dt);
       if (j > i && bytes + b > bucket_bytes) break;
       bytes += b, j++;

@@ -753,18 +753,18 @@ static bool run_collective(rt_cpu_exec *e, rt_prog *rp, int i, char *err, size_t
   dsc_status st;
   switch (c->kind) {
     case CG_COLL_ALL_REDUCE:
-      st = dsc_comm_all_reduce_start(e->comm, src, dst, c->count, c->dtype, (dsc_comm_op)c->op,
+      st = dsc_comm_all_reduce_start(g, src, dst, c->count, c->dtype, (dsc_comm_op)c->op,
                                      coll_tag(e, c), req);
       break;
     case CG_COLL_REDUCE_SCATTER:
-      st = dsc_comm_reduce_scatter_start(e->comm, src, dst, c->count, c->dtype,
-                                         (dsc_comm_op)c->op, coll_tag(e, c), req);
+      st = dsc_comm_reduce_scatter_start(g, src, dst, c->count, c->dtype, (dsc_comm_op)c->op,
+                                         coll_tag(e, c), req);
       break;
     case CG_COLL_ALL_GATHER:
-      st = dsc_comm_all_gather_start(e->comm, src, dst, c->count, c->dtype, coll_tag(e, c), req);
+      st = dsc_comm_all_gather_start(g, src, dst, c->count, c->dtype, coll_tag(e, c), req);
       break;
     case CG_COLL_BROADCAST:
-      st = dsc_comm_broadcast_start(e->comm, dst, c->count, c->dtype, c->root, coll_tag(e, c), req);
+      st = dsc_comm_broadcast_start(g, dst, c->count, c->dtype, c->root, coll_tag(e, c), req);
       break;
     case CG_COLL_ALL_TO_ALL:
       st = dsc_comm_all_to_all_start(g, src, dst, c->count, c->dtype, coll_tag(e, c), req);

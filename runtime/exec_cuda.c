@@ -1021,22 +1021,22 @@ static bool run_collective(rt_cuda_exec *e, cu_prog *cp, int i) {
   const char *g = p->graph_name ? p->graph_name : "?";
   switch (c->kind) {
     case CG_COLL_ALL_REDUCE:
-      ok = NCCL(nc->AllReduce(src, dst, n, dt, op, e->nccl_comm, s),
+      ok = NCCL(nc->AllReduce(src, dst, n, dt, op, comm, s),
                 "ncclAllReduce(%zu x %s, instruction %d of graph '%s', step %" PRId64 ")", n,
                 dsc_dtype_name(c->dtype), i, g, c->tag);
       break;
     case CG_COLL_REDUCE_SCATTER:
-      ok = NCCL(nc->ReduceScatter(src, dst, n / (size_t)c->world, dt, op, e->nccl_comm, s),
+      ok = NCCL(nc->ReduceScatter(src, dst, n / (size_t)c->world, dt, op, comm, s),
                 "ncclReduceScatter(%zu x %s, instruction %d of graph '%s', step %" PRId64 ")", n,
                 dsc_dtype_name(c->dtype), i, g, c->tag);
       break;
     case CG_COLL_ALL_GATHER:
-      ok = NCCL(nc->AllGather(src, dst, n, dt, e->nccl_comm, s),
+      ok = NCCL(nc->AllGather(src, dst, n, dt, comm, s),
                 "ncclAllGather(%zu x %s, instruction %d of graph '%s', step %" PRId64 ")", n,
                 dsc_dtype_name(c->dtype), i, g, c->tag);
       break;
     case CG_COLL_BROADCAST: /* in place on dst: the lowering copied src into it */
-      ok = NCCL(nc->Broadcast(dst, dst, n, dt, c->root, e->nccl_comm, s),
+      ok = NCCL(nc->Broadcast(dst, dst, n, dt, c->root, comm, s),
                 "ncclBroadcast(%zu x %s from rank %d, instruction %d of graph '%s', step %" PRId64
                 ")",
                 n, dsc_dtype_name(c->dtype), c->root, i, g, c->tag);

@@ -36,11 +36,13 @@ std::vector<double> data(uint32_t salt, int rank, size_t n) {
   return v;
 }
 
-dsc_node *start(dsc_graph *g, dsc_op op, dsc_node *x, int64_t world, int64_t tag,
-                int64_t root = -1) {
-  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", tag),
-                   dsc_attr_int("root", root)};
-  return dsc_build(g, op, &x, 1, a, op == DSC_OP_BROADCAST_START ? 3 : 2);
+dsc_node *start(dsc_graph *g, dsc_op op, dsc_node *x, int64_t world, int64_t tag, int64_t root = -1,
+                const char *group = "world") {
+  bool bc = op == DSC_OP_BROADCAST_START; /* world, tag, root, group */
+  dsc_attr a[4] = {dsc_attr_int("world", world), dsc_attr_int("tag", tag),
+                   bc ? dsc_attr_int("root", root) : dsc_attr_str("group", group),
+                   dsc_attr_str("group", group)};
+  return dsc_build(g, op, &x, 1, a, bc ? 4 : 3);
 }
 
 dsc_node *cwait(dsc_graph *g, dsc_op op, dsc_node *s) {

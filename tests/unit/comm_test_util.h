@@ -30,10 +30,12 @@ inline dsc_node *op2(dsc_graph *g, dsc_op op, dsc_node *x, dsc_node *y) {
   return dsc_build(g, op, in, 2, nullptr, 0);
 }
 inline dsc_node *start(dsc_graph *g, dsc_op op, dsc_node *x, int64_t world, int64_t tag,
-                       int64_t root = 0) {
-  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", tag),
-                   dsc_attr_int("root", root)};
-  return dsc_build(g, op, &x, 1, a, op == DSC_OP_BROADCAST_START ? 3 : 2);
+                       int64_t root = 0, const char *group = "world") {
+  bool bc = op == DSC_OP_BROADCAST_START; /* world, tag, root, group */
+  dsc_attr a[4] = {dsc_attr_int("world", world), dsc_attr_int("tag", tag),
+                   bc ? dsc_attr_int("root", root) : dsc_attr_str("group", group),
+                   dsc_attr_str("group", group)};
+  return dsc_build(g, op, &x, 1, a, bc ? 4 : 3);
 }
 
 // Every collective kind at `world`, in dtype dt, compiled (fused).

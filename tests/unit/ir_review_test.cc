@@ -119,7 +119,7 @@ TEST(IrReview, VerifierRejectsReadingACollectiveInFlight) {
   dsc_module *m = nullptr;
   EXPECT_EQ(parse(c,
                   "module m\n\ngraph g(%x: f32[2]) {\n"
-                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0} : f32[2]\n"
+                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0, group = \"world\"} : f32[2]\n"
                   "  %1 = neg(%0) : f32[2]\n  %2 = all_reduce_wait(%0) : f32[2]\n"
                   "  return %2\n}\n",
                   &m),
@@ -130,7 +130,7 @@ TEST(IrReview, VerifierRejectsReadingACollectiveInFlight) {
   Ctx c2;
   EXPECT_EQ(parse(c2,
                   "module m\n\ngraph g(%x: f32[2]) {\n"
-                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0} : f32[2]\n"
+                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0, group = \"world\"} : f32[2]\n"
                   "  %1 = all_reduce_wait(%0) : f32[2]\n  return %0\n}\n",
                   &m),
             DSC_ERR_USER);
@@ -141,7 +141,7 @@ TEST(IrReview, VerifierRejectsReadingACollectiveInFlight) {
   Ctx c3;
   EXPECT_EQ(parse(c3,
                   "module m\n\ngraph g(%x: f32[2]) {\n"
-                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0} : f32[2]\n"
+                  "  %0 = all_reduce_start(%x) {world = 2, tag = 0, group = \"world\"} : f32[2]\n"
                   "  %1 = all_reduce_wait(%0) : f32[2]\n  %2 = neg(%1) : f32[2]\n  return %2\n}\n",
                   &m),
             DSC_OK)

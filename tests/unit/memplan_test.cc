@@ -129,8 +129,9 @@ TEST(MemPlan, GradsAndCommAreClassified) {
   dsc_node *w = dsc_param_ref(g, "w");
   dsc_node *h = dsc_matmul(g, x, w);   // forward
   dsc_node *gw = dsc_matmul(g, x, h);  // stands for a gradient
-  dsc_attr at[2] = {dsc_attr_int("world", 2), dsc_attr_int("tag", 0)};
-  dsc_node *st = dsc_build(g, DSC_OP_ALL_REDUCE_START, &gw, 1, at, 2);
+  dsc_attr at[3] = {dsc_attr_int("world", 2), dsc_attr_int("tag", 0),
+                    dsc_attr_str("group", "world")};
+  dsc_node *st = dsc_build(g, DSC_OP_ALL_REDUCE_START, &gw, 1, at, 3);
   dsc_node *wt = dsc_build(g, DSC_OP_ALL_REDUCE_WAIT, &st, 1, nullptr, 0);
   dsc_node *upd = dsc_matmul(g, wt, gw);  // reads both: all three live together
   ASSERT_NE(upd, nullptr) << diags(f.ctx);
