@@ -14,6 +14,31 @@
 #include "dsc/autocfg.h"
 #include "dsc/memplan.h"
 
+/* Graph g's collective starts, `times` per step, into the plan's table. */
+static void count_collectives(const dsc_graph *g, int64_t times, dsc_memory_plan *out) {
+  for (int i = 0; g && i < g->n_nodes; i++) {
+    const ir_node *x = g->nodes[i];
+    if (!ir_is_collective_start(x->op)) continue;
+    const char *group = ir_collective_group(x), *name = ir_op(x->op)->name;
+    char kind[16];
+    snprintf(kind, sizeof kind, "%.*s", (int)(strlen(name) - strlen("_start")), name);
+    int k = 0;
+    while (k < out->n_collectives && (strcmp(out->collectives[k].group, group) != 0 ||
+                                      strcmp(out->collectives[k].kind, kind) != 0))
+      k++;
+    if (k == DSC_PLAN_COLL_MAX) continue; /* more pairs than the ops and groups make */
+    dsc_plan_collective *c = &out->collectives[k];
+    if (k == out->n_collectives) {
+      out->n_collectives++;
+      snprintf(c->group, sizeof c->group, "%s", group);
+      snprintf(c->kind, sizeof c->kind, "%s", kind);
+    }
+    const dsc_type *t = &x->in[0]->type;
+    c->count += times;
+    c->bytes += times * dsc_type_numel(t) * (int64_t)dsc_dtype_size(t->dtype);
+  }
+}
+
 static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_module **m,
                              dsc_memory_plan *out, dsc_step_work *work) {
   if (!o->model_path) {
@@ -84,6 +109,8 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
                                  p.bytes[CG_MEM_WORKSPACE],
                                  p.bytes[CG_MEM_COMM],
                                  p.peak};
+  count_collectives(dsc_module_find_graph(*m, "micro_step"), cfg.grad_accum, out);
+  count_collectives(dsc_module_find_graph(*m, "train_step"), 1, out);
   out->param_count = p.param_count;
   out->grads_held = p.grads_held;
   out->world = world;

@@ -202,6 +202,25 @@ static void print_offload_auto(const dsc_memory_plan *p, int stage) {
     printf("  (%d more)\n", p->n_offloaded - DSC_PLAN_OFFLOADED_MAX);
 }
 
+/* Each stage's collectives per step: group, kind, how many, one rank's bytes. */
+static void print_collectives(const dsc_memory_plan *plans, const bool *ok) {
+  bool any = false;
+  for (int s = 0; s < 4; s++) any |= ok[s] && plans[s].n_collectives > 0;
+  if (!any) return;
+  printf("collectives per step (group kind x count: one rank's input bytes):\n");
+  for (int s = 0; s < 4; s++) {
+    if (!ok[s] || plans[s].n_collectives == 0) continue;
+    printf("  stage %d:", s);
+    for (int i = 0; i < plans[s].n_collectives; i++) {
+      const dsc_plan_collective *c = &plans[s].collectives[i];
+      char b[32];
+      human(b, sizeof b, c->bytes);
+      printf("%s %s %s x %" PRId64 ": %s", i ? "," : "", c->group, c->kind, c->count, b);
+    }
+    printf("\n");
+  }
+}
+
 static void print_json(const dsc_memory_plan *p) {
   printf("{\"param_count\": %" PRId64 ", \"world\": %" PRId64 ", \"stage\": %" PRId64
          ", \"precision\": \"%s\", \"master_weights\": %s, \"bytes_per_param\": {\"P\": "
@@ -218,6 +237,12 @@ static void print_json(const dsc_memory_plan *p) {
            r ? ", " : "", r, f->params, f->grads, f->optimizer, f->activations, f->workspace,
            f->comm, f->peak, p->grads_held, f->params + p->grads_held + f->optimizer,
            p->host_bytes, p->disk_bytes, p->host_work);
+  printf("], \"collectives\": [");
+  for (int i = 0; i < p->n_collectives; i++)
+    printf("%s{\"group\": \"%s\", \"kind\": \"%s\", \"count\": %" PRId64 ", \"bytes\": %" PRId64
+           "}",
+           i ? ", " : "", p->collectives[i].group, p->collectives[i].kind, p->collectives[i].count,
+           p->collectives[i].bytes);
   printf("]");
   if (p->offload_auto) {
     printf(", \"offload_auto\": {\"peak_no_offload\": %" PRId64 ", \"candidates\": %d, "
@@ -340,6 +365,7 @@ static void print_table(const char *model, const dsc_memory_plan *plans, const b
            p0->threads);
   for (int s = 0; s < 4; s++)
     if (ok[s]) print_offload_auto(&plans[s], s);
+  print_collectives(plans, ok);
   for (int s = 0; s < 4; s++)
     if (!ok[s]) printf("stage %d: %s\n", s, errs[s]);
   if (p0->world == 1) printf("at world 1 every stage runs as stage 0 (nothing to shard)\n");

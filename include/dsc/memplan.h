@@ -52,6 +52,16 @@ typedef struct {
 } dsc_plan_offloaded;
 #define DSC_PLAN_OFFLOADED_MAX 32
 
+/* The collectives of one step, by group and kind: what dsc plan lists as
+ * the step's communication. */
+#define DSC_PLAN_COLL_MAX 16
+typedef struct {
+  char group[8]; /* "world" or a mesh axis ("dp", "ep", "sp", "tp") */
+  char kind[16]; /* "all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all" */
+  int64_t count; /* collectives per optimizer step (every micro-batch's included) */
+  int64_t bytes; /* their inputs' bytes on one rank */
+} dsc_plan_collective;
+
 /* One rank's bytes; params + grads + optimizer + activations + workspace +
  * comm == peak. */
 typedef struct {
@@ -103,6 +113,9 @@ typedef struct {
    * DeepSpeed's estimators call the largest layer */
   int64_t largest_param;
   char largest_name[128];
+  /* the step's collectives by (group, kind), in order of first use */
+  int n_collectives;
+  dsc_plan_collective collectives[DSC_PLAN_COLL_MAX];
 } dsc_memory_plan;
 
 /* DeepSpeed's model-state estimators, as deepspeed.runtime.zero's

@@ -4,7 +4,8 @@
 # of the run without sp on the same global batch and end at the same
 # weights (1e-5 relative to each tensor); the same run twice is bitwise identical; a mesh
 # that does not fit the model is refused before anything runs, naming the
-# numbers; dsc plan shows the activations per rank falling with sp.
+# numbers; dsc plan shows the activations per rank falling with sp and
+# names the group of every collective.
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/corpus.bash"
 GPT="$SRC/examples/gpt-tiny.dsm"
@@ -118,6 +119,9 @@ done
 expect_exit 0 "$DSC" plan "$L7" --world 8 --batch 1 --seq 65536 --grad-accum 1 --zero-stage 3 \
   --mesh sp=8 &&
   expect_grep '^sequence parallel over sp = 8 ranks: each holds 8192 of the 65536 positions' "$TMP/out"
+# the plan names each collective's group: 2 layers x (2 exchanges forward + 2 backward)
+expect_exit 0 "$DSC" plan "$GPT" --world 4 --mesh dp=2,sp=2 --zero-stage 3 &&
+  expect_grep '^  stage 3: world all_gather x [0-9]+: .*, sp all_to_all x 8: 1.00 MiB, world all_reduce x 2: 8 B, world reduce_scatter x 1: ' "$TMP/out"
 python3 - "$TMP/plan1.json" "$TMP/plan8.json" <<'PY' && pass || fail "activations do not fall with sp"
 import json, sys
 a, b = (json.load(open(p))["ranks"][0]["activations"] for p in sys.argv[1:])
