@@ -58,10 +58,11 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
                             const dsc_train_config *cfg, dsc_backend backend, bool want_fwd,
                             dsc_module **fwd);
 /* --mesh SPEC (NULL: data parallel only) for a job of `world` ranks: its
- * shape and the sequence-parallel ranks *sp (1: none). An axis whose pass
- * is not built yet (ep, tp) is refused, naming docs/parallelism.md. */
+ * shape and the sequence- and expert-parallel ranks *sp and *ep (1: none).
+ * An axis whose pass is not built yet (tp) is refused, naming
+ * docs/parallelism.md. */
 dsc_status drv_mesh(dsc_context *ctx, const char *spec, int64_t world, dsc_mesh_shape *shape,
-                    int64_t *sp);
+                    int64_t *sp, int64_t *ep);
 /* The type of the step's data input i (tokens 0, targets 1) with all its
  * rows: micro_step's input x grad_accum when the step is a loop. */
 dsc_type drv_step_input_type(const dsc_module *m, int i);
@@ -168,6 +169,7 @@ typedef struct {
   const char *who;
   int64_t B, world, grad_accum;
   int64_t sp; /* sequence-parallel ranks (--mesh sp=N); <= 1: none */
+  int64_t ep; /* expert-parallel ranks (--mesh ep=N); <= 1: none */
   const char *precision;
   const dsc_run_knobs *knobs; /* NULL: none set */
 } drv_run_settings;

@@ -71,8 +71,8 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   }
   drv_model_facts f;
   dsc_mesh_shape shape;
-  int64_t sp = 1;
-  if (st == DSC_OK) st = drv_mesh(ctx, o->mesh, world, &shape, &sp);
+  int64_t sp = 1, ep = 1;
+  if (st == DSC_OK) st = drv_mesh(ctx, o->mesh, world, &shape, &sp, &ep);
   if (st == DSC_OK) st = drv_compile_step(ctx, o->model_path, B, o->seq, sp, m, &f);
   if (st == DSC_OK && o->ds_config) st = drv_ds_config_apply(ctx, &ds, *m);
   bool has_dir = o->offload_dir != NULL || (o->ds_config && st == DSC_OK && ds.offload_dir);
@@ -85,6 +85,7 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
                          .B = f.B,
                          .world = world,
                          .sp = sp,
+                         .ep = ep,
                          .grad_accum = K,
                          .precision = o->precision,
                          .knobs = &o->knobs};

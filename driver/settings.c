@@ -19,6 +19,7 @@ dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
    * a global batch (DeepSpeed's train_batch_size = micro x accum x world). */
   cfg->world = s->world > 1 ? s->world : 1;
   cfg->sp = s->sp > 1 ? s->sp : 1;
+  cfg->ep = s->ep > 1 ? s->ep : 1;
   static const dsc_run_knobs none;
   dsc_status st = dsc_run_knobs_apply(ctx, who, s->knobs ? s->knobs : &none, cfg);
   if (st != DSC_OK) return st;

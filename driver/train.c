@@ -128,7 +128,7 @@ struct dsc_trainer {
   int rank, world;
   /* --mesh: sp ranks share each sequence (Ulysses), dp = world / sp hold
    * different ones; this rank's coordinates; T_rank = T / sp positions */
-  int64_t sp, dp, T_rank;
+  int64_t sp, ep, dp, T_rank;
   int sp_rank, dp_rank;
   dsc_mesh *mesh;   /* the axes' groups (NULL: no axis but dp) */
   dsc_trace *trace; /* NULL: off (options.trace) */
@@ -875,6 +875,7 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
                          .B = s->B,
                          .world = t->world,
                          .sp = t->sp,
+                         .ep = t->ep,
                          .grad_accum = s->K,
                          .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
@@ -1260,13 +1261,20 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
  * of every rank) when there is an axis besides dp. */
 static dsc_status open_mesh(dsc_trainer *t, const dsc_trainer_options *o) {
   dsc_mesh_shape shape;
-  dsc_status st = drv_mesh(t->ctx, o->mesh, t->world, &shape, &t->sp);
+  dsc_status st = drv_mesh(t->ctx, o->mesh, t->world, &shape, &t->sp, &t->ep);
   if (st != DSC_OK) return st;
+  /* the data-parallel ranks: every axis but sp (ep ranks train on their
+   * own sequences), numbered row-major as the mesh numbers ranks */
   t->dp = t->world / t->sp;
-  int sp_axis = dsc_mesh_axis(&shape, "sp"), dp_axis = dsc_mesh_axis(&shape, "dp");
-  t->sp_rank = sp_axis >= 0 ? dsc_mesh_coord(&shape, t->rank, sp_axis) : 0;
-  t->dp_rank = dp_axis >= 0 ? dsc_mesh_coord(&shape, t->rank, dp_axis) : 0;
-  if (t->sp > 1) {
+  t->sp_rank = t->dp_rank = 0;
+  for (int a = 0; a < shape.n_axes; a++) {
+    int c = dsc_mesh_coord(&shape, t->rank, a);
+    if (strcmp(shape.axis[a], "sp") == 0)
+      t->sp_rank = c;
+    else
+      t->dp_rank = t->dp_rank * shape.size[a] + c;
+  }
+  if (t->sp > 1 || t->ep > 1) {
     char text[64];
     dsc_mesh_format(&shape, text, sizeof text);
     if (!(t->info.mesh = ir_arena_strdup(&t->arena, text))) return oom(t->ctx);

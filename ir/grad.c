@@ -339,6 +339,29 @@ bool ir_grad_all_to_all_wait(ir_graph *g, const ir_node *n, ir_node *dy, ir_node
   return start && (dx[0] = dsc_build(g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0)) != NULL;
 }
 
+/* local_shard: x [P] -> this rank's chunk [S]: dx is dy at the chunk and
+ * zeros elsewhere, built as onehot(rank) [W, 1] * dy [1, S] flattened, the
+ * rank being local_shard(iota(W)) over the same group (its one element). */
+bool ir_grad_local_shard(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  int64_t W = ir_attr_int(n, "world"), S = dy->type.dims[0], P = n->in[0]->type.dims[0];
+  dsc_dtype dt = dy->type.dtype;
+  dsc_attr io[3] = {dsc_attr_int("axis", 0), dsc_attr_dtype("dtype", DSC_F32),
+                    dsc_attr_ints("shape", &W, 1)};
+  dsc_attr ls[2] = {dsc_attr_int("world", W), dsc_attr_str("group", ir_attr_str(n, "group"))};
+  ir_node *ranks = dsc_build(g, DSC_OP_IOTA, NULL, 0, io, 3);
+  ir_node *me = ranks ? dsc_build(g, DSC_OP_LOCAL_SHARD, &ranks, 1, ls, 2) : NULL;
+  int64_t col[2] = {W, 1}, row[2] = {1, S}, flat = W * S;
+  ir_node *hot = dsc_cast(g, dsc_binary(g, DSC_OP_EQUAL, ranks, me), dt);
+  ir_node *x = dsc_binary(g, DSC_OP_MUL, hot ? dsc_reshape(g, hot, col, 2) : NULL,
+                          dsc_reshape(g, dy, row, 2));
+  x = x ? dsc_reshape(g, x, &flat, 1) : NULL;
+  if (x && flat != P) {
+    dsc_attr sl[3] = {dsc_attr_int("axis", 0), dsc_attr_int("start", 0), dsc_attr_int("end", P)};
+    x = dsc_build(g, DSC_OP_SLICE, &x, 1, sl, 3);
+  }
+  return (dx[0] = x) != NULL;
+}
+
 bool ir_grad_all_to_all_start(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   IR_UNUSED(g), IR_UNUSED(n);
   return (dx[0] = dy) != NULL;

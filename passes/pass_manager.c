@@ -51,6 +51,10 @@ static dsc_status run_sequence_parallel(ir_module *m, const dsc_pipeline_options
   return pass_sequence_parallel_run(m, opts->train);
 }
 
+static dsc_status run_expert_parallel(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_expert_parallel_run(m, opts->train);
+}
+
 static dsc_status run_zero(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_zero_run(m, opts->train);
 }
@@ -100,6 +104,11 @@ static const struct {
      "sequence; attention's q, k, v are exchanged (all_to_all over sp) into a split over heads "
      "and back; nothing without an sp axis",
      run_sequence_parallel},
+    {"expert_parallel",
+     "expert parallelism (--mesh ep=N): each rank runs E/N of every MoE layer's experts; the "
+     "experts' slots are exchanged (all_to_all over ep) before and after them; nothing without "
+     "an ep axis",
+     run_expert_parallel},
     {"autodiff", "append the backward pass to graph 'forward' (outputs: loss, gradients)",
      run_autodiff},
     {"remat",

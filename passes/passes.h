@@ -75,6 +75,13 @@ dsc_status pass_autodiff_run_with_rules(ir_module *m, ir_graph *g, const ir_grad
  * autodiff; nothing at sp <= 1. */
 dsc_status pass_sequence_parallel_run(ir_module *m, const dsc_train_config *cfg);
 
+/* ======================= passes/expert_parallel.c =======================
+ * Expert parallelism over cfg->ep ranks of the mesh axis "ep" (the comment
+ * at the top of the file): each MoE layer's expert region runs on this
+ * rank's E/ep experts, the slots exchanged over ep before and after. Runs
+ * before autodiff; nothing at ep <= 1. */
+dsc_status pass_expert_parallel_run(ir_module *m, const dsc_train_config *cfg);
+
 /* ======================= passes/decompose.c =======================
  * Rewrites every composite op (softmax, log_softmax, layernorm, rmsnorm,
  * attention, cross_entropy; not embedding_grad) of every graph into

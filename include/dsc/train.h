@@ -146,6 +146,10 @@ typedef struct {
    * each; the step graph holds one rank's part (<= 1: off). The ranks that
    * hold different sequences, the data-parallel ones, are world / sp. */
   int64_t sp;
+  /* Expert parallelism (pass "expert_parallel", --mesh ep=N): the ranks of
+   * the mesh axis ep, each running E / ep of every MoE layer's experts on
+   * the tokens of all of them (<= 1: off). They are data-parallel ranks. */
+  int64_t ep;
   /* Global batch in sequences, DeepSpeed's train_batch_size (train.
    * train_batch_size): batch x grad_accum x world; 0: not given. The trainer
    * infers grad_accum from it. */

@@ -70,7 +70,9 @@ typedef struct {
    * of them). An sp axis is Ulysses sequence parallelism (pass
    * "sequence_parallel"): the sp ranks of a dp row train on the same
    * sequences, each on its T / sp positions, so the global batch is batch x
-   * grad_accum x (world / sp) sequences of seq tokens. */
+   * grad_accum x (world / sp) sequences of seq tokens. An ep axis is expert
+   * parallelism (pass "expert_parallel"): its ranks are data-parallel ranks
+   * that each run 1/ep of every MoE layer's experts. */
   const char *mesh;
   /* The run knobs over the train section (include/dsc/settings.h): the
    * global batch (DeepSpeed's train_batch_size: grad_accum becomes

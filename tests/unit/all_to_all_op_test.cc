@@ -115,7 +115,10 @@ TEST(AllToAllOp, OverTheDataGroupsOfAMesh) { run_case({"dp=2,ep=2", "dp"}); }
 // rank of dp=2,ep=2, d/dx of the job's total loss sum_r sum(tanh(a2a(x_r^2))
 // * R_r) over the ep group (and over the world) against central differences
 // in f64, each perturbation made on one rank and every rank's loss summed.
-void gradient_case(const char *group, int64_t gw) {
+// With shard, local_shard over the group takes the exchange's place: the
+// loss reads this rank's chunk of x*x (the expert-parallel pass's param
+// blocks), whose gradient is dy at the chunk and zeros elsewhere.
+void gradient_case(const char *group, int64_t gw, bool shard = false) {
   const int world = 4;
   Ctx outer;
   dsc_mesh_shape shape;
@@ -128,29 +131,33 @@ void gradient_case(const char *group, int64_t gw) {
     if (dsc_mesh_new(comm, &shape, &mesh) != DSC_OK) return DSC_ERR_USER;
     dsc_module *m = dsc_module_new(ctx, "m");
     dsc_init init = {DSC_INIT_ZEROS, 0, 0, NULL};
-    dsc_type tx = T(DSC_F64, {gw * kRows, kCols});
+    const int64_t n = gw * kRows * kCols;
+    dsc_type tx = T(DSC_F64, {gw * kRows, kCols}), tr = shard ? T(DSC_F64, {n / gw}) : tx;
     dsc_module_add_param(m, "x", tx, init);
     dsc_graph *g = dsc_graph_new(m, "f");
-    dsc_node *x = dsc_param_ref(g, "x"), *rr = dsc_graph_input(g, "r", tx);
+    dsc_node *x = dsc_param_ref(g, "x"), *rr = dsc_graph_input(g, "r", tr);
     dsc_attr a[3] = {dsc_attr_int("world", gw), dsc_attr_int("tag", 0),
                      dsc_attr_str("group", group)};
-    dsc_node *sq = op2(g, DSC_OP_MUL, x, x);
-    dsc_node *ex =
-        op1(g, DSC_OP_ALL_TO_ALL_WAIT, dsc_build(g, DSC_OP_ALL_TO_ALL_START, &sq, 1, a, 3));
+    dsc_node *sq = op2(g, DSC_OP_MUL, x, x), *ex;
+    if (shard) {
+      dsc_attr ls[2] = {dsc_attr_int("world", gw), dsc_attr_str("group", group)};
+      dsc_node *flat = dsc_reshape(g, sq, &n, 1);
+      ex = flat ? dsc_build(g, DSC_OP_LOCAL_SHARD, &flat, 1, ls, 2) : nullptr;
+    } else {
+      ex = op1(g, DSC_OP_ALL_TO_ALL_WAIT, dsc_build(g, DSC_OP_ALL_TO_ALL_START, &sq, 1, a, 3));
+    }
     int64_t axes[2] = {0, 1};
-    dsc_node *loss =
-        dsc_reduce(g, DSC_OP_SUM, op2(g, DSC_OP_MUL, op1(g, DSC_OP_TANH, ex), rr), axes, 2, 0);
+    dsc_node *loss = dsc_reduce(g, DSC_OP_SUM, op2(g, DSC_OP_MUL, op1(g, DSC_OP_TANH, ex), rr),
+                                axes, shard ? 1 : 2, 0);
     dsc_status s = loss ? dsc_graph_set_outputs(g, &loss, 1) : DSC_ERR_USER;
     if (s == DSC_OK) s = dsc_autodiff(m, "f");
     if (s == DSC_OK) s = dsc_module_verify(m);
     EXPECT_EQ(s, DSC_OK) << diags(ctx);
     dsc_params *P = s == DSC_OK ? dsc_params_init(m, 1) : nullptr;
-    dsc_tensor *R = dsc_tensor_new(ctx, tx);
-    const int64_t n = gw * kRows * kCols;
-    for (int64_t i = 0; P && i < n; i++) {
-      dsc_params_get(P, 0)->data[i] = input(r, i) - 0.5;
+    dsc_tensor *R = dsc_tensor_new(ctx, tr);
+    for (int64_t i = 0; P && i < n; i++) dsc_params_get(P, 0)->data[i] = input(r, i) - 0.5;
+    for (int64_t i = 0; i < dsc_type_numel(&tr); i++)
       R->data[i] = std::cos(1.0 + (double)(r * n + i));
-    }
     dsc_interp_options io = {comm};
     const dsc_tensor *in[1] = {R};
     // The job's total loss, and this rank's gradient.
@@ -193,6 +200,8 @@ void gradient_case(const char *group, int64_t gw) {
 
 TEST(AllToAllOp, GradientOverAGroupIsTheExchangeOfTheGradient) { gradient_case("ep", 2); }
 TEST(AllToAllOp, GradientOverTheWorldIsTheExchangeOfTheGradient) { gradient_case("world", 4); }
+TEST(AllToAllOp, LocalShardGradientIsTheChunkOverAGroup) { gradient_case("ep", 2, true); }
+TEST(AllToAllOp, LocalShardGradientIsTheChunkOverTheWorld) { gradient_case("world", 4, true); }
 
 TEST(AllToAllOp, TheProgramNamesTheGroupAndTheShapeRuleChecksIt) {
   Ctx ctx;

@@ -45,9 +45,10 @@ TEST(PassManager, TableListsThePipelineInOrder) {
   ASSERT_GE(dsc_pass_count(), 3);
   EXPECT_STREQ(dsc_pass_name(0), "precision");
   EXPECT_STREQ(dsc_pass_name(1), "sequence_parallel");
-  EXPECT_STREQ(dsc_pass_name(2), "autodiff");
-  EXPECT_STREQ(dsc_pass_name(3), "remat");
-  EXPECT_STREQ(dsc_pass_name(4), "optimizer");
+  EXPECT_STREQ(dsc_pass_name(2), "expert_parallel");
+  EXPECT_STREQ(dsc_pass_name(3), "autodiff");
+  EXPECT_STREQ(dsc_pass_name(4), "remat");
+  EXPECT_STREQ(dsc_pass_name(5), "optimizer");
   for (int i = 0; i < dsc_pass_count(); i++) {
     ASSERT_NE(dsc_pass_description(i), nullptr);
     EXPECT_GT(strlen(dsc_pass_description(i)), 10u);
@@ -89,7 +90,7 @@ TEST(PassManager, UnknownPassListsTheNames) {
   dsc_pipeline_options po = {&f.cfg, "no_such_pass", false, nullptr, false};
   EXPECT_EQ(dsc_run_pipeline(f.m, &po), DSC_ERR_USER);
   EXPECT_NE(f.diags().find("unknown pass 'no_such_pass' (the passes are: precision, "
-                           "sequence_parallel, autodiff, remat, optimizer"),
+                           "sequence_parallel, expert_parallel, autodiff, remat, optimizer"),
             std::string::npos)
       << f.diags();
   // nothing ran

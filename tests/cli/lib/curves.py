@@ -40,3 +40,52 @@ def same_losses(path_a, path_b, rel=1e-5):
                 worst = max(worst, r)
                 assert r <= rel, (x["step"], key, x[key], y[key])
     return a, b, worst
+
+
+def safetensors(path):
+    """The f32 tensors of a .safetensors file, by name (numpy)."""
+    import struct
+    import numpy as np
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], np.float32)
+            for k, v in head.items() if k != "__metadata__"}
+
+
+def assert_same_run(root, a, b, rel=1e-5):
+    """Runs OUT=root/a and root/b: the same number of steps, loss and
+    grad_norm within rel at every step, and the final
+    weights (root/X/export.safetensors when a ZeRO run wrote one, else
+    latest/model.safetensors) within rel of each tensor's norm. attn_b is
+    compared elementwise to 2e-6: its key part has a gradient that is zero
+    in exact arithmetic (softmax ignores a shift of all scores), so rounding
+    noise there becomes lr-sized Adam steps whatever the order (cli.ranks).
+    Returns the largest loss difference and weight difference (relative)."""
+    import os
+    import numpy as np
+    ma, mb = metrics(root, a), metrics(root, b)
+    assert len(ma) == len(mb) > 0, (a, b, len(ma), len(mb))
+    for x, y in zip(ma, mb):
+        for k in ("loss", "grad_norm"):
+            assert abs(x[k] - y[k]) <= rel * abs(y[k]), (a, b, k, x, y)
+
+    def weights(d):
+        path = f"{root}/{d}/export.safetensors"
+        return safetensors(path if os.path.exists(path) else f"{root}/{d}/latest/model.safetensors")
+
+    ta, tb = weights(a), weights(b)
+    assert ta.keys() == tb.keys(), (a, b)
+    worst = 0.0
+    for k in tb:
+        if k.endswith("attn_b"):
+            assert np.allclose(ta[k], tb[k], rtol=rel, atol=2e-6), (a, b, k)
+            continue
+        # relative to the tensor: the gradients' sums run in another order,
+        # and Adam turns the rounding of an element whose gradient is near
+        # zero into a step of lr's size
+        r = float(np.linalg.norm(ta[k] - tb[k]) / max(np.linalg.norm(tb[k]), 1e-30))
+        worst = max(worst, r)
+        assert r <= rel, (a, b, k, r, float(np.abs(ta[k] - tb[k]).max()))
+    return max(abs(x["loss"] - y["loss"]) for x, y in zip(ma, mb)), worst
