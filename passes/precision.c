@@ -17,7 +17,8 @@
  *     rmsnorm, softmax, log_softmax, cross_entropy, sum, mean, exp, log,
  *     pow, rsqrt, the comparisons, and assign;
  *   - every other op (matmul, attention, embedding, elementwise, layout,
- *     max) runs in the low dtype.
+ *     max) runs in the low dtype, except on integer-valued chains: what
+ *     feeds a cast to an integer or a comparison stays f32 (mark_exact).
  * A value is cast on demand, once per dtype (casts are shared by all
  * consumers), so an f32 param read stays f32 and is followed by a cast to
  * the low dtype where a low op reads it (norm weights are read in f32
@@ -46,6 +47,7 @@ typedef struct {
   ir_node **map;             /* [f->n_nodes] clone in its natural dtype; NULL: f32 const */
   ir_node **as_f32, **as_lo; /* [f->n_nodes] the value as f32 / as the low dtype */
   bool *held_low;            /* [f->n_nodes] a param read of a param now held in `low` */
+  bool *exact;               /* [f->n_nodes] an integer-valued f32 value: computed in f32 */
 } prec_state;
 
 /* Ops that read their f32 inputs in f32 (their result is f32 too). */
@@ -69,6 +71,30 @@ static bool runs_in_f32(dsc_op op) {
       return true;
     default:
       return false;
+  }
+}
+
+/* Ops whose f32 result is not an integer count even when their inputs are:
+ * exactness stops at them (they run in f32 or read floats by design). */
+static bool ends_exactness(dsc_op op) {
+  return op == DSC_OP_SOFTMAX || op == DSC_OP_LOG_SOFTMAX || op == DSC_OP_LAYERNORM ||
+         op == DSC_OP_RMSNORM || op == DSC_OP_CROSS_ENTROPY || op == DSC_OP_ATTENTION;
+}
+
+/* The f32 values that feed a cast to an integer (an index) or a comparison
+ * (a mask): counts and indices built from one-hot masks by matmuls and
+ * sums (the MoE router's slots, examples/lib/moe.dsm) must be exact, and
+ * bf16 holds integers exactly only up to 256. They are computed in f32,
+ * as DeepSpeed's gate computes in f32; the low dtype stays for the rest. */
+static void mark_exact(prec_state *s) {
+  const ir_graph *f = s->f;
+  for (int i = f->n_nodes - 1; i >= 0; i--) {
+    const ir_node *u = f->nodes[i];
+    bool to_int = u->op == DSC_OP_CAST && !dsc_dtype_is_float(u->type.dtype);
+    bool compare = u->op == DSC_OP_LESS || u->op == DSC_OP_GREATER || u->op == DSC_OP_EQUAL;
+    if (!(to_int || compare || s->exact[i]) || ends_exactness(u->op)) continue;
+    for (int j = 0; j < u->n_in; j++)
+      if (u->in[j]->type.dtype == DSC_F32) s->exact[u->in[j]->id] = true;
   }
 }
 
@@ -121,7 +147,7 @@ static bool rebuild(prec_state *s, ir_node **outs) {
     ir_node *small[8], **in = small;
     if (n->n_in > 8 && !(in = ir_arena_alloc(&s->m->arena, sizeof(ir_node *) * (size_t)n->n_in)))
       return oom(s->m);
-    dsc_dtype want = runs_in_f32(n->op) ? DSC_F32 : s->low;
+    dsc_dtype want = runs_in_f32(n->op) || s->exact[i] ? DSC_F32 : s->low;
     for (int j = 0; j < n->n_in; j++) {
       const ir_node *x = n->in[j];
       bool keep = n->op == DSC_OP_CAST || x->type.dtype != DSC_F32;
@@ -234,9 +260,13 @@ dsc_status pass_precision_run(ir_module *m, const dsc_train_config *cfg) {
   s.as_f32 = ir_arena_alloc(&m->arena, sz);
   s.as_lo = ir_arena_alloc(&m->arena, sz);
   s.held_low = ir_arena_alloc(&m->arena, sizeof(bool) * (size_t)(f->n_nodes + 1));
+  s.exact = ir_arena_alloc(&m->arena, sizeof(bool) * (size_t)(f->n_nodes + 1));
   bool *held = ir_arena_alloc(&m->arena, sizeof(bool) * (size_t)(m->n_params + 1));
-  if (!s.map || !s.as_f32 || !s.as_lo || !s.held_low || !held) return oom(m), DSC_ERR_INTERNAL;
+  if (!s.map || !s.as_f32 || !s.as_lo || !s.held_low || !s.exact || !held)
+    return oom(m), DSC_ERR_INTERNAL;
   memset(s.held_low, 0, sizeof(bool) * (size_t)(f->n_nodes + 1));
+  memset(s.exact, 0, sizeof(bool) * (size_t)(f->n_nodes + 1));
+  mark_exact(&s);
   if (cfg->master_weights) {
     if (!hold_params_low(m, f, s.low, held)) return DSC_ERR_USER;
     for (int i = 0; i < f->n_nodes; i++) {

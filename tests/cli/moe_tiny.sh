@@ -1,8 +1,9 @@
 # examples/moe-tiny.dsm (a GPT whose MLPs are 4 experts with top-2 gating, a
 # capacity factor of 1.25 and the router losses, examples/lib/moe.dsm): the
 # cpu backend gives the interpreter's forward loss and its loss curve over
-# 30 training steps (1e-5 relative per step), the model learns, and
-# --target cuda compiles every kernel of its step with NVRTC.
+# 30 training steps (1e-5 relative per step), the model learns, bf16
+# follows f32's curve, and --target cuda compiles every kernel of its step
+# with NVRTC.
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/corpus.bash"
 MODEL="$SRC/examples/moe-tiny.dsm"
@@ -45,6 +46,20 @@ assert len(a) == 30, len(a)
 assert a[-1]["loss"] < a[0]["loss"] - 1.0, ("moe-tiny should learn in 30 steps", a[0], a[-1])
 print("moe-tiny: loss %.4f -> %.4f; worst relative difference cpu/interp %.2g"
       % (a[0]["loss"], a[-1]["loss"], worst))
+PY
+
+# bf16 (master weights): the router's counts and slot indices stay f32 (bf16
+# holds integers only to 256; 512 tokens per batch here) and ties between
+# equal bf16 gates go to the first expert, so the curve follows f32's
+for p in f32 bf16; do
+  expect_exit 0 "$DSC" train "$MODEL" --data "$TMP/c" --precision $p --steps 10 --batch 8 --seq 64 \
+    --eval-every 0 --save-every 0 --log "$TMP/p_$p.jsonl" --quiet
+done
+PYTHONPATH="$SRC/tests/cli/lib" python3 - "$TMP/p_f32.jsonl" "$TMP/p_bf16.jsonl" <<'PY' && pass || fail "bf16 does not follow f32"
+import sys
+from curves import same_losses
+a, b, worst = same_losses(sys.argv[1], sys.argv[2], rel=5e-3)
+print("moe-tiny bf16 against f32 over 10 steps: worst relative loss difference %.2g" % worst)
 PY
 
 if "$DSC" compile "$MODEL" --target cuda -o "$TMP/moe.dsx" >"$TMP/out" 2>"$TMP/err"; then

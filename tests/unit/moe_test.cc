@@ -128,6 +128,9 @@ Ref reference(const dsc_params *p, const double *x, int top2, int capacity) {
 struct Case {
   int top2, capacity;
   bool drops;  // the reference must drop some choice (the case tests dropping)
+  // a router of zeros: every gate ties, and each choice is the first of
+  // the equal largest gates (argmax's), as the reference's max_element
+  bool tied = false;
 };
 
 class MoeLayer : public ::testing::TestWithParam<Case> {};
@@ -145,6 +148,10 @@ TEST_P(MoeLayer, EqualsItsDefinition) {
         << diags(ctx);
   }
   dsc_params *p = dsc_params_init(m, 7);
+  if (c.tied) {
+    dsc_tensor *router = dsc_params_find(p, "router");
+    for (int64_t i = 0; i < dsc_type_numel(&router->type); i++) router->data[i] = 0;
+  }
   std::mt19937_64 rng(5);
   std::normal_distribution<double> n01;
   dsc_tensor *x = dsc_tensor_new(ctx, dsc_type_make(DSC_F64, 2, std::vector<int64_t>{S, D}.data()));
@@ -173,6 +180,7 @@ TEST_P(MoeLayer, EqualsItsDefinition) {
 // balanced, top-2 8); 12 (top-1) and 24 (top-2) never drop.
 INSTANTIATE_TEST_SUITE_P(Capacities, MoeLayer,
                          ::testing::Values(Case{0, 3, true}, Case{0, 12, false}, Case{1, 3, true},
-                                           Case{1, 5, true}, Case{1, 24, false}));
+                                           Case{1, 5, true}, Case{1, 24, false},
+                                           Case{0, 12, false, true}, Case{1, 24, false, true}));
 
 }  // namespace

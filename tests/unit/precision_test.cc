@@ -275,6 +275,57 @@ TEST(Precision, CopyInitIsTheParamsValueAndNeedsASource) {
 
 // The f32 pipeline is byte-identical to running autodiff and the optimizer
 // without the precision pass.
+// Counts and indices stay f32: a matmul whose result becomes an index (a
+// cast to i32) or is compared runs in f32 under bf16, with what it reads;
+// the matmul of the data beside it runs in bf16. bf16 holds integers
+// exactly only to 256: a running count of 300 tokens would round.
+TEST(Precision, IntegerValuedChainsStayF32) {
+  Ctx c;
+  const char src[] = R"(
+model counts {
+  param w: f32[4, 4] = normal(0.5)
+  param table: f32[320, 4] = normal(0.5)
+  fn forward(x: f32[B, 4], labels: i32[B]) -> f32 {
+    ones = cast(x > -1e9, f32)                       // [B, 4] of ones
+    tri = cast(reshape(iota(B), [B, 1]) < reshape(iota(B), [1, B]) + 1, f32)
+    count = matmul(transpose(tri), ones)             // running counts up to B
+    rows = embedding(table, cast(slice(count, 1, 0, 1), i32))
+    h = matmul(x, w) + reshape(rows, [B, 4])
+    return cross_entropy(h, labels)
+  }
+}
+)";
+  dsc_module *m = compile(c.ctx, src, 300);
+  ASSERT_NE(m, nullptr);
+  dsc_train_config cfg = config(c.ctx, DSC_PRECISION_BF16);
+  ASSERT_EQ(pass_precision_run(m, &cfg), DSC_OK) << diags(c.ctx);
+  dsc_graph *g = dsc_module_find_graph(m, "forward");
+  int f32_mm = 0, bf16_mm = 0;
+  for (int i = 0; i < dsc_graph_node_count(g); i++) {
+    const ir_node *n = node(g, i);
+    if (n->op != DSC_OP_MATMUL) continue;
+    (n->type.dtype == DSC_F32 ? f32_mm : bf16_mm)++;
+  }
+  EXPECT_EQ(f32_mm, 1) << print(m);   // the counts
+  EXPECT_EQ(bf16_mm, 1) << print(m);  // x @ w
+  // and the run: every count exact, so every index is in range
+  dsc_tensor *x =
+      dsc_tensor_new(c.ctx, dsc_type_make(DSC_F32, 2, std::vector<int64_t>{300, 4}.data()));
+  dsc_tensor *l =
+      dsc_tensor_new(c.ctx, dsc_type_make(DSC_I32, 1, std::vector<int64_t>{300}.data()));
+  for (int i = 0; i < 1200; i++) x->data[i] = 0.5;
+  for (int i = 0; i < 300; i++) l->data[i] = i % 4;
+  dsc_params *p = dsc_params_init(m, 1);
+  const dsc_tensor *in[2] = {x, l};
+  dsc_tensor *out = nullptr;
+  EXPECT_EQ(dsc_interp_run(g, p, in, 2, &out), DSC_OK) << diags(c.ctx);
+  dsc_tensor_free(c.ctx, out);
+  dsc_tensor_free(c.ctx, x);
+  dsc_tensor_free(c.ctx, l);
+  dsc_params_free(p);
+  dsc_module_free(m);
+}
+
 TEST(Precision, F32PipelineUnchanged) {
   Ctx c;
   dsc_train_config cfg = config(c.ctx, DSC_PRECISION_F32);
