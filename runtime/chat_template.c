@@ -12,7 +12,8 @@
  * calls, filters, tests (is [not] defined/none/string/...), not/and/or,
  * comparisons and `in`, ~ + - * / // % **, `a if c else b`. Values are
  * jinja2's: undefined prints as nothing and is false; a missing key is
- * undefined; an attribute of undefined is an error. */
+ * undefined; an attribute of undefined is an error; a filter of undefined
+ * answers as jinja2's Undefined (undefined_filter). */
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
@@ -1484,6 +1485,26 @@ static int64_t length_of(val v) {
   return v.k == V_STR ? u8_len(v.s, v.n) : (v.k == V_LIST || v.k == V_DICT) ? v.c->len : -1;
 }
 
+/* A filter of an undefined value, as jinja2's Undefined answers it: an
+ * empty string to the string filters, 0 to length, an empty list to list,
+ * itself to first, last and safe; the others (int, tojson, items, ...)
+ * fail. (tests/chat_templates: undefined_values, against jinja2.) */
+static bool undefined_filter(render *r, const expr *e, const char *f, val x, val *out) {
+  static const char *const to_empty[] = {"trim",   "upper", "lower",  "capitalize",
+                                         "string", "join",  "replace"};
+  for (size_t i = 0; i < sizeof to_empty / sizeof *to_empty; i++)
+    if (!strcmp(f, to_empty[i])) return *out = mk_str("", 0), true;
+  if (!strcmp(f, "length") || !strcmp(f, "count")) return *out = mk_int(0), true;
+  if (!strcmp(f, "first") || !strcmp(f, "last") || !strcmp(f, "safe")) return *out = x, true;
+  if (!strcmp(f, "list")) {
+    coll *c = new_coll(r, false, 0);
+    if (!c) return rerr(r, e->line, "out of memory");
+    return *out = (val){.k = V_LIST, .c = c}, true;
+  }
+  return rerr(r, e->line, "'%s' is undefined (filter %s)", x.undef_name ? x.undef_name : "value",
+              f);
+}
+
 static bool filter(render *r, const expr *e, val x, val *out) {
   const char *f = e->name;
   args_t a;
@@ -1495,9 +1516,7 @@ static bool filter(render *r, const expr *e, val x, val *out) {
     *out = use ? (a0 ? *a0 : mk_str("", 0)) : x;
     return true;
   }
-  if (x.k == V_UNDEF && strcmp(f, "string") != 0)
-    return rerr(r, e->line, "'%s' is undefined (filter %s)", x.undef_name ? x.undef_name : "value",
-                f);
+  if (x.k == V_UNDEF) return undefined_filter(r, e, f, x, out);
   if (!strcmp(f, "trim"))
     return need_str(r, e->line, x, "trim") && (*out = strip(x, true, true), true);
   if (!strcmp(f, "length") || !strcmp(f, "count")) {
@@ -1507,8 +1526,7 @@ static bool filter(render *r, const expr *e, val x, val *out) {
   }
   if (!strcmp(f, "upper") || !strcmp(f, "lower") || !strcmp(f, "capitalize"))
     return need_str(r, e->line, x, f) && str_case(r, x, f[0] == 'l' ? 0 : f[0] == 'u' ? 1 : 2, out);
-  if (!strcmp(f, "string"))
-    return x.k == V_UNDEF ? (*out = mk_str("", 0), true) : to_str(r, x, out);
+  if (!strcmp(f, "string")) return to_str(r, x, out);
   if (!strcmp(f, "safe") || !strcmp(f, "list")) {
     if (f[0] == 'l' && x.k == V_STR) {
       int64_t n = u8_len(x.s, x.n);

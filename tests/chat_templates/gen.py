@@ -32,6 +32,6 @@ for t in spec["templates"]:
 out = {"generated_by": "transformers %s, jinja2 %s" % (transformers.__version__, jinja2.__version__),
        "cases": cases}
 with open(os.path.join(here, "cases.json"), "w") as f:
-    json.dump(out, f, indent=1, ensure_ascii=False)
+    json.dump(out, f, indent=2, ensure_ascii=False)
     f.write("\n")
 print("%d cases, %d errors" % (len(cases), sum("error" in c for c in cases)), file=sys.stderr)

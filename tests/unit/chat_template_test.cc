@@ -83,7 +83,7 @@ TEST(ChatTemplate, RendersAsTransformersDoes) {
     dsc_diag_clear(ctx);
     n++;
   }
-  EXPECT_EQ(n, 90);
+  EXPECT_EQ(n, 100);
   EXPECT_EQ(errors, 10);
   for (auto &kv : tpl) dsc_chat_template_free(kv.second);
   dsc_context_free(ctx);
