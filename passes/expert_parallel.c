@@ -75,10 +75,7 @@ static ir_node *checked(ep_state *s, ir_node *x) {
 }
 
 static ir_node *all_to_all(ep_state *s, ir_node *x) {
-  dsc_attr a[3] = {dsc_attr_int("world", s->ep), dsc_attr_int("tag", 0),
-                   dsc_attr_str("group", "ep")};
-  ir_node *start = x ? dsc_build(s->g, DSC_OP_ALL_TO_ALL_START, &x, 1, a, 3) : NULL;
-  return checked(s, start ? dsc_build(s->g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0) : NULL);
+  return checked(s, pass_all_to_all(s->g, x, s->ep, "ep"));
 }
 
 static ir_node *reshape(ep_state *s, ir_node *x, const int64_t *dims, int rank) {

@@ -176,3 +176,10 @@ void pass_replace_uses(ir_graph *g, ir_node *from, ir_node *to) {
   for (int k = 0; k < g->n_outputs; k++)
     if (g->outputs[k] == from) g->outputs[k] = to;
 }
+
+ir_node *pass_all_to_all(ir_graph *g, ir_node *x, int64_t world, const char *group) {
+  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0),
+                   dsc_attr_str("group", group)};
+  ir_node *start = x ? dsc_build(g, DSC_OP_ALL_TO_ALL_START, &x, 1, a, 3) : NULL;
+  return start ? dsc_build(g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0) : NULL;
+}

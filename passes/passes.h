@@ -145,6 +145,9 @@ bool pass_is_view(const ir_node *x);
 /* Removes graph `name` from the module (its nodes stay in the arena).
  * Returns false when there is no such graph. */
 bool pass_remove_graph(ir_module *m, const char *name);
+/* all_to_all_wait(all_to_all_start(x)) over `group` of `world` ranks (tag
+ * 0: the trainer sets the step's); NULL when x is NULL or on a shape error. */
+ir_node *pass_all_to_all(ir_graph *g, ir_node *x, int64_t world, const char *group);
 /* Every read of `from` in g (its nodes but `to`, its outputs) reads `to`. */
 void pass_replace_uses(ir_graph *g, ir_node *from, ir_node *to);
 

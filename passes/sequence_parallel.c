@@ -37,10 +37,7 @@ static ir_node *checked(sp_state *s, ir_node *x) {
 }
 
 static ir_node *all_to_all(sp_state *s, ir_node *x) {
-  dsc_attr a[3] = {dsc_attr_int("world", s->sp), dsc_attr_int("tag", 0),
-                   dsc_attr_str("group", "sp")};
-  ir_node *start = x ? dsc_build(s->g, DSC_OP_ALL_TO_ALL_START, &x, 1, a, 3) : NULL;
-  return checked(s, start ? dsc_build(s->g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0) : NULL);
+  return checked(s, pass_all_to_all(s->g, x, s->sp, "sp"));
 }
 
 static ir_node *reshape4(sp_state *s, ir_node *x, int64_t a, int64_t b, int64_t c, int64_t d) {

@@ -64,19 +64,12 @@ cp -r "$TMP/w2s3/step-000012" "$TMP/bad2" && truncate -s 100 "$TMP/bad2/shard-00
 expect_exit 1 "$DSC" train --resume "$TMP/bad2" --ranks 2 --steps 14 &&
   expect_grep 'shard-00000-of-00002.safetensors' "$TMP/err"
 [ ! -e "$TMP/x.safetensors" ] && pass || fail "export wrote a file from a damaged checkpoint"
-python3 - "$TMP" <<'PY' && pass || fail "world 1, 2, 4 differ"
-import json, struct, sys
+PYTHONPATH="$SRC/tests/cli/lib" python3 - "$TMP" <<'PY' && pass || fail "world 1, 2, 4 differ"
+import json, sys
+from curves import safetensors as tensors
 root = sys.argv[1]
 def metrics(w):
     return [json.loads(l) for l in open(f"{root}/w{w}/metrics.jsonl")]
-def tensors(path):
-    import numpy as np
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], np.float32)
-            for k, v in head.items() if k != "__metadata__"}
 import numpy as np
 base = metrics(1)
 assert len(base) == 12 and base[0]["loss"] > 5.0 and base[-1]["loss"] < base[0]["loss"], base
