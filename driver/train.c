@@ -1254,9 +1254,6 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
   return DSC_OK;
 }
 
-/* The steps up to the resolved settings: what dsc_trainer_print_config
- * shows and every later step builds on. o may get the ds_config's
- * offload_dir. */
 /* --mesh: the axes' sizes and this rank's place; the groups (a collective
  * of every rank) when there is an axis besides dp. */
 static dsc_status open_mesh(dsc_trainer *t, const dsc_trainer_options *o) {
@@ -1294,6 +1291,9 @@ static open_state open_begin(dsc_trainer_options *o, bool settings_only) {
   return s;
 }
 
+/* The steps up to the resolved settings: what dsc_trainer_print_config
+ * shows and every later step builds on. o may get the ds_config's
+ * offload_dir. */
 static dsc_status open_settings(dsc_trainer *t, open_state *s, dsc_trainer_options *o, int world) {
   dsc_status st = check_options(t, o);
   if (st == DSC_OK && !o->comm && world > 1) t->world = t->info.world = world;

@@ -34,6 +34,7 @@ typedef struct {
   ir_module *m;
   ir_graph *g;
   int64_t ep;
+  int n;                 /* the nodes before the pass: region and mine have n entries */
   unsigned char *region; /* per node id: in some expert region */
   bool failed;
 } ep_state;
@@ -46,8 +47,9 @@ static const ir_node *expert_param(const ir_node *x, int64_t E) {
   return p;
 }
 
+/* Nodes the pass added (an earlier region's exchanges back) are in none. */
 static bool in_region(const ep_state *s, const ir_node *x, const unsigned char *mine) {
-  return x->id < s->g->n_nodes && mine[x->id];
+  return x->id < s->n && mine[x->id];
 }
 
 /* Whether node q joins the region of slots x (mine: its members so far). */
@@ -107,15 +109,14 @@ static ir_node *param_block(ep_state *s, ir_node *w) {
   int64_t n = dsc_type_numel(&w->type), dims[DSC_MAX_RANK];
   memcpy(dims, w->type.dims, sizeof(int64_t) * (size_t)w->type.rank);
   dims[0] /= s->ep;
-  dsc_attr a[2] = {dsc_attr_int("world", s->ep), dsc_attr_str("group", "ep")};
   ir_node *flat = reshape(s, w, &n, 1);
-  ir_node *mine = flat ? checked(s, dsc_build(s->g, DSC_OP_LOCAL_SHARD, &flat, 1, a, 2)) : NULL;
+  ir_node *mine = flat ? checked(s, pass_local_shard(s->g, flat, s->ep, "ep")) : NULL;
   return reshape(s, mine, dims, w->type.rank);
 }
 
 /* The region of slots x (members marked in mine, in node order) on this
  * rank's experts; its values read outside it exchanged back. */
-static bool rewrite_region(ep_state *s, ir_node *x, const unsigned char *mine, int n) {
+static bool rewrite_region(ep_state *s, ir_node *x, const unsigned char *mine) {
   dsc_context *ctx = s->m->ctx;
   int64_t E = x->type.dims[0], C = x->type.dims[1];
   if (E % s->ep != 0) {
@@ -128,7 +129,8 @@ static bool rewrite_region(ep_state *s, ir_node *x, const unsigned char *mine, i
   }
   ir_graph *g = s->g;
   ir_node **clone = ir_arena_alloc(&s->m->arena, sizeof(ir_node *) * (size_t)g->n_nodes);
-  if (!clone) return false;
+  if (!clone) return ir_error(ctx, ir_no_loc, "out of memory in the expert-parallel pass"), false;
+  int n = s->n;
   memset(clone, 0, sizeof(ir_node *) * (size_t)g->n_nodes);
   dsc_graph_set_loc(g, x->loc);
   clone[x->id] = slots_in(s, x);
@@ -180,9 +182,12 @@ dsc_status pass_expert_parallel_run(ir_module *m, const dsc_train_config *cfg) {
     return DSC_ERR_USER;
   }
   int n = g->n_nodes, regions = 0;
-  ep_state s = {m, g, cfg->ep, ir_arena_alloc(&m->arena, (size_t)n), false};
+  ep_state s = {m, g, cfg->ep, n, ir_arena_alloc(&m->arena, (size_t)n), false};
   unsigned char *mine = ir_arena_alloc(&m->arena, (size_t)n);
-  if (!s.region || !mine) return DSC_ERR_INTERNAL;
+  if (!s.region || !mine) {
+    ir_error(m->ctx, ir_no_loc, "out of memory in the expert-parallel pass");
+    return DSC_ERR_INTERNAL;
+  }
   memset(s.region, 0, (size_t)n);
   for (int i = 0; i < n && !s.failed; i++) {
     ir_node *q = g->nodes[i];
@@ -193,7 +198,7 @@ dsc_status pass_expert_parallel_run(ir_module *m, const dsc_train_config *cfg) {
     memset(mine, 0, (size_t)n);
     for (int k = x->id + 1; k < n; k++)
       if (!s.region[k] && joins(&s, g->nodes[k], x, mine)) mine[k] = s.region[k] = 1;
-    if (!rewrite_region(&s, x, mine, n)) return DSC_ERR_USER;
+    if (!rewrite_region(&s, x, mine)) return DSC_ERR_USER;
     regions++;
   }
   if (regions == 0) {

@@ -177,9 +177,23 @@ void pass_replace_uses(ir_graph *g, ir_node *from, ir_node *to) {
     if (g->outputs[k] == from) g->outputs[k] = to;
 }
 
-ir_node *pass_all_to_all(ir_graph *g, ir_node *x, int64_t world, const char *group) {
+ir_node *pass_collective_start(ir_graph *g, dsc_op op, ir_node *x, int64_t world,
+                               const char *group) {
   dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0),
                    dsc_attr_str("group", group)};
-  ir_node *start = x ? dsc_build(g, DSC_OP_ALL_TO_ALL_START, &x, 1, a, 3) : NULL;
+  return x ? dsc_build(g, op, &x, 1, a, 3) : NULL;
+}
+
+ir_node *pass_local_shard(ir_graph *g, ir_node *x, int64_t world, const char *group) {
+  dsc_attr a[2] = {dsc_attr_int("world", world), dsc_attr_str("group", group)};
+  return x ? dsc_build(g, DSC_OP_LOCAL_SHARD, &x, 1, a, 2) : NULL;
+}
+
+ir_node *pass_all_to_all(ir_graph *g, ir_node *x, int64_t world, const char *group) {
+  ir_node *start = pass_collective_start(g, DSC_OP_ALL_TO_ALL_START, x, world, group);
   return start ? dsc_build(g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0) : NULL;
+}
+
+bool pass_reads_positions(const ir_node *u, int j) {
+  return (u->op == DSC_OP_EMBEDDING || u->op == DSC_OP_ROPE) && j == 1;
 }

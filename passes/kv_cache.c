@@ -165,7 +165,7 @@ static bool positions_only(const kv_builder *b, const ir_node *io) {
   for (int i = io->id + 1; i < b->fwd->n_nodes; i++) {
     const ir_node *u = b->fwd->nodes[i];
     for (int j = 0; j < u->n_in; j++)
-      if (u->in[j] == io && !((u->op == DSC_OP_EMBEDDING || u->op == DSC_OP_ROPE) && j == 1)) {
+      if (u->in[j] == io && !pass_reads_positions(u, j)) {
         ir_error(b->dst->ctx, u->loc,
                  "kv cache: iota(%" PRId64
                  ") is read by %s; the cache offsets it only where it "

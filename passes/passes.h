@@ -145,9 +145,19 @@ bool pass_is_view(const ir_node *x);
 /* Removes graph `name` from the module (its nodes stay in the arena).
  * Returns false when there is no such graph. */
 bool pass_remove_graph(ir_module *m, const char *name);
-/* all_to_all_wait(all_to_all_start(x)) over `group` of `world` ranks (tag
- * 0: the trainer sets the step's); NULL when x is NULL or on a shape error. */
+/* The start op (all_reduce, reduce_scatter, all_gather or all_to_all) of x
+ * over `group` ("world" or a mesh axis) of `world` ranks, tag 0 (the
+ * trainer sets the step's); NULL when x is NULL or on a shape error. */
+ir_node *pass_collective_start(ir_graph *g, dsc_op op, ir_node *x, int64_t world,
+                               const char *group);
+/* This rank's chunk of vector x over `group` of `world` ranks (local_shard). */
+ir_node *pass_local_shard(ir_graph *g, ir_node *x, int64_t world, const char *group);
+/* all_to_all_wait(all_to_all_start(x)), as above. */
 ir_node *pass_all_to_all(ir_graph *g, ir_node *x, int64_t world, const char *group);
+/* Whether input j of u is read as token positions: a position embedding's
+ * index or rope's positions (what the kv-cache and sequence-parallel passes
+ * renumber). */
+bool pass_reads_positions(const ir_node *u, int j);
 /* Every read of `from` in g (its nodes but `to`, its outputs) reads `to`. */
 void pass_replace_uses(ir_graph *g, ir_node *from, ir_node *to);
 

@@ -76,9 +76,9 @@ static bool merge_bucket(ir_module *m, ir_graph *g, sched_pair *p, int k, pass_f
   ir_node *cat = dsc_build(g, DSC_OP_CONCAT, parts, k, &ax, 1);
   int64_t flat_n = world * total;
   ir_node *flat = cat ? dsc_reshape(g, cat, &flat_n, 1) : NULL;
-  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0),
-                   dsc_attr_str("group", ir_collective_group(p[0].start))};
-  ir_node *st = flat ? dsc_build(g, DSC_OP_REDUCE_SCATTER_START, &flat, 1, a, 3) : NULL;
+  ir_node *st = flat ? pass_collective_start(g, DSC_OP_REDUCE_SCATTER_START, flat, world,
+                                             ir_collective_group(p[0].start))
+                     : NULL;
   ir_node *wt = st ? dsc_build(g, DSC_OP_REDUCE_SCATTER_WAIT, &st, 1, NULL, 0) : NULL;
   if (wt) wt->role = IR_ROLE_GRAD; /* the rank's chunks of the bucket's gradients */
   if (!add_fixed(m, fx, nfx, capfx, cat, after) || !add_fixed(m, fx, nfx, capfx, flat, after) ||

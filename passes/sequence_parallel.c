@@ -125,7 +125,7 @@ static bool position_iota(sp_state *s, const ir_node *io) {
     const ir_node *u = s->g->nodes[i];
     for (int j = 0; j < u->n_in; j++) {
       if (u->in[j] != io) continue;
-      if ((u->op == DSC_OP_EMBEDDING || u->op == DSC_OP_ROPE) && j == 1)
+      if (pass_reads_positions(u, j))
         as_position = true;
       else
         other = u;
@@ -148,8 +148,7 @@ static ir_node *rank_positions(sp_state *s, const ir_node *io) {
                    dsc_attr_ints("shape", &T, 1)};
   dsc_graph_set_loc(s->g, io->loc);
   ir_node *all = checked(s, dsc_build(s->g, DSC_OP_IOTA, NULL, 0, a, 3));
-  dsc_attr b[2] = {dsc_attr_int("world", s->sp), dsc_attr_str("group", "sp")};
-  return all ? checked(s, dsc_build(s->g, DSC_OP_LOCAL_SHARD, &all, 1, b, 2)) : NULL;
+  return all ? checked(s, pass_local_shard(s->g, all, s->sp, "sp")) : NULL;
 }
 
 dsc_status pass_sequence_parallel_run(ir_module *m, const dsc_train_config *cfg) {

@@ -76,9 +76,7 @@ static bool find_grads(ir_graph *g, int n, ir_node **grads) {
 }
 
 static bool make_red(ir_graph *g, int64_t world, zero_red *r) {
-  dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0),
-                   dsc_attr_str("group", "world")};
-  r->start = dsc_build(g, DSC_OP_ALL_REDUCE_START, &r->x, 1, a, 3);
+  r->start = pass_collective_start(g, DSC_OP_ALL_REDUCE_START, r->x, world, "world");
   if (!r->start) return false;
   r->wait = dsc_build(g, DSC_OP_ALL_REDUCE_WAIT, &r->start, 1, NULL, 0);
   if (!r->wait) return false;
@@ -283,17 +281,22 @@ static ir_node *build1(zs *z, dsc_op op, ir_node *x, const dsc_attr *a, int na) 
   return r;
 }
 
+/* A start of op over the world (the data-parallel ranks). */
+static ir_node *start(zs *z, dsc_op op, ir_node *x) {
+  ir_node *r = x ? pass_collective_start(z->g, op, x, z->world, "world") : NULL;
+  if (!r) z->failed = true;
+  return r;
+}
+
 static ir_node *local_shard(zs *z, ir_node *x) {
-  dsc_attr a[2] = {dsc_attr_int("world", z->world), dsc_attr_str("group", "world")};
-  return build1(z, DSC_OP_LOCAL_SHARD, flat(z, x), a, 2);
+  ir_node *f = flat(z, x), *r = f ? pass_local_shard(z->g, f, z->world, "world") : NULL;
+  if (!r) z->failed = true;
+  return r;
 }
 
 /* The full tensor of type t from its chunks: all_gather, unpad, reshape. */
 static ir_node *gather(zs *z, ir_node *chunk, const dsc_type *t) {
-  dsc_attr a[3] = {dsc_attr_int("world", z->world), dsc_attr_int("tag", 0),
-                   dsc_attr_str("group", "world")};
-  ir_node *w =
-      build1(z, DSC_OP_ALL_GATHER_WAIT, build1(z, DSC_OP_ALL_GATHER_START, chunk, a, 3), NULL, 0);
+  ir_node *w = build1(z, DSC_OP_ALL_GATHER_WAIT, start(z, DSC_OP_ALL_GATHER_START, chunk), NULL, 0);
   int64_t n = dsc_type_numel(t);
   if (w && w->type.dims[0] != n) {
     dsc_attr s[3] = {dsc_attr_int("axis", 0), dsc_attr_int("start", 0), dsc_attr_int("end", n)};
@@ -311,10 +314,7 @@ static ir_node *full_value(zs *z, ir_node *x) {
   if (z->kind[x->id] == ZK_SHARD) {
     r = gather(z, z->sv[x->id], &x->type);
   } else {
-    dsc_attr a[3] = {dsc_attr_int("world", z->world), dsc_attr_int("tag", 0),
-                     dsc_attr_str("group", "world")};
-    r = build1(z, DSC_OP_ALL_REDUCE_WAIT, build1(z, DSC_OP_ALL_REDUCE_START, z->sv[x->id], a, 3),
-               NULL, 0);
+    r = build1(z, DSC_OP_ALL_REDUCE_WAIT, start(z, DSC_OP_ALL_REDUCE_START, z->sv[x->id]), NULL, 0);
   }
   return z->full[x->id] = r;
 }
@@ -653,9 +653,7 @@ static dsc_status shard_stages(ir_module *m, ir_graph *g, int64_t world, int sta
         dsc_attr a = dsc_attr_int("axis", 0);
         f = in[1] ? asap(&z, dsc_build(g, DSC_OP_CONCAT, in, 2, &a, 1), x) : NULL;
       }
-      dsc_attr a[3] = {dsc_attr_int("world", world), dsc_attr_int("tag", 0),
-                       dsc_attr_str("group", "world")};
-      ir_node *st = asap(&z, build1(&z, DSC_OP_REDUCE_SCATTER_START, f, a, 3), x);
+      ir_node *st = asap(&z, start(&z, DSC_OP_REDUCE_SCATTER_START, f), x);
       ir_node *w = build1(&z, DSC_OP_REDUCE_SCATTER_WAIT, st, NULL, 0);
       ir_node *inv = w ? dsc_const(g, 1.0 / (double)world, dsc_type_make(x->type.dtype, 0, NULL)) : NULL;
       rs[j] = inv ? dsc_binary(g, DSC_OP_MUL, w, inv) : NULL;
