@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Step time of sequence and expert parallelism against data parallelism and
-# one rank, on the same global batch, side by side in one run.
+# Step time of sequence, tensor and expert parallelism against data
+# parallelism and one rank, on the same global batch, side by side in one run.
 #
 #   bench/mesh.sh [--dsc PATH] [--rounds N] [--steps N] [--d D] [--layers L]
 #                 [--seq T] [--batch B] [--out DIR]
@@ -10,8 +10,10 @@
 # positions. Every row trains B (4) sequences of T tokens per step on the
 # machine's cores: one rank with every core's threads; 2 in-process ranks x
 # (cores / 2) threads as dp=2 (B/2 sequences each), as sp=2 (gpt: all B
-# sequences, T/2 positions each) and as ep=2 (moe: B/2 sequences each, each
-# rank running 2 of the 4 experts on both ranks' tokens). MoE capacities
+# sequences, T/2 positions each), as tp=2 (gpt: all B sequences, half of
+# every attention's heads and MLP's hidden units each) and as ep=2 (moe:
+# B/2 sequences each, each rank running 2 of the 4 experts on both ranks'
+# tokens). MoE capacities
 # are per micro-batch, so moe's one-rank row runs grad-accum 2 (the same
 # micro-batches as the 2-rank rows). The rows alternate for N (3) rounds; a
 # row's time is the median over its rounds of the median step after the
@@ -29,7 +31,7 @@ T=256
 B=4
 OUT=$SRC/build/bench/mesh
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dsc) DSC=$(realpath -m "${2:?}"); shift ;;
@@ -69,10 +71,11 @@ fi
 
 cores=$(nproc)
 half=$((cores / 2 > 0 ? cores / 2 : 1))
-names=(gpt-one gpt-dp2 gpt-sp2 moe-one moe-dp2 moe-ep2)
+names=(gpt-one gpt-dp2 gpt-sp2 gpt-tp2 moe-one moe-dp2 moe-ep2)
 args=("gpt --threads $cores --batch $B"
   "gpt --ranks 2 --threads $half --batch $((B / 2))"
   "gpt --ranks 2 --mesh sp=2 --threads $half --batch $B"
+  "gpt --ranks 2 --mesh tp=2 --threads $half --batch $B"
   "moe --threads $cores --batch $((B / 2)) --grad-accum 2"
   "moe --ranks 2 --threads $half --batch $((B / 2))"
   "moe --ranks 2 --mesh ep=2 --threads $half --batch $((B / 2))")
@@ -80,7 +83,7 @@ echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'); $cores cores; load before: $
 echo "models: gpt-tiny and moe-tiny at d $D, $LAYERS layers, 4 heads; $B sequences x $T tokens per step; $ROUNDS rounds"
 status=0
 for r in $(seq 1 "$ROUNDS"); do
-  for i in 0 1 2 3 4 5; do
+  for i in "${!names[@]}"; do
     dir=$OUT/${names[$i]}-$r
     rm -rf "$dir"
     # shellcheck disable=SC2086
@@ -99,7 +102,7 @@ python3 - "$OUT" "$ROUNDS" <<'PY' || status=1
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 rows = {}
-for name in ("gpt-one", "gpt-dp2", "gpt-sp2", "moe-one", "moe-dp2", "moe-ep2"):
+for name in ("gpt-one", "gpt-dp2", "gpt-sp2", "gpt-tp2", "moe-one", "moe-dp2", "moe-ep2"):
     per_round, loss = [], None
     for r in range(1, rounds + 1):
         m = [json.loads(l) for l in open(f"{out}/{name}-{r}/metrics.jsonl")]
@@ -111,6 +114,7 @@ for name in ("gpt-one", "gpt-dp2", "gpt-sp2", "moe-one", "moe-dp2", "moe-ep2"):
 def ratio(a, b):
     return rows[a][0] / rows[b][0]
 print(f"gpt: sp2 / one {ratio('gpt-sp2', 'gpt-one'):.2f}x, sp2 / dp2 {ratio('gpt-sp2', 'gpt-dp2'):.2f}x")
+print(f"gpt: tp2 / one {ratio('gpt-tp2', 'gpt-one'):.2f}x, tp2 / dp2 {ratio('gpt-tp2', 'gpt-dp2'):.2f}x")
 print(f"moe: ep2 / one {ratio('moe-ep2', 'moe-one'):.2f}x, ep2 / dp2 {ratio('moe-ep2', 'moe-dp2'):.2f}x")
 PY
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

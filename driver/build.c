@@ -172,23 +172,17 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
 }
 
 dsc_status drv_mesh(dsc_context *ctx, const char *spec, int64_t world, dsc_mesh_shape *shape,
-                    int64_t *sp, int64_t *ep) {
-  *sp = *ep = 1;
+                    drv_mesh_axes *axes) {
+  *axes = (drv_mesh_axes){1, 1, 1};
   if (world > INT32_MAX) {
     ir_error(ctx, ir_no_loc, "--mesh: a world of %" PRId64 " ranks is over 2^31-1", world);
     return DSC_ERR_USER;
   }
   dsc_status st = dsc_mesh_parse(ctx, spec, (int)world, shape);
   if (st != DSC_OK) return st;
-  if (dsc_mesh_size(shape, "tp") > 1) {
-    ir_error(ctx, ir_no_loc,
-             "--mesh %s: tensor parallelism (the tp axis) is not built yet; dp, ep and sp are "
-             "(docs/parallelism.md)",
-             spec);
-    return DSC_ERR_USER;
-  }
-  *sp = dsc_mesh_size(shape, "sp");
-  *ep = dsc_mesh_size(shape, "ep");
+  axes->sp = dsc_mesh_size(shape, "sp");
+  axes->ep = dsc_mesh_size(shape, "ep");
+  axes->tp = dsc_mesh_size(shape, "tp");
   return DSC_OK;
 }
 

@@ -27,6 +27,13 @@ dsc_status drv_exec_new(dsc_module *m, const dsc_exec_options *opts, const dsc_p
  * this file calls none of them but driver/cost.c (scripts/check-layers.sh
  * keeps it so). A .dsx thus holds exactly the graphs `dsc train MODEL.dsm`
  * builds, and a plan is of the step the trainer runs. */
+/* The ranks of the mesh axes that share or split a model (--mesh). */
+typedef struct {
+  int64_t sp; /* sequence-parallel ranks (Ulysses): each holds T / sp positions */
+  int64_t ep; /* expert-parallel ranks: each runs E / ep of every MoE layer's experts */
+  int64_t tp; /* tensor-parallel ranks: each computes 1/tp of the heads and hidden units */
+} drv_mesh_axes;
+
 typedef struct {
   int64_t B, T, vocab;
   int64_t T_rank; /* the positions the step holds: T / sp (T without sp) */
@@ -58,11 +65,9 @@ dsc_status drv_build_graphs(dsc_context *ctx, const char *path, dsc_module *m,
                             const dsc_train_config *cfg, dsc_backend backend, bool want_fwd,
                             dsc_module **fwd);
 /* --mesh SPEC (NULL: data parallel only) for a job of `world` ranks: its
- * shape and the sequence- and expert-parallel ranks *sp and *ep (1: none).
- * An axis whose pass is not built yet (tp) is refused, naming
- * docs/parallelism.md. */
+ * shape and the sizes of its axes besides dp (1: none). */
 dsc_status drv_mesh(dsc_context *ctx, const char *spec, int64_t world, dsc_mesh_shape *shape,
-                    int64_t *sp, int64_t *ep);
+                    drv_mesh_axes *axes);
 /* The type of the step's data input i (tokens 0, targets 1) with all its
  * rows: micro_step's input x grad_accum when the step is a loop. */
 dsc_type drv_step_input_type(const dsc_module *m, int i);
@@ -168,8 +173,7 @@ const drv_ds_setting *drv_ds_config_find(const drv_ds_config *c, const char *key
 typedef struct {
   const char *who;
   int64_t B, world, grad_accum;
-  int64_t sp; /* sequence-parallel ranks (--mesh sp=N); <= 1: none */
-  int64_t ep; /* expert-parallel ranks (--mesh ep=N); <= 1: none */
+  drv_mesh_axes mesh; /* the axes besides dp (zero: none) */
   const char *precision;
   const dsc_run_knobs *knobs; /* NULL: none set */
 } drv_run_settings;

@@ -71,9 +71,9 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   }
   drv_model_facts f;
   dsc_mesh_shape shape;
-  int64_t sp = 1, ep = 1;
-  if (st == DSC_OK) st = drv_mesh(ctx, o->mesh, world, &shape, &sp, &ep);
-  if (st == DSC_OK) st = drv_compile_step(ctx, o->model_path, B, o->seq, sp, m, &f);
+  drv_mesh_axes axes = {1, 1, 1};
+  if (st == DSC_OK) st = drv_mesh(ctx, o->mesh, world, &shape, &axes);
+  if (st == DSC_OK) st = drv_compile_step(ctx, o->model_path, B, o->seq, axes.sp, m, &f);
   if (st == DSC_OK && o->ds_config) st = drv_ds_config_apply(ctx, &ds, *m);
   bool has_dir = o->offload_dir != NULL || (o->ds_config && st == DSC_OK && ds.offload_dir);
   ir_arena_release(&arena);
@@ -84,8 +84,7 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   drv_run_settings rs = {.who = "plan",
                          .B = f.B,
                          .world = world,
-                         .sp = sp,
-                         .ep = ep,
+                         .mesh = axes,
                          .grad_accum = K,
                          .precision = o->precision,
                          .knobs = &o->knobs};
@@ -115,7 +114,8 @@ static dsc_status plan_inner(dsc_context *ctx, const dsc_plan_options *o, dsc_mo
   out->param_count = p.param_count;
   out->grads_held = p.grads_held;
   out->world = world;
-  out->sp = sp;
+  out->sp = axes.sp;
+  out->tp = axes.tp;
   out->stage = cfg.zero.stage;
   out->precision = cfg.precision;
   out->optimizer = cfg.opt.kind;

@@ -18,14 +18,16 @@ dsc_status drv_apply_run_settings(dsc_context *ctx, const drv_run_settings *s,
    * global batch: range-checked by the settings table), and grad_accum from
    * a global batch (DeepSpeed's train_batch_size = micro x accum x world). */
   cfg->world = s->world > 1 ? s->world : 1;
-  cfg->sp = s->sp > 1 ? s->sp : 1;
-  cfg->ep = s->ep > 1 ? s->ep : 1;
+  cfg->sp = s->mesh.sp > 1 ? s->mesh.sp : 1;
+  cfg->ep = s->mesh.ep > 1 ? s->mesh.ep : 1;
+  cfg->tp = s->mesh.tp > 1 ? s->mesh.tp : 1;
   static const dsc_run_knobs none;
   dsc_status st = dsc_run_knobs_apply(ctx, who, s->knobs ? s->knobs : &none, cfg);
   if (st != DSC_OK) return st;
-  /* sequence-parallel ranks share sequences: the batch is over the others */
-  int64_t data = cfg->world / cfg->sp;
-  const char *ranks = cfg->sp > 1 ? "data-parallel ranks" : "world";
+  /* sequence- and tensor-parallel ranks share sequences: the batch is over
+   * the others */
+  int64_t data = cfg->world / (cfg->sp * cfg->tp);
+  const char *ranks = data < cfg->world ? "data ranks" : "world";
   if (cfg->global_batch > 0) {
     int64_t per = s->B * data, G = cfg->global_batch;
     if (G % per != 0) {

@@ -126,9 +126,10 @@ struct dsc_trainer {
   int64_t skipped;
   dsc_comm *comm; /* NULL: one rank */
   int rank, world;
-  /* --mesh: sp ranks share each sequence (Ulysses), dp = world / sp hold
-   * different ones; this rank's coordinates; T_rank = T / sp positions */
-  int64_t sp, ep, dp, T_rank;
+  /* --mesh: sp ranks share each sequence (Ulysses), tp ranks compute parts
+   * of one step on the same sequences, dp = world / (sp tp) hold different
+   * ones; this rank's coordinates; T_rank = T / sp positions */
+  int64_t sp, ep, tp, dp, T_rank;
   int sp_rank, dp_rank;
   dsc_mesh *mesh;   /* the axes' groups (NULL: no axis but dp) */
   dsc_trace *trace; /* NULL: off (options.trace) */
@@ -612,11 +613,13 @@ static dsc_status open_resume(dsc_trainer *t, open_state *s) {
         (st = agree(ctx, ck, "seq", &s->T)) != DSC_OK ||
         (st = agree(ctx, ck, "grad_accum", &s->K)) != DSC_OK)
       return st;
-    /* the checkpoint's data-parallel ranks: its world over its sp ranks */
-    int64_t ck_w = 1, ck_sp = 1, B = s->B, K = s->K;
+    /* the checkpoint's data ranks: its world over its sp and tp ranks */
+    int64_t ck_w = 1, ck_sp = 1, ck_tp = 1, B = s->B, K = s->K;
     const char *w = dsc_checkpoint_extra(ck, "world"), *sp = dsc_checkpoint_extra(ck, "sp");
+    const char *tp = dsc_checkpoint_extra(ck, "tp");
     if (sp && (!parse_i64(sp, &ck_sp) || ck_sp < 1)) ck_sp = 1;
-    if (w && parse_i64(w, &ck_w) && ck_w > 0 && ck_w % ck_sp == 0) ck_w /= ck_sp;
+    if (tp && (!parse_i64(tp, &ck_tp) || ck_tp < 1)) ck_tp = 1;
+    if (w && parse_i64(w, &ck_w) && ck_w > 0 && ck_w % (ck_sp * ck_tp) == 0) ck_w /= ck_sp * ck_tp;
     if (w && ck_w != t->dp && o->grad_accum <= 0 && K > 0 && ck_w > 0 && B > 0 &&
         K <= INT64_MAX / B / ck_w)
       s->ck_global = B * K * ck_w, s->K = 0; /* grad_accum follows from the world */
@@ -874,8 +877,7 @@ static dsc_status resolve_settings(dsc_trainer *t, open_state *s) {
   drv_run_settings rs = {.who = "trainer",
                          .B = s->B,
                          .world = t->world,
-                         .sp = t->sp,
-                         .ep = t->ep,
+                         .mesh = {t->sp, t->ep, t->tp},
                          .grad_accum = s->K,
                          .knobs = &o->knobs};
   if ((st = drv_apply_run_settings(ctx, &rs, cfg)) != DSC_OK) return st;
@@ -1077,7 +1079,7 @@ static dsc_status open_loaders(dsc_trainer *t, open_state *s) {
   snprintf(what, sizeof what,
            "holding a step's tokens (batch %" PRId64 " x grad_accum %" PRId64 " x %s %" PRId64
            " rows of %" PRId64 ")",
-           B, s->K, t->sp > 1 ? "data-parallel ranks" : "world", t->dp, T);
+           B, s->K, t->dp < t->world ? "data ranks" : "world", t->dp, T);
   dsc_status st = rt_check_host_memory(t->ctx, what, need > 9e18 ? INT64_MAX : (int64_t)need);
   if (st != DSC_OK) return st;
   dsc_loader_options lo = {B * s->K * t->dp, T, t->info.vocab, (uint64_t)seed, DSC_LOADER_SHUFFLE};
@@ -1258,20 +1260,23 @@ static dsc_status open_output(dsc_trainer *t, open_state *s) {
  * of every rank) when there is an axis besides dp. */
 static dsc_status open_mesh(dsc_trainer *t, const dsc_trainer_options *o) {
   dsc_mesh_shape shape;
-  dsc_status st = drv_mesh(t->ctx, o->mesh, t->world, &shape, &t->sp, &t->ep);
+  drv_mesh_axes axes;
+  dsc_status st = drv_mesh(t->ctx, o->mesh, t->world, &shape, &axes);
   if (st != DSC_OK) return st;
-  /* the data-parallel ranks: every axis but sp (ep ranks train on their
-   * own sequences), numbered row-major as the mesh numbers ranks */
-  t->dp = t->world / t->sp;
+  t->sp = axes.sp, t->ep = axes.ep, t->tp = axes.tp;
+  /* the data ranks: every axis but sp and tp (ep ranks train on their own
+   * sequences; a tp group on the same ones), numbered row-major as the
+   * mesh numbers ranks */
+  t->dp = t->world / (t->sp * t->tp);
   t->sp_rank = t->dp_rank = 0;
   for (int a = 0; a < shape.n_axes; a++) {
     int c = dsc_mesh_coord(&shape, t->rank, a);
     if (strcmp(shape.axis[a], "sp") == 0)
       t->sp_rank = c;
-    else
+    else if (strcmp(shape.axis[a], "tp") != 0)
       t->dp_rank = t->dp_rank * shape.size[a] + c;
   }
-  if (t->sp > 1 || t->ep > 1) {
+  if (t->sp > 1 || t->ep > 1 || t->tp > 1) {
     char text[64];
     dsc_mesh_format(&shape, text, sizeof text);
     if (!(t->info.mesh = ir_arena_strdup(&t->arena, text))) return oom(t->ctx);
@@ -1557,7 +1562,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
     ir_error(t->ctx, ir_no_loc, "trainer: no output directory to save to");
     return DSC_ERR_USER;
   }
-  char num[13][32];
+  char num[14][32];
   snprintf(num[0], sizeof num[0], "%" PRId64, t->B);
   snprintf(num[1], sizeof num[1], "%" PRId64, t->T);
   snprintf(num[2], sizeof num[2], "%" PRId64, t->K);
@@ -1571,6 +1576,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
   snprintf(num[10], sizeof num[10], "%" PRId64, t->cfg.zero.stage);
   snprintf(num[11], sizeof num[11], "%" PRId64, t->skipped);
   snprintf(num[12], sizeof num[12], "%" PRId64, t->sp);
+  snprintf(num[13], sizeof num[13], "%" PRId64, t->tp);
   const dsc_kv extra[] = {
       {"model", t->info.model_path},
       {"model_name", t->info.model_name},
@@ -1590,6 +1596,7 @@ dsc_status dsc_trainer_save(dsc_trainer *t) {
       {"eval_every", num[8]},
       {"world", num[9]},
       {"sp", num[12]},
+      {"tp", num[13]},
       {"zero_stage", num[10]},
       {"skipped_steps", num[11]},
   };

@@ -326,17 +326,30 @@ bool ir_grad_permute(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
   return (dx[0] = dsc_permute(g, dy, inv, cnt)) != NULL;
 }
 
-/* all_to_all: dx = all_to_all(dy) over the same group (an exchange of
- * equal chunks is its own adjoint). The wait's rule runs the exchange and
- * hands the result to its start as that node's gradient; the start's rule
- * passes it to the input. */
-bool ir_grad_all_to_all_wait(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
-  const ir_node *s = n->in[0];
-  dsc_attr a[3] = {dsc_attr_int("world", ir_attr_int(s, "world")),
-                   dsc_attr_int("tag", ir_attr_int(s, "tag")),
-                   dsc_attr_str("group", ir_attr_str(s, "group"))};
-  ir_node *start = dsc_build(g, DSC_OP_ALL_TO_ALL_START, &dy, 1, a, 3);
-  return start && (dx[0] = dsc_build(g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0)) != NULL;
+/* The collectives' adjoints, over the same group: all_to_all and all_reduce
+ * are their own (an exchange of equal chunks; the sum y_r = sum_s x_s has
+ * dx_s = sum_r dy_r), all_gather and reduce_scatter each other's (chunk r
+ * of the gathered value went to every rank: its gradient is the sum of
+ * their chunks r). A wait's result is its start's (the data in flight), so
+ * the wait's rule passes dy on and the start's rule runs the adjoint. */
+bool ir_grad_collective_wait(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  IR_UNUSED(g), IR_UNUSED(n);
+  return (dx[0] = dy) != NULL;
+}
+
+bool ir_grad_collective_start(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
+  dsc_op start = n->op == DSC_OP_ALL_GATHER_START       ? DSC_OP_REDUCE_SCATTER_START
+                 : n->op == DSC_OP_REDUCE_SCATTER_START ? DSC_OP_ALL_GATHER_START
+                                                        : n->op;
+  dsc_op wait = start == DSC_OP_ALL_GATHER_START       ? DSC_OP_ALL_GATHER_WAIT
+                : start == DSC_OP_REDUCE_SCATTER_START ? DSC_OP_REDUCE_SCATTER_WAIT
+                : start == DSC_OP_ALL_REDUCE_START     ? DSC_OP_ALL_REDUCE_WAIT
+                                                       : DSC_OP_ALL_TO_ALL_WAIT;
+  dsc_attr a[3] = {dsc_attr_int("world", ir_attr_int(n, "world")),
+                   dsc_attr_int("tag", ir_attr_int(n, "tag")),
+                   dsc_attr_str("group", ir_attr_str(n, "group"))};
+  ir_node *st = dsc_build(g, start, &dy, 1, a, 3);
+  return st && (dx[0] = dsc_build(g, wait, &st, 1, NULL, 0)) != NULL;
 }
 
 /* local_shard: x [P] -> this rank's chunk [S]: dx is dy at the chunk and
@@ -360,11 +373,6 @@ bool ir_grad_local_shard(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **d
     x = dsc_build(g, DSC_OP_SLICE, &x, 1, sl, 3);
   }
   return (dx[0] = x) != NULL;
-}
-
-bool ir_grad_all_to_all_start(ir_graph *g, const ir_node *n, ir_node *dy, ir_node **dx) {
-  IR_UNUSED(g), IR_UNUSED(n);
-  return (dx[0] = dy) != NULL;
 }
 
 /* Pads dy back to the input's extent with zero constants on both sides. */

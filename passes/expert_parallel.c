@@ -170,17 +170,9 @@ static bool rewrite_region(ep_state *s, ir_node *x, const unsigned char *mine) {
 
 dsc_status pass_expert_parallel_run(ir_module *m, const dsc_train_config *cfg) {
   if (!cfg || cfg->ep <= 1) return DSC_OK;
-  ir_graph *g = dsc_module_find_graph(m, "forward");
-  if (!g) {
-    ir_error(m->ctx, ir_no_loc, "expert parallel: the module has no graph 'forward'");
-    return DSC_ERR_INTERNAL;
-  }
-  if (cfg->world % cfg->ep != 0) {
-    ir_error(m->ctx, ir_no_loc,
-             "expert parallel: ep=%" PRId64 " does not divide the world of %" PRId64 " ranks",
-             cfg->ep, cfg->world);
-    return DSC_ERR_USER;
-  }
+  dsc_status st = DSC_OK;
+  ir_graph *g = pass_mesh_forward(m, "expert parallel", "ep", cfg->ep, cfg->world, &st);
+  if (!g) return st;
   int n = g->n_nodes, regions = 0;
   ep_state s = {m, g, cfg->ep, n, ir_arena_alloc(&m->arena, (size_t)n), false};
   unsigned char *mine = ir_arena_alloc(&m->arena, (size_t)n);

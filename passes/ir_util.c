@@ -1,5 +1,6 @@
 /* Graph surgery shared by passes: inlining a graph into another, removing
  * a graph from a module, reordering after nodes were added. */
+#include <inttypes.h>
 #include <string.h>
 
 #include "passes/passes.h"
@@ -192,6 +193,28 @@ ir_node *pass_local_shard(ir_graph *g, ir_node *x, int64_t world, const char *gr
 ir_node *pass_all_to_all(ir_graph *g, ir_node *x, int64_t world, const char *group) {
   ir_node *start = pass_collective_start(g, DSC_OP_ALL_TO_ALL_START, x, world, group);
   return start ? dsc_build(g, DSC_OP_ALL_TO_ALL_WAIT, &start, 1, NULL, 0) : NULL;
+}
+
+ir_graph *pass_mesh_forward(ir_module *m, const char *what, const char *axis, int64_t n,
+                            int64_t world, dsc_status *st) {
+  ir_graph *g = dsc_module_find_graph(m, "forward");
+  if (!g) {
+    ir_error(m->ctx, ir_no_loc, "%s: the module has no graph 'forward'", what);
+    *st = DSC_ERR_INTERNAL;
+    return NULL;
+  }
+  if (world % n != 0) {
+    ir_error(m->ctx, ir_no_loc, "%s: %s=%" PRId64 " does not divide the world of %" PRId64 " ranks",
+             what, axis, n, world);
+    *st = DSC_ERR_USER;
+    return NULL;
+  }
+  return g;
+}
+
+bool pass_model_collective(const ir_node *x) {
+  const char *group = ir_collective_group(x);
+  return strcmp(group, "sp") == 0 || strcmp(group, "ep") == 0 || strcmp(group, "tp") == 0;
 }
 
 bool pass_reads_positions(const ir_node *u, int j) {

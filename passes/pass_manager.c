@@ -55,6 +55,10 @@ static dsc_status run_expert_parallel(ir_module *m, const dsc_pipeline_options *
   return pass_expert_parallel_run(m, opts->train);
 }
 
+static dsc_status run_tensor_parallel(ir_module *m, const dsc_pipeline_options *opts) {
+  return pass_tensor_parallel_run(m, opts->train);
+}
+
 static dsc_status run_zero(ir_module *m, const dsc_pipeline_options *opts) {
   return pass_zero_run(m, opts->train);
 }
@@ -109,6 +113,12 @@ static const struct {
      "experts' slots are exchanged (all_to_all over ep) before and after them; nothing without "
      "an ep axis",
      run_expert_parallel},
+    {"tensor_parallel",
+     "tensor parallelism (--mesh tp=N): each rank computes 1/N of every attention's heads and "
+     "MLP's hidden units (column- and row-parallel matmuls, Megatron's; the partial products "
+     "summed by an all_reduce over tp) and 1/N of the vocabulary of the output layer and the "
+     "loss; nothing without a tp axis",
+     run_tensor_parallel},
     {"autodiff", "append the backward pass to graph 'forward' (outputs: loss, gradients)",
      run_autodiff},
     {"remat",

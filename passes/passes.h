@@ -82,6 +82,15 @@ dsc_status pass_sequence_parallel_run(ir_module *m, const dsc_train_config *cfg)
  * before autodiff; nothing at ep <= 1. */
 dsc_status pass_expert_parallel_run(ir_module *m, const dsc_train_config *cfg);
 
+/* ======================= passes/tensor_parallel.c =======================
+ * Tensor parallelism over cfg->tp ranks of the mesh axis "tp" (the comment
+ * at the top of the file): attention's heads and the MLPs' hidden units
+ * split over tp, Megatron's column- and row-parallel matmuls found in the
+ * graph, the partial products summed by an all_reduce over tp; the output
+ * layer and the loss over the vocabulary's columns. Runs before autodiff;
+ * nothing at tp <= 1. */
+dsc_status pass_tensor_parallel_run(ir_module *m, const dsc_train_config *cfg);
+
 /* ======================= passes/decompose.c =======================
  * Rewrites every composite op (softmax, log_softmax, layernorm, rmsnorm,
  * attention, cross_entropy; not embedding_grad) of every graph into
@@ -158,6 +167,17 @@ ir_node *pass_all_to_all(ir_graph *g, ir_node *x, int64_t world, const char *gro
  * index or rope's positions (what the kv-cache and sequence-parallel passes
  * renumber). */
 bool pass_reads_positions(const ir_node *u, int j);
+/* Graph 'forward' of the pass `what` ("tensor parallel") over the n ranks
+ * of mesh axis `axis`; NULL with the error reported and *st set when there
+ * is none or n does not divide cfg's world. */
+ir_graph *pass_mesh_forward(ir_module *m, const char *what, const char *axis, int64_t n,
+                            int64_t world, dsc_status *st);
+/* Whether collective start x is the model's own: put in graph 'forward' by
+ * a parallelism pass (over sp, ep or tp), or autodiff's adjoint of one, as
+ * opposed to the reductions and gathers of params and gradients that the
+ * zero pass adds (over the world). The schedule pass leaves the model's
+ * where they are. */
+bool pass_model_collective(const ir_node *x);
 /* Every read of `from` in g (its nodes but `to`, its outputs) reads `to`. */
 void pass_replace_uses(ir_graph *g, ir_node *from, ir_node *to);
 

@@ -30,7 +30,9 @@ static dsc_status oom(ir_module *m) {
   return DSC_ERR_INTERNAL;
 }
 
-/* The collectives of kind `start_op` with their waits, in start order. */
+/* The collectives of kind `start_op` with their waits, in start order; not
+ * the model's own (tensor parallelism's all_reduces: each is read right
+ * away, and they stay where they are). */
 static int find_pairs(ir_module *m, ir_graph *g, dsc_op start_op, dsc_op wait_op,
                       sched_pair **out) {
   sched_pair *p = ir_arena_alloc(&m->arena, sizeof(sched_pair) * (size_t)(g->n_nodes + 1));
@@ -40,7 +42,7 @@ static int find_pairs(ir_module *m, ir_graph *g, dsc_op start_op, dsc_op wait_op
   for (int i = 0; i < g->n_nodes; i++) {
     ir_node *x = g->nodes[i];
     pos[i] = -1;
-    if (x->op == start_op) pos[i] = n, p[n++] = (sched_pair){x, NULL};
+    if (x->op == start_op && !pass_model_collective(x)) pos[i] = n, p[n++] = (sched_pair){x, NULL};
     if (x->op == wait_op && pos[x->in[0]->id] >= 0) p[pos[x->in[0]->id]].wait = x;
   }
   *out = p;

@@ -153,19 +153,14 @@ static ir_node *rank_positions(sp_state *s, const ir_node *io) {
 
 dsc_status pass_sequence_parallel_run(ir_module *m, const dsc_train_config *cfg) {
   if (!cfg || cfg->sp <= 1) return DSC_OK;
-  ir_graph *g = dsc_module_find_graph(m, "forward");
-  if (!g || g->n_inputs < 1 || g->inputs[0]->type.rank != 2) {
-    ir_error(m->ctx, ir_no_loc,
-             "sequence parallel: the module has no graph 'forward' of tokens [B, T]");
+  dsc_status st = DSC_OK;
+  ir_graph *g = pass_mesh_forward(m, "sequence parallel", "sp", cfg->sp, cfg->world, &st);
+  if (!g) return st;
+  if (g->n_inputs < 1 || g->inputs[0]->type.rank != 2) {
+    ir_error(m->ctx, ir_no_loc, "sequence parallel: graph 'forward' does not read tokens [B, T]");
     return DSC_ERR_INTERNAL;
   }
   sp_state s = {m, g, cfg->sp, g->inputs[0]->type.dims[1], false};
-  if (cfg->world % s.sp != 0) {
-    ir_error(m->ctx, ir_no_loc,
-             "sequence parallel: sp=%" PRId64 " does not divide the world of %" PRId64 " ranks",
-             s.sp, cfg->world);
-    return DSC_ERR_USER;
-  }
   int n = g->n_nodes, attentions = 0;
   for (int i = 0; i < n && !s.failed; i++) {
     ir_node *x = g->nodes[i], *y = NULL;

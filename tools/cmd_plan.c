@@ -29,7 +29,8 @@ static const char plan_help[] =
     "formulas next to the model states (params + grads + optimizer).\n"
     "  --world N         ranks (default 1)\n"
     "  --mesh dp=D,sp=S  the ranks as a mesh, as dsc train's --mesh: with sp the\n"
-    "                    step holds seq / S positions per rank (Ulysses)\n"
+    "                    step holds seq / S positions per rank (Ulysses); with tp\n"
+    "                    1/P of the heads and hidden units (tensor parallelism)\n"
     "  --zero-stage S    one stage (0-3); with --json the stage of the object\n"
     "                    (default: the model's train.zero.stage)\n"
     "  --json            one JSON object: {\"param_count\", \"world\", \"stage\",\n"
@@ -273,6 +274,11 @@ static void print_table(const char *model, const dsc_memory_plan *plans, const b
     printf("sequence parallel over sp = %" PRId64 " ranks: each holds %" PRId64 " of the %" PRId64
            " positions of its sequences (Ulysses)\n",
            p0->sp, p0->seq / p0->sp, p0->seq);
+  if (p0->tp > 1)
+    printf("tensor parallel over tp = %" PRId64 " ranks: each computes 1/%" PRId64
+           " of every attention's heads and MLP's hidden units; norms, embeddings and the "
+           "output layer whole\n",
+           p0->tp, p0->tp);
   printf("bytes per rank (rank 0; every rank runs the same program and holds the same bytes%s)\n",
          p0->world > 1 ? ", shards padded to a multiple of N" : "");
   printf("\n%-16s", "");

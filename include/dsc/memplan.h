@@ -76,6 +76,7 @@ typedef struct {
   int64_t grads_held;
   int64_t world, stage; /* as configured (at world 1 every stage runs as stage 0) */
   int64_t sp;           /* sequence-parallel ranks (1: none); seq / sp positions per rank */
+  int64_t tp;           /* tensor-parallel ranks (1: none); 1/tp of the heads and hidden units */
   dsc_precision precision;
   dsc_optimizer_kind optimizer;
   /* bytes per param of the params (P), gradients (G) and optimizer states

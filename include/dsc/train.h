@@ -150,6 +150,11 @@ typedef struct {
    * the mesh axis ep, each running E / ep of every MoE layer's experts on
    * the tokens of all of them (<= 1: off). They are data-parallel ranks. */
   int64_t ep;
+  /* Tensor parallelism (pass "tensor_parallel", --mesh tp=N): the ranks of
+   * the mesh axis tp, each computing 1/tp of every attention's heads and
+   * MLP's hidden units on the same sequences (<= 1: off). The ranks that
+   * hold different sequences are world / (sp tp). */
+  int64_t tp;
   /* Global batch in sequences, DeepSpeed's train_batch_size (train.
    * train_batch_size): batch x grad_accum x world; 0: not given. The trainer
    * infers grad_accum from it. */

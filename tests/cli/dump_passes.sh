@@ -74,7 +74,7 @@ expect_exit 0 "$DSC" dump "$MLP" --after optimizer --precision fp16 && {
 expect_exit 1 "$DSC" dump "$MLP" --after optimizer --precision f8 && expect_grep "not one of f32, bf16, fp16" "$TMP/err"
 
 # errors
-expect_exit 1 "$DSC" dump "$MLP" --after nope && expect_grep "unknown pass 'nope' \(the passes are: precision, sequence_parallel, expert_parallel, autodiff, remat, optimizer" "$TMP/err"
+expect_exit 1 "$DSC" dump "$MLP" --after nope && expect_grep "unknown pass 'nope' \(the passes are: precision, sequence_parallel, expert_parallel, tensor_parallel, autodiff, remat, optimizer" "$TMP/err"
 expect_exit 1 "$DSC" dump "$MLP" --after && expect_grep 'after needs a pass name' "$TMP/err"
 expect_exit 1 "$DSC" dump "$MLP" --after optimizer --grad-accum 0 && expect_grep 'not a positive integer' "$TMP/err"
 expect_exit 1 "$DSC" dump "$MLP" --after optimizer --print-after-all && expect_grep 'exclude each other' "$TMP/err"

@@ -9,6 +9,7 @@
 # exchanges.
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/corpus.bash"
+source "$(dirname "$0")/lib/mesh.bash"
 MOE="$SRC/examples/moe-tiny.dsm"
 export DSC_CACHE_DIR="$TMP/kernel-cache"
 
@@ -20,8 +21,6 @@ expect_exit 1 "$DSC" train "$MOE" "${RUN[@]}" --ranks 6 --mesh dp=2,ep=3 &&
   expect_grep 'expert parallelism \(ep=3\) gives each rank experts / ep of each MoE layer: 4 experts are not divisible by 3' "$TMP/err"
 expect_exit 1 "$DSC" train "$SRC/examples/gpt-tiny.dsm" "${RUN[@]}" --ranks 2 --mesh ep=2 &&
   expect_grep "expert parallel \(ep=2\): graph 'forward' has no experts" "$TMP/err"
-expect_exit 1 "$DSC" train "$MOE" "${RUN[@]}" --ranks 2 --mesh tp=2 &&
-  expect_grep 'tensor parallelism \(the tp axis\) is not built yet' "$TMP/err"
 
 expect_exit 0 "$DSC" train "$MOE" "${RUN[@]}" --grad-accum 4 --out "$TMP/w1"
 expect_exit 0 "$DSC" train "$MOE" "${RUN[@]}" --ranks 4 --mesh dp=2,ep=2 --out "$TMP/e22"
@@ -36,23 +35,12 @@ expect_exit 0 "$DSC" train "$MOE" "${RUN[@]}" --steps 2 --backend interp --grad-
 expect_exit 0 "$DSC" train "$MOE" "${RUN[@]}" --steps 2 --backend interp --ranks 2 --mesh ep=2 \
   --out "$TMP/i2"
 pairs="e22:w1 e22z3:w1 e4:w1 e2:w1 i2:i1"
-if command -v mpirun >/dev/null 2>&1; then
-  # Open MPI's own allocations are not dsc's leaks (as cli.ranks)
-  expect_exit 0 env ASAN_OPTIONS=detect_leaks=0 mpirun -x ASAN_OPTIONS -np 2 --oversubscribe \
-    --allow-run-as-root "$DSC" train "$MOE" "${RUN[@]}" \
-    --mesh ep=2 --grad-accum 2 --out "$TMP/m2"
-  pairs="$pairs m2:w1"
-fi
+mpi_train "$TMP/m2" "$MOE" "${RUN[@]}" --mesh ep=2 --grad-accum 2 && pairs="$pairs m2:w1"
 for f in model.safetensors optimizer.safetensors; do
   cmp -s "$TMP/e22/latest/$f" "$TMP/e22b/latest/$f" && pass || fail "dp 2 x ep 2 twice: $f differs"
 done
-PYTHONPATH="$SRC/tests/cli/lib" python3 - "$TMP" $pairs <<'PY' && pass || fail "expert-parallel runs differ from their reference"
-import sys
-from curves import assert_same_run
-for pair in sys.argv[2:]:
-    loss, weights = assert_same_run(sys.argv[1], *pair.split(":"))
-    print(pair, "max |loss diff|", loss, "max weight diff (relative to the tensor)", weights)
-PY
+# shellcheck disable=SC2086
+same_runs expert-parallel $pairs
 
 # 2 layers x (an exchange in and one out) x (forward, backward)
 expect_exit 0 "$DSC" plan "$MOE" --world 4 --mesh dp=2,ep=2 --zero-stage 0 &&

@@ -117,8 +117,14 @@ TEST(AllToAllOp, OverTheDataGroupsOfAMesh) { run_case({"dp=2,ep=2", "dp"}); }
 // in f64, each perturbation made on one rank and every rank's loss summed.
 // With shard, local_shard over the group takes the exchange's place: the
 // loss reads this rank's chunk of x*x (the expert-parallel pass's param
-// blocks), whose gradient is dy at the chunk and zeros elsewhere.
-void gradient_case(const char *group, int64_t gw, bool shard = false) {
+// blocks), whose gradient is dy at the chunk and zeros elsewhere. With
+// reduce, an all_reduce over the group takes it (tensor parallelism's sum of
+// partial products), whose gradient is the all_reduce of the gradient; with
+// gather, an all_gather and then a reduce_scatter (the vocabulary-parallel
+// loss's gather), adjoints of each other.
+enum Through { kExchange, kShard, kReduce, kGather };
+void gradient_case(const char *group, int64_t gw, Through through = kExchange) {
+  const bool shard = through == kShard;
   const int world = 4;
   Ctx outer;
   dsc_mesh_shape shape;
@@ -143,6 +149,14 @@ void gradient_case(const char *group, int64_t gw, bool shard = false) {
       dsc_attr ls[2] = {dsc_attr_int("world", gw), dsc_attr_str("group", group)};
       dsc_node *flat = dsc_reshape(g, sq, &n, 1);
       ex = flat ? dsc_build(g, DSC_OP_LOCAL_SHARD, &flat, 1, ls, 2) : nullptr;
+    } else if (through == kGather) {  // x*x gathered [gw*gw*kRows, kCols], tanh, summed back
+      dsc_node *all =
+          op1(g, DSC_OP_ALL_GATHER_WAIT, dsc_build(g, DSC_OP_ALL_GATHER_START, &sq, 1, a, 3));
+      dsc_node *t = op1(g, DSC_OP_TANH, all);
+      ex = op1(g, DSC_OP_REDUCE_SCATTER_WAIT,
+               t ? dsc_build(g, DSC_OP_REDUCE_SCATTER_START, &t, 1, a, 3) : nullptr);
+    } else if (through == kReduce) {
+      ex = op1(g, DSC_OP_ALL_REDUCE_WAIT, dsc_build(g, DSC_OP_ALL_REDUCE_START, &sq, 1, a, 3));
     } else {
       ex = op1(g, DSC_OP_ALL_TO_ALL_WAIT, dsc_build(g, DSC_OP_ALL_TO_ALL_START, &sq, 1, a, 3));
     }
@@ -200,8 +214,17 @@ void gradient_case(const char *group, int64_t gw, bool shard = false) {
 
 TEST(AllToAllOp, GradientOverAGroupIsTheExchangeOfTheGradient) { gradient_case("ep", 2); }
 TEST(AllToAllOp, GradientOverTheWorldIsTheExchangeOfTheGradient) { gradient_case("world", 4); }
-TEST(AllToAllOp, LocalShardGradientIsTheChunkOverAGroup) { gradient_case("ep", 2, true); }
-TEST(AllToAllOp, LocalShardGradientIsTheChunkOverTheWorld) { gradient_case("world", 4, true); }
+TEST(AllToAllOp, LocalShardGradientIsTheChunkOverAGroup) { gradient_case("ep", 2, kShard); }
+TEST(AllToAllOp, LocalShardGradientIsTheChunkOverTheWorld) { gradient_case("world", 4, kShard); }
+TEST(AllToAllOp, AllReduceGradientIsTheSumOfTheGradientOverAGroup) {
+  gradient_case("ep", 2, kReduce);
+}
+TEST(AllToAllOp, AllReduceGradientIsTheSumOfTheGradientOverTheWorld) {
+  gradient_case("world", 4, kReduce);
+}
+TEST(AllToAllOp, AllGatherAndReduceScatterGradientsAreEachOthersOverAGroup) {
+  gradient_case("ep", 2, kGather);
+}
 
 TEST(AllToAllOp, TheProgramNamesTheGroupAndTheShapeRuleChecksIt) {
   Ctx ctx;

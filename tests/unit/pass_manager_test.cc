@@ -46,9 +46,10 @@ TEST(PassManager, TableListsThePipelineInOrder) {
   EXPECT_STREQ(dsc_pass_name(0), "precision");
   EXPECT_STREQ(dsc_pass_name(1), "sequence_parallel");
   EXPECT_STREQ(dsc_pass_name(2), "expert_parallel");
-  EXPECT_STREQ(dsc_pass_name(3), "autodiff");
-  EXPECT_STREQ(dsc_pass_name(4), "remat");
-  EXPECT_STREQ(dsc_pass_name(5), "optimizer");
+  EXPECT_STREQ(dsc_pass_name(3), "tensor_parallel");
+  EXPECT_STREQ(dsc_pass_name(4), "autodiff");
+  EXPECT_STREQ(dsc_pass_name(5), "remat");
+  EXPECT_STREQ(dsc_pass_name(6), "optimizer");
   for (int i = 0; i < dsc_pass_count(); i++) {
     ASSERT_NE(dsc_pass_description(i), nullptr);
     EXPECT_GT(strlen(dsc_pass_description(i)), 10u);
@@ -90,7 +91,8 @@ TEST(PassManager, UnknownPassListsTheNames) {
   dsc_pipeline_options po = {&f.cfg, "no_such_pass", false, nullptr, false};
   EXPECT_EQ(dsc_run_pipeline(f.m, &po), DSC_ERR_USER);
   EXPECT_NE(f.diags().find("unknown pass 'no_such_pass' (the passes are: precision, "
-                           "sequence_parallel, expert_parallel, autodiff, remat, optimizer"),
+                           "sequence_parallel, expert_parallel, tensor_parallel, autodiff, remat, "
+                           "optimizer"),
             std::string::npos)
       << f.diags();
   // nothing ran
