@@ -287,11 +287,18 @@ static ir_node *collective(tp_state *s, dsc_op start, dsc_op wait, ir_node *x) {
   return st ? checked(s, dsc_build(s->g, wait, &st, 1, NULL, 0)) : NULL;
 }
 
+/* The logits of cross_entropy ce: its input, or what that casts (mixed
+ * precision computes the loss in f32 from bf16 logits). */
+static ir_node *logits_matmul(ir_node *ce) {
+  ir_node *x = ce->in[0];
+  return x->op == DSC_OP_CAST ? x->in[0] : x;
+}
+
 /* cross_entropy(matmul(h, W), targets) over the rank's V/tp columns of the
  * logits [.., V]: mean over tokens of logsumexp(all logits) - the target's
  * logit, in f32. */
 static ir_node *vocab_parallel_loss(tp_state *s, ir_node *ce) {
-  ir_node *mm = ce->in[0], *tg = ce->in[1];
+  ir_node *mm = logits_matmul(ce), *tg = ce->in[1];
   int r = mm->type.rank;
   int64_t V = last_dim(mm), Vl = V / s->tp, tokens = dsc_type_numel(&tg->type);
   dsc_graph_set_loc(s->g, mm->loc);
@@ -329,9 +336,9 @@ static ir_node *vocab_parallel_loss(tp_state *s, ir_node *ce) {
 }
 
 /* A cross_entropy of logits matmul(h, W), W rank 2, V divisible by tp. */
-static bool vocab_parallel(const tp_state *s, const ir_node *ce) {
+static bool vocab_parallel(const tp_state *s, ir_node *ce) {
   if (ce->op != DSC_OP_CROSS_ENTROPY) return false;
-  const ir_node *mm = ce->in[0];
+  const ir_node *mm = logits_matmul(ce);
   return mm->op == DSC_OP_MATMUL && mm->in[1]->type.rank == 2 && mm->type.rank >= 2 &&
          last_dim(mm) % s->tp == 0;
 }
