@@ -186,13 +186,17 @@ static ir_node *row_block(tp_state *s, ir_node *x) {
   return reshape(s, y, dims, 2);
 }
 
-/* v's op on new inputs, with attrs "heads" and "kv_heads" over tp. */
-static ir_node *rebuild(tp_state *s, const ir_node *v, ir_node **in) {
+/* v's op on new inputs, with attrs "heads" and "kv_heads" over tp (heads
+ * > 0: "heads" set to that instead). */
+static ir_node *rebuild(tp_state *s, const ir_node *v, ir_node **in, int64_t heads) {
   dsc_attr at[16];
   int na = v->n_attrs < 16 ? v->n_attrs : 16;
-  memcpy(at, v->attrs, sizeof(dsc_attr) * (size_t)na);
+  if (na > 0) memcpy(at, v->attrs, sizeof(dsc_attr) * (size_t)na);
   for (int k = 0; k < na; k++)
-    if (strcmp(at[k].key, "heads") == 0 || strcmp(at[k].key, "kv_heads") == 0) at[k].u.i /= s->tp;
+    if (strcmp(at[k].key, "heads") == 0 && heads > 0)
+      at[k].u.i = heads;
+    else if (strcmp(at[k].key, "heads") == 0 || strcmp(at[k].key, "kv_heads") == 0)
+      at[k].u.i /= s->tp;
   dsc_graph_set_loc(s->g, v->loc);
   return checked(s, dsc_build(s->g, v->op, in, v->n_in, at, na));
 }
@@ -207,28 +211,20 @@ static ir_node *local(tp_state *s, ir_node *v, int64_t a, int64_t w) {
   switch (v->op) {
     case DSC_OP_MATMUL:
       in[0] = v->in[0], in[1] = column_block(s, v->in[1], a, w);
-      y = in[1] ? rebuild(s, v, in) : NULL;
+      y = in[1] ? rebuild(s, v, in, 0) : NULL;
       break;
     case DSC_OP_SLICE:
       y = local(s, v->in[0], ir_attr_int(v, "start") + a, w);
       break;
     case DSC_OP_ROPE:
       in[0] = local(s, v->in[0], a, w), in[1] = v->in[1];
-      if (in[0]) { /* the block's heads: w / hd of them, over tp */
-        dsc_attr at[16];
-        int na = v->n_attrs < 16 ? v->n_attrs : 16;
-        memcpy(at, v->attrs, sizeof(dsc_attr) * (size_t)na);
-        int64_t hd = N / ir_attr_int(v, "heads");
-        for (int k = 0; k < na; k++)
-          if (strcmp(at[k].key, "heads") == 0) at[k].u.i = w / hd / s->tp;
-        dsc_graph_set_loc(s->g, v->loc);
-        y = checked(s, dsc_build(s->g, v->op, in, v->n_in, at, na));
-      }
+      /* the block's heads: w / hd of them, over tp */
+      if (in[0]) y = rebuild(s, v, in, w / (N / ir_attr_int(v, "heads")) / s->tp);
       break;
     case DSC_OP_ATTENTION:
       for (int i = 0; i < v->n_in; i++)
         in[i] = i < 3 ? local(s, v->in[i], 0, last_dim(v->in[i])) : v->in[i];
-      y = in[0] && in[1] && in[2] ? rebuild(s, v, in) : NULL;
+      y = in[0] && in[1] && in[2] ? rebuild(s, v, in, 0) : NULL;
       break;
     default: /* elementwise */
       for (int j = 0; j < v->n_in && !s->failed; j++) {
@@ -240,7 +236,7 @@ static ir_node *local(tp_state *s, ir_node *v, int64_t a, int64_t w) {
         else
           in[j] = column_block(s, x, a, w); /* a bias, or another value: its block */
       }
-      y = s->failed ? NULL : rebuild(s, v, in);
+      y = s->failed ? NULL : rebuild(s, v, in, 0);
       break;
   }
   if (!y || !ir_grow(&s->m->arena, (void **)&s->memo, &s->cap_memo, s->n_memo + 1, sizeof(tp_memo)))
