@@ -1014,6 +1014,13 @@ static bool coll_kind(dsc_op op, cg_coll_kind *k) {
   }
 }
 
+/* The Program's name of n's group: "" for the executor's communicator (the
+ * world), else the mesh axis. */
+static void program_group(const ir_node *n, char out[8]) {
+  const char *group = ir_collective_group(n);
+  snprintf(out, 8, "%s", strcmp(group, "world") != 0 ? group : "");
+}
+
 static bool lower_collective_start(L *l, const ir_node *n) {
   cg_collective c;
   memset(&c, 0, sizeof c);
@@ -1034,8 +1041,7 @@ static bool lower_collective_start(L *l, const ir_node *n) {
   c.tag = ir_attr_int(n, "tag");
   c.root = c.kind == CG_COLL_BROADCAST ? (int)ir_attr_int(n, "root") : 0;
   if (c.kind == CG_COLL_ALL_TO_ALL) c.count /= c.world; /* per peer */
-  const char *group = ir_collective_group(n);
-  if (strcmp(group, "world") != 0) snprintf(c.group, sizeof c.group, "%s", group);
+  program_group(n, c.group);
   int src = contiguous_buffer(l, x, true);
   if (src < 0) return false;
   if (staged) {
@@ -1154,8 +1160,7 @@ static bool lower_local_shard(L *l, const ir_node *n) {
   in->src_rank_chunk = true;
   in->src_len = dsc_type_numel(&n->in[0]->type);
   in->coll.world = ir_attr_int(n, "world");
-  const char *group = ir_collective_group(n);
-  if (strcmp(group, "world") != 0) snprintf(in->coll.group, sizeof in->coll.group, "%s", group);
+  program_group(n, in->coll.group);
   l->p->needs_rank = true;
   l->buf[n->id] = dst;
   return true;
